@@ -1,0 +1,175 @@
+"""The machinery every exercise checker uses.
+
+A checker takes the learner's object, runs it on small seeded inputs, looks for the
+known mistakes first (so the hint names the mistake rather than a tensor diff), then
+compares with the tfedu reference. It prints one line with a tick on success and raises
+``AssertionError`` with a hint on failure, never a raw traceback from deep inside.
+
+A typical checker::
+
+    @checker("stable softmax")
+    def check_softmax(softmax):
+        x = seeded_randn(0, 4, 7)
+        got = call_learner(softmax, x, name="softmax")
+        compare(got, reference(x), what="softmax(x)",
+                mistakes={"you took the softmax over dim 0; use the last dim": torch.softmax(x, 0)})
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+TICK = "\N{CHECK MARK}"
+
+
+class CheckFailure(AssertionError):
+    """A check failed; the message is a hint the learner can act on."""
+
+
+class ExerciseNotDone(CheckFailure):
+    """The learner's object still raises NotImplementedError."""
+
+
+NOT_DONE_MESSAGE = "this exercise is not done yet: replace the `raise NotImplementedError` with your code"
+
+
+def checker(title: str) -> Callable[[Callable[..., Any]], Callable[..., None]]:
+    """Turn a function that raises on the first problem into a learner-facing checker.
+
+    Success prints ``✔ <title>: all checks passed``. A ``CheckFailure`` propagates with its
+    hint (and no chained traceback); any other exception raised inside the checker itself
+    is reported as a failure that quotes it.
+    """
+
+    def decorate(body: Callable[..., Any]) -> Callable[..., None]:
+        @functools.wraps(body)
+        def run(*args: Any, **kwargs: Any) -> None:
+            try:
+                body(*args, **kwargs)
+            except CheckFailure as failure:
+                raise type(failure)(f"{title}: {failure}") from None
+            except NotImplementedError:
+                raise ExerciseNotDone(f"{title}: {NOT_DONE_MESSAGE}") from None
+            except Exception as err:  # a bug the checker did not foresee: still a hint, not a traceback
+                raise CheckFailure(f"{title}: checking failed with {type(err).__name__}: {err}") from None
+            print(f"{TICK} {title}: all checks passed")
+
+        run.title = title  # type: ignore[attr-defined]
+        return run
+
+    return decorate
+
+
+def call_learner(fn: Any, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
+    """Call the learner's ``fn``; turn its exceptions into hints that name the call."""
+    label = name or getattr(fn, "__name__", "your function")
+    if not callable(fn):
+        raise CheckFailure(f"expected a function or module for `{label}`, got {type(fn).__name__}")
+    try:
+        return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise ExerciseNotDone(NOT_DONE_MESSAGE) from None
+    except CheckFailure:
+        raise
+    except Exception as err:
+        shapes = ", ".join(describe(a) for a in args)
+        raise CheckFailure(f"`{label}({shapes})` raised {type(err).__name__}: {err}") from None
+
+
+def describe(value: Any) -> str:
+    """A short description of a value for hints: tensors by shape and dtype."""
+    if isinstance(value, torch.Tensor):
+        return f"tensor{tuple(value.shape)} {str(value.dtype).removeprefix('torch.')}"
+    if isinstance(value, np.ndarray):
+        return f"array{value.shape} {value.dtype}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def seeded_randn(seed: int, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Standard-normal values from a private generator: the same inputs every call."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def is_close(a: torch.Tensor, b: torch.Tensor, *, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
+    """True when two tensors have one shape and equal values within tolerance (NaNs never match)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+        return False
+    return bool(torch.allclose(a.detach().double().cpu(), b.detach().double().cpu(), rtol=rtol, atol=atol))
+
+
+def compare(
+    actual: Any,
+    expected: torch.Tensor,
+    *,
+    what: str,
+    mistakes: Mapping[str, torch.Tensor] | None = None,
+    nan_hint: str | None = None,
+    check_dtype: bool = True,
+    rtol: float = 1e-4,
+    atol: float = 1e-5,
+) -> None:
+    """Compare the learner's tensor with the reference, naming a known mistake when one matches.
+
+    Order: type, shape, NaN/Inf, known mistakes, then values. ``mistakes`` maps a hint to
+    the output that mistake would produce on the same inputs.
+    """
+    if isinstance(actual, np.ndarray):
+        actual = torch.from_numpy(actual)
+    if not isinstance(actual, torch.Tensor):
+        raise CheckFailure(f"{what} should be a torch.Tensor, got {type(actual).__name__}")
+    if type(actual) is not torch.Tensor and not isinstance(actual, torch.nn.Parameter):
+        actual = actual.as_subclass(torch.Tensor)  # never trust a subclass's overridden comparisons
+    if actual.shape != expected.shape:
+        for hint, wrong in (mistakes or {}).items():
+            if isinstance(wrong, torch.Tensor) and wrong.shape == actual.shape and is_close(actual, wrong, rtol=rtol, atol=atol):
+                raise CheckFailure(hint)
+        raise CheckFailure(f"{what} has shape {tuple(actual.shape)}, expected {tuple(expected.shape)}")
+    if check_dtype and actual.dtype != expected.dtype:
+        raise CheckFailure(f"{what} has dtype {actual.dtype}, expected {expected.dtype}")
+    if actual.is_floating_point() and not torch.isfinite(actual).all() and torch.isfinite(expected).all():
+        raise CheckFailure(nan_hint or f"{what} contains NaN or Inf where the reference is finite")
+    for hint, wrong in (mistakes or {}).items():
+        if is_close(actual, wrong, rtol=rtol, atol=atol) and not is_close(wrong, expected, rtol=rtol, atol=atol):
+            raise CheckFailure(hint)
+    if not is_close(actual, expected, rtol=rtol, atol=atol):
+        diff = (actual.detach().double().cpu() - expected.detach().double().cpu()).abs()
+        worst = int(diff.argmax())
+        index = tuple(int(i) for i in np.unravel_index(worst, tuple(diff.shape))) if diff.dim() else ()
+        raise CheckFailure(
+            f"{what} differs from the reference: largest error {diff.max().item():.3g} at index {index}"
+            f" (got {actual.flatten()[worst].item():.6g}, expected {expected.flatten()[worst].item():.6g})"
+        )
+
+
+def expect(condition: bool, hint: str) -> None:
+    """Fail with ``hint`` unless ``condition`` holds."""
+    if not condition:
+        raise CheckFailure(hint)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """How the autograder tests one exercise with fresh inputs, outside the learner's interpreter.
+
+    The grader draws ``make_inputs(rng)`` (plain data: NumPy arrays, ints, floats, strings,
+    lists, dicts), runs the code ``run`` in the student's kernel with those bound to the name
+    ``inputs`` (it must bind ``outputs`` to plain data computed with the learner's objects), and
+    compares ``outputs`` with ``reference(inputs)`` in its own process.
+    """
+
+    exercise: str  # grade_id of the solution cell this probe grades
+    make_inputs: Callable[[np.random.Generator], dict[str, Any]]
+    run: str  # code run in the kernel: reads `inputs`, binds `outputs`
+    reference: Callable[[dict[str, Any]], dict[str, Any]]
+    forbidden: tuple[str, ...] = ()  # tfedu modules or names the answer must not use
+    rtol: float = 1e-4
+    atol: float = 1e-5
+    compare: Callable[[dict[str, Any], dict[str, Any]], str | None] | None = None  # custom: returns a failure message
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,125 @@
+"""The ``tfedu`` command line for learners and instructors.
+
+    tfedu doctor              is everything the course needs installed and working?
+    tfedu clean NOTEBOOK...   strip outputs, execution counts and widget state
+    tfedu release ... / tfedu grade ...   student versions and autograding (tfedu.grading)
+    tfedu bench NAME          speed measured against named peers (tfedu.bench)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import platform
+import sys
+from importlib import metadata
+from pathlib import Path
+
+# Packages the course cannot run without, and ones that only unlock extras.
+REQUIRED = ("torch", "numpy", "jupyterlab", "ipywidgets", "matplotlib", "einops", "regex", "jaxtyping", "nbformat")
+OPTIONAL = ("triton", "tiktoken", "tokenizers", "nbval", "nbgrader")
+
+
+def package_version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def doctor() -> int:
+    """Print versions, the device and the corpus status; return 1 if something required is missing."""
+    failures = []
+    print(f"python      {platform.python_version()} ({sys.executable})")
+    if sys.version_info < (3, 10):
+        failures.append("Python 3.10 or newer is required")
+    for dist in REQUIRED:
+        version = package_version(dist)
+        print(f"{dist:<11} {version or 'MISSING'}")
+        if version is None:
+            failures.append(f"{dist} is not installed: run `pip install -e .` in the course folder")
+    for dist in OPTIONAL:
+        print(f"{dist:<11} {package_version(dist) or 'not installed (optional)'}")
+    try:
+        import torch
+
+        import tfedu
+
+        dev = tfedu.device()
+        print(f"device      {dev}" + (f" ({torch.cuda.get_device_name(dev)})" if dev.type == "cuda" else ""))
+        print(f"gpu         {'yes' if torch.cuda.is_available() else 'no (the course runs on CPU; GPU-only cells are skipped)'}")
+    except Exception as err:  # report, do not crash: doctor exists to diagnose
+        failures.append(f"torch/device check failed: {err}")
+    triton_state = "not installed"
+    if package_version("triton"):
+        try:
+            importlib.import_module("triton")
+            triton_state = "usable on GPU" if "torch" in sys.modules and sys.modules["torch"].cuda.is_available() else "installed; CPU interpreter only (TRITON_INTERPRET=1)"
+        except Exception as err:
+            triton_state = f"installed but fails to import: {err}"
+    print(f"triton      {triton_state}")
+    try:
+        from tfedu.data import load_corpus
+
+        text = load_corpus()
+        print(f"corpus      pydoc: {len(text):,} characters")
+    except Exception as err:
+        failures.append(f"the default corpus does not load: {err}")
+    if failures:
+        print("\nProblems:", *failures, sep="\n- ", file=sys.stderr)
+        return 1
+    print("\nAll good: open notebooks/00_start_here.ipynb")
+    return 0
+
+
+def clean(paths: list[str], check_only: bool) -> int:
+    """Strip notebooks in place (or, with --check, only report which would change)."""
+    from tfedu import nbtools
+
+    targets = [Path(p) for p in paths] or sorted(Path("notebooks").glob("*.ipynb"))
+    dirty = 0
+    for path in targets:
+        if not path.exists() or path.suffix != ".ipynb":
+            print(f"{path}: not an .ipynb file", file=sys.stderr)
+            return 2
+        before = path.read_text(encoding="utf-8")
+        nb = nbtools.strip(nbtools.read(path))
+        import nbformat
+
+        after = nbformat.writes(nb) + "\n"
+        if after != before:
+            dirty += 1
+            print(f"{'would clean' if check_only else 'cleaned'} {path}")
+            if not check_only:
+                path.write_text(after, encoding="utf-8")
+    return 1 if check_only and dirty else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tfedu", description="The tfedu course command line.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor", help="check the installation, device and corpus")
+    p_clean = sub.add_parser("clean", help="strip outputs and widget state from notebooks")
+    p_clean.add_argument("notebooks", nargs="*", help="default: every notebook in notebooks/")
+    p_clean.add_argument("--check", action="store_true", help="only report; exit 1 if any would change")
+    # Further subcommands register themselves here, one line each.
+    for module in SUBCOMMAND_MODULES:
+        importlib.import_module(module).add_parser(sub)
+    return parser
+
+
+# Modules with `add_parser(subparsers)`; each sets `func=callable(args) -> int` on its parser.
+SUBCOMMAND_MODULES: tuple[str, ...] = ()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "doctor":
+        return doctor()
+    if args.command == "clean":
+        return clean(args.notebooks, args.check)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""Notebook conventions in one place: building cells, stripping outputs, hygiene rules.
+
+Every notebook in notebooks/ follows these rules (tests/test_notebook_hygiene.py enforces
+them, ``tfedu clean`` fixes the mechanical ones):
+
+1. The first cell is markdown: ``# NN · Title``, a ``## What you will learn`` list, and an
+   Open-in-Colab badge.
+2. Among the first three code cells is the set-up cell: it installs tfedu only when running
+   on Colab (``"google.colab" in sys.modules``).
+3. Exercise cells carry nbgrader metadata with ``solution: true`` and a unique ``grade_id``
+   (``ex_<name>``); the solution sits between ``### BEGIN SOLUTION`` and ``### END SOLUTION``.
+   Check cells carry ``grade: true, locked: true``, a unique ``grade_id`` (``check_<name>``)
+   and points.
+4. Committed notebooks have no outputs, execution counts or widget state.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+REPO_URL = "https://github.com/tfedu-course/tfedu"
+COLAB_URL = "https://colab.research.google.com/github/tfedu-course/tfedu/blob/main/notebooks/{name}"
+NBGRADER_SCHEMA = 3
+GRADE_ID = re.compile(r"^[A-Za-z0-9_-]+$")
+BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
+BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
+
+SETUP_SOURCE = '''\
+# Set-up. On Colab this installs tfedu; on your own machine `pip install -e .` already did.
+import sys
+
+if "google.colab" in sys.modules:
+    %pip install --quiet "tfedu @ git+{repo}"
+
+import torch
+import tfedu
+
+tfedu.seed_everything(0)
+DEVICE = tfedu.device()
+print(f"tfedu {{tfedu.__version__}}, torch {{torch.__version__}}, device: {{DEVICE}}")'''.format(repo=REPO_URL)
+
+
+def colab_badge(name: str) -> str:
+    """Markdown for the Open-in-Colab badge of notebook file ``name``."""
+    url = COLAB_URL.format(name=name)
+    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
+
+
+def header(name: str, title: str, learn: list[str], intro: str = "") -> str:
+    """The standard first cell of a notebook."""
+    number = name[:2]
+    bullets = "\n".join(f"- {item}" for item in learn)
+    text = f"# {number} · {title}\n\n{colab_badge(name)}\n\n"
+    if intro:
+        text += intro.strip() + "\n\n"
+    return text + f"## What you will learn\n\n{bullets}\n"
+
+
+def md(source: str) -> nbformat.NotebookNode:
+    return nbformat.v4.new_markdown_cell(source.strip("\n"))
+
+
+def code(source: str, **metadata: Any) -> nbformat.NotebookNode:
+    return nbformat.v4.new_code_cell(source.strip("\n"), metadata=metadata)
+
+
+def _nbgrader(grade_id: str, *, grade: bool, solution: bool, locked: bool, points: float | None = None) -> dict:
+    if not GRADE_ID.match(grade_id):
+        raise ValueError(f"grade_id {grade_id!r} must match [A-Za-z0-9_-]+")
+    meta: dict[str, Any] = {
+        "schema_version": NBGRADER_SCHEMA,
+        "grade": grade,
+        "solution": solution,
+        "locked": locked,
+        "task": False,
+        "grade_id": grade_id,
+    }
+    if points is not None:
+        meta["points"] = points
+    return {"nbgrader": meta}
+
+
+def exercise(grade_id: str, source: str) -> nbformat.NotebookNode:
+    """An answer cell; its source must hold a ``### BEGIN SOLUTION``/``### END SOLUTION`` region."""
+    if BEGIN_SOLUTION not in source or END_SOLUTION not in source:
+        raise ValueError(f"exercise {grade_id}: the source needs {BEGIN_SOLUTION!r} and {END_SOLUTION!r}")
+    return code(source, **_nbgrader(grade_id, grade=False, solution=True, locked=False))
+
+
+def check(grade_id: str, source: str, points: float = 1) -> nbformat.NotebookNode:
+    """A locked, graded cell that calls a tfedu checker."""
+    return code(source, **_nbgrader(grade_id, grade=True, solution=False, locked=True, points=points))
+
+
+def new_notebook(cells: list[nbformat.NotebookNode]) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    nb.metadata["language_info"] = {"name": "python"}
+    return nb
+
+
+def strip(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Remove outputs, execution counts, widget state and run-time cell metadata, in place."""
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+        for key in ("execution", "collapsed", "scrolled"):
+            cell.metadata.pop(key, None)
+    return nb
+
+
+def read(path: str | Path) -> nbformat.NotebookNode:
+    return nbformat.read(str(path), as_version=4)
+
+
+def write(nb: nbformat.NotebookNode, path: str | Path) -> None:
+    nbformat.validate(nb)
+    Path(path).write_text(nbformat.writes(nb) + "\n", encoding="utf-8")
+
+
+def nbgrader_meta(cell: nbformat.NotebookNode) -> dict | None:
+    meta = cell.get("metadata", {}).get("nbgrader")
+    return meta if isinstance(meta, dict) else None
+
+
+def hygiene_problems(nb: nbformat.NotebookNode, name: str) -> list[str]:
+    """Everything wrong with a notebook as committed; empty when it follows the conventions."""
+    problems = []
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as err:
+        problems.append(f"invalid nbformat: {err.message}")
+    kernelspec = nb.metadata.get("kernelspec", {})
+    if kernelspec.get("name") != "python3" or kernelspec.get("language") != "python":
+        problems.append("kernelspec must be python3 / python")
+    if "widgets" in nb.metadata:
+        problems.append("notebook metadata carries widget state (run `tfedu clean`)")
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "code" and (cell.get("outputs") or cell.get("execution_count") is not None):
+            problems.append(f"cell {i} has outputs or an execution count (run `tfedu clean`)")
+    first = nb.cells[0] if nb.cells else None
+    if first is None or first.cell_type != "markdown":
+        problems.append("the first cell must be the markdown header")
+    else:
+        if not re.match(rf"# {re.escape(name[:2])} · \S", first.source):
+            problems.append(f"the header must start with '# {name[:2]} · Title'")
+        if "## What you will learn" not in first.source:
+            problems.append("the header needs a '## What you will learn' section")
+        if COLAB_URL.format(name=name) not in first.source:
+            problems.append("the header needs the Open-in-Colab badge for this file")
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    if not any("google.colab" in c.source and "pip install" in c.source for c in code_cells[:3]):
+        problems.append("one of the first three code cells must install tfedu only on Colab")
+    seen: dict[str, int] = {}
+    for i, cell in enumerate(nb.cells):
+        meta = nbgrader_meta(cell)
+        looks_graded = BEGIN_SOLUTION in cell.source or "checks." in cell.source and "check_" in cell.source
+        if meta is None:
+            if cell.cell_type == "code" and looks_graded:
+                problems.append(f"cell {i} looks like an exercise or check but has no nbgrader metadata")
+            continue
+        grade_id = meta.get("grade_id", "")
+        if not GRADE_ID.match(str(grade_id)):
+            problems.append(f"cell {i}: nbgrader grade_id {grade_id!r} must match [A-Za-z0-9_-]+")
+        elif grade_id in seen:
+            problems.append(f"cell {i}: grade_id {grade_id!r} repeats cell {seen[grade_id]}")
+        seen[str(grade_id)] = i
+        if meta.get("schema_version") != NBGRADER_SCHEMA:
+            problems.append(f"cell {i}: nbgrader schema_version must be {NBGRADER_SCHEMA}")
+        if meta.get("solution") and (BEGIN_SOLUTION not in cell.source or END_SOLUTION not in cell.source):
+            problems.append(f"cell {i}: a solution cell needs BEGIN/END SOLUTION markers")
+        if meta.get("grade") and not meta.get("solution"):
+            if not meta.get("locked"):
+                problems.append(f"cell {i}: check cells must be locked")
+            if not isinstance(meta.get("points"), (int, float)) or meta["points"] <= 0:
+                problems.append(f"cell {i}: check cells need positive points")
+    return problems
