@@ -1,0 +1,56 @@
+import json
+import subprocess
+import sys
+
+import nbformat
+
+from tfedu import cli, nbtools
+
+
+def test_doctor_exits_zero_and_prints_the_device(capsys):
+    assert cli.main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "device " in out and "torch " in out and "corpus " in out
+
+
+def test_doctor_fails_clearly_when_a_required_package_is_missing(monkeypatch, capsys):
+    real = cli.package_version
+    monkeypatch.setattr(cli, "package_version", lambda d: None if d == "einops" else real(d))
+    assert cli.main(["doctor"]) == 1
+    captured = capsys.readouterr()
+    assert "einops     " in captured.out and "MISSING" in captured.out
+    assert "einops is not installed" in captured.err
+
+
+def test_console_script_is_installed():
+    result = subprocess.run([sys.executable, "-m", "tfedu.cli", "doctor"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "device" in result.stdout
+
+
+def dirty_copy(tmp_path):
+    nb = nbtools.read("notebooks/00_start_here.ipynb")
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="hello\n")]
+    nb.cells[1].execution_count = 3
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
+    path = tmp_path / "00_start_here.ipynb"
+    nbtools.write(nb, path)
+    return path
+
+
+def test_clean_strips_outputs_counts_and_widget_state(tmp_path):
+    path = dirty_copy(tmp_path)
+    assert cli.main(["clean", "--check", str(path)]) == 1
+    assert cli.main(["clean", str(path)]) == 0
+    nb = json.loads(path.read_text())
+    assert "widgets" not in nb["metadata"]
+    assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb["cells"] if c["cell_type"] == "code")
+    assert cli.main(["clean", "--check", str(path)]) == 0
+    assert nbtools.hygiene_problems(nbtools.read(path), path.name) == []
+
+
+def test_clean_rejects_a_non_notebook(tmp_path, capsys):
+    other = tmp_path / "notes.txt"
+    other.write_text("x")
+    assert cli.main(["clean", str(other)]) == 2
+    assert "not an .ipynb file" in capsys.readouterr().err

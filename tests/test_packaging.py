@@ -1,0 +1,35 @@
+"""pyproject.toml and environment.yml must install the same things."""
+
+import re
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def names(requirements):
+    return {re.split(r"[<>=!~ \[]", r.strip(), maxsplit=1)[0].lower() for r in requirements}
+
+
+def test_environment_yml_lists_the_same_dependencies_as_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = set(project["dependencies"]) | set(project["optional-dependencies"]["test"])
+    lines = (ROOT / "environment.yml").read_text().splitlines()
+    pip_section = [l.strip()[2:] for l in lines if l.startswith("      - ") and not l.strip().startswith("- -e")]
+    assert names(pip_section) == names(wanted)
+    assert {r.replace(" ", "") for r in pip_section} == {r.replace(" ", "") for r in wanted}, "version bounds differ"
+
+
+def test_ci_installs_the_cpu_torch_pin_before_the_project():
+    script = (ROOT / ".ci" / "run").read_text()
+    assert "set -euo pipefail" in script
+    assert script.index("torch==2.13.0") < script.index('-e ".[test')
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    command = "python3 -m pytest"
+    assert command in readme and command in (ROOT / ".ci" / "run").read_text()
