@@ -1,0 +1,396 @@
+"""Scaled dot-product attention, its masks, and multi-head (self- and cross-) attention.
+
+Attention is a soft dictionary look-up: a query is compared with every key, the scores
+become weights through a softmax, and the answer is the weighted average of the values
+(Vaswani et al. 2017, eq. 1):
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_head)) V
+
+Built by hand in notebooks/04_attention.ipynb (the formula, why sqrt(d_head), permutation
+equivariance) and notebooks/05_masks_and_heads.ipynb (masks, heads, cross-attention).
+
+Mask convention, used everywhere in tfedu: a boolean mask with **True = may attend**, the
+same as ``torch.nn.functional.scaled_dot_product_attention``. ``torch.nn.MultiheadAttention``
+uses the opposite (True = masked out); pass ``~mask`` to it.
+
+A query whose every key is masked (a "fully masked row") gets all-zero weights and an
+all-zero output, never NaN; see ``attention_weights``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import einops
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor, nn
+
+MASK_CONVENTION = (
+    "tfedu masks are boolean with True = may attend (the convention of "
+    "torch.nn.functional.scaled_dot_product_attention); note that nn.MultiheadAttention's "
+    "attn_mask uses the opposite, True = masked out"
+)
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _require_tensor(name: str, x: object, expected: str) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of shape {expected}, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor of shape {expected}, got dtype {x.dtype}")
+    if x.dim() < 2:
+        raise ValueError(f"{name} must have shape {expected} (at least 2 dims), got shape {tuple(x.shape)}")
+
+
+def _check_mask(mask: object, scores_shape: torch.Size, device: torch.device) -> None:
+    expected = f"broadcastable to (..., query_pos, key_pos) = {tuple(scores_shape)}"
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"mask must be a boolean torch.Tensor {expected}, got {type(mask).__name__}. {MASK_CONVENTION}")
+    if mask.dtype != torch.bool:
+        hint = (
+            " A float mask (0 / -inf added to the scores) is not accepted: turn it into booleans with `mask == 0`."
+            if mask.is_floating_point()
+            else " Convert it with `.bool()` only if 1 means 'may attend'."
+        )
+        raise TypeError(f"mask must have dtype torch.bool, got {mask.dtype}. {MASK_CONVENTION}.{hint}")
+    try:
+        broadcast = torch.broadcast_shapes(mask.shape, scores_shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != scores_shape:
+        raise ValueError(
+            f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
+            f"(..., query_pos, key_pos) = {tuple(scores_shape)}; expected e.g. (query_pos, key_pos) = "
+            f"{tuple(scores_shape[-2:])} or (batch, 1, 1, key_pos) for a padding mask. {MASK_CONVENTION}"
+        )
+    if mask.device != device:
+        raise ValueError(f"mask is on {mask.device} but q, k, v are on {device}; build it with device=q.device")
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def attention_weights(
+    q: Float[Tensor, "... query_pos d_head"],
+    k: Float[Tensor, "... key_pos d_head"],
+    mask: Bool[Tensor, "*#batch #query_pos #key_pos"] | None = None,
+) -> Float[Tensor, "... query_pos key_pos"]:
+    """softmax(q k^T / sqrt(d_head)) over the key axis, with masked keys given weight 0.
+
+    Each row (one query) sums to one over the keys it may attend to. A row whose every key
+    is masked has no distribution to normalise: it gets all-zero weights (not NaN), so the
+    output for that query is the zero vector.
+
+    The softmax runs in float32 (or float64 for float64 inputs) and the weights are cast back
+    to q's dtype, as torch's reference ("math") attention does for float16 and bfloat16.
+
+    >>> q = torch.tensor([[1.0, 0.0]]); k = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    >>> attention_weights(q, k)  # softmax([1, 0] / sqrt(2))
+    tensor([[0.6698, 0.3302]])
+    """
+    _require_tensor("q", q, "(..., query_pos, d_head)")
+    _require_tensor("k", k, "(..., key_pos, d_head)")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"q (..., query_pos, d_head) = {tuple(q.shape)} and k (..., key_pos, d_head) = {tuple(k.shape)} "
+            f"must share d_head (the last dim): {q.shape[-1]} != {k.shape[-1]}"
+        )
+    if q.dtype != k.dtype or q.device != k.device:
+        raise TypeError(f"q and k must share dtype and device, got {q.dtype} on {q.device} and {k.dtype} on {k.device}")
+    try:
+        scores_shape = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], k.shape[-2])
+    except RuntimeError:
+        raise ValueError(
+            f"the leading (batch) dims of q {tuple(q.shape)} and k {tuple(k.shape)} do not broadcast"
+        ) from None
+    if mask is not None:
+        _check_mask(mask, torch.Size(scores_shape), q.device)
+
+    # Dot products of unit-variance vectors have variance d_head; dividing by sqrt(d_head)
+    # brings them back to variance 1 so the softmax does not saturate (paper, section 3.2.1).
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., query_pos, key_pos)
+    scores = scores.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    # The stable softmax of notebook 00, with one change: a fully masked row has max -inf,
+    # and -inf - (-inf) is NaN, so such rows subtract 0 instead. Their exps are all 0, the
+    # sum is 0, and 0 / 1 gives the documented all-zero weights.
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    exps = (scores - row_max).exp()
+    total = exps.sum(dim=-1, keepdim=True)
+    weights = exps / torch.where(total > 0, total, torch.ones_like(total))
+    return weights.to(q.dtype)
+
+
+def scaled_dot_product_attention(
+    q: Float[Tensor, "... query_pos d_head"],
+    k: Float[Tensor, "... key_pos d_head"],
+    v: Float[Tensor, "... key_pos d_v"],
+    mask: Bool[Tensor, "*#batch #query_pos #key_pos"] | None = None,
+) -> tuple[Float[Tensor, "... query_pos d_v"], Float[Tensor, "... query_pos key_pos"]]:
+    """softmax(q k^T / sqrt(d_head)) v, returning ``(output, weights)``.
+
+    ``mask`` is boolean, True = may attend, broadcastable to ``(..., query_pos, key_pos)``
+    (for example ``causal_mask(n, n)`` or ``padding_mask(lengths, n)``). A query with no
+    visible key gets zero weights and a zero output. Any number of leading batch dims.
+
+    >>> q = k = torch.eye(2); v = torch.tensor([[1.0], [3.0]])
+    >>> out, w = scaled_dot_product_attention(q, k, v)
+    >>> out  # 0.67 * 1 + 0.33 * 3 for the first query
+    tensor([[1.6605],
+            [2.3395]])
+    >>> scaled_dot_product_attention(q, k, v, mask=torch.tensor([[True, False], [False, False]]))[0]
+    tensor([[1.],
+            [0.]])
+    """
+    _require_tensor("q", q, "(..., query_pos, d_head)")
+    _require_tensor("k", k, "(..., key_pos, d_head)")
+    _require_tensor("v", v, "(..., key_pos, d_v)")
+    if v.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"k (..., key_pos, d_head) = {tuple(k.shape)} and v (..., key_pos, d_v) = {tuple(v.shape)} "
+            f"must have the same key_pos (one value per key): {k.shape[-2]} != {v.shape[-2]}"
+        )
+    weights = attention_weights(q, k, mask)  # (..., query_pos, key_pos)
+    if v.dtype != weights.dtype or v.device != weights.device:
+        raise TypeError(f"v must share q's dtype and device, got {v.dtype} on {v.device} and {q.dtype} on {q.device}")
+    return weights @ v, weights
+
+
+# ----------------------------------------------------------------------------- masks
+
+
+def causal_mask(n_query: int, n_key: int, *, device: torch.device | str | None = None) -> Bool[Tensor, "query_pos key_pos"]:
+    """True where query i may attend key j: j <= i + (n_key - n_query).
+
+    The diagonal is aligned to the END: the last query sees every key. With n_key == n_query
+    this is the usual lower triangle. With n_key > n_query (queries are the newest tokens,
+    keys include a cache of earlier ones, as in notebooks/10) query i sits at absolute position
+    i + n_key - n_query. Note that ``F.scaled_dot_product_attention(is_causal=True)`` aligns
+    to the top-left instead; the two agree when n_query == n_key. With n_key < n_query the
+    first n_query - n_key queries see no key and get zero output.
+
+    >>> causal_mask(3, 3).int()
+    tensor([[1, 0, 0],
+            [1, 1, 0],
+            [1, 1, 1]], dtype=torch.int32)
+    >>> causal_mask(2, 4).int()
+    tensor([[1, 1, 1, 0],
+            [1, 1, 1, 1]], dtype=torch.int32)
+    """
+    for name, n in (("n_query", n_query), ("n_key", n_key)):
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {n!r}")
+    ones = torch.ones(n_query, n_key, dtype=torch.bool, device=device)
+    return ones.tril(diagonal=n_key - n_query)
+
+
+def padding_mask(
+    lengths: Int[Tensor, "batch"] | list[int], n_key: int
+) -> Bool[Tensor, "batch 1 1 key_pos"]:
+    """True for real tokens, False for padding, shaped ``(batch, 1, 1, key_pos)``.
+
+    Sequence b holds ``lengths[b]`` real tokens followed by padding. The two singleton axes
+    broadcast over heads and queries of the multi-head scores ``(batch, n_heads, query_pos,
+    key_pos)``; for single-head scores ``(batch, query_pos, key_pos)`` use ``mask[:, 0]``.
+    The mask lives on the device of ``lengths``.
+
+    >>> padding_mask([2, 3], 3)[:, 0, 0]
+    tensor([[ True,  True, False],
+            [ True,  True,  True]])
+    """
+    if isinstance(lengths, (list, tuple)):
+        lengths = torch.tensor(lengths, dtype=torch.long)
+    if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1 or lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise TypeError(f"lengths must be a 1-D integer tensor or list of shape (batch,), got {lengths!r}")
+    if not isinstance(n_key, int) or n_key < 0:
+        raise ValueError(f"n_key must be a non-negative int, got {n_key!r}")
+    if len(lengths) and (int(lengths.min()) < 0 or int(lengths.max()) > n_key):
+        raise ValueError(f"every length must lie in [0, n_key={n_key}], got {lengths.tolist()}")
+    positions = torch.arange(n_key, device=lengths.device)  # (key_pos,)
+    real = positions < lengths[:, None]  # (batch, key_pos)
+    return einops.rearrange(real, "batch key_pos -> batch 1 1 key_pos")
+
+
+def combine_masks(*masks: Bool[Tensor, "..."] | None) -> Bool[Tensor, "..."] | None:
+    """A key is visible only if every mask allows it: the broadcast logical AND (None skipped).
+
+    Returns None when no mask is given, so ``combine_masks(causal, None)`` is ``causal``.
+
+    >>> combine_masks(causal_mask(3, 3), padding_mask([2], 3)).int()[0, 0]
+    tensor([[1, 0, 0],
+            [1, 1, 0],
+            [1, 1, 0]], dtype=torch.int32)
+    """
+    present = [m for m in masks if m is not None]
+    for m in present:
+        if not isinstance(m, torch.Tensor) or m.dtype != torch.bool:
+            got = m.dtype if isinstance(m, torch.Tensor) else type(m).__name__
+            raise TypeError(f"combine_masks takes boolean masks, got {got}. {MASK_CONVENTION}")
+    if not present:
+        return None
+    try:
+        torch.broadcast_shapes(*(m.shape for m in present))
+    except RuntimeError:
+        shapes = ", ".join(str(tuple(m.shape)) for m in present)
+        raise ValueError(f"masks of shapes {shapes} do not broadcast together") from None
+    combined = present[0]
+    for m in present[1:]:
+        combined = combined & m
+    return combined
+
+
+# ----------------------------------------------------------------------------- multi-head
+
+
+class MultiHeadAttention(nn.Module):
+    """n_heads attention heads side by side, each of width d_head, then one output projection.
+
+    Weights are ``nn.Linear`` layers: ``W_Q.weight`` has shape ``(n_heads * d_head, d_model)``
+    and its rows are grouped head by head, i.e. the output features are laid out as
+    ``(n_heads d_head)``; ``W_K`` and ``W_V`` the same with input width ``kv_d_model``;
+    ``W_O.weight`` has shape ``(d_model, n_heads * d_head)``. This matches the packed
+    ``in_proj_weight`` of ``nn.MultiheadAttention`` (see ``load_from_torch``).
+
+    ``forward(x)`` is self-attention; ``forward(x, context)`` is cross-attention: queries from
+    ``x``, keys and values from ``context``. ``mask`` (True = may attend) broadcasts to
+    ``(batch, n_heads, query_pos, key_pos)``: give ``(query_pos, key_pos)``,
+    ``(batch, 1, query_pos, key_pos)`` or ``(batch, 1, 1, key_pos)``.
+
+    The attention pattern ``(batch, n_heads, query_pos, key_pos)`` passes through the hook
+    point ``hook_pattern`` (an ``nn.Identity``): capture it with
+    ``mha.hook_pattern.register_forward_hook(lambda mod, inp, out: saved.append(out))``;
+    a hook that returns a tensor replaces the pattern (for ablations).
+
+    (Grouped-query attention, where several query heads share one key/value head, arrives in
+    notebooks/10 as a separate class; its keys and values are the only thing that changes.)
+
+    >>> mha = MultiHeadAttention(d_model=8, n_heads=2)
+    >>> mha(torch.randn(3, 5, 8)).shape
+    torch.Size([3, 5, 8])
+    """
+
+    def __init__(
+        self, d_model: int, n_heads: int, *, d_head: int | None = None, bias: bool = True, kv_d_model: int | None = None
+    ) -> None:
+        super().__init__()
+        if d_head is None:
+            if d_model % n_heads:
+                raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}; pass d_head explicitly")
+            d_head = d_model // n_heads
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_head
+        self.kv_d_model = d_model if kv_d_model is None else kv_d_model
+        width = n_heads * d_head
+        self.W_Q = nn.Linear(d_model, width, bias=bias)
+        self.W_K = nn.Linear(self.kv_d_model, width, bias=bias)
+        self.W_V = nn.Linear(self.kv_d_model, width, bias=bias)
+        self.W_O = nn.Linear(width, d_model, bias=bias)
+        self.hook_pattern = nn.Identity()
+
+    def split_heads(self, x: Float[Tensor, "batch pos n_heads_d_head"]) -> Float[Tensor, "batch n_heads pos d_head"]:
+        """(batch, pos, n_heads * d_head) -> (batch, n_heads, pos, d_head)."""
+        return einops.rearrange(x, "batch pos (n_heads d_head) -> batch n_heads pos d_head", n_heads=self.n_heads)
+
+    @staticmethod
+    def merge_heads(z: Float[Tensor, "batch n_heads pos d_head"]) -> Float[Tensor, "batch pos n_heads_d_head"]:
+        """(batch, n_heads, pos, d_head) -> (batch, pos, n_heads * d_head): the 'concat' of the paper."""
+        return einops.rearrange(z, "batch n_heads pos d_head -> batch pos (n_heads d_head)")
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch query_pos d_model"],
+        context: Float[Tensor, "batch key_pos kv_d_model"] | None = None,
+        mask: Bool[Tensor, "..."] | None = None,
+    ) -> Float[Tensor, "batch query_pos d_model"]:
+        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape (batch, query_pos, d_model={self.d_model}), got {got}")
+        if context is None:
+            if self.kv_d_model != self.d_model:
+                raise ValueError(
+                    f"this layer reads keys of width kv_d_model={self.kv_d_model}: pass context of shape "
+                    f"(batch, key_pos, {self.kv_d_model})"
+                )
+            context = x  # self-attention
+        elif not isinstance(context, torch.Tensor) or context.dim() != 3 or context.shape[-1] != self.kv_d_model:
+            got = tuple(context.shape) if isinstance(context, torch.Tensor) else type(context).__name__
+            raise ValueError(f"context must have shape (batch, key_pos, kv_d_model={self.kv_d_model}), got {got}")
+        if mask is not None and isinstance(mask, torch.Tensor) and mask.dim() not in (2, 4):
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)}: give (query_pos, key_pos) or a 4-D mask broadcastable to "
+                f"(batch, n_heads, query_pos, key_pos); a 3-D (batch, query_pos, key_pos) mask would line its batch "
+                f"axis up with the heads, so insert the head axis with mask[:, None]"
+            )
+        q = self.split_heads(self.W_Q(x))  # (batch, n_heads, query_pos, d_head)
+        k = self.split_heads(self.W_K(context))  # (batch, n_heads, key_pos, d_head)
+        v = self.split_heads(self.W_V(context))  # (batch, n_heads, key_pos, d_head)
+        pattern = self.hook_pattern(attention_weights(q, k, mask))  # (batch, n_heads, query_pos, key_pos)
+        z = pattern @ v  # (batch, n_heads, query_pos, d_head)
+        return self.W_O(self.merge_heads(z))  # (batch, query_pos, d_model)
+
+    @classmethod
+    def load_from_torch(cls, mha: nn.MultiheadAttention) -> MultiHeadAttention:
+        """A MultiHeadAttention computing exactly what ``mha`` computes, with its weights copied.
+
+        ``nn.MultiheadAttention`` packs W_Q, W_K, W_V into ``in_proj_weight`` of shape
+        ``(3 * embed_dim, embed_dim)`` (or separate ``q/k/v_proj_weight`` when kdim/vdim differ)
+        and splits heads the same way. Remember its ``attn_mask`` means True = masked: give it
+        ``~mask``.
+        """
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"expected an nn.MultiheadAttention, got {type(mha).__name__}")
+        if mha.bias_k is not None or mha.add_zero_attn:
+            raise ValueError("add_bias_kv and add_zero_attn have no counterpart in tfedu's MultiHeadAttention")
+        if mha.kdim != mha.vdim:
+            raise ValueError(f"tfedu's MultiHeadAttention reads keys and values from one context: kdim={mha.kdim} != vdim={mha.vdim}")
+        has_bias = mha.in_proj_bias is not None
+        ours = cls(mha.embed_dim, mha.num_heads, bias=has_bias, kv_d_model=mha.kdim)
+        ours = ours.to(device=mha.out_proj.weight.device, dtype=mha.out_proj.weight.dtype)
+        E = mha.embed_dim
+        with torch.no_grad():
+            if mha._qkv_same_embed_dim:
+                w_q, w_k, w_v = mha.in_proj_weight.split(E, dim=0)
+            else:
+                w_q, w_k, w_v = mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight
+            for linear, w in ((ours.W_Q, w_q), (ours.W_K, w_k), (ours.W_V, w_v)):
+                linear.weight.copy_(w)
+            ours.W_O.weight.copy_(mha.out_proj.weight)
+            if has_bias:
+                for linear, b in zip((ours.W_Q, ours.W_K, ours.W_V), mha.in_proj_bias.split(E)):
+                    linear.bias.copy_(b)
+                ours.W_O.bias.copy_(mha.out_proj.bias)
+        return ours
+
+
+# ----------------------------------------------------------------------------- the look-up picture
+
+
+def soft_lookup(
+    query: Float[Tensor, "d_head"],
+    keys: Float[Tensor, "key_pos d_head"],
+    values: Float[Tensor, "key_pos d_v"],
+    *,
+    sharpness: float = 1.0,
+) -> tuple[Float[Tensor, "d_v"], Float[Tensor, "key_pos"]]:
+    """One query against a small dictionary: ``(answer, weights)``.
+
+    A Python dict returns the value of the one key that equals the query. Attention returns
+    a blend of all values, weighted by softmax(sharpness * query . key / sqrt(d_head)).
+    sharpness -> infinity recovers the hard look-up (all weight on the best-matching key);
+    sharpness = 0 averages all values. The widget in notebooks/04_attention.ipynb moves
+    the query around and plots these weights.
+
+    >>> keys = torch.tensor([[1.0, 0.0], [0.0, 1.0]]); values = torch.tensor([[10.0], [20.0]])
+    >>> soft_lookup(torch.tensor([4.0, 0.0]), keys, values, sharpness=100.0)[0]
+    tensor([10.])
+    """
+    if not isinstance(query, torch.Tensor) or query.dim() != 1:
+        raise ValueError(f"query must be a 1-D tensor (d_head,), got {getattr(query, 'shape', type(query).__name__)}")
+    if not isinstance(sharpness, (int, float)) or sharpness < 0 or not math.isfinite(sharpness):
+        raise ValueError(f"sharpness must be a finite number >= 0, got {sharpness!r}")
+    answer, weights = scaled_dot_product_attention((query * sharpness)[None, :], keys, values)
+    return answer[0], weights[0]
