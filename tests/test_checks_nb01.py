@@ -1,0 +1,316 @@
+"""The checkers of notebooks/01_tokenization.ipynb pass correct answers and name the usual mistakes."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import regex
+import torch
+
+from tfedu.checks import nb01_tokenization as nb01
+from tfedu.checks.core import CheckFailure, ExerciseNotDone
+from tfedu.tokenizer import GPT2_PATTERN, train_bpe, train_bpe_naive
+
+# --- answers as a learner would write them (the notebook's solutions) ------------------------
+
+
+def get_pair_counts(ids):
+    counts = {}
+    for pair in zip(ids, ids[1:]):
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+
+
+def merge_pair(ids, pair, new_id):
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def learn_bpe(ids, n_merges, first_id):
+    ids, merges = list(ids), []
+    for k in range(n_merges):
+        counts = get_pair_counts(ids)
+        if not counts:
+            break
+        pair = min(counts, key=lambda p: (-counts[p], p))
+        ids = merge_pair(ids, pair, first_id + k)
+        merges.append(pair)
+    return merges, ids
+
+
+def utf8_encode(text):
+    return list(text.encode("utf-8"))
+
+
+def utf8_decode(ids):
+    return bytes(ids).decode("utf-8", errors="replace")
+
+
+def gpt2_split(text):
+    return regex.findall(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""", text)
+
+
+def not_done(*args, **kwargs):
+    raise NotImplementedError
+
+
+def fails_with(check, *impls, hint):
+    with pytest.raises(CheckFailure) as info:
+        check(*impls)
+    assert hint in str(info.value), str(info.value)
+    return str(info.value)
+
+
+# --- the worked example -----------------------------------------------------------------------
+
+
+def test_deck_example_only_fits_the_eleven_letter_string():
+    assert nb01.letter_ids(nb01.DECK_TEXT) == nb01.DECK_IDS
+    assert nb01.reference_learn_bpe(nb01.DECK_IDS, 3, 27) == (nb01.DECK_MERGES, nb01.DECK_FINAL)
+    for typo in ("aaabdaaaabac", "aabdaaabac", "aaabdaaabbac"):
+        assert nb01.letter_ids(typo) != nb01.DECK_IDS
+    with pytest.raises(ValueError, match="lowercase letters"):
+        nb01.letter_ids("Hello")
+
+
+@pytest.mark.parametrize("text", ["aaabdaaabac", "low lower lowest newer wider " * 3, "abababcab ab", "🙂🙂🙂 ü ü"])
+def test_reference_learn_bpe_agrees_with_train_bpe_naive(text):
+    # Independent oracle: tfedu.tokenizer's own naive trainer on bytes.
+    merges, final = nb01.reference_learn_bpe(list(text.encode()), 6, 256)
+    assert merges == train_bpe_naive(text, 256 + len(merges), pattern=None)
+    assert final == train_bpe(text, 256 + len(merges), pattern=None).encode(text)
+
+
+# --- the checkers pass correct answers --------------------------------------------------------
+
+
+def test_checkers_pass_correct_answers(capsys):
+    nb01.check_get_pair_counts(get_pair_counts)
+    nb01.check_merge_pair(merge_pair)
+    nb01.check_learn_bpe(learn_bpe)
+    nb01.check_utf8(utf8_encode, utf8_decode)
+    nb01.check_gpt2_split(gpt2_split)
+    out = capsys.readouterr()
+    assert out.out.count("\N{CHECK MARK}") == 5
+    assert out.err == ""
+
+
+def test_checkers_accept_counter_and_tuple_variants(capsys):
+    nb01.check_get_pair_counts(lambda ids: Counter(zip(ids, ids[1:])))
+    nb01.check_learn_bpe(lambda ids, n, f: tuple(learn_bpe(ids, n, f)))
+    assert capsys.readouterr().out.count("\N{CHECK MARK}") == 2
+
+
+def test_unfinished_exercises_say_not_done():
+    for check, impls in [
+        (nb01.check_get_pair_counts, (not_done,)),
+        (nb01.check_merge_pair, (not_done,)),
+        (nb01.check_learn_bpe, (not_done,)),
+        (nb01.check_utf8, (not_done, not_done)),
+        (nb01.check_gpt2_split, (not_done,)),
+    ]:
+        with pytest.raises(ExerciseNotDone, match="not done yet"):
+            check(*impls)
+
+
+# --- the checkers name the usual mistakes -----------------------------------------------------
+
+
+def test_pair_count_mistakes():
+    fails_with(nb01.check_get_pair_counts, lambda ids: dict(Counter(zip(ids[::2], ids[1::2]))), hint="non-overlapping")
+
+    def str_count_style(ids):  # "aaa".count("aa") == 1
+        text = "".join(chr(65 + i) for i in ids)
+        return {p: text.count(chr(65 + p[0]) + chr(65 + p[1])) for p in set(zip(ids, ids[1:]))}
+
+    fails_with(nb01.check_get_pair_counts, str_count_style, hint="non-overlapping")
+    fails_with(nb01.check_get_pair_counts,
+               lambda ids: dict(Counter((ids[i], ids[i + 1]) for i in range(len(ids) - 2))), hint="last pair is missing")
+    fails_with(nb01.check_get_pair_counts,
+               lambda ids: dict(Counter(zip(ids, ids[1:] + ids[:1]))) if ids else {}, hint="wraps around")
+    fails_with(nb01.check_get_pair_counts, lambda ids: list(zip(ids, ids[1:])), hint="should return a dict")
+    fails_with(nb01.check_get_pair_counts, lambda ids: {f"{a},{b}": 1 for a, b in zip(ids, ids[1:])}, hint="tuples")
+
+
+def test_merge_mistakes():
+    def overlapping(ids, pair, new_id):  # replaces at every position where the pair starts
+        starts = [i for i in range(len(ids) - 1) if (ids[i], ids[i + 1]) == pair]
+        out = []
+        for j, x in enumerate(ids):
+            if j in starts:
+                out.append(new_id)
+            elif j - 1 not in starts:
+                out.append(x)
+        return out
+
+    def not_advancing(ids, pair, new_id):
+        out, i = [], 0
+        while i < len(ids):
+            if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+                out.append(new_id)
+            else:
+                out.append(ids[i])
+            i += 1
+        return out
+
+    def dropping_last(ids, pair, new_id):
+        out, i = [], 0
+        while i < len(ids) - 1:
+            if (ids[i], ids[i + 1]) == pair:
+                out.append(new_id)
+                i += 2
+            else:
+                out.append(ids[i])
+                i += 1
+        return out
+
+    def in_place(ids, pair, new_id):
+        ids[:] = merge_pair(ids, pair, new_id)
+        return ids
+
+    def returns_nothing(ids, pair, new_id):
+        merge_pair(ids, pair, new_id)
+
+    fails_with(nb01.check_merge_pair, overlapping, hint="replaced overlapping pairs")
+    fails_with(nb01.check_merge_pair, not_advancing, hint="did not advance past the merged pair")
+    fails_with(nb01.check_merge_pair, dropping_last, hint="last id went missing")
+    fails_with(nb01.check_merge_pair,
+               lambda ids, pair, new_id: merge_pair(ids[::-1], pair[::-1], new_id)[::-1], hint="right to left")
+    fails_with(nb01.check_merge_pair, in_place, hint="changed the list you were given")
+    fails_with(nb01.check_merge_pair, returns_nothing, hint="returned None")
+
+
+def _learn_with(choose, offset=0):
+    def learn(ids, n_merges, first_id):
+        ids, merges = list(ids), []
+        for k in range(n_merges):
+            counts = get_pair_counts(ids)
+            if not counts:
+                break
+            pair = choose(counts)
+            ids = merge_pair(ids, pair, first_id + k + offset)
+            merges.append(pair)
+        return merges, ids
+
+    return learn
+
+
+def test_learn_bpe_mistakes():
+    first_seen = _learn_with(lambda c: max(c, key=c.get))
+    message = fails_with(nb01.check_learn_bpe, first_seen, hint="wrong tie-break")
+    assert "ab=(1, 2) rather than Za=(27, 1)" in message
+    fails_with(nb01.check_learn_bpe, _learn_with(lambda c: max(c, key=lambda p: (c[p], p))), hint="wrong tie-break")
+    fails_with(nb01.check_learn_bpe, _learn_with(lambda c: min(c, key=lambda p: (-c[p], p)), offset=1), hint="off by one")
+
+    def stale(ids, n_merges, first_id):
+        counts = get_pair_counts(ids)
+        merges = sorted(counts, key=lambda p: (-counts[p], p))[:n_merges]
+        for k, pair in enumerate(merges):
+            ids = merge_pair(ids, pair, first_id + k)
+        return merges, ids
+
+    fails_with(nb01.check_learn_bpe, stale, hint="recount the pairs")
+    fails_with(nb01.check_learn_bpe, lambda ids, n, f: learn_bpe(ids, n - 1, f), hint="made 2 merges, expected 3")
+    fails_with(nb01.check_learn_bpe, lambda ids, n, f: learn_bpe(ids, n, f)[0], hint="tuple (merges, ids)")
+
+
+def test_utf8_mistakes():
+    fails_with(nb01.check_utf8, lambda t: [ord(c) for c in t], utf8_decode, hint="code points")
+    fails_with(nb01.check_utf8, utf8_encode, lambda ids: bytes(ids).decode("utf-8"), hint="errors='replace'")
+    fails_with(nb01.check_utf8, utf8_encode, lambda ids: bytes(ids).decode("latin-1"), hint="latin-1")
+    fails_with(nb01.check_utf8, utf8_encode, lambda ids: bytes(ids).decode("utf-8", errors="ignore"), hint="ignore")
+    fails_with(nb01.check_utf8, utf8_encode, lambda ids: "".join(map(chr, ids)), hint="chr()")
+
+
+def test_split_mistakes():
+    pieces = dict(nb01._SPLIT_PIECES)
+    ignore_case = regex.compile("|".join(pieces.values()), regex.IGNORECASE)
+    fails_with(nb01.check_gpt2_split, ignore_case.findall, hint="case-insensitively")
+    letters_first = regex.compile(r""" ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|'s|'t|'re|'ve|'m|'ll|'d|\s+(?!\S)|\s+""")
+    fails_with(nb01.check_gpt2_split, letters_first.findall, hint="contractions must come first")
+    no_lookahead = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+""")
+    fails_with(nb01.check_gpt2_split, no_lookahead.findall, hint="(?!\\S)")
+    no_space = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+    fails_with(nb01.check_gpt2_split, no_space.findall, hint="optional leading space")
+    fails_with(nb01.check_gpt2_split, str.split, hint="split on whitespace")
+
+    import re
+
+    fails_with(nb01.check_gpt2_split, lambda text: re.findall(GPT2_PATTERN, text), hint="`import regex`")
+
+
+# --- probes -------------------------------------------------------------------------------------
+
+ANSWERS = {
+    "get_pair_counts": get_pair_counts,
+    "merge_pair": merge_pair,
+    "learn_bpe": learn_bpe,
+    "utf8_encode": utf8_encode,
+    "utf8_decode": utf8_decode,
+    "gpt2_split": gpt2_split,
+}
+
+
+def run_probe(probe, inputs, answers):
+    namespace = {**answers, "inputs": inputs, "np": np, "torch": torch}
+    exec(probe.run, namespace)
+    return namespace["outputs"]
+
+
+def test_every_check_cell_has_a_probe():
+    assert set(nb01.PROBES) == {
+        "check_get_pair_counts", "check_merge_pair", "check_learn_bpe", "check_utf8", "check_gpt2_split"
+    }
+    for grade_id, probe in nb01.PROBES.items():
+        assert probe.exercise == "ex_" + grade_id.removeprefix("check_")
+        assert probe.forbidden == ("tfedu.tokenizer",)
+
+
+@pytest.mark.parametrize("grade_id", sorted(nb01.PROBES))
+def test_probes_accept_correct_answers(grade_id):
+    probe = nb01.PROBES[grade_id]
+    for seed in range(8):
+        inputs = probe.make_inputs(np.random.default_rng(seed))
+        assert probe.compare(run_probe(probe, inputs, ANSWERS), probe.reference(inputs)) is None
+
+
+BUGGY = {
+    "check_get_pair_counts": {"get_pair_counts": lambda ids: dict(Counter(zip(ids[::2], ids[1::2])))},
+    "check_merge_pair": {"merge_pair": lambda ids, pair, new_id: merge_pair(ids[::-1], pair[::-1], new_id)[::-1]},
+    "check_learn_bpe": {"learn_bpe": _learn_with(lambda c: max(c, key=c.get))},
+    "check_utf8": {"utf8_decode": lambda ids: bytes(ids).decode("latin-1")},
+    "check_gpt2_split": {"gpt2_split": lambda text: regex.findall(GPT2_PATTERN, text, flags=regex.IGNORECASE)},
+}
+
+
+@pytest.mark.parametrize("grade_id", sorted(nb01.PROBES))
+def test_probes_reject_buggy_answers(grade_id):
+    probe = nb01.PROBES[grade_id]
+    answers = {**ANSWERS, **BUGGY[grade_id]}
+    failures = 0
+    for seed in range(8):
+        inputs = probe.make_inputs(np.random.default_rng(seed))
+        failures += probe.compare(run_probe(probe, inputs, answers), probe.reference(inputs)) is not None
+    assert failures >= 3
+
+
+def test_probe_inputs_are_plain_data():
+    def plain(value):
+        if isinstance(value, dict):
+            return all(isinstance(k, str) and plain(v) for k, v in value.items())
+        if isinstance(value, list):
+            return all(plain(v) for v in value)
+        return isinstance(value, (int, float, str)) and not isinstance(value, np.generic)
+
+    for probe in nb01.PROBES.values():
+        for seed in range(4):
+            inputs = probe.make_inputs(np.random.default_rng(seed))
+            assert plain(inputs), inputs
+            assert plain(probe.reference(inputs))

@@ -1,0 +1,124 @@
+"""The functions behind notebook 01's widget and plots (widgets never fire headless)."""
+
+import matplotlib
+import pytest
+
+from tfedu import tokenizer_widgets as tw
+from tfedu.tokenizer import train_bpe, train_bpe_naive
+
+matplotlib.use("Agg")
+
+
+def test_merge_steps_reproduce_the_deck():
+    trace = tw.merge_steps("aaabdaaabac", 10, names="letters")
+    assert [step.label for step in trace.steps] == ["ZabdZabac", "ZYdZYac", "XdXac"]
+    assert [step.pair for step in trace.steps] == [(97, 97), (97, 98), (256, 257)]
+    assert [step.count for step in trace.steps] == [4, 2, 2]
+    assert trace.steps[-1].after == [258, 100, 258, 97, 99]
+    assert trace.name(trace.steps[0].before) == "aaabdaaabac"
+
+
+@pytest.mark.parametrize("text", ["hello hello world", "abababab", "🙂🙂🙂 ok ok", "mississippi river"])
+def test_merge_steps_agree_with_the_reference_trainer(text):
+    # Oracle: with min_count=1 the trace makes exactly train_bpe_naive's merges on the same text.
+    trace = tw.merge_steps(text, 6, min_count=1)
+    assert [step.pair for step in trace.steps] == train_bpe_naive(text, 256 + len(trace.steps), pattern=None)
+    for step in trace.steps:
+        assert len(step.after) == len(step.before) - len(step.starts)
+        assert all(step.before[i : i + 2] == list(step.pair) for i in step.starts)
+    final = trace.steps[-1].after
+    assert final == train_bpe(text, 256 + len(trace.steps), pattern=None).encode(text)
+
+
+def test_merge_steps_stop_when_nothing_repeats():
+    trace = tw.merge_steps("abcdef", 5)
+    assert trace.steps == []
+    aaaa = tw.merge_steps("aaaa", 5)  # aaaa -> ZZ; the pair (Z, Z) occurs once, so it stops
+    assert len(aaaa.steps) == 1 and aaaa.steps[0].after == [256, 256]
+    assert len(tw.merge_steps("aaaa", 5, min_count=1).steps) == 2
+    assert len(tw.merge_steps("", 5).steps) == 0
+
+
+def test_merge_steps_reject_bad_input():
+    with pytest.raises(TypeError, match="str"):
+        tw.merge_steps(b"abc", 2)
+    with pytest.raises(ValueError, match="names"):
+        tw.merge_steps("abc", 2, names="greek")
+    with pytest.raises(ValueError, match="max_merges"):
+        tw.merge_steps("abc", -1)
+
+
+def test_pair_starts_are_left_to_right_and_non_overlapping():
+    assert tw.pair_starts([97, 97, 97], (97, 97)) == [0]
+    assert tw.pair_starts([1, 1, 1, 1], (1, 1)) == [0, 2]
+    assert tw.pair_starts([1, 2, 3], (2, 3)) == [1]
+    assert tw.pair_starts([], (1, 1)) == []
+
+
+def test_render_highlights_each_merged_pair():
+    trace = tw.merge_steps("aaabdaaabac", 3, names="letters")
+    first = tw.render_step_html(trace, 1)
+    assert first.count(f"background:{tw.HIGHLIGHT}") == 2  # two 'aa' merge at step 1
+    assert "occurs 4x" in first and "becomes id 256 'Z'" in first
+    assert tw.render_step_html(trace, 0).count(f"background:{tw.HIGHLIGHT}") == 0
+    third = tw.render_step_html(trace, 3)
+    assert third.count(f"background:{tw.HIGHLIGHT}") == 2 and "'X'" in third
+    with pytest.raises(ValueError, match="between 0 and 3"):
+        tw.render_step_html(trace, 4)
+
+
+def test_render_escapes_html():
+    html_text = tw.render_step_html(tw.merge_steps("<b><b>", 2), 1)
+    assert "<b>" not in html_text and "&lt;b" in html_text
+
+
+def test_stepper_view_clamps_to_the_last_merge():
+    assert tw.stepper_view("aaabdaaabac", 99) == tw.stepper_view("aaabdaaabac", 3)
+    assert "merge 2" in tw.stepper_view("aaabdaaabac", 2, names="letters")
+
+
+def test_merge_stepper_builds_a_widget():
+    box = tw.merge_stepper("hello hello", max_merges=5)
+    text, names, slider, view = box.children
+    assert "merge 1" in view.value
+    slider.value = 2  # observers run synchronously when a value is set in Python
+    assert view.value == tw.stepper_view("hello hello", 2, max_merges=5)
+    text.value = "abab abab"
+    assert view.value == tw.stepper_view("abab abab", 2, max_merges=5)
+
+
+def test_byte_name():
+    assert tw.byte_name(b" the\n") == "·the⏎"
+    assert tw.byte_name(b"\xe4") == "\ufffd"
+
+
+def test_tokens_per_char():
+    tok = train_bpe("abab abab", 260, pattern="gpt4")
+    assert tw.tokens_per_char(tok, "abab") == len(tok.encode_ordinary("abab")) / 4
+    assert tw.tokens_per_char(train_bpe("x", 256, pattern=None), "日本") == 3.0  # 3 bytes per character
+    with pytest.raises(ValueError, match="non-empty"):
+        tw.tokens_per_char(tok, "")
+
+
+def test_cross_boundary_tokens():
+    text = "the cat. the hat. the bat. " * 5
+    loose = train_bpe(text, 290, pattern=None)
+    strict = train_bpe(text, 290, pattern="gpt4")
+    junk = tw.cross_boundary_tokens(loose, "gpt4")
+    assert junk and all(len(tw.pretokenize(t.decode(), "gpt4")) > 1 for t in junk)
+    assert tw.cross_boundary_tokens(strict, "gpt4") == []
+    special = train_bpe(text, 291, pattern="gpt4", special_tokens=["<|endoftext|>"])
+    assert tw.cross_boundary_tokens(special, "gpt4") == []  # specials are not merges
+
+
+def test_plot_tokens_per_char():
+    fig = tw.plot_tokens_per_char({"A": {"prose": 0.3, "code": 0.5}, "B": {"prose": 0.4, "code": 0.7}}, title="t")
+    ax = fig.axes[0]
+    assert len(ax.patches) == 4
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["prose", "code"]
+    assert ax.get_title() == "t"
+    with pytest.raises(ValueError, match="kinds"):
+        tw.plot_tokens_per_char({"A": {"prose": 1.0}, "B": {"code": 1.0}})
+    with pytest.raises(ValueError, match="empty"):
+        tw.plot_tokens_per_char({})
+    matplotlib.pyplot.close("all")

@@ -1,0 +1,534 @@
+"""Checkers for notebooks/01_tokenization.ipynb.
+
+Five exercises: counting adjacent pairs, merging one pair, the BPE training loop, UTF-8 by
+hand, and the GPT-2 pre-tokenization regex. Each checker tries the known mistakes first so
+its hint names the mistake.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import regex
+
+from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, expect
+from tfedu.tokenizer import GPT2_PATTERN, get_pair_counts, merge_pair, pretokenize
+from tfedu.tokenizer import merge_pair as reference_merge_pair
+
+# The lecture's worked example with a..z = 1..26 (only the 11-letter string fits its numbers).
+DECK_TEXT = "aaabdaaabac"
+DECK_IDS = [1, 1, 1, 2, 4, 1, 1, 1, 2, 1, 3]
+DECK_COUNTS = {"aa": 4, "ab": 2, "bd": 1, "da": 1, "ba": 1, "ac": 1}
+DECK_MERGES = [(1, 1), (1, 2), (27, 28)]
+DECK_FINAL = [29, 4, 29, 1, 3]
+DECK_SENTENCE = "Hello world I've learned to loveee! tokenization, I'M NOW THE #1Fan "
+
+
+def letter_ids(text: str) -> list[int]:
+    """a..z -> 1..26, the lecture's toy vocabulary.
+
+    >>> letter_ids("abz")
+    [1, 2, 26]
+    """
+    if not text.isascii() or not text.isalpha() or not text.islower():
+        raise ValueError(f"letter_ids takes lowercase letters a-z, got {text!r}")
+    return [ord(c) - ord("a") + 1 for c in text]
+
+
+def reference_learn_bpe(ids: Sequence[int], n_merges: int, first_id: int) -> tuple[list[tuple[int, int]], list[int]]:
+    """The plain recount-everything loop: merge the most frequent pair (ties: smaller ids) ``n_merges`` times.
+
+    Built from ``tfedu.tokenizer``'s pair counting and merging; tests check it against
+    ``tfedu.tokenizer.train_bpe_naive`` on bytes.
+
+    >>> reference_learn_bpe(DECK_IDS, 3, 27)
+    ([(1, 1), (1, 2), (27, 28)], [29, 4, 29, 1, 3])
+    """
+    ids, merges = list(ids), []
+    for k in range(n_merges):
+        counts = get_pair_counts(ids)
+        if not counts:
+            break
+        pair = min(counts, key=lambda p: (-counts[p], p))
+        ids = merge_pair(ids, pair, first_id + k)
+        merges.append(pair)
+    return merges, ids
+
+
+# --- the usual mistakes, written out so the checkers can recognise their outputs -------------
+
+
+def _pairs_chunked(ids):  # zip(ids[::2], ids[1::2]): pairs that do not overlap
+    return dict(Counter(zip(ids[0::2], ids[1::2])))
+
+
+def _pairs_non_overlapping(ids):  # like str.count: a pair cannot reuse the previous pair's right half
+    counts: Counter = Counter()
+    for pair in set(zip(ids, ids[1:])):
+        i = 0
+        while i < len(ids) - 1:
+            if (ids[i], ids[i + 1]) == pair:
+                counts[pair] += 1
+                i += 2
+            else:
+                i += 1
+    return dict(counts)
+
+
+def _pairs_missing_last(ids):  # range(len(ids) - 2)
+    return dict(Counter(zip(ids[:-2], ids[1:-1]))) if len(ids) > 2 else {}
+
+
+def _pairs_wrapped(ids):  # (last, first) counted as if the list were a circle
+    return dict(Counter(zip(ids, list(ids[1:]) + list(ids[:1])))) if ids else {}
+
+
+def _merge_not_advancing(ids, pair, new_id):  # i += 1 after a merge
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+            out.append(new_id)
+        else:
+            out.append(ids[i])
+        i += 1
+    return out
+
+
+def _merge_overlapping(ids, pair, new_id):  # every overlapping occurrence becomes a token
+    starts = {i for i in range(len(ids) - 1) if (ids[i], ids[i + 1]) == pair}
+    return [new_id if j in starts else ids[j] for j in range(len(ids)) if j in starts or j - 1 not in starts]
+
+
+def _merge_right_to_left(ids, pair, new_id):
+    reversed_out = merge_pair(list(ids)[::-1], (pair[1], pair[0]), new_id)
+    return reversed_out[::-1]
+
+
+def _merge_dropping_last(ids, pair, new_id):  # while i < len(ids) - 1, and nothing after the loop
+    out, i = [], 0
+    while i < len(ids) - 1:
+        if (ids[i], ids[i + 1]) == pair:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def _learn_with(choose: Callable[[dict], tuple[int, int]], ids, n_merges, first_id, *, id_offset=0):
+    ids, merges = list(ids), []
+    for k in range(n_merges):
+        counts = get_pair_counts(ids)
+        if not counts:
+            break
+        pair = choose(counts)
+        ids = merge_pair(ids, pair, first_id + k + id_offset)
+        merges.append(pair)
+    return merges, ids
+
+
+def _first_seen(counts):  # max() over a dict keeps the first pair seen among equals
+    return max(counts, key=counts.get)
+
+
+def _largest_pair(counts):
+    return max(counts, key=lambda p: (counts[p], p))
+
+
+def _smallest_pair(counts):
+    return min(counts, key=lambda p: (-counts[p], p))
+
+
+def _learn_stale_counts(ids, n_merges, first_id):  # counted once, then merged in that order
+    counts = get_pair_counts(list(ids))
+    order = sorted(counts, key=lambda p: (-counts[p], p))[:n_merges]
+    merges, out = [], list(ids)
+    for k, pair in enumerate(order):
+        out = merge_pair(out, pair, first_id + k)
+        merges.append(pair)
+    return merges, out
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def _as_int_list(value: Any, what: str) -> list[int]:
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if value is None:
+        raise CheckFailure(f"{what} returned None: build a new list and `return` it")
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise CheckFailure(f"{what} should return a list of ints, got {type(value).__name__}")
+    out = []
+    for item in value:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer)):
+            raise CheckFailure(f"{what} should return a list of ints, found {item!r} ({type(item).__name__})")
+        out.append(int(item))
+    return out
+
+
+def _as_pair_counts(value: Any, what: str) -> dict[tuple[int, int], int]:
+    if value is None:
+        raise CheckFailure(f"{what} returned None: return the dict of counts")
+    if not isinstance(value, Mapping):
+        raise CheckFailure(f"{what} should return a dict {{(a, b): count}}, got {type(value).__name__}")
+    out = {}
+    for key, count in value.items():
+        if not (isinstance(key, tuple) and len(key) == 2):
+            raise CheckFailure(f"{what}: keys should be tuples (a, b) of two ids, found {key!r}")
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+            raise CheckFailure(f"{what}: counts should be ints, found {count!r} for {key}")
+        if count:
+            out[(int(key[0]), int(key[1]))] = int(count)
+    return out
+
+
+def _match(got: Any, expected: Any, what: str, mistakes: Mapping[str, Any]) -> None:
+    if got == expected:
+        return
+    for hint, wrong in mistakes.items():
+        if got == wrong and wrong != expected:
+            raise CheckFailure(f"{what}: {hint}")
+    raise CheckFailure(f"{what} gave {got!r}, expected {expected!r}")
+
+
+# --- exercise 1.1 ---------------------------------------------------------------------------
+
+PAIR_MISTAKES = {
+    "you counted non-overlapping pairs; every adjacent pair counts, so [a, a, a] has ('a','a') twice "
+    "(positions 0-1 and 1-2): use zip(ids, ids[1:])": (_pairs_chunked, _pairs_non_overlapping),
+    "the last pair is missing (off by one): a list of n ids has n - 1 adjacent pairs": (_pairs_missing_last,),
+    "you counted a pair (last, first) that wraps around; the sequence is not a circle": (_pairs_wrapped,),
+}
+
+
+def _pair_cases(seed: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [DECK_IDS, [97, 97, 97], [5, 5, 5, 5, 5], [1, 2, 1, 2, 1], rng.integers(0, 6, 40).tolist(), [7], []]
+
+
+@checker("adjacent pair counts")
+def check_get_pair_counts(get_pair_counts) -> None:
+    """Check ``get_pair_counts(ids) -> {(a, b): count}`` on the deck's example and harder cases."""
+    for ids in _pair_cases():
+        what = f"get_pair_counts({ids if len(ids) <= 12 else '<40 random ids>'})"
+        got = _as_pair_counts(call_learner(get_pair_counts, list(ids), name="get_pair_counts"), what)
+        expected = dict(Counter(zip(ids, ids[1:])))
+        for hint, fns in PAIR_MISTAKES.items():
+            for fn in fns:
+                if got == fn(ids) and got != expected:
+                    raise CheckFailure(f"{what}: {hint}")
+        _match(got, expected, what, mistakes={})
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    deck = _as_pair_counts(call_learner(get_pair_counts, list(DECK_IDS), name="get_pair_counts"), "get_pair_counts")
+    named = {letters[a - 1] + letters[b - 1]: n for (a, b), n in deck.items()}
+    expect(named == DECK_COUNTS, f"on the deck's ids the counts by letters should be {DECK_COUNTS}, got {named}")
+
+
+# --- exercise 1.2 ---------------------------------------------------------------------------
+
+MERGE_MISTAKES = {
+    "you replaced overlapping pairs: in [a, a, a] only one (a, a) can merge, leaving [Z, a]; after a merge, "
+    "skip both of its ids (i += 2)": _merge_overlapping,
+    "you did not advance past the merged pair: after appending new_id, move i forward by 2, not 1, so the "
+    "pair's right half is not used again": _merge_not_advancing,
+    "you merged from right to left; BPE merges left to right, so [a, a, a] becomes [Z, a], not [a, Z]": _merge_right_to_left,
+    "the last id went missing: when the loop stops at len(ids) - 1, append the final id too": _merge_dropping_last,
+}
+
+
+def _merge_cases(seed: int = 0) -> list[tuple[list[int], tuple[int, int], int]]:
+    rng = np.random.default_rng(seed)
+    random_ids = rng.integers(0, 4, 50).tolist()
+    return [
+        ([97, 97, 97], (97, 97), 256),
+        ([1, 1, 1, 1, 1], (1, 1), 27),
+        (DECK_IDS, (1, 1), 27),
+        ([27, 1, 2, 4, 27, 1, 2, 1, 3], (1, 2), 28),
+        ([3, 1, 2], (1, 2), 9),
+        ([1, 2, 3], (1, 2), 9),
+        ([5, 6, 7], (7, 5), 9),
+        (random_ids, (1, 1), 300),
+        (random_ids, (2, 3), 301),
+        ([], (1, 2), 9),
+        ([4], (4, 4), 9),
+    ]
+
+
+@checker("merge one pair")
+def check_merge_pair(merge_pair) -> None:
+    """Check ``merge_pair(ids, pair, new_id)``: left to right, non-overlapping, input untouched."""
+    for ids, pair, new_id in _merge_cases():
+        given = list(ids)
+        what = f"merge_pair({ids if len(ids) <= 12 else '<50 random ids>'}, {pair}, {new_id})"
+        got = call_learner(merge_pair, given, pair, new_id, name="merge_pair")
+        expect(given == ids, f"{what} changed the list you were given; build and return a new list instead")
+        got = _as_int_list(got, what)
+        expected = reference_merge_pair(list(ids), pair, new_id)
+        _match(got, expected, what, {hint: fn(ids, pair, new_id) for hint, fn in MERGE_MISTAKES.items()})
+
+
+# --- exercise 1.3 ---------------------------------------------------------------------------
+
+TIE_HINT = (
+    "wrong tie-break: when two pairs are equally frequent, take the pair with the smaller ids, "
+    "min(counts, key=lambda p: (-counts[p], p)); the deck merges ab=(1, 2) rather than Za=(27, 1) at step 2"
+)
+LEARN_MISTAKES = {
+    TIE_HINT + " (max(counts, key=counts.get) keeps whichever equal pair came first)": (
+        lambda ids, n, f: _learn_with(_first_seen, ids, n, f),
+        lambda ids, n, f: _learn_with(_largest_pair, ids, n, f),
+    ),
+    "you counted the pairs once and merged them in that order; recount the pairs of the current ids after "
+    "every merge, since each merge creates new pairs (Z, Y) and removes old ones": (_learn_stale_counts,),
+    "the new ids are off by one: the k-th merge (k = 0, 1, ...) gets first_id + k": (
+        lambda ids, n, f: _learn_with(_smallest_pair, ids, n, f, id_offset=1),
+    ),
+}
+
+
+def _learn_cases(seed: int = 0) -> list[tuple[list[int], int, int]]:
+    rng = np.random.default_rng(seed)
+    return [
+        (DECK_IDS, 3, 27),
+        (list(DECK_TEXT.encode()), 3, 256),
+        (rng.integers(0, 3, 30).tolist(), 5, 3),
+        (list(b"low lower lowest newer wider"), 6, 256),
+        ([1, 2], 3, 27),  # runs out of pairs after one merge
+    ]
+
+
+@checker("BPE training loop")
+def check_learn_bpe(learn_bpe) -> None:
+    """Check ``learn_bpe(ids, n_merges, first_id) -> (merges, final_ids)`` against the deck and more."""
+    for ids, n_merges, first_id in _learn_cases():
+        what = f"learn_bpe({ids if len(ids) <= 12 else '<' + str(len(ids)) + ' ids>'}, {n_merges}, {first_id})"
+        got = call_learner(learn_bpe, list(ids), n_merges, first_id, name="learn_bpe")
+        if not (isinstance(got, tuple) and len(got) == 2):
+            raise CheckFailure(f"{what} should return a tuple (merges, ids), got {type(got).__name__}")
+        merges_got, ids_got = got
+        if merges_got is None or isinstance(merges_got, (str, bytes)) or not isinstance(merges_got, Sequence):
+            raise CheckFailure(f"{what}: merges should be a list of (a, b) tuples, got {type(merges_got).__name__}")
+        try:
+            merges_got = [(int(a), int(b)) for a, b in merges_got]
+        except (TypeError, ValueError):
+            raise CheckFailure(f"{what}: merges should be a list of (a, b) pairs of ids") from None
+        ids_got = _as_int_list(ids_got, what + "[1]")
+        merges, final = reference_learn_bpe(ids, n_merges, first_id)
+        if len(merges_got) != len(merges):
+            raise CheckFailure(
+                f"{what} made {len(merges_got)} merges, expected {len(merges)} "
+                f"(n_merges of them, or fewer only when no pair is left)"
+            )
+        if (merges_got, ids_got) != (merges, final):
+            for hint, fns in LEARN_MISTAKES.items():
+                if any((merges_got, ids_got) == fn(ids, n_merges, first_id) for fn in fns):
+                    raise CheckFailure(f"{what}: {hint}")
+        _match((merges_got, ids_got), (merges, final), what, {})
+
+
+# --- exercise 1.4 ---------------------------------------------------------------------------
+
+UTF8_TEXTS = ["G", "ü", "Hello", "naïve café", "日本語", "🙂 ok", "ß∑𝄞", ""]
+UTF8_BYTES = [[71], [195, 188], [128], [104, 105, 255], [226, 130], [240, 159, 153, 130], [0xC0, 0xAF], []]
+
+
+@checker("UTF-8 by hand")
+def check_utf8(utf8_encode, utf8_decode) -> None:
+    """Check ``utf8_encode(text) -> list[int]`` and ``utf8_decode(ids) -> str`` (invalid bytes replaced)."""
+    for text in UTF8_TEXTS:
+        what = f"utf8_encode({text!r})"
+        got = _as_int_list(call_learner(utf8_encode, text, name="utf8_encode"), what)
+        _match(got, list(text.encode("utf-8")), what, {
+            "you returned code points (ord(c)), not UTF-8 bytes; use list(text.encode('utf-8'))": [ord(c) for c in text],
+            "you encoded with UTF-16; the course's bytes are UTF-8": list(text.encode("utf-16-le")),
+        })
+    for ids in UTF8_BYTES:
+        what = f"utf8_decode({ids})"
+        try:
+            got = utf8_decode(list(ids))
+        except UnicodeDecodeError:
+            raise CheckFailure(
+                f"{what} raised UnicodeDecodeError: a model can emit any bytes, so decode with "
+                "errors='replace' (errors='strict', the default, raises)"
+            ) from None
+        except NotImplementedError:
+            raise
+        except Exception as err:
+            raise CheckFailure(f"{what} raised {type(err).__name__}: {err}") from None
+        expect(isinstance(got, str), f"{what} should return a str, got {type(got).__name__}")
+        _match(got, bytes(ids).decode("utf-8", errors="replace"), what, {
+            "you decoded as latin-1 (or chr() per byte), which turns each byte into one character ([195, 188] "
+            "gives 'Ã¼', not 'ü'); decode as UTF-8 with errors='replace'": bytes(ids).decode("latin-1"),
+            "you dropped the invalid bytes (errors='ignore'); replace them with '\\ufffd' (errors='replace') so "
+            "a reader sees that something was there": bytes(ids).decode("utf-8", errors="ignore"),
+        })
+
+
+# --- exercise 1.5 ---------------------------------------------------------------------------
+
+SPLIT_TEXTS = [
+    DECK_SENTENCE,
+    "I'm here",
+    "I'M HERE",
+    "we'll see, they'd've",
+    "x = 1999 + 12345",
+    "a   b\n\n  c",
+    "    return x  ",
+    "Hello world! Hello world.",
+    "Ünïcode ok — 東京 42",
+]
+_SPLIT_PIECES = {
+    "contractions": r"'s|'t|'re|'ve|'m|'ll|'d",
+    "letters": r" ?\p{L}+",
+    "numbers": r" ?\p{N}+",
+    "other": r" ?[^\s\p{L}\p{N}]+",
+    "spaces_before": r"\s+(?!\S)",
+    "spaces": r"\s+",
+}
+
+
+def _variant(*order: str, flags: int = 0) -> Callable[[str], list[str]]:
+    compiled = regex.compile("|".join(_SPLIT_PIECES[name] for name in order), flags)
+    return compiled.findall
+
+
+SPLIT_MISTAKES = {
+    "you matched case-insensitively: GPT-2's pattern has no ignore-case flag, so \"I'M\" splits as "
+    "[' I', \"'\", 'M'] while \"I'm\" gives [' I', \"'m\"]": _variant(*_SPLIT_PIECES, flags=regex.IGNORECASE),
+    "the contractions must come first in the alternation: otherwise \"'ve\" is matched by the "
+    "punctuation branch as \"'\" + 've'": _variant("letters", "numbers", "other", "contractions", "spaces_before", "spaces"),
+    "without \\s+(?!\\S) a run of spaces swallows the space the next word needs: 'a   b' should give "
+    "['a', '  ', ' b']": _variant("contractions", "letters", "numbers", "other", "spaces"),
+    "letters, numbers and punctuation take one optional leading space ( ?): ' world' is one piece":
+        regex.compile(r"'s|'t|'re|'ve|'m|'ll|'d|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+").findall,
+    "you split on whitespace and dropped it; the pieces must join back to the exact text (''.join(pieces) == text)":
+        str.split,
+}
+
+
+@checker("GPT-2 pre-tokenization")
+def check_gpt2_split(gpt2_split) -> None:
+    """Check ``gpt2_split(text) -> list[str]`` against GPT-2's split pattern, I'M included."""
+    reference = regex.compile(GPT2_PATTERN).findall
+    for text in SPLIT_TEXTS:
+        what = f"gpt2_split({text!r})"
+        try:
+            got = gpt2_split(text)
+        except NotImplementedError:
+            raise
+        except Exception as err:
+            if "bad escape" in str(err) and "\\p" in str(err):
+                raise CheckFailure(
+                    "Python's built-in `re` does not know \\p{L} (any letter) or \\p{N} (any number); "
+                    "`import regex` and use regex.findall"
+                ) from None
+            raise CheckFailure(f"{what} raised {type(err).__name__}: {err}") from None
+        if not isinstance(got, list) or not all(isinstance(piece, str) for piece in got):
+            raise CheckFailure(f"{what} should return a list of str, got {got!r}")
+        _match(got, reference(text), what, {hint: fn(text) for hint, fn in SPLIT_MISTAKES.items()})
+
+
+# --- probes for the autograder --------------------------------------------------------------
+
+
+def _equal(outputs: dict, expected: dict) -> str | None:
+    for key, value in expected.items():
+        if key not in outputs:
+            return f"outputs has no {key!r}"
+        if outputs[key] != value:
+            return f"{key}: got {outputs[key]!r}, expected {value!r}"
+    return None
+
+
+def _ids_inputs(rng: np.random.Generator) -> dict:
+    n_symbols = int(rng.integers(2, 6))
+    return {"ids": rng.integers(0, n_symbols, int(rng.integers(0, 60))).tolist()}
+
+
+def _merge_inputs(rng: np.random.Generator) -> dict:
+    ids = rng.integers(0, 3, int(rng.integers(0, 60))).tolist()
+    first = int(rng.integers(0, 3))
+    pair = [first, first if rng.random() < 0.5 else int(rng.integers(0, 3))]  # runs like a a a half the time
+    return {"ids": ids, "pair": pair, "new_id": int(rng.integers(3, 500))}
+
+
+def _learn_inputs(rng: np.random.Generator) -> dict:
+    ids = rng.integers(0, int(rng.integers(2, 5)), int(rng.integers(20, 60))).tolist()
+    return {"ids": ids, "n_merges": int(rng.integers(1, 8)), "first_id": int(rng.choice([27, 256, 1000]))}
+
+
+_PROBE_ALPHABET = "aZ09 ü日🙂'\n.,"
+
+
+def _utf8_inputs(rng: np.random.Generator) -> dict:
+    text = "".join(rng.choice(list(_PROBE_ALPHABET), int(rng.integers(0, 30))))
+    ids = rng.integers(0, 256, int(rng.integers(0, 20))).tolist()
+    return {"text": text, "ids": list(text.encode("utf-8")[:5]) + ids}
+
+
+_SPLIT_WORDS = ["I", "'m", "'M", "'s", "'ve", "'LL", "Hello", "WORLD", "1999", "7", " ", "  ", "\n", "#", "!?",
+                "ü", "東京", "x_1", "\t", "don't", "DON'T"]
+
+
+def _split_inputs(rng: np.random.Generator) -> dict:
+    return {"text": "".join(rng.choice(_SPLIT_WORDS, int(rng.integers(1, 25))))}
+
+
+PROBES = {
+    "check_get_pair_counts": Probe(
+        exercise="ex_get_pair_counts",
+        make_inputs=_ids_inputs,
+        run="outputs = {'counts': sorted([int(a), int(b), int(n)] for (a, b), n in "
+            "get_pair_counts(list(inputs['ids'])).items() if n)}",
+        reference=lambda inputs: {
+            "counts": sorted([a, b, n] for (a, b), n in get_pair_counts(list(inputs["ids"])).items())
+        },
+        forbidden=("tfedu.tokenizer",),
+        compare=_equal,
+    ),
+    "check_merge_pair": Probe(
+        exercise="ex_merge_pair",
+        make_inputs=_merge_inputs,
+        run="outputs = {'ids': [int(i) for i in merge_pair(list(inputs['ids']), tuple(inputs['pair']), "
+            "inputs['new_id'])]}",
+        reference=lambda inputs: {"ids": merge_pair(list(inputs["ids"]), tuple(inputs["pair"]), inputs["new_id"])},
+        forbidden=("tfedu.tokenizer",),
+        compare=_equal,
+    ),
+    "check_learn_bpe": Probe(
+        exercise="ex_learn_bpe",
+        make_inputs=_learn_inputs,
+        run="_m, _ids = learn_bpe(list(inputs['ids']), inputs['n_merges'], inputs['first_id'])\n"
+            "outputs = {'merges': [[int(a), int(b)] for a, b in _m], 'ids': [int(i) for i in _ids]}",
+        reference=lambda inputs: (lambda m, f: {"merges": [list(p) for p in m], "ids": f})(
+            *reference_learn_bpe(inputs["ids"], inputs["n_merges"], inputs["first_id"])
+        ),
+        forbidden=("tfedu.tokenizer",),
+        compare=_equal,
+    ),
+    "check_utf8": Probe(
+        exercise="ex_utf8",
+        make_inputs=_utf8_inputs,
+        run="outputs = {'ids': [int(i) for i in utf8_encode(inputs['text'])], "
+            "'text': utf8_decode(list(inputs['ids']))}",
+        reference=lambda inputs: {
+            "ids": list(inputs["text"].encode("utf-8")),
+            "text": bytes(inputs["ids"]).decode("utf-8", errors="replace"),
+        },
+        forbidden=("tfedu.tokenizer",),
+        compare=_equal,
+    ),
+    "check_gpt2_split": Probe(
+        exercise="ex_gpt2_split",
+        make_inputs=_split_inputs,
+        run="outputs = {'pieces': list(gpt2_split(inputs['text']))}",
+        reference=lambda inputs: {"pieces": pretokenize(inputs["text"], GPT2_PATTERN)},
+        forbidden=("tfedu.tokenizer",),
+        compare=_equal,
+    ),
+}
