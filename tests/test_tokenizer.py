@@ -106,3 +106,262 @@ def test_training_stops_when_no_pair_is_left():
     tok = train_bpe("ab", 1000, pattern=None)
     assert tok.merges == [(97, 98)]
     assert train_bpe_naive("ab", 1000) == [(97, 98)]
+
+
+# ---------------------------------------------------------------------------------------
+# Oracle (b): the incremental trainer finds exactly the naive trainer's merges
+# ---------------------------------------------------------------------------------------
+import json  # noqa: E402
+import string  # noqa: E402
+from functools import lru_cache  # noqa: E402
+
+import tiktoken  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tfedu.data import load_corpus  # noqa: E402
+from tfedu.tokenizer_io import TokenizerFileError, gpt2_bytes_to_unicode  # noqa: E402
+
+
+@lru_cache(maxsize=None)
+def corpus() -> str:
+    return load_corpus()
+
+
+@lru_cache(maxsize=None)
+def corpus_tokenizer(pattern: str) -> Tokenizer:
+    return train_bpe(corpus(), 1000, pattern=pattern, special_tokens=["<|endoftext|>"])
+
+
+@pytest.mark.parametrize("pattern, n_chars, vocab_size", [("gpt4", 20_000, 340), ("gpt2", 20_000, 340), (None, 4_000, 300)])
+def test_incremental_trainer_matches_naive_on_corpus_slices(pattern, n_chars, vocab_size):
+    text = corpus()[10_000 : 10_000 + n_chars]
+    assert train_bpe(text, vocab_size, pattern=pattern).merges == train_bpe_naive(text, vocab_size, pattern=pattern)
+
+
+# A small alphabet makes many equal counts, so the tie-break is exercised on most steps.
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(alphabet="aab c\n1é", max_size=80), extra=st.integers(0, 40), pattern=st.sampled_from([None, "gpt2", "gpt4"]))
+def test_incremental_trainer_matches_naive_with_ties(text, extra, pattern):
+    assert train_bpe(text, 256 + extra, pattern=pattern).merges == train_bpe_naive(text, 256 + extra, pattern=pattern)
+
+
+# ---------------------------------------------------------------------------------------
+# Oracle (a): tiktoken built from our ranks encodes to exactly our ids
+# ---------------------------------------------------------------------------------------
+
+
+def as_tiktoken(tok: Tokenizer) -> tiktoken.Encoding:
+    return tiktoken.Encoding(
+        "tfedu-test", pat_str=tok.pattern, mergeable_ranks=tok.mergeable_ranks(), special_tokens=tok.special_tokens
+    )
+
+
+@pytest.mark.parametrize("pattern", ["gpt4", "gpt2"])
+def test_tiktoken_from_our_ranks_encodes_the_corpus_to_our_ids(pattern):
+    tok = corpus_tokenizer(pattern)
+    text = corpus()
+    ids = tok.encode(text)
+    assert ids == as_tiktoken(tok).encode_ordinary(text)
+    assert tok.decode(ids) == text
+    doc = "first document<|endoftext|>second"
+    assert tok.encode(doc) == as_tiktoken(tok).encode(doc, allowed_special="all")
+
+
+EMOJI = "😀👍🏽👨‍👩‍👧🇫🇷✨🔥"
+CJK = "漢字かなカナ한국어中文"
+COMBINING = "e\u0301a\u0308n\u0303\u0327\u200d"
+SPACES = " \t\n\r\u00a0\u3000  \n\n"
+unicode_text = st.text(
+    alphabet=st.one_of(
+        st.sampled_from(EMOJI + CJK + COMBINING + SPACES + string.digits + string.punctuation + "I'mM's"),
+        st.characters(codec="utf-8"),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=unicode_text, pattern=st.sampled_from(["gpt4", "gpt2"]))
+def test_tiktoken_agrees_on_arbitrary_unicode(text, pattern):
+    tok = corpus_tokenizer(pattern)
+    assert tok.encode_ordinary(text) == as_tiktoken(tok).encode_ordinary(text)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=st.text(alphabet=EMOJI + CJK + COMBINING + SPACES + "ab1", min_size=1, max_size=200), extra=st.integers(1, 60))
+def test_tiktoken_agrees_with_a_tokenizer_trained_on_unicode(text, extra):
+    tok = train_bpe(text, 256 + extra, pattern="gpt4")
+    assert tok.encode(text) == as_tiktoken(tok).encode_ordinary(text)
+
+
+# ---------------------------------------------------------------------------------------
+# (c) round trips
+# ---------------------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(), pattern=st.sampled_from(["gpt4", "gpt2"]))
+def test_decode_inverts_encode(text, pattern):
+    tok = corpus_tokenizer(pattern)
+    assert tok.decode(tok.encode(text)) == text
+
+
+@lru_cache(maxsize=None)
+def unsplit_tokenizer() -> Tokenizer:
+    return train_bpe(corpus()[:3000], 300, pattern=None)
+
+
+@settings(max_examples=50, deadline=None)
+@given(text=st.text(max_size=40))
+def test_decode_inverts_encode_without_pretokenization(text):
+    tok = unsplit_tokenizer()
+    assert tok.decode(tok.encode(text)) == text
+
+
+@settings(max_examples=100, deadline=None)
+@given(ids=st.lists(st.integers(0, 999), max_size=30))
+def test_decode_never_raises_on_valid_ids(ids):
+    text = corpus_tokenizer("gpt4").decode(ids)
+    assert isinstance(text, str)
+
+
+def test_cache_gives_the_same_ids_twice():
+    tok = train_bpe(corpus()[:20_000], 400)
+    first = tok.encode(corpus()[:5000])
+    assert tok.encode(corpus()[:5000]) == first == as_tiktoken(tok).encode_ordinary(corpus()[:5000])
+
+
+# ---------------------------------------------------------------------------------------
+# Files: our format, damage detection, GPT-2's files
+# ---------------------------------------------------------------------------------------
+
+
+def small_tokenizer() -> Tokenizer:
+    return train_bpe("héllo wörld, hello world 123 😀😀 " * 3, 300, pattern="gpt4", special_tokens=["<|endoftext|>", "<|pad|>"])
+
+
+def assert_same(a: Tokenizer, b: Tokenizer):
+    assert (a.merges, a.vocab, a.special_tokens, a.pattern, a.byte_ids) == (b.merges, b.vocab, b.special_tokens, b.pattern, b.byte_ids)
+
+
+def test_save_load_round_trip(tmp_path):
+    for tok in (small_tokenizer(), corpus_tokenizer("gpt2"), train_bpe(WORKED, 259, pattern=None)):
+        path = tok.save(tmp_path / "tok.bpe")
+        loaded = Tokenizer.load(path)
+        assert_same(tok, loaded)
+        assert loaded.encode("hello wörld<|endoftext|>") == tok.encode("hello wörld<|endoftext|>")
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "tfedu-bpe 1" and lines[1] == "pattern null" and lines[-1].startswith("sha256 ")
+    assert lines[4] == '256 97 97 "aa"'
+
+
+def test_every_single_flipped_byte_is_caught_with_the_line(tmp_path):
+    data = small_tokenizer().save(tmp_path / "tok.bpe").read_bytes()
+    damaged = tmp_path / "damaged.bpe"
+    for position in range(len(data)):
+        for mask in (0x01, 0x20):  # a low bit (digit -> digit) and a case/space bit
+            flipped = bytearray(data)
+            flipped[position] ^= mask
+            damaged.write_bytes(bytes(flipped))
+            with pytest.raises(TokenizerFileError, match=r"damaged\.bpe(, line \d+)?: "):
+                Tokenizer.load(damaged)
+
+
+def test_flipped_byte_in_a_merge_names_that_line(tmp_path):
+    path = small_tokenizer().save(tmp_path / "tok.bpe")
+    lines = path.read_bytes().split(b"\n")
+    assert lines[5].startswith(b"257 ")
+    idx, a, b, text = lines[5].split(b" ", 3)
+    lines[5] = b" ".join([idx, str((int(a) + 1) % 256).encode(), b, text])  # another valid left id
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(TokenizerFileError, match="line 6: the token text"):
+        Tokenizer.load(path)
+
+
+def test_checksum_catches_a_change_the_records_cannot(tmp_path):
+    path = small_tokenizer().save(tmp_path / "tok.bpe")
+    text = path.read_text(encoding="utf-8").replace('"<|pad|>"', '"<|pax|>"')
+    path.write_text(text, encoding="utf-8")
+    n_lines = len(text.splitlines())
+    with pytest.raises(TokenizerFileError, match=f"line {n_lines}: checksum mismatch"):
+        Tokenizer.load(path)
+
+
+def test_every_truncation_is_caught(tmp_path):
+    data = small_tokenizer().save(tmp_path / "tok.bpe").read_bytes()
+    cut = tmp_path / "cut.bpe"
+    for length in range(len(data)):
+        cut.write_bytes(data[:length])
+        with pytest.raises(TokenizerFileError, match="cut.bpe"):
+            Tokenizer.load(cut)
+    cut.write_bytes(data[: data.index(b"\nspecials")] + b"\n")
+    with pytest.raises(TokenizerFileError, match=r"line \d+: the file ends here.*truncated"):
+        Tokenizer.load(cut)
+
+
+def test_wrong_header_and_version(tmp_path):
+    path = tmp_path / "x.bpe"
+    path.write_bytes(b"tfedu-bpe 2\n")
+    with pytest.raises(TokenizerFileError, match="line 1: format version '2' is not supported"):
+        Tokenizer.load(path)
+    path.write_bytes(b'{"not": "a tokenizer"}\n')
+    with pytest.raises(TokenizerFileError, match="line 1: expected the header"):
+        Tokenizer.load(path)
+
+
+def write_gpt2_files(tok: Tokenizer, folder):
+    """Write ``tok`` the way OpenAI published GPT-2: byte-to-unicode text, GPT-2's byte order."""
+    to_char = gpt2_bytes_to_unicode()
+    text = lambda token: "".join(to_char[b] for b in token)  # noqa: E731
+    byte_order = list(to_char)  # GPT-2 numbers bytes in its mapping's order: printable ones first
+    old_to_new = {b: rank for rank, b in enumerate(byte_order)}
+    old_to_new.update({i: i for i in range(256, tok.vocab_size)})
+    encoder = {text(tok.vocab[old]): new for old, new in old_to_new.items() if old not in tok.special_tokens.values()}
+    encoder.update({s: i for s, i in tok.special_tokens.items()})
+    (folder / "encoder.json").write_text(json.dumps(encoder), encoding="utf-8")
+    merges = "\n".join(f"{text(tok.vocab[a])} {text(tok.vocab[b])}" for a, b in tok.merges)
+    (folder / "vocab.bpe").write_text("#version: 0.2\n" + merges + "\n", encoding="utf-8")
+    return folder / "encoder.json", folder / "vocab.bpe", old_to_new
+
+
+def test_gpt2_files_on_handmade_files(tmp_path):
+    to_char = gpt2_bytes_to_unicode()
+    assert to_char[32] == "Ġ" and to_char[10] == "Ċ" and sorted(map(ord, to_char.values()))[-1] == 323
+    encoder = {ch: i for i, ch in enumerate(to_char.values())}
+    encoder.update({"Ġt": 256, "he": 257, "Ġthe": 258, "<|endoftext|>": 259})
+    (tmp_path / "encoder.json").write_text(json.dumps(encoder), encoding="utf-8")
+    (tmp_path / "vocab.bpe").write_text("#version: 0.2\nĠ t\nh e\nĠt he\n", encoding="utf-8")
+    tok = Tokenizer.from_gpt2_files(tmp_path / "encoder.json", tmp_path / "vocab.bpe")
+    assert tok.pattern == GPT2_PATTERN and tok.special_tokens == {"<|endoftext|>": 259}
+    ids = tok.encode("the the<|endoftext|>")
+    assert ids == [encoder["t"], encoder["he"], 258, 259]
+    assert tok.decode(ids) == "the the<|endoftext|>"
+    assert tok.vocab[encoder["Ġ"]] == b" "
+
+
+def test_gpt2_files_agree_with_tiktokens_loader(tmp_path, monkeypatch):
+    from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "")  # read the files, cache nothing
+    trained = corpus_tokenizer("gpt2")
+    encoder_path, bpe_path, old_to_new = write_gpt2_files(trained, tmp_path)
+    tok = Tokenizer.from_gpt2_files(encoder_path, bpe_path)
+    ranks = data_gym_to_mergeable_bpe_ranks(str(bpe_path), str(encoder_path))
+    assert tok.mergeable_ranks() == ranks
+    text = corpus()[:50_000]
+    assert tok.encode(text) == [old_to_new[i] for i in trained.encode(text)]
+    assert tok.encode(text) == tiktoken.Encoding("gpt2-files", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={}).encode_ordinary(text)
+    assert Tokenizer.load(tok.save(tmp_path / "gpt2.bpe")).encode(text) == tok.encode(text)
+
+
+def test_gpt2_files_errors_name_the_line(tmp_path):
+    encoder = {ch: i for i, ch in enumerate(gpt2_bytes_to_unicode().values())}
+    encoder["he"] = 256
+    (tmp_path / "encoder.json").write_text(json.dumps(encoder), encoding="utf-8")
+    (tmp_path / "vocab.bpe").write_text("#version: 0.2\nh e\nx y z\n", encoding="utf-8")
+    with pytest.raises(TokenizerFileError, match="vocab.bpe, line 3: expected two tokens"):
+        Tokenizer.from_gpt2_files(tmp_path / "encoder.json", tmp_path / "vocab.bpe")
+    (tmp_path / "vocab.bpe").write_text("#version: 0.2\nh e\nt h\n", encoding="utf-8")
+    with pytest.raises(TokenizerFileError, match="line 3: the merge 't' \\+ 'h' should produce id 257"):
+        Tokenizer.from_gpt2_files(tmp_path / "encoder.json", tmp_path / "vocab.bpe")
