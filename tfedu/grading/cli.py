@@ -1,0 +1,58 @@
+"""``tfedu release`` and ``tfedu grade``, registered in :data:`tfedu.cli.SUBCOMMAND_MODULES`.
+
+    tfedu release notebooks/04_attention.ipynb --out release/
+    tfedu grade submissions/*.ipynb --out results.json --jobs 2 --timeout 600 --cell-timeout 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _release(args: argparse.Namespace) -> int:
+    from tfedu.grading.release import ReleaseError, release
+
+    try:
+        for path in release(args.notebooks, args.out):
+            print(f"released {path}")
+    except ReleaseError as err:
+        print(f"tfedu release: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _grade(args: argparse.Namespace) -> int:
+    from tfedu.grading.grade import ConfigError, Limits, grade
+
+    limits = Limits(cell_timeout=args.cell_timeout, timeout=args.timeout, memory_gib=args.memory_gib)
+    try:
+        results = grade(args.submissions, out=args.out, source=args.source, notebooks_dir=args.notebooks_dir,
+                        limits=limits, jobs=args.jobs)
+    except ConfigError as err:
+        print(f"tfedu grade: {err}", file=sys.stderr)
+        return 2
+    for entry in results["submissions"]:
+        print(f"{entry['file']}: {entry['total']:g} / {entry['max']:g}")
+        for grade_id, ex in entry["exercises"].items():
+            print(f"  {grade_id}: {ex['points']:g} / {ex['max']:g}  {ex['feedback']}")
+    print(f"wrote {args.out} and {args.out.rsplit('.', 1)[0]}.csv")
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("release", help="write student versions of source notebooks")
+    p.add_argument("notebooks", nargs="+", help="source notebooks (solutions in place)")
+    p.add_argument("--out", required=True, help="folder for the student versions")
+    p.set_defaults(func=_release)
+
+    g = subparsers.add_parser("grade", help="autograde submitted notebooks (JSON and CSV results)")
+    g.add_argument("submissions", nargs="+", help="submitted .ipynb files")
+    g.add_argument("--out", required=True, help="results JSON; the CSV goes next to it")
+    g.add_argument("--source", help="the source notebook (default: notebooks/ file with the submission's name)")
+    g.add_argument("--notebooks-dir", help="where to look for source notebooks (default: the course's notebooks/)")
+    g.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
+    g.add_argument("--timeout", type=float, default=900.0, help="seconds per submission in all (default 900)")
+    g.add_argument("--cell-timeout", type=float, default=120.0, help="seconds per cell (default 120)")
+    g.add_argument("--memory-gib", type=float, default=4.0, help="memory limit of the kernel in GiB (default 4)")
+    g.set_defaults(func=_grade)

@@ -1,0 +1,456 @@
+"""Autograding: ``tfedu grade SUBMISSION.ipynb... --out results.json`` (and a CSV next to it).
+
+How one submission is graded:
+
+1. **Trusted notebook.** The source notebook (found in ``notebooks/`` by the submission's file
+   name, or given with ``--source``) is the program that runs. From the submission only the
+   *answer cells* are taken, matched by the ``grade_id`` of the source's solution cells; the
+   student's check and test cells, metadata, points and kernelspec are ignored. Points come
+   from the source's check cells. Duplicated answer cells: the first one counts. An unreadable
+   file (invalid JSON, not nbformat 4, no cells, a ``.py`` renamed) scores zero with a message.
+2. **Static scan** (:mod:`tfedu.grading.scan`) of every answer cell for escape hatches, and of
+   the answers up to each exercise for that exercise's ``Probe.forbidden`` reference. A flagged
+   answer scores zero with the reason, and it is replaced by the release stub before running.
+3. **Run** (:mod:`tfedu.grading.kernel`): a fresh kernel in its own session, in an empty
+   temporary folder, with memory and file-size limits, no stdin, a per-cell and a total time
+   limit. After each check cell a harness cell (:mod:`tfedu.grading.harness`) runs the check's
+   ``Probe`` on inputs drawn right then from OS entropy and exports plain data; the grader reads
+   it at once, so a later crash cannot take it back.
+4. **Judge in the grader's own process**: ``probe.reference(inputs)`` is computed here and
+   compared with the exported data (``probe.compare`` or ``np.allclose`` with the probe's
+   tolerances). An exercise earns its points only when its check cell ran without error *and*
+   the probe matched *and* the tripwire stayed silent. The check cell's hint is the feedback
+   when it fails.
+5. **Failures stay local.** When a cell runs past its limit or the kernel dies, the whole process
+   session is killed, the most recent student answer at or before that cell is blamed (zero, with
+   the reason), replaced by its stub, and a fresh kernel replays the notebook from the top and
+   carries on. Past the total limit, whatever is not graded yet scores zero. Submissions are
+   independent (``jobs`` of them run at once, each in its own kernel).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import re
+import secrets
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tfedu import nbtools
+from tfedu.checks.core import NOT_DONE_MESSAGE, Probe
+from tfedu.grading import harness
+from tfedu.grading.kernel import Kernel
+from tfedu.grading.release import CODE_STUB, _replace_regions, is_check, is_solution
+from tfedu.grading.scan import scan_answer
+
+MAX_SUBMISSION_BYTES = 20 << 20
+MAX_ANSWER_CHARS = 100_000
+
+
+class ConfigError(RuntimeError):
+    """The instructor's side is wrong (no source notebook, a check cell without a probe, ...)."""
+
+
+class SubmissionError(ValueError):
+    """The submission file cannot be read as a notebook."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    cell_timeout: float = 120.0  # seconds any one cell may run
+    timeout: float = 900.0  # seconds for a whole submission, kernel starts and replays included
+    memory_gib: float = 4.0  # address-space limit of the kernel and what it starts
+    file_mib: float = 256.0  # largest file the kernel may write
+    startup_timeout: float = 60.0
+
+
+@dataclass
+class Step:
+    kind: str  # "code" (trusted), "answer", "check" or "probe"
+    source: str
+    cell: int  # index in the source notebook
+    grade_id: str = ""  # the answer's or the check's grade_id
+
+
+@dataclass
+class Assignment:
+    path: Path
+    steps: list[Step]
+    answers: list[str]  # solution grade_ids in notebook order
+    stubs: dict[str, str]  # solution grade_id -> its released source
+    points: dict[str, float]  # check grade_id -> points
+    probes: dict[str, Probe]  # check grade_id -> probe
+
+
+def default_notebooks_dir() -> Path:
+    here = Path(__file__).resolve().parents[2] / "notebooks"
+    return here if here.is_dir() else Path.cwd() / "notebooks"
+
+
+def find_source(submission: Path, notebooks_dir: Path) -> Path:
+    """The source notebook for ``submission``: same file name, else the longest name its stem starts with."""
+    exact = notebooks_dir / submission.name
+    if exact.is_file():
+        return exact
+    candidates = [p for p in notebooks_dir.glob("*.ipynb") if submission.stem.startswith(p.stem)]
+    if not candidates:
+        raise ConfigError(f"no source notebook in {notebooks_dir} matches {submission.name}; pass --source")
+    return max(candidates, key=lambda p: len(p.stem))
+
+
+def checks_module(source: Path, nb) -> Any:
+    names = [f"tfedu.checks.nb{source.stem}"]
+    for cell in nb.cells:
+        names += [f"tfedu.checks.{m}" for m in re.findall(r"tfedu\.checks\.(nb\w+)|from tfedu\.checks import (nb\w+)", cell.source) for m in m if m]
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ConfigError(f"{source.name}: no checks module found (tried {', '.join(dict.fromkeys(names))})")
+
+
+def load_assignment(source: Path) -> Assignment:
+    nb = nbtools.read(source)
+    module = checks_module(source, nb)
+    probes_all: dict[str, Probe] = getattr(module, "PROBES", {})
+    steps: list[Step] = []
+    answers, stubs, points, probes = [], {}, {}, {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        meta = nbtools.nbgrader_meta(cell) or {}
+        grade_id = str(meta.get("grade_id", ""))
+        if is_solution(cell):
+            answers.append(grade_id)
+            stub, replaced = _replace_regions(cell.source, nbtools.BEGIN_SOLUTION, nbtools.END_SOLUTION, CODE_STUB, grade_id)
+            stubs[grade_id] = stub if replaced else CODE_STUB
+            steps.append(Step("answer", cell.source, index, grade_id))
+        elif is_check(cell):
+            probe = probes_all.get(grade_id)
+            if probe is None:
+                raise ConfigError(f"{source.name}: check cell {grade_id} has no Probe in {module.__name__}.PROBES")
+            if probe.exercise not in answers:
+                raise ConfigError(f"{source.name}: probe {grade_id} grades {probe.exercise!r}, which is not an answer cell before it")
+            points[grade_id] = float(meta.get("points", 0) or 0)
+            probes[grade_id] = probe
+            steps.append(Step("check", cell.source, index, grade_id))
+            steps.append(Step("probe", "", index, grade_id))
+        else:
+            steps.append(Step("code", cell.source, index))
+    return Assignment(source, steps, answers, stubs, points, probes)
+
+
+def read_answers(path: Path, wanted: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The submission's answer sources by grade_id, plus notes for the student."""
+    try:
+        if path.stat().st_size > MAX_SUBMISSION_BYTES:
+            raise SubmissionError(f"the file is larger than {MAX_SUBMISSION_BYTES >> 20} MiB")
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        if isinstance(err, SubmissionError):
+            raise
+        raise SubmissionError(f"the file is not a Jupyter notebook (it is not valid JSON: {str(err)[:120]})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise SubmissionError("the file is not a Jupyter notebook (no list of cells); was a .py file renamed to .ipynb?")
+    if data.get("nbformat") != 4:
+        raise SubmissionError(f"the notebook is nbformat {data.get('nbformat')!r}; save it from Jupyter (nbformat 4)")
+    if not data["cells"]:
+        raise SubmissionError("the notebook has no cells")
+    answers: dict[str, str] = {}
+    notes: list[str] = []
+    for cell in data["cells"]:
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        meta = cell.get("metadata")
+        nbg = meta.get("nbgrader") if isinstance(meta, dict) else None
+        grade_id = nbg.get("grade_id") if isinstance(nbg, dict) else None
+        if not isinstance(grade_id, str) or grade_id not in wanted:
+            continue
+        source = cell.get("source", "")
+        if isinstance(source, list) and all(isinstance(s, str) for s in source):
+            source = "".join(source)
+        if not isinstance(source, str):
+            continue
+        if grade_id in answers:
+            notes.append(f"several answer cells carry grade_id {grade_id}; only the first was graded")
+            continue
+        answers[grade_id] = source
+    return answers, notes
+
+
+def compare_plain(actual: Any, expected: Any, rtol: float, atol: float, where: str = "outputs") -> str | None:
+    """None when ``actual`` (plain data from the kernel) matches ``expected``; else what differs."""
+    if hasattr(expected, "detach") and hasattr(expected, "numpy"):
+        expected = expected.detach().cpu().numpy()
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return f"{where} should be a dict, got {type(actual).__name__}"
+        for key in expected:
+            if key not in actual:
+                return f"{where} has no entry {key!r}"
+            problem = compare_plain(actual[key], expected[key], rtol, atol, f"{where}[{key!r}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, str) or expected is None or isinstance(expected, bool):
+        return None if type(actual) is type(expected) and actual == expected else f"{where} is {str(actual)[:60]!r}, expected {str(expected)[:60]!r}"
+    if isinstance(expected, (list, tuple)) and not all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in expected):
+        if not isinstance(actual, list) or len(actual) != len(expected):
+            return f"{where} should be a list of {len(expected)} items"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            problem = compare_plain(a, e, rtol, atol, f"{where}[{i}]")
+            if problem:
+                return problem
+        return None
+    e = np.asarray(expected)
+    if not (isinstance(actual, (np.ndarray, list, int, float)) and not isinstance(actual, bool) or e.dtype.kind == "b"):
+        return f"{where} should be numbers, got {type(actual).__name__}"
+    try:
+        a = np.asarray(actual)
+    except (ValueError, TypeError):
+        return f"{where} is not a rectangular array of numbers"
+    if a.dtype.kind not in "biuf":
+        return f"{where} should hold numbers, got dtype {a.dtype}"
+    if a.shape != e.shape:
+        return f"{where} has shape {a.shape}, expected {e.shape}"
+    if e.dtype.kind == "f" or a.dtype.kind == "f":
+        a64, e64 = a.astype(np.float64), e.astype(np.float64)
+        if not np.isfinite(a64).all() and np.isfinite(e64).all():
+            return f"{where} contains NaN or Inf where the reference is finite"
+        if not np.allclose(a64, e64, rtol=rtol, atol=atol, equal_nan=False):
+            diff = np.abs(a64 - e64)
+            diff = np.where(np.isnan(diff), np.inf, diff)
+            worst = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.ndim else ()
+            return f"{where} differs from the reference: largest error {float(np.max(diff)):.3g} at index {tuple(int(i) for i in worst)}"
+        return None
+    return None if np.array_equal(a, e) else f"{where} differs from the reference"
+
+
+def judge(probe: Probe, inputs: dict, result: dict | None) -> str | None:
+    """None when the exported result matches the reference; else feedback."""
+    if result is None:
+        return "the hidden test produced no result (did the answer interfere with the notebook or the files around it?)"
+    if result["tripwire"]:
+        return ("the answer called the reference it is supposed to build (" + "; ".join(result["tripwire"])
+                + "); an answer that uses the reference scores zero")
+    if result["error"]:
+        error = result["error"]
+        if error.startswith("NotImplementedError"):
+            return NOT_DONE_MESSAGE
+        return f"on fresh random inputs (the hidden test) your code raised {error}"
+    expected = probe.reference(inputs)
+    try:
+        problem = probe.compare(result["outputs"], expected) if probe.compare else compare_plain(result["outputs"], expected, probe.rtol, probe.atol)
+    except Exception as err:  # the outputs had an unexpected form
+        problem = f"the result has an unexpected form ({type(err).__name__}: {str(err)[:200]})"
+    return None if problem is None else f"on fresh random inputs (the hidden test): {problem}"
+
+
+@dataclass
+class Run:
+    """The state of grading one submission."""
+
+    assignment: Assignment
+    answers: dict[str, str]
+    limits: Limits
+    outcome: dict[str, tuple[float, str]] = field(default_factory=dict)  # check id -> (points, feedback)
+    stubbed: dict[str, str] = field(default_factory=dict)  # answer id -> why it was replaced
+    answer_errors: dict[str, str] = field(default_factory=dict)
+
+    def checks_of(self, answer: str) -> list[str]:
+        return [c for c, p in self.assignment.probes.items() if p.exercise == answer]
+
+    def zero(self, check: str, feedback: str) -> None:
+        self.outcome.setdefault(check, (0.0, feedback))
+
+    def zero_rest(self, feedback: str) -> None:
+        for check in self.assignment.probes:
+            self.zero(check, feedback)
+
+
+def static_phase(run: Run) -> None:
+    a = run.assignment
+    context: list[str] = []
+    answer_sources: dict[str, str] = {}
+    for step in a.steps:
+        if step.kind == "code":
+            context.append(step.source)
+        elif step.kind == "answer":
+            gid = step.grade_id
+            if gid not in run.answers:
+                run.stubbed[gid] = f"no answer cell with grade_id {gid} was found in the submission (deleted, or its metadata changed?)"
+                for check in run.checks_of(gid):
+                    run.zero(check, run.stubbed[gid])
+                continue
+            source = run.answers[gid]
+            if len(source) > MAX_ANSWER_CHARS:
+                problems = [f"the answer cell is longer than {MAX_ANSWER_CHARS:,} characters"]
+            else:
+                problems = scan_answer(source, context=context)
+            if problems:
+                run.stubbed[gid] = "; ".join(problems)
+                for check in run.checks_of(gid):
+                    run.zero(check, run.stubbed[gid])
+            else:
+                answer_sources[gid] = source
+                context.append(source)
+        elif step.kind == "check":
+            probe = a.probes[step.grade_id]
+            if not probe.forbidden:
+                continue
+            ctx: list[str] = []
+            for earlier in a.steps[: a.steps.index(step)]:
+                if earlier.kind == "code":
+                    ctx.append(earlier.source)
+                elif earlier.kind == "answer" and earlier.grade_id in answer_sources:
+                    src = answer_sources[earlier.grade_id]
+                    plain = set(scan_answer(src, context=ctx))
+                    hits = [p for p in scan_answer(src, context=ctx, forbidden=probe.forbidden) if p not in plain]
+                    if hits:
+                        run.zero(step.grade_id, "; ".join(hits))
+                        if earlier.grade_id == probe.exercise:
+                            run.stubbed.setdefault(earlier.grade_id, "; ".join(hits))
+                    ctx.append(src)
+
+
+def execute(run: Run) -> None:
+    a, limits = run.assignment, run.limits
+    deadline = time.monotonic() + limits.timeout
+    check_failed: dict[str, str] = {}
+    exchange = Path(tempfile.mkdtemp())
+    try:
+        while True:
+            workdir = tempfile.mkdtemp()
+            kernel = Kernel(workdir, memory_bytes=int(limits.memory_gib * (1 << 30)), file_bytes=int(limits.file_mib * (1 << 20)))
+            try:
+                try:
+                    kernel.start(min(limits.startup_timeout, max(0.1, deadline - time.monotonic())))
+                except Exception as err:
+                    run.zero_rest(f"grading stopped: a fresh Python kernel could not be started ({err})")
+                    return
+                restart = False
+                for k, step in enumerate(a.steps):
+                    if step.kind in ("check", "probe") and step.grade_id in run.outcome:
+                        continue
+                    if step.kind == "probe" and step.grade_id in check_failed:
+                        run.zero(step.grade_id, check_failed[step.grade_id])
+                        continue
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        run.zero_rest(f"the total time limit for a submission ({limits.timeout:g} s) ran out before this exercise was graded")
+                        return
+                    code, inputs = step.source, None
+                    if step.kind == "answer":
+                        code = a.stubs[step.grade_id] if step.grade_id in run.stubbed else run.answers[step.grade_id]
+                    elif step.kind == "probe":
+                        probe = a.probes[step.grade_id]
+                        inputs = probe.make_inputs(np.random.default_rng(secrets.randbits(128)))
+                        harness.write_inputs(exchange, inputs)
+                        code = harness.harness_source(exchange, probe.run, tuple(probe.forbidden))
+                    result = kernel.run(code, min(limits.cell_timeout, remaining), silent=step.kind == "probe")
+                    if result.status in ("timeout", "dead"):
+                        out_of_time = time.monotonic() >= deadline - 0.05
+                        what = (f"ran past the {'total' if out_of_time else 'per-cell'} time limit "
+                                f"({limits.timeout if out_of_time else limits.cell_timeout:g} s)" if result.status == "timeout"
+                                else f"stopped the Python kernel (exit code {result.exit_code}; sys.exit, os._exit, a signal, or too much memory)")
+                        culprit = next((s.grade_id for s in reversed(a.steps[: k + 1])
+                                        if s.kind == "answer" and s.grade_id not in run.stubbed), None)
+                        if culprit is None:
+                            run.zero_rest(f"grading stopped: cell {step.cell} of the source notebook {what}; this is not your answer's fault, tell your instructor")
+                            return
+                        run.stubbed[culprit] = f"the answer {what}"
+                        for check in run.checks_of(culprit):
+                            run.zero(check, run.stubbed[culprit])
+                        if out_of_time:
+                            run.zero_rest(f"the total time limit for a submission ({limits.timeout:g} s) ran out before this exercise was graded")
+                            return
+                        restart = True
+                        break
+                    if step.kind == "answer" and result.status == "error":
+                        run.answer_errors[step.grade_id] = f"{result.ename}: {result.evalue}"
+                    elif step.kind == "check" and result.status == "error":
+                        hint = result.evalue or result.ename
+                        if result.ename == "ExerciseNotDone" or NOT_DONE_MESSAGE in hint:
+                            hint = NOT_DONE_MESSAGE
+                        answer = a.probes[step.grade_id].exercise
+                        if answer in run.answer_errors and result.ename != "ExerciseNotDone":
+                            hint += f" (your answer cell itself raised {run.answer_errors[answer][:300]})"
+                        check_failed[step.grade_id] = f"the check cell failed: {hint}"
+                    elif step.kind == "probe":
+                        got = harness.read_result(exchange)
+                        problem = judge(a.probes[step.grade_id], inputs, got)
+                        if problem is None:
+                            run.outcome[step.grade_id] = (a.points[step.grade_id], "passed: the check cell and the hidden test on fresh random inputs")
+                        else:
+                            run.zero(step.grade_id, problem)
+                if not restart:
+                    run.zero_rest("this exercise was not reached")
+                    return
+            finally:
+                kernel.stop()
+                shutil.rmtree(workdir, ignore_errors=True)
+    finally:
+        shutil.rmtree(exchange, ignore_errors=True)
+
+
+def grade_submission(path: str | Path, *, source: str | Path | None = None, notebooks_dir: str | Path | None = None,
+                     limits: Limits = Limits()) -> dict[str, Any]:
+    """Grade one submission; the entry of the results JSON for it. Raises only for instructor errors."""
+    path = Path(path)
+    source_path = Path(source) if source else find_source(path, Path(notebooks_dir) if notebooks_dir else default_notebooks_dir())
+    assignment = load_assignment(source_path)
+    entry: dict[str, Any] = {"file": str(path), "source": source_path.name, "total": 0.0,
+                             "max": float(sum(assignment.points.values())), "exercises": {}, "notes": []}
+    try:
+        answers, notes = read_answers(path, assignment.answers)
+        entry["notes"] = notes
+        run = Run(assignment, answers, limits)
+        static_phase(run)
+        execute(run)
+    except SubmissionError as err:
+        run = Run(assignment, {}, limits)
+        run.zero_rest(f"the submission could not be graded: {err}")
+    for check, points in assignment.points.items():
+        got, feedback = run.outcome.get(check, (0.0, "not graded"))
+        entry["exercises"][check] = {"points": got, "max": points, "feedback": feedback}
+    entry["total"] = float(sum(e["points"] for e in entry["exercises"].values()))
+    return entry
+
+
+def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str | Path | None = None,
+          notebooks_dir: str | Path | None = None, limits: Limits = Limits(), jobs: int = 1) -> dict[str, Any]:
+    """Grade every submission (``jobs`` at a time); write ``out`` (JSON) and a CSV beside it."""
+    for path in paths:  # instructor errors first, before any kernel starts
+        load_assignment(Path(source) if source else find_source(Path(path), Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()))
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        entries = list(pool.map(lambda p: grade_submission(p, source=source, notebooks_dir=notebooks_dir, limits=limits), paths))
+    results = {"submissions": entries}
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+        write_csv(results, out.with_suffix(".csv"))
+    return results
+
+
+def write_csv(results: dict[str, Any], path: Path) -> None:
+    """One row per submission: file, total, max, then the points of each exercise."""
+    columns: list[str] = []
+    for entry in results["submissions"]:
+        columns += [c for c in entry["exercises"] if c not in columns]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["file", "total", "max", *columns])
+        for entry in results["submissions"]:
+            writer.writerow([entry["file"], entry["total"], entry["max"],
+                             *(entry["exercises"].get(c, {}).get("points", "") for c in columns)])

@@ -1,0 +1,220 @@
+"""The code the grader injects into the student's kernel, and how it reads what comes back.
+
+After each check cell the grader runs one *harness* cell (silently: it is not stored in the
+kernel's history and gets no execution count). It
+
+1. loads the probe's inputs, which the grader drew a moment ago with fresh OS entropy and wrote
+   as JSON plus ``.npy`` files into a private exchange folder (never the kernel's working folder);
+2. runs ``Probe.run`` in a namespace copied from the notebook's globals plus ``inputs``, ``np``
+   and ``torch``, under a *tripwire*: a profiler (this thread and new threads) that records any
+   call into a forbidden module's source file or of a forbidden function object, and a check that
+   no forbidden module got imported during the run and that the profiler was not removed;
+3. writes ``outputs`` as plain data only: JSON for numbers, strings, lists and dicts, ``.npy``
+   (numeric and boolean arrays, saved without pickle) for arrays and tensors (a tensor subclass is
+   viewed as a plain tensor first). Anything else is an error, so an object with a rigged
+   ``__eq__`` never leaves the kernel.
+
+The grader reads the result right after the cell (:func:`read_result`), with size limits,
+``json.loads`` and ``np.load(allow_pickle=False)``, and compares it with the reference in its own
+process (:mod:`tfedu.grading.grade`). Nothing the kernel says is trusted beyond being data.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAX_RESULT_BYTES = 64 << 20
+ARRAY_NAME = re.compile(r"^[0-9]{1,6}\.npy$")
+
+TEMPLATE = r'''
+def _probe_cell(folder, code, forbidden):
+    import json, os, sys, threading
+    import numpy as np
+    import torch
+
+    def load(node):
+        if isinstance(node, dict):
+            if set(node) == {"__array__"}:
+                return np.load(os.path.join(folder, "in", node["__array__"]), allow_pickle=False)
+            return {key: load(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [load(value) for value in node]
+        return node
+
+    arrays = []
+
+    def dump(value, depth=0):
+        if depth > 32:
+            raise TypeError("outputs nest too deeply")
+        if isinstance(value, torch.Tensor):
+            value = value.as_subclass(torch.Tensor).detach().cpu()
+            value = value.float() if value.dtype in (torch.bfloat16, torch.float16) else value
+            value = value.numpy()
+        if isinstance(value, np.ndarray):
+            value = np.asarray(value)
+            if value.dtype.kind not in "biuf":
+                raise TypeError(f"outputs hold an array of dtype {value.dtype}; expected numbers or booleans")
+            name = f"{len(arrays)}.npy"
+            np.save(os.path.join(folder, "out", name), np.ascontiguousarray(value), allow_pickle=False)
+            arrays.append(name)
+            return {"__array__": name}
+        if isinstance(value, np.generic):
+            value = value.item()
+        if value is None or type(value) in (bool, int, float, str):
+            return value
+        if type(value) in (list, tuple):
+            return [dump(item, depth + 1) for item in value]
+        if type(value) is dict:
+            return {str(key): dump(item, depth + 1) for key, item in value.items()}
+        raise TypeError(f"outputs must be plain data (numbers, strings, lists, dicts, arrays), got {type(value).__name__}")
+
+    with open(os.path.join(folder, "in", "inputs.json")) as handle:
+        inputs = load(json.load(handle))
+    namespace = dict(globals())
+    namespace.update(inputs=inputs, np=np, torch=torch)
+
+    files, objects, hits = set(), {}, []
+    for name in forbidden:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "__file__", None):
+            files.add(os.path.realpath(module.__file__))
+            continue
+        head, _, attr = name.rpartition(".")
+        owner = sys.modules.get(head)
+        if owner is not None and hasattr(owner, attr):
+            target = getattr(owner, attr)
+            objects[id(getattr(target, "__code__", target))] = name
+    loaded_before = {name for name in forbidden if name in sys.modules}
+
+    seen = {}
+
+    def watch(frame, event, arg):
+        if event == "call":
+            code_obj = frame.f_code
+            where = code_obj.co_filename
+            if where not in seen:
+                seen[where] = bool(files) and os.path.realpath(where) in files
+            if id(code_obj) in objects or seen[where]:
+                hits.append(f"{code_obj.co_name} from {os.path.basename(code_obj.co_filename)}")
+        elif event == "c_call" and id(arg) in objects:
+            hits.append(objects[id(arg)])
+
+    error = None
+    threading.setprofile(watch)
+    sys.setprofile(watch)
+    try:
+        exec(compile(code, "<probe>", "exec"), namespace)
+    except BaseException as err:
+        error = f"{type(err).__name__}: {err}"[:2000]
+    finally:
+        intact = sys.getprofile() is watch
+        sys.setprofile(None)
+        threading.setprofile(None)
+    tripwire = sorted(set(hits))[:5]
+    if not intact:
+        tripwire.append("the profiler that watches for the reference was removed")
+    tripwire += [f"{name} was imported" for name in forbidden if name in sys.modules and name not in loaded_before]
+    result = {"error": error, "tripwire": tripwire, "outputs": None}
+    if error is None:
+        try:
+            result["outputs"] = dump(namespace.get("outputs"))
+        except BaseException as err:
+            result["error"] = f"{type(err).__name__}: {err}"[:2000]
+    with open(os.path.join(folder, "out", "result.json"), "w") as handle:
+        json.dump(result, handle)
+
+
+_probe_cell(FOLDER, CODE, FORBIDDEN)
+del _probe_cell
+'''
+
+
+def harness_source(folder: str | Path, code: str, forbidden: tuple[str, ...]) -> str:
+    """The harness cell for one probe, reading from and writing to ``folder``/in and /out."""
+    return (TEMPLATE.replace("FOLDER", repr(str(folder)))
+            .replace("CODE, FORBIDDEN", f"{code!r}, {tuple(forbidden)!r}"))
+
+
+def _encode(value: Any, folder: Path, arrays: list[str]) -> Any:
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor
+        value = value.detach().cpu().numpy()
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf":
+            raise TypeError(f"probe inputs may only hold numeric or boolean arrays, got {value.dtype}")
+        name = f"{len(arrays)}.npy"
+        np.save(folder / name, value, allow_pickle=False)
+        arrays.append(name)
+        return {"__array__": name}
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, dict):
+        return {str(k): _encode(v, folder, arrays) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v, folder, arrays) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"probe inputs must be plain data, got {type(value).__name__}")
+
+
+def write_inputs(folder: Path, inputs: dict[str, Any]) -> None:
+    """Clear ``folder`` and write the inputs for one probe run into ``folder``/in."""
+    for sub in ("in", "out"):
+        path = folder / sub
+        path.mkdir(parents=True, exist_ok=True)
+        for old in path.iterdir():
+            old.unlink()
+    tree = _encode(inputs, folder / "in", [])
+    (folder / "in" / "inputs.json").write_text(json.dumps(tree))
+
+
+def read_result(folder: Path) -> dict[str, Any] | None:
+    """What the harness wrote, as plain data; None when nothing usable came back."""
+    path = folder / "out" / "result.json"
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_RESULT_BYTES:
+            return None
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    budget = [MAX_RESULT_BYTES]
+
+    def load(node: Any, depth: int = 0) -> Any:
+        if depth > 40:
+            raise ValueError("nested too deeply")
+        if isinstance(node, dict):
+            if set(node) == {"__array__"}:
+                name = node["__array__"]
+                if not isinstance(name, str) or not ARRAY_NAME.match(name):
+                    raise ValueError("bad array reference")
+                file = folder / "out" / name
+                budget[0] -= file.stat().st_size
+                if budget[0] < 0:
+                    raise ValueError("outputs too large")
+                array = np.load(file, allow_pickle=False)
+                if array.dtype.kind not in "biuf":
+                    raise ValueError(f"array of dtype {array.dtype}")
+                return array
+            return {str(k): load(v, depth + 1) for k, v in node.items()}
+        if isinstance(node, list):
+            return [load(v, depth + 1) for v in node]
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return node
+        raise ValueError(f"unexpected {type(node).__name__}")
+
+    try:
+        error = raw.get("error")
+        tripwire = raw.get("tripwire") or []
+        return {
+            "error": str(error)[:2000] if error is not None else None,
+            "tripwire": [str(t)[:300] for t in tripwire][:10] if isinstance(tripwire, list) else ["malformed tripwire report"],
+            "outputs": load(raw.get("outputs")),
+        }
+    except (OSError, ValueError, RecursionError) as err:
+        return {"error": f"the outputs could not be read back as plain data ({err})", "tripwire": [], "outputs": None}

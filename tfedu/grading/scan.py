@@ -1,0 +1,228 @@
+"""Static scan of a student's answer cell, done in the grader's process before anything runs.
+
+Two kinds of problem make an exercise score zero (the answer cell is then replaced by the stub
+before the notebook runs, so it cannot disturb the rest of the submission):
+
+- **escape hatches**, for every answer: code that reaches outside plain computation to run code
+  the grader cannot see or to tamper with the machinery around it: ``exec``/``eval``/``compile``,
+  ``__import__``, ``importlib``, ``sys.modules`` and the other process-level parts of ``sys``,
+  ``os.system``/``os._exit``/``os.kill``, ``subprocess``, threads and signals, IPython magics and
+  shell escapes (``!cmd``, ``%%bash``, ``get_ipython()``), ``input()``, frame and code-object
+  introspection (``__code__``, ``__globals__``, ``f_back``, ``__subclasses__``, ...), defining
+  ``__torch_function__``, importing ``tfedu.checks`` or ``tfedu.grading``, and assigning or
+  deleting an attribute of an imported module or class (``torch.allclose = ...``,
+  ``torch.Tensor.__eq__ = ...``: monkeypatching).
+- **the reference itself**: the exercise's ``Probe.forbidden`` names (``tfedu.softmax`` in the
+  softmax exercise), reached through an import, an attribute chain from an imported name, a name
+  the notebook bound earlier (``reference_softmax``), ``getattr`` with a constant, or a string
+  naming the module or its file.
+
+The cell is first turned into plain Python with IPython's own input transformer, exactly as the
+kernel would, so magics cannot hide from the scan; a cell that does not parse scores zero.
+A runtime tripwire inside the kernel (see :mod:`tfedu.grading.harness`) backs this scan up.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+
+BANNED_CALLS = {
+    "exec": "runs code the grader cannot see",
+    "eval": "runs code the grader cannot see",
+    "compile": "builds code the grader cannot see",
+    "__import__": "imports modules behind the grader's back",
+    "globals": "reaches into the notebook's namespace",
+    "vars": "reaches into namespaces",
+    "locals": "reaches into namespaces",
+    "breakpoint": "waits for input that never comes",
+    "input": "waits for input that never comes",
+    "exit": "stops the notebook",
+    "quit": "stops the notebook",
+    "get_ipython": "talks to the notebook machinery (magics, shell commands, hooks)",
+    "__builtins__": "patches Python's built-ins",
+    "__builtin__": "patches Python's built-ins",
+    "__loader__": "reaches the import machinery",
+    "__spec__": "reaches the import machinery",
+}
+BANNED_MODULES = {
+    "importlib", "builtins", "__builtin__", "inspect", "gc", "ctypes", "cffi", "subprocess", "multiprocessing",
+    "concurrent", "threading", "_thread", "signal", "pty", "socket", "marshal", "runpy", "pkgutil", "code",
+    "codeop", "IPython", "ipykernel", "jupyter_client", "zmq", "nbformat", "nbclient", "nbconvert", "resource",
+    "faulthandler", "atexit", "site", "sysconfig", "asyncio", "sched", "pdb", "bdb", "trace", "tracemalloc",
+    "unittest", "pytest", "psutil", "mmap", "fcntl", "posix", "nt", "shutil", "pickle", "dill", "cloudpickle",
+    "webbrowser", "urllib", "http", "requests", "selectors", "select", "_posixsubprocess", "dis", "opcode",
+    "ast", "tokenize", "linecache", "traceback", "weakref", "copyreg", "sitecustomize", "usercustomize",
+    "tfedu.checks", "tfedu.grading", "torch.testing",
+}
+ALLOWED_ATTRIBUTES = {
+    "sys": {"stdout", "stderr", "version", "version_info", "maxsize", "float_info", "int_info", "platform",
+            "byteorder", "getsizeof", "float_repr_style", "hexversion", "getrecursionlimit"},
+    "os": {"path", "sep", "linesep", "cpu_count", "getcwd", "listdir", "scandir", "environ", "getenv", "makedirs",
+           "mkdir", "fspath", "remove", "unlink", "walk", "stat", "PathLike", "devnull", "extsep", "curdir", "pardir"},
+    "types": {"SimpleNamespace", "MethodType", "MappingProxyType", "GeneratorType", "NoneType"},
+}
+BANNED_ATTRIBUTES = {
+    "__code__", "__globals__", "__builtins__", "__closure__", "__subclasses__", "__bases__", "__base__", "__mro__",
+    "__dict__", "__self__", "__getattribute__", "__import__", "__loader__", "__spec__", "__traceback__",
+    "__torch_function__", "__torch_dispatch__", "__reduce__", "__reduce_ex__", "__wrapped__", "__defaults__",
+    "__kwdefaults__", "f_globals", "f_locals", "f_back", "f_builtins", "f_code", "f_trace", "tb_frame", "tb_next",
+    "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "co_code", "co_consts",
+    "system", "popen", "_exit", "getoutput", "run_line_magic", "run_cell_magic", "set_custom_exc", "excepthook",
+    "modules", "meta_path", "path_hooks", "settrace", "setprofile", "_getframe", "monitoring", "addaudithook",
+}
+BANNED_DEFINITIONS = {"__torch_function__", "__torch_dispatch__", "__getattribute__", "__del__", "__init_subclass__",
+                      "__class_getitem__", "__set_name__", "__instancecheck__", "__subclasscheck__"}
+PROTECTED_STRINGS = ("tfedu.checks", "tfedu.grading", "tfedu/checks", "tfedu/grading")
+
+
+def to_python(source: str) -> str:
+    """The plain Python the kernel would run for this cell (magics and ``!`` lines included)."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    return TransformerManager().transform_cell(source)
+
+
+def parse(source: str) -> ast.Module:
+    return compile(to_python(source), "<answer>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+
+
+def import_aliases(sources: Iterable[str]) -> dict[str, str]:
+    """Names bound by imports in ``sources`` -> the dotted name they stand for (best effort)."""
+    aliases: dict[str, str] = {}
+    for source in sources:
+        try:
+            tree = parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.asname:
+                        aliases[alias.asname] = alias.name
+                    else:
+                        top = alias.name.split(".")[0]
+                        aliases[top] = top
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    if alias.name != "*":
+                        aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return aliases
+
+
+def _bound_names(tree: ast.AST) -> set[str]:
+    """Every name the cell binds itself (these shadow names bound by the notebook before it)."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            names.add(node.name)
+    return names
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    """``a.b.c`` (or ``getattr(a, "b")``) as ``["a", "b", "c"]``; None when the root is not a name."""
+    parts: list[str] = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)):
+            parts.append(node.args[1].value)
+            node = node.args[0]
+        elif isinstance(node, ast.Name):
+            parts.append(node.id)
+            return parts[::-1]
+        else:
+            return None
+
+
+def _matches(dotted: str, names: Iterable[str]) -> str | None:
+    for name in names:
+        if dotted == name or dotted.startswith(name + "."):
+            return name
+    return None
+
+
+def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable[str] = ()) -> list[str]:
+    """Problems with one answer cell, as sentences a student can act on; empty when clean.
+
+    ``context`` holds the sources of the cells that run before it (to know what names such as
+    ``F`` or ``reference_softmax`` stand for); ``forbidden`` the exercise's ``Probe.forbidden``.
+    """
+    forbidden = tuple(forbidden)
+    try:
+        tree = parse(source)
+    except (SyntaxError, ValueError) as err:
+        return [f"the answer cell is not valid Python ({type(err).__name__}: {err}); it was not run"]
+    aliases = {k: v for k, v in import_aliases(context).items() if k not in _bound_names(tree)}
+    aliases.update(import_aliases([source]))
+    problems: list[str] = []
+
+    def flag(message: str) -> None:
+        if message not in problems:
+            problems.append(message)
+
+    reported: set[str] = set()
+
+    def check_dotted(dotted: str, how: str) -> None:
+        hit = _matches(dotted, forbidden)
+        if hit and hit not in reported:
+            reported.add(hit)
+            flag(f"this exercise asks you to build it yourself, but the answer uses `{hit}` (the course's reference) "
+                 f"through {how}; an answer that uses the reference scores zero")
+        banned = _matches(dotted, [m for m in BANNED_MODULES if "." in m or m == dotted.split(".")[0]])
+        if banned:
+            flag(f"answers may not use `{banned}` (found {how})")
+        parts = dotted.split(".")
+        if parts[0] in ALLOWED_ATTRIBUTES and len(parts) > 1 and parts[1] not in ALLOWED_ATTRIBUTES[parts[0]]:
+            flag(f"answers may not use `{parts[0]}.{parts[1]}`")
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                check_dotted(alias.name, f"`import {alias.name}`")
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            for alias in node.names:
+                check_dotted(module if alias.name == "*" else f"{module}.{alias.name}", f"`from {module} import {alias.name}`")
+            check_dotted(module, f"`from {module} import ...`")
+        elif isinstance(node, ast.Name) and node.id in BANNED_CALLS:
+            flag(f"answers may not use `{node.id}` (it {BANNED_CALLS[node.id]})")
+        elif isinstance(node, ast.Attribute) and node.attr in BANNED_ATTRIBUTES:
+            flag(f"answers may not use `.{node.attr}` (it reaches into the interpreter or the notebook machinery)")
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name in BANNED_DEFINITIONS:
+            flag(f"answers may not define `{node.name}` (it changes how other code sees your objects)")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+            text = node.value.decode("latin-1") if isinstance(node.value, bytes) else node.value
+            for name in (*forbidden, *PROTECTED_STRINGS):
+                if name in text or name.replace(".", "/") in text:
+                    flag(f"the answer contains a string naming `{name}`, which an answer may not use")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr", "getattr"):
+            target = _chain(node.args[0]) if node.args else None
+            constant = len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+            if node.func.id != "getattr" and target and target[0] in aliases:
+                flag(f"answers may not change attributes of `{'.'.join(target)}` (monkeypatching a library)")
+            if node.func.id == "getattr" and not constant and target and target[0] in aliases:
+                flag(f"answers may not look up attributes of `{'.'.join(target)}` by a computed name")
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for target in targets:
+                for sub in ast.walk(target):
+                    if isinstance(sub, ast.Attribute):
+                        chain = _chain(sub)
+                        if chain and chain[0] in aliases:
+                            flag(f"answers may not change `{'.'.join(chain)}` (monkeypatching a library)")
+                        if sub.attr == "__class__":
+                            flag("answers may not reassign `__class__`")
+        if isinstance(node, (ast.Attribute, ast.Name, ast.Call)):
+            chain = _chain(node)
+            if chain and chain[0] in aliases:
+                check_dotted(".".join([aliases[chain[0]], *chain[1:]]), f"`{'.'.join(chain)}`")
+    return problems
