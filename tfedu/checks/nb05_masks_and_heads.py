@@ -1,0 +1,467 @@
+"""Checkers for notebooks/05_masks_and_heads.ipynb: the causal mask, masked attention, multi-head attention."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import einops
+import numpy as np
+import torch
+from torch import nn
+
+from tfedu import attention as reference
+from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, describe, expect, seeded_randn
+
+# ----------------------------------------------------------------------------- the causal mask
+
+HINT_TRANSPOSED = (
+    "your mask is True above the diagonal: query i may attend to the keys after it and not to the ones "
+    "before it, so it hides the past and shows the future (a transposed mask). Keep the lower triangle: "
+    "key j is visible to query i when j <= i, e.g. torch.ones(n, n, dtype=torch.bool).tril()"
+)
+HINT_NO_DIAGONAL = (
+    "the diagonal is False: every token must be able to attend to itself (key j is visible to query i "
+    "when j <= i, not j < i); use .tril() or .tril(diagonal=0), not .tril(-1)"
+)
+HINT_MASKED_CONVENTION = (
+    "you returned True where attention is forbidden (the convention of nn.MultiheadAttention's attn_mask). "
+    "In tfedu, as in F.scaled_dot_product_attention, True = may attend: invert your mask with ~"
+)
+HINT_ALL_TRUE = "your mask is True everywhere: nothing is hidden, so every token still sees the future"
+HINT_NOT_BOOL = (
+    "return a boolean tensor (dtype torch.bool), True = may attend, e.g. "
+    "torch.ones(n, n, dtype=torch.bool).tril()"
+)
+HINT_ADDITIVE = (
+    "you returned an additive float mask (0 and -inf, added to the scores). Here the mask is boolean: "
+    "True where query i may attend to key j (j <= i); masked_attention turns it into -inf later"
+)
+
+
+def _mask_mistakes(n: int) -> dict[str, torch.Tensor]:
+    ones = torch.ones(n, n, dtype=torch.bool)
+    return {
+        HINT_MASKED_CONVENTION: ones.triu(1),
+        HINT_TRANSPOSED: ones.triu(0),
+        HINT_NO_DIAGONAL: ones.tril(-1),
+        HINT_ALL_TRUE: ones,
+    }
+
+
+@checker("causal mask")
+def check_causal_mask(causal_mask) -> None:
+    """Check a learner's ``causal_mask(n) -> Bool[Tensor, "query_pos key_pos"]``, True = may attend."""
+    for n in (5, 1, 8):
+        got = call_learner(causal_mask, n, name="causal_mask")
+        expected = reference.causal_mask(n, n)
+        what = f"causal_mask({n})"
+        expect(isinstance(got, torch.Tensor), f"{what} should return a torch.Tensor, got {describe(got)}")
+        if got.dtype != torch.bool:
+            if got.is_floating_point() and torch.isinf(got).any():
+                raise CheckFailure(HINT_ADDITIVE)
+            pattern = "the right pattern but " if got.shape == expected.shape and torch.equal(got != 0, expected) else ""
+            raise CheckFailure(f"{what} has {pattern}dtype {got.dtype}: {HINT_NOT_BOOL}")
+        compare(got.cpu(), expected, what=what, mistakes=_mask_mistakes(n))
+
+
+# ----------------------------------------------------------------------------- masked attention
+
+HINT_AFTER_SOFTMAX = (
+    "you masked after the softmax: the weights of each row no longer sum to one, and the future still "
+    "leaks in through the softmax's denominator. Fill the masked scores with -inf first "
+    "(scores.masked_fill(~mask, float('-inf'))), then take the softmax"
+)
+HINT_INVERTED = (
+    "your mask hides the keys where mask is True; here True = may attend, so fill where the mask is "
+    "False: scores.masked_fill(~mask, float('-inf'))"
+)
+HINT_INVERTED_FINITE = (
+    "your mask hides the keys where mask is True; here True = may attend, so fill where the mask is "
+    "False: scores.masked_fill(~mask, -1e9)"
+)
+HINT_IGNORED = "the mask had no effect: fill the scores where mask is False with -inf before the softmax"
+HINT_FILL_ZERO = (
+    "you filled the masked scores with 0, but exp(0) = 1, so masked keys still get weight; fill with "
+    "float('-inf') (or a very negative number such as -1e9)"
+)
+HINT_NO_SCALE = "missing 1/sqrt(d_k) scale: divide q @ k.transpose(-2, -1) by math.sqrt(q.shape[-1]) before masking"
+HINT_QUERY_AXIS = "softmax over the wrong (query) axis: each query's weights sum to one over the keys, dim=-1"
+HINT_NAN = (
+    "NaN or Inf in the result: fill the masked scores with -inf BEFORE the softmax (after it, the -inf "
+    "stays in the weights and turns the output into NaN)"
+)
+HINT_PAIR = "return a pair (output, weights), as attention did in notebook 04"
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: bool = True) -> torch.Tensor:
+    raw = q @ k.transpose(-2, -1)
+    return raw / math.sqrt(q.shape[-1]) if scale else raw
+
+
+def _masked_weight_mistakes(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    s = _scores(q, k)
+    minus_inf = float("-inf")
+    return {
+        HINT_AFTER_SOFTMAX: torch.softmax(s, dim=-1) * mask,
+        HINT_INVERTED: torch.softmax(s.masked_fill(mask, minus_inf), dim=-1),
+        HINT_INVERTED_FINITE: torch.softmax(s.masked_fill(mask, -1e9), dim=-1),
+        HINT_IGNORED: torch.softmax(s, dim=-1),
+        HINT_FILL_ZERO: torch.softmax(s.masked_fill(~mask, 0.0), dim=-1),
+        HINT_NO_SCALE: torch.softmax(_scores(q, k, scale=False).masked_fill(~mask, minus_inf), dim=-1),
+        HINT_QUERY_AXIS: torch.softmax(s.masked_fill(~mask, minus_inf), dim=-2),
+    }
+
+
+def _check_masked_pair(result: Any, q, k, v, mask, what: str) -> None:
+    expected_out, expected_w = reference.scaled_dot_product_attention(q, k, v, mask)
+    expect(isinstance(result, (tuple, list)) and len(result) == 2, f"{HINT_PAIR}; you returned {describe(result)}")
+    output, weights = result
+    mistakes = _masked_weight_mistakes(q, k, mask)
+    name_mistake_with_nans(weights, mistakes)
+    compare(weights, expected_w, what=f"the weights of {what}", mistakes=mistakes, nan_hint=HINT_NAN)
+    output_mistakes = {hint: w @ v for hint, w in mistakes.items()}
+    name_mistake_with_nans(output, output_mistakes)
+    compare(output, expected_out, what=f"the output of {what}", mistakes=output_mistakes, nan_hint=HINT_NAN)
+
+
+def name_mistake_with_nans(got: Any, mistakes: dict[str, torch.Tensor]) -> None:
+    """Name a known mistake that leaves NaNs (an inverted mask hides every key of some row).
+
+    ``compare`` reports NaN before it looks at mistakes; this runs first and matches the NaN
+    pattern and the finite values together.
+    """
+    if not isinstance(got, torch.Tensor) or not got.is_floating_point() or not torch.isnan(got).any():
+        return
+    for hint, wrong in mistakes.items():
+        if wrong.shape != got.shape or not torch.isnan(wrong).any():
+            continue
+        finite = ~torch.isnan(wrong)
+        if torch.equal(torch.isnan(got), ~finite) and torch.allclose(got[finite].double(), wrong[finite].double(), atol=1e-5, rtol=1e-4):
+            raise CheckFailure(hint)
+
+
+def _visible_mask(seed: int, *shape: int) -> torch.Tensor:
+    """A random boolean mask in which every query sees at least one key (its first one)."""
+    mask = seeded_randn(seed, *shape) > 0
+    mask[..., 0] = True
+    return mask
+
+
+@checker("masked attention")
+def check_masked_attention(masked_attention) -> None:
+    """Check a learner's ``masked_attention(q, k, v, mask) -> (output, weights)``, True = may attend."""
+    q, k, v = seeded_randn(20, 2, 6, 4), seeded_randn(21, 2, 6, 4), seeded_randn(22, 2, 6, 3)
+    causal = reference.causal_mask(6, 6)
+    result = call_learner(masked_attention, q, k, v, causal, name="masked_attention")
+    _check_masked_pair(result, q, k, v, causal, "masked_attention(q, k, v, causal_mask(6)) on (2, 6, 4) inputs")
+    # Cross-shaped (query_pos != key_pos), a mask per batch element, and 4-D (batch, heads, ...) inputs.
+    q4, k4, v4 = seeded_randn(23, 2, 3, 4, 8), seeded_randn(24, 2, 3, 7, 8), seeded_randn(25, 2, 3, 7, 5)
+    mask4 = _visible_mask(26, 2, 1, 4, 7)
+    result = call_learner(masked_attention, q4, k4, v4, mask4, name="masked_attention")
+    _check_masked_pair(result, q4, k4, v4, mask4, "masked_attention on (2, 3, 4, 8) queries, (2, 3, 7, 8) keys, a (2, 1, 4, 7) mask")
+
+
+# ----------------------------------------------------------------------------- multi-head attention
+
+HINT_VIEW_SPLIT = (
+    "heads split along the wrong axis: .view(batch, n_heads, pos, d_head) (or reshape) straight from "
+    "(batch, pos, d_model) reinterprets memory, so a 'head' mixes features of several positions. Split the "
+    "last axis: einops.rearrange(t, 'batch pos (n_heads d_head) -> batch n_heads pos d_head', n_heads=...) "
+    "or t.view(batch, pos, n_heads, d_head).transpose(1, 2)"
+)
+HINT_VIEW_MERGE = (
+    "concatenation wrong: .reshape(batch, pos, n_heads * d_head) straight from (batch, n_heads, pos, d_head) "
+    "glues positions together, not heads. Move the head axis next to d_head first: einops.rearrange(z, "
+    "'batch n_heads pos d_head -> batch pos (n_heads d_head)') or z.transpose(1, 2).reshape(batch, pos, -1)"
+)
+HINT_POS_SPLIT = (
+    "heads split along the wrong axis: you cut the pos axis into n_heads pieces. Every head sees every "
+    "position and a d_head-wide slice of the features: 'batch pos (n_heads d_head) -> batch n_heads pos d_head'"
+)
+HINT_INTERLEAVED = (
+    "concatenation order wrong: you used '(d_head n_heads)', which interleaves the heads' features. Head h "
+    "owns the contiguous block of features h*d_head:(h+1)*d_head (the layout of W_Q's rows and of "
+    "nn.MultiheadAttention): use '(n_heads d_head)' when splitting and when concatenating"
+)
+HINT_NO_W_O = "missing W_O: after concatenating the heads, apply the output projection self.W_O"
+HINT_SCALE_D_MODEL = (
+    "you scaled the scores by sqrt(d_model); each head computes dot products of length d_head, so divide "
+    "by math.sqrt(self.d_head)"
+)
+HINT_MHA_NO_SCALE = "missing 1/sqrt(d_head) scale on the scores q @ k^T of each head"
+HINT_MHA_QUERY_AXIS = "softmax over the wrong (query) axis: take it over the keys, the last dim"
+HINT_CONTEXT = (
+    "cross-attention: the keys and values come from `context` (W_K(context), W_V(context)); only the "
+    "queries come from x"
+)
+HINT_MHA_MASK_AFTER = HINT_AFTER_SOFTMAX
+HINT_MHA_MASK_INVERTED = HINT_INVERTED
+HINT_MHA_MASK_IGNORED = "the mask had no effect: fill the scores where mask is False with -inf before the softmax"
+HINT_RETURNS_TUPLE = "forward should return only the output tensor of shape (batch, query_pos, d_model)"
+
+D_MODEL, N_HEADS = 12, 3  # d_head = 4; pos = 6 is divisible by n_heads, so a pos-split runs and is caught
+
+
+def make_reference_layer(seed: int, d_model: int = D_MODEL, n_heads: int = N_HEADS) -> reference.MultiHeadAttention:
+    """tfedu's MultiHeadAttention with seeded weights (and non-zero biases)."""
+    layer = reference.MultiHeadAttention(d_model, n_heads)
+    with torch.no_grad():
+        for i, (_, param) in enumerate(sorted(layer.named_parameters())):
+            param.copy_(seeded_randn(seed + i, *param.shape) / math.sqrt(param.shape[-1]))
+    return layer
+
+
+def copy_weights(layer: reference.MultiHeadAttention, learner: Any) -> None:
+    """Copy W_Q, W_K, W_V, W_O (weights and biases) into the learner's module, checking they fit."""
+    with torch.no_grad():
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            theirs = getattr(learner, name, None)
+            ours = getattr(layer, name)
+            expect(
+                isinstance(theirs, nn.Linear) and theirs.weight.shape == ours.weight.shape and theirs.bias is not None,
+                f"keep the layers made in __init__: self.{name} should be nn.Linear with weight of shape "
+                f"{tuple(ours.weight.shape)} and a bias, got {describe(getattr(theirs, 'weight', theirs))}",
+            )
+            theirs.weight.copy_(ours.weight)
+            theirs.bias.copy_(ours.bias)
+
+
+def multi_head_variant(
+    layer: reference.MultiHeadAttention,
+    x: torch.Tensor,
+    context: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+    *,
+    split: str = "heads",
+    merge: str = "heads",
+    scale: str = "d_head",
+    softmax_dim: int = -1,
+    mask_mode: str = "before",
+    use_W_O: bool = True,
+    kv_from: str = "context",
+) -> torch.Tensor:
+    """Multi-head attention with one chosen mistake: what a learner's buggy forward would return.
+
+    With every argument at its default this equals the reference (the tests check so).
+    """
+    h = layer.n_heads
+    kv_source = x if context is None or kv_from == "x" else context
+
+    def split_fn(t: torch.Tensor) -> torch.Tensor:  # (batch, pos, width) -> (batch, n_heads, pos', d')
+        b, p, w = t.shape
+        if split == "heads":
+            return einops.rearrange(t, "b p (h d) -> b h p d", h=h)
+        if split == "view":
+            return t.reshape(b, h, p, w // h)
+        if split == "interleaved":
+            return einops.rearrange(t, "b p (d h) -> b h p d", h=h)
+        if split == "pos":
+            return einops.rearrange(t, "b (h p) d -> b h p d", h=h)
+        raise ValueError(split)
+
+    def merge_fn(z: torch.Tensor, pos: int) -> torch.Tensor:  # back to (batch, pos, width)
+        if merge == "heads":
+            return einops.rearrange(z, "b h p d -> b p (h d)")
+        if merge == "view":
+            return z.reshape(z.shape[0], pos, -1)
+        if merge == "interleaved":
+            return einops.rearrange(z, "b h p d -> b p (d h)")
+        if merge == "pos":
+            return einops.rearrange(z, "b h p d -> b (h p) d")
+        raise ValueError(merge)
+
+    q, k, v = split_fn(layer.W_Q(x)), split_fn(layer.W_K(kv_source)), split_fn(layer.W_V(kv_source))
+    raw = q @ k.transpose(-2, -1)
+    divisor = {"d_head": math.sqrt(q.shape[-1]), "d_model": math.sqrt(layer.d_model), "none": 1.0}[scale]
+    scores = raw / divisor
+    if mask is not None and mask_mode == "before":
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if mask is not None and mask_mode == "inverted":
+        scores = scores.masked_fill(mask, float("-inf"))
+    if mask is not None and mask_mode == "inverted_finite":
+        scores = scores.masked_fill(mask, -1e9)
+    pattern = torch.softmax(scores, dim=softmax_dim)
+    if mask is not None and mask_mode == "after":
+        pattern = pattern * mask
+    z = merge_fn(pattern @ v, x.shape[1])
+    return layer.W_O(z) if use_W_O else z
+
+
+def _mha_mistakes(layer, x, context=None, mask=None) -> dict[str, torch.Tensor]:
+    variant = lambda **kw: multi_head_variant(layer, x, context, mask, **kw)  # noqa: E731
+    mistakes = {
+        HINT_VIEW_SPLIT: variant(split="view", merge="view"),
+        HINT_VIEW_MERGE: variant(merge="view"),
+        HINT_INTERLEAVED: variant(split="interleaved", merge="interleaved"),
+        HINT_NO_W_O: variant(use_W_O=False),
+        HINT_SCALE_D_MODEL: variant(scale="d_model"),
+        HINT_MHA_NO_SCALE: variant(scale="none"),
+        HINT_MHA_QUERY_AXIS: variant(softmax_dim=-2),
+    }
+    mistakes[HINT_VIEW_SPLIT + " (and merge back with a transpose)"] = variant(split="view")
+    mistakes[HINT_INTERLEAVED + " (your concatenation)"] = variant(merge="interleaved")
+    q_len = x.shape[1]
+    k_len = q_len if context is None else context.shape[1]
+    if mask is None and q_len == k_len and q_len % layer.n_heads == 0:
+        mistakes[HINT_POS_SPLIT] = variant(split="pos", merge="pos", scale="d_model")
+        mistakes[HINT_POS_SPLIT + " (scaled by sqrt(d_head))"] = variant(split="pos", merge="pos")
+    if mask is not None:
+        mistakes[HINT_MHA_MASK_AFTER] = variant(mask_mode="after")
+        mistakes[HINT_MHA_MASK_INVERTED] = variant(mask_mode="inverted")
+        mistakes[HINT_INVERTED_FINITE] = variant(mask_mode="inverted_finite")
+        mistakes[HINT_MHA_MASK_IGNORED] = variant(mask_mode="ignored")
+    if context is not None and context.shape == x.shape:
+        mistakes[HINT_CONTEXT] = variant(kv_from="x")
+    return mistakes
+
+
+def _check_layer(learner: Any, layer, x, context=None, mask=None, *, what: str) -> None:
+    args = (x,) if context is None else (x, context)
+    kwargs = {} if mask is None else {"mask": mask}
+    got = call_learner(learner, *args, name="MultiHeadAttention.forward", **kwargs)
+    if isinstance(got, (tuple, list)):
+        raise CheckFailure(f"{HINT_RETURNS_TUPLE}; {what} returned a {type(got).__name__} of {len(got)}")
+    mistakes = _mha_mistakes(layer, x, context, mask)
+    name_mistake_with_nans(got, mistakes)
+    compare(got, layer(x, context, mask=mask), what=what, mistakes=mistakes, nan_hint=HINT_NAN)
+
+
+@checker("multi-head attention")
+def check_multi_head_attention(MultiHeadAttention) -> None:
+    """Check a learner's ``MultiHeadAttention(d_model, n_heads)`` module (its ``forward(x, context=None, mask=None)``)."""
+    learner = call_learner(MultiHeadAttention, D_MODEL, N_HEADS, name="MultiHeadAttention")
+    expect(isinstance(learner, nn.Module), f"MultiHeadAttention({D_MODEL}, {N_HEADS}) should be an nn.Module, got {describe(learner)}")
+    layer = make_reference_layer(30)
+    copy_weights(layer, learner)
+    x = seeded_randn(40, 2, 6, D_MODEL)
+    with torch.no_grad():
+        _check_layer(learner, layer, x, what=f"forward(x) with d_model={D_MODEL}, n_heads={N_HEADS}, x of shape (2, 6, 12)")
+        _check_layer(learner, layer, x, mask=reference.causal_mask(6, 6), what="forward(x, mask=causal_mask(6, 6))")
+        # Cross-attention with a context as long as x: keys taken from x would go unnoticed otherwise.
+        _check_layer(learner, layer, x, seeded_randn(41, 2, 6, D_MODEL), what="forward(x, context) with context of shape (2, 6, 12)")
+        # query_pos != key_pos, and a padding mask over the context.
+        _check_layer(learner, layer, x, seeded_randn(42, 2, 9, D_MODEL), reference.padding_mask([9, 5], 9),
+                     what="forward(x, context, mask) with x (2, 6, 12), context (2, 9, 12) and a (2, 1, 1, 9) padding mask")
+    # Other sizes: 8 heads of width 2, and a single head.
+    for d_model, n_heads, seed in ((16, 8, 50), (8, 1, 60)):
+        learner = call_learner(MultiHeadAttention, d_model, n_heads, name="MultiHeadAttention")
+        layer = make_reference_layer(seed, d_model, n_heads)
+        copy_weights(layer, learner)
+        with torch.no_grad():
+            _check_layer(learner, layer, seeded_randn(seed + 9, 3, 5, d_model), what=f"forward(x) with d_model={d_model}, n_heads={n_heads}")
+
+
+# ----------------------------------------------------------------------------- probes
+
+
+def _compare_masks(outputs: dict, expected: dict) -> str | None:
+    got = outputs.get("mask")
+    if not isinstance(got, np.ndarray):
+        return f"causal_mask should give a tensor, got {type(got).__name__}"
+    if got.dtype != np.bool_:
+        return f"causal_mask should be boolean (True = may attend), got dtype {got.dtype}"
+    if got.shape != expected["mask"].shape:
+        return f"causal_mask(n) has shape {got.shape}, expected {expected['mask'].shape}"
+    if not np.array_equal(got, expected["mask"]):
+        return "causal_mask(n) differs from the lower-triangular mask (True on and below the diagonal)"
+    return None
+
+
+def _mask_inputs(rng: np.random.Generator) -> dict:
+    return {"n": int(rng.integers(1, 17))}
+
+
+def _masked_attention_inputs(rng: np.random.Generator) -> dict:
+    batch, n_query, n_key, d_head, d_v = (int(rng.integers(lo, hi)) for lo, hi in ((1, 4), (1, 8), (1, 9), (2, 17), (1, 9)))
+    scale = float(rng.uniform(0.5, 3.0))
+    mask = rng.random((batch, n_query, n_key)) < rng.uniform(0.3, 0.9)
+    mask[..., int(rng.integers(0, n_key))] = True  # every query sees at least one key (a fully masked row has no softmax)
+    return {
+        "q": (rng.standard_normal((batch, n_query, d_head)) * scale).astype(np.float32),
+        "k": (rng.standard_normal((batch, n_key, d_head)) * scale).astype(np.float32),
+        "v": rng.standard_normal((batch, n_key, d_v)).astype(np.float32),
+        "mask": mask,
+    }
+
+
+def _masked_attention_reference(inputs: dict) -> dict:
+    q, k, v, mask = (torch.from_numpy(inputs[name]) for name in ("q", "k", "v", "mask"))
+    out, weights = reference.scaled_dot_product_attention(q, k, v, mask)
+    return {"output": out.numpy(), "weights": weights.numpy()}
+
+
+def _mha_inputs(rng: np.random.Generator) -> dict:
+    n_heads = int(rng.integers(1, 5))
+    d_model = n_heads * int(rng.integers(1, 7))
+    batch, pos, key_pos = int(rng.integers(1, 4)), int(rng.integers(1, 8)), int(rng.integers(1, 10))
+    inputs: dict[str, Any] = {"d_model": d_model, "n_heads": n_heads}
+    for name in ("W_Q", "W_K", "W_V", "W_O"):
+        inputs[f"{name}_weight"] = (rng.standard_normal((d_model, d_model)) / np.sqrt(d_model)).astype(np.float32)
+        inputs[f"{name}_bias"] = (rng.standard_normal(d_model) * 0.1).astype(np.float32)
+    inputs["x"] = rng.standard_normal((batch, pos, d_model)).astype(np.float32)
+    inputs["context"] = rng.standard_normal((batch, key_pos, d_model)).astype(np.float32)
+    inputs["causal"] = np.tril(np.ones((pos, pos), dtype=bool))
+    lengths = rng.integers(1, key_pos + 1, size=batch)
+    inputs["padding"] = (np.arange(key_pos)[None, :] < lengths[:, None])[:, None, None, :]  # (batch, 1, 1, key_pos)
+    return inputs
+
+
+def _mha_reference(inputs: dict) -> dict:
+    layer = reference.MultiHeadAttention(inputs["d_model"], inputs["n_heads"])
+    with torch.no_grad():
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            getattr(layer, name).weight.copy_(torch.from_numpy(inputs[f"{name}_weight"]))
+            getattr(layer, name).bias.copy_(torch.from_numpy(inputs[f"{name}_bias"]))
+        x, context = torch.from_numpy(inputs["x"]), torch.from_numpy(inputs["context"])
+        return {
+            "self": layer(x).numpy(),
+            "causal": layer(x, mask=torch.from_numpy(inputs["causal"])).numpy(),
+            "cross": layer(x, context, mask=torch.from_numpy(inputs["padding"])).numpy(),
+        }
+
+
+MHA_RUN = """\
+_mha = MultiHeadAttention(inputs['d_model'], inputs['n_heads'])
+with torch.no_grad():
+    for _name in ('W_Q', 'W_K', 'W_V', 'W_O'):
+        getattr(_mha, _name).weight.copy_(torch.from_numpy(inputs[_name + '_weight']))
+        getattr(_mha, _name).bias.copy_(torch.from_numpy(inputs[_name + '_bias']))
+    _x, _context = torch.from_numpy(inputs['x']), torch.from_numpy(inputs['context'])
+    outputs = {
+        'self': _mha(_x).detach().cpu().float().numpy(),
+        'causal': _mha(_x, mask=torch.from_numpy(inputs['causal'])).detach().cpu().float().numpy(),
+        'cross': _mha(_x, _context, mask=torch.from_numpy(inputs['padding'])).detach().cpu().float().numpy(),
+    }
+del _mha, _name, _x, _context
+"""
+
+PROBES = {
+    "check_causal_mask": Probe(
+        exercise="ex_causal_mask",
+        make_inputs=_mask_inputs,
+        run="outputs = {'mask': causal_mask(inputs['n']).detach().cpu().numpy()}",
+        reference=lambda inputs: {"mask": reference.causal_mask(inputs["n"], inputs["n"]).numpy()},
+        forbidden=("tfedu.attention",),
+        compare=_compare_masks,
+    ),
+    "check_masked_attention": Probe(
+        exercise="ex_masked_attention",
+        make_inputs=_masked_attention_inputs,
+        run=(
+            "_result = masked_attention(torch.from_numpy(inputs['q']), torch.from_numpy(inputs['k']), "
+            "torch.from_numpy(inputs['v']), torch.from_numpy(inputs['mask']))\n"
+            "outputs = {'output': _result[0].detach().cpu().float().numpy(), 'weights': _result[1].detach().cpu().float().numpy()}\n"
+            "del _result\n"
+        ),
+        reference=_masked_attention_reference,
+        forbidden=("tfedu.attention",),
+    ),
+    "check_multi_head_attention": Probe(
+        exercise="ex_multi_head_attention",
+        make_inputs=_mha_inputs,
+        run=MHA_RUN,
+        reference=_mha_reference,
+        forbidden=("tfedu.attention",),
+    ),
+}
