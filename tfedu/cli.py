@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Modules with `add_parser(subparsers)`; each sets `func=callable(args) -> int` on its parser.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("tfedu.grading.cli",)
+SUBCOMMAND_MODULES: tuple[str, ...] = ("tfedu.grading.cli", "tfedu.bench.cli")
 
 
 def main(argv: list[str] | None = None) -> int:
