@@ -1,0 +1,182 @@
+"""`tfedu release`: what a student version hides and keeps, checked on every notebook.
+
+For each notebook in notebooks/ (a glob, so new notebooks are covered as they land):
+- the released version runs top to bottom with nbclient, and the only errors are the check
+  cells' ExerciseNotDone ("this exercise is not done yet"), one per check cell;
+- nbgrader's own student-version preprocessors (ClearSolutions, ClearHiddenTests, LockCells,
+  ClearOutput, run through nbconvert without a database) produce the same notebook;
+- the source's nbgrader metadata is valid for nbgrader's schema (version 3).
+"""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tfedu import cli, nbtools
+from tfedu.grading.release import CODE_STUB, ReleaseError, release, student_version
+
+NOTEBOOKS = sorted(Path(__file__).resolve().parents[1].joinpath("notebooks").glob("[0-9][0-9]_*.ipynb"))
+IDS = [p.stem for p in NOTEBOOKS]
+
+
+def test_there_are_notebooks_to_release():
+    assert any(p.name == "00_start_here.ipynb" for p in NOTEBOOKS)
+
+
+def toy_notebook():
+    cells = [
+        nbtools.md("# toy"),
+        nbtools.exercise("ex_double", '''
+class Doubler:
+    def __call__(self, x):
+        """Twice x."""
+        ### BEGIN SOLUTION
+        y = x + x
+        return y
+        ### END SOLUTION
+
+def triple(x):
+    ### BEGIN SOLUTION
+    return 3 * x
+    ### END SOLUTION
+'''),
+        nbtools.check("check_double", '''
+assert Doubler()(2) == 4
+### BEGIN HIDDEN TESTS
+assert Doubler()(5) == 10
+### END HIDDEN TESTS
+print("done")
+''', points=3),
+        nbtools.code("print('demo')"),
+    ]
+    nb = nbtools.new_notebook(cells)
+    nb.cells[3].outputs = [nbformat.v4.new_output("stream", name="stdout", text="demo\n")]
+    nb.cells[3].execution_count = 7
+    return nb
+
+
+def test_solutions_become_stubs_at_the_marker_indentation_keeping_signatures():
+    released = student_version(toy_notebook())
+    source = released.cells[1].source
+    stub_in_method = "\n".join("        " + line for line in CODE_STUB.split("\n"))
+    stub_in_function = "\n".join("    " + line for line in CODE_STUB.split("\n"))
+    assert source == (
+        "class Doubler:\n    def __call__(self, x):\n        \"\"\"Twice x.\"\"\"\n" + stub_in_method
+        + "\n\ndef triple(x):\n" + stub_in_function
+    )
+    assert "x + x" not in source and "3 * x" not in source and "BEGIN SOLUTION" not in source
+    namespace: dict = {}
+    exec(source, namespace)
+    with pytest.raises(NotImplementedError):
+        namespace["Doubler"]()(2)
+    with pytest.raises(NotImplementedError):
+        namespace["triple"](1)
+
+
+def test_hidden_tests_are_removed_check_cells_locked_and_outputs_cleared():
+    source_nb = toy_notebook()
+    released = student_version(source_nb)
+    check = released.cells[2]
+    assert check.source == 'assert Doubler()(2) == 4\nprint("done")'
+    assert check.metadata["nbgrader"]["locked"] is True
+    assert check.metadata["nbgrader"]["points"] == 3
+    assert check.metadata["editable"] is False and check.metadata["deletable"] is False
+    assert released.cells[1].metadata["deletable"] is False
+    assert released.cells[3].outputs == [] and released.cells[3].execution_count is None
+    assert released.cells[3].source == "print('demo')"
+    # the source notebook is untouched
+    assert "### BEGIN HIDDEN TESTS" in source_nb.cells[2].source and source_nb.cells[3].outputs
+
+
+@pytest.mark.parametrize("source, problem", [
+    ("def f():\n    ### BEGIN SOLUTION\n    return 1\n", "without a matching"),
+    ("def f():\n    ### BEGIN SOLUTION\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION\n", "nested"),
+    ("def f():\n    return 1\n    ### END SOLUTION\n", "without a matching"),
+])
+def test_broken_markers_are_reported(source, problem):
+    nb = toy_notebook()
+    nb.cells[1].source = source
+    with pytest.raises(ReleaseError, match=problem):
+        student_version(nb)
+
+
+def test_a_solution_region_outside_a_solution_cell_is_an_error():
+    nb = toy_notebook()
+    nb.cells[3].source = "def f():\n    ### BEGIN SOLUTION\n    return 1\n    ### END SOLUTION"
+    with pytest.raises(ReleaseError, match="not an nbgrader solution cell"):
+        student_version(nb)
+
+
+def test_cli_release_writes_each_notebook_and_refuses_non_notebooks(tmp_path, capsys):
+    src = tmp_path / "src" / "09_toy.ipynb"
+    src.parent.mkdir()
+    nbtools.write(toy_notebook(), src)
+    assert cli.main(["release", str(src), "--out", str(tmp_path / "out")]) == 0
+    assert (tmp_path / "out" / "09_toy.ipynb").is_file()
+    assert cli.main(["release", str(tmp_path / "nope.txt"), "--out", str(tmp_path / "out")]) == 2
+    assert "expected an existing .ipynb" in capsys.readouterr().err
+    assert cli.main(["release", str(src), "--out", str(src.parent)]) == 2
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_source_nbgrader_metadata_is_valid_for_nbgrader(path):
+    from nbgrader.nbgraderformat import MetadataValidator
+
+    nb = nbtools.read(path)
+    MetadataValidator().validate_nb(nb)
+    graded = [nbtools.nbgrader_meta(c) for c in nb.cells if nbtools.nbgrader_meta(c)]
+    assert graded, f"{path.name} has no exercises"
+
+
+def nbgrader_student_version(nb):
+    from nbconvert.exporters import NotebookExporter
+    from nbgrader.preprocessors import ClearHiddenTests, ClearOutput, ClearSolutions, LockCells
+    from traitlets.config import Config
+
+    config = Config()
+    config.ClearSolutions.code_stub = {"python": CODE_STUB}
+    exporter = NotebookExporter(config=config)
+    for preprocessor in (ClearSolutions, ClearHiddenTests, LockCells, ClearOutput):
+        exporter.register_preprocessor(preprocessor(config=config), enabled=True)
+    text, _ = exporter.from_notebook_node(nb, resources={})
+    return nbformat.reads(text, as_version=4)
+
+
+@pytest.mark.parametrize("path", [*NOTEBOOKS, None], ids=[*IDS, "toy"])
+def test_nbgrader_agrees_with_tfedu_release(path):
+    nb = nbtools.read(path) if path else toy_notebook()
+    ours, theirs = student_version(nb), nbgrader_student_version(nb)
+    assert len(ours.cells) == len(theirs.cells) == len(nb.cells)
+    for index, (a, b) in enumerate(zip(ours.cells, theirs.cells)):
+        where = f"cell {index}"
+        assert a.cell_type == b.cell_type, where
+        assert a.source == b.source, where
+        assert a.metadata.get("nbgrader") == b.metadata.get("nbgrader"), where
+        assert a.metadata.get("editable", True) == b.metadata.get("editable", True), where
+        assert a.metadata.get("deletable", True) == b.metadata.get("deletable", True), where
+        if a.cell_type == "code":
+            assert a.outputs == b.outputs == [] and a.execution_count is None and b.execution_count is None
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
+def test_released_notebook_runs_and_only_check_cells_report_not_done(path, tmp_path):
+    from nbclient import NotebookClient
+
+    [released_path] = release([path], tmp_path)
+    nb = nbtools.read(released_path)
+    text = released_path.read_text()
+    assert "### BEGIN SOLUTION" not in text and "### BEGIN HIDDEN TESTS" not in text
+    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    checks = [i for i, c in enumerate(nb.cells) if (nbtools.nbgrader_meta(c) or {}).get("grade")]
+    assert checks, f"{path.name} has no check cells"
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        if index in checks:
+            assert len(errors) == 1 and errors[0].ename == "ExerciseNotDone", (index, cell.source, errors)
+            assert "not done yet" in errors[0].evalue
+        else:
+            assert not errors, f"{path.name} cell {index} errors in the student version: {errors[0].ename}: {errors[0].evalue}"
