@@ -1,0 +1,366 @@
+"""The notebook-02 checkers pass correct answers and name the usual mistakes; the probes agree."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tfedu import embeddings as E
+from tfedu.checks import nb02_embeddings as nb02
+from tfedu.checks.core import CheckFailure, ExerciseNotDone
+
+# --------------------------------------------------------------------------- learner versions of embed_via_one_hot
+
+
+def embed_correct(ids, W_E):
+    return F.one_hot(ids, num_classes=W_E.shape[0]).to(W_E.dtype) @ W_E
+
+
+def embed_einsum(ids, W_E):  # a different but right route
+    return torch.einsum("...v,vd->...d", F.one_hot(ids, W_E.shape[0]).float(), W_E)
+
+
+def embed_transposed(ids, W_E):  # thinks W_E is (d_model, d_vocab), like nn.Linear's weight
+    return F.one_hot(ids, W_E.shape[1]).float() @ W_E.T
+
+
+def embed_d_vocab_from_ids(ids, W_E):
+    return F.one_hot(ids).float() @ W_E
+
+
+def embed_d_vocab_from_ids_explicit(ids, W_E):
+    return F.one_hot(ids, int(ids.max()) + 1).float() @ W_E
+
+
+def embed_integer_one_hot(ids, W_E):
+    return F.one_hot(ids, W_E.shape[0]) @ W_E
+
+
+def embed_lookup(ids, W_E):
+    return W_E[ids]
+
+
+def embed_detached(ids, W_E):
+    return F.one_hot(ids, W_E.shape[0]).float() @ W_E.detach()
+
+
+def embed_stub(ids, W_E):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("impl", [embed_correct, embed_einsum, E.embed_via_one_hot])
+def test_embed_checker_passes_correct_versions(impl, capsys):
+    nb02.check_embed_via_one_hot(impl)
+    assert "\N{CHECK MARK} embedding look-up" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("impl", "hint"),
+    [
+        (embed_transposed, nb02.TRANSPOSED_HINT),
+        (embed_d_vocab_from_ids, nb02.D_VOCAB_HINT),
+        (embed_d_vocab_from_ids_explicit, nb02.D_VOCAB_HINT),
+        (embed_integer_one_hot, nb02.DTYPE_HINT),
+        (embed_lookup, nb02.LOOKUP_HINT),
+        (embed_detached, "no gradient can reach W_E"),
+    ],
+)
+def test_embed_checker_names_the_mistake(impl, hint):
+    with pytest.raises(CheckFailure) as info:
+        nb02.check_embed_via_one_hot(impl)
+    assert hint in str(info.value)
+
+
+def test_embed_transposed_on_a_tall_matrix_is_told_about_num_classes():
+    # On the square matrix the transposition is caught by value; alone on a tall one it is the
+    # num_classes error. Check that hint directly.
+    def tall_only(ids, W_E):
+        return F.one_hot(ids, W_E.shape[1]).float() @ W_E.T if W_E.shape[0] != W_E.shape[1] else embed_correct(ids, W_E)
+
+    with pytest.raises(CheckFailure, match="not W_E.shape\\[1\\]"):
+        nb02.check_embed_via_one_hot(tall_only)
+
+
+def test_embed_unfinished():
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb02.check_embed_via_one_hot(embed_stub)
+
+
+# --------------------------------------------------------------------------- learner versions of sgns_loss
+
+
+def scores(center, context, negatives):
+    return (center * context).sum(-1), (negatives @ center.unsqueeze(-1)).squeeze(-1)
+
+
+def loss_correct(center, context, negatives):
+    pos, neg = scores(center, context, negatives)
+    return -(F.logsigmoid(pos) + F.logsigmoid(-neg).sum(-1)).mean()
+
+
+def loss_bce(center, context, negatives):  # a different but right route: logistic regression
+    pos, neg = scores(center, context, negatives)
+    return (F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos), reduction="sum")
+            + F.binary_cross_entropy_with_logits(neg, torch.zeros_like(neg), reduction="sum")) / pos.shape[0]
+
+
+def loss_missing_minus(center, context, negatives):
+    pos, neg = scores(center, context, negatives)
+    return -(F.logsigmoid(pos) + F.logsigmoid(neg).sum(-1)).mean()
+
+
+def loss_sigmoid(center, context, negatives):
+    pos, neg = scores(center, context, negatives)
+    return -(torch.sigmoid(pos) + torch.sigmoid(-neg).sum(-1)).mean()
+
+
+def loss_summed_over_batch(center, context, negatives):
+    pos, neg = scores(center, context, negatives)
+    return -(F.logsigmoid(pos) + F.logsigmoid(-neg).sum(-1)).sum()
+
+
+def loss_mean_over_negatives(center, context, negatives):
+    pos, neg = scores(center, context, negatives)
+    return -(F.logsigmoid(pos) + F.logsigmoid(-neg).mean(-1)).mean()
+
+
+def loss_log_likelihood(center, context, negatives):
+    pos, neg = scores(center, context, negatives)
+    return (F.logsigmoid(pos) + F.logsigmoid(-neg).sum(-1)).mean()
+
+
+def loss_no_negatives(center, context, negatives):
+    return -F.logsigmoid((center * context).sum(-1)).mean()
+
+
+def loss_per_example(center, context, negatives):
+    pos, neg = scores(center, context, negatives)
+    return -(F.logsigmoid(pos) + F.logsigmoid(-neg).sum(-1))
+
+
+def loss_log_of_sigmoid(center, context, negatives):  # right maths, underflows for large scores
+    pos, neg = scores(center, context, negatives)
+    return -(torch.log(torch.sigmoid(pos)) + torch.log(1 - torch.sigmoid(neg)).sum(-1)).mean()
+
+
+def loss_item(center, context, negatives):
+    return torch.tensor(loss_correct(center, context, negatives).item(), dtype=center.dtype)
+
+
+def loss_stub(center, context, negatives):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("impl", [loss_correct, loss_bce, E.sgns_loss])
+def test_loss_checker_passes_correct_versions(impl, capsys):
+    nb02.check_sgns_loss(impl)
+    assert "\N{CHECK MARK} skip-gram negative-sampling loss" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("impl", "hint"),
+    [
+        (loss_missing_minus, nb02.MISSING_MINUS_HINT),
+        (loss_sigmoid, nb02.SIGMOID_HINT),
+        (loss_summed_over_batch, nb02.BATCH_SUM_HINT),
+        (loss_mean_over_negatives, nb02.NEG_MEAN_HINT),
+        (loss_log_likelihood, nb02.SIGN_HINT),
+        (loss_no_negatives, nb02.NO_NEG_HINT),
+        (loss_per_example, "return one number"),
+        (loss_log_of_sigmoid, nb02.STABILITY_HINT),
+        (loss_item, "no gradient flows"),
+    ],
+)
+def test_loss_checker_names_the_mistake(impl, hint):
+    with pytest.raises(CheckFailure) as info:
+        nb02.check_sgns_loss(impl)
+    assert hint in str(info.value)
+
+
+def test_loss_unfinished():
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb02.check_sgns_loss(loss_stub)
+
+
+def test_each_loss_mistake_differs_from_the_reference():
+    center, context, negatives = nb02._sgns_inputs(0)
+    expected = E.sgns_loss(center, context, negatives)
+    for hint, wrong in nb02.sgns_loss_mistakes(center, context, negatives).items():
+        assert not torch.allclose(wrong, expected, rtol=1e-3), hint
+
+
+# --------------------------------------------------------------------------- learner versions of sgns_step
+
+
+def step_correct(model, optimizer, centers, contexts, negatives):
+    optimizer.zero_grad()
+    loss = model(centers, contexts, negatives)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def step_zero_grad_last(model, optimizer, centers, contexts, negatives):  # also right
+    loss = model(centers, contexts, negatives)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def step_no_zero_grad(model, optimizer, centers, contexts, negatives):
+    loss = model(centers, contexts, negatives)
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def step_before_backward(model, optimizer, centers, contexts, negatives):
+    optimizer.zero_grad()
+    loss = model(centers, contexts, negatives)
+    optimizer.step()
+    loss.backward()
+    return loss.item()
+
+
+def step_zero_grad_before_step(model, optimizer, centers, contexts, negatives):
+    loss = model(centers, contexts, negatives)
+    loss.backward()
+    optimizer.zero_grad()
+    optimizer.step()
+    return loss.item()
+
+
+def step_returns_tensor(model, optimizer, centers, contexts, negatives):
+    optimizer.zero_grad()
+    loss = model(centers, contexts, negatives)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
+def step_returns_loss_after(model, optimizer, centers, contexts, negatives):
+    optimizer.zero_grad()
+    model(centers, contexts, negatives).backward()
+    optimizer.step()
+    with torch.no_grad():
+        return model(centers, contexts, negatives).item()
+
+
+def step_stub(model, optimizer, centers, contexts, negatives):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("impl", [step_correct, step_zero_grad_last, E.sgns_step])
+def test_step_checker_passes_correct_versions(impl, capsys):
+    nb02.check_sgns_step(impl)
+    assert "\N{CHECK MARK} one SGNS training step" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("impl", "hint"),
+    [
+        (step_no_zero_grad, nb02.NO_ZERO_GRAD_HINT),
+        (step_before_backward, nb02.NO_UPDATE_HINT),
+        (step_zero_grad_before_step, nb02.NO_UPDATE_HINT),
+        (step_returns_tensor, nb02.FLOAT_HINT),
+        (step_returns_loss_after, nb02.LOSS_AFTER_HINT),
+    ],
+)
+def test_step_checker_names_the_mistake(impl, hint):
+    with pytest.raises(CheckFailure) as info:
+        nb02.check_sgns_step(impl)
+    assert hint in str(info.value)
+
+
+def test_step_unfinished():
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb02.check_sgns_step(step_stub)
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def run_probe(probe, namespace, seed):
+    inputs = probe.make_inputs(np.random.default_rng(seed))
+    scope = {**namespace, "inputs": inputs, "np": np, "torch": torch}
+    exec(probe.run, scope)
+    return scope["outputs"], probe.reference(inputs)
+
+
+def same(outputs, expected, probe):
+    for key, want in expected.items():
+        got, want = np.asarray(outputs[key]), np.asarray(want)
+        if got.shape != want.shape:
+            return False
+        if not np.allclose(np.asarray(outputs[key], dtype=np.float64), np.asarray(want, dtype=np.float64), rtol=probe.rtol, atol=probe.atol):
+            return False
+    return True
+
+
+PROBE_CASES = {
+    "check_embed_via_one_hot": ("embed_via_one_hot", [embed_correct, E.embed_via_one_hot], [embed_lookup], [embed_transposed]),
+    "check_sgns_loss": ("sgns_loss", [loss_correct, loss_bce, E.sgns_loss], [], [loss_missing_minus, loss_sigmoid, loss_summed_over_batch]),
+    "check_sgns_step": ("sgns_step", [step_correct, step_zero_grad_last, E.sgns_step], [], [step_no_zero_grad, step_before_backward]),
+}
+
+
+def test_every_check_cell_has_a_probe_for_its_exercise():
+    assert set(nb02.PROBES) == set(PROBE_CASES)
+    for grade_id, probe in nb02.PROBES.items():
+        assert probe.exercise == "ex_" + grade_id.removeprefix("check_")
+        assert probe.forbidden == ("tfedu.embeddings",)
+
+
+@pytest.mark.parametrize("grade_id", sorted(PROBE_CASES))
+@pytest.mark.parametrize("seed", range(4))
+def test_probes_agree_with_reference_and_reject_bugs(grade_id, seed):
+    probe = nb02.PROBES[grade_id]
+    name, right, value_equal, wrong = PROBE_CASES[grade_id]
+    for impl in right + value_equal:  # value_equal: wrong for the checker, but equal values
+        outputs, expected = run_probe(probe, {name: impl}, seed)
+        assert set(outputs) == set(expected)
+        assert same(outputs, expected, probe), impl.__name__
+    for impl in wrong:
+        try:
+            outputs, expected = run_probe(probe, {name: impl}, seed)
+        except Exception:
+            continue  # raising on the hidden inputs also scores zero
+        assert not same(outputs, expected, probe), impl.__name__
+
+
+def test_probe_inputs_are_plain_data():
+    for probe in nb02.PROBES.values():
+        inputs = probe.make_inputs(np.random.default_rng(0))
+
+        def plain(node):
+            if isinstance(node, dict):
+                return all(isinstance(k, str) and plain(v) for k, v in node.items())
+            if isinstance(node, list):
+                return all(plain(v) for v in node)
+            if isinstance(node, np.ndarray):
+                return node.dtype.kind in "biuf"
+            return isinstance(node, (int, float, str, bool))
+
+        assert plain(inputs)
+
+
+def test_step_probe_does_not_run_tfedu_embeddings_code():
+    # The grader's tripwire flags any call into tfedu/embeddings.py while the probe runs.
+    probe = nb02.PROBES["check_sgns_step"]
+    inputs = probe.make_inputs(np.random.default_rng(0))
+    calls = []
+
+    def watch(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == E.__file__:
+            calls.append(frame.f_code.co_name)
+
+    import sys
+
+    scope = {"sgns_step": step_correct, "inputs": inputs, "np": np, "torch": torch}
+    sys.setprofile(watch)
+    try:
+        exec(probe.run, scope)
+    finally:
+        sys.setprofile(None)
+    assert calls == []

@@ -1,0 +1,335 @@
+"""Checkers for notebooks/02_embeddings.ipynb.
+
+Three exercises: the embedding look-up as a one-hot matrix product, the skip-gram
+negative-sampling loss, and one optimisation step of the training loop. Each checker tries
+the known mistakes first so its hint names the mistake.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, expect, seeded_randn
+from tfedu.embeddings import SkipGram, sgns_loss, sgns_step
+
+# --------------------------------------------------------------------------- exercise 2.1: one-hot @ W_E
+
+DTYPE_HINT = (
+    "F.one_hot returns integers (torch.long) and a matrix product needs one dtype on both sides: "
+    "convert the one-hot with .to(W_E.dtype) (or .float()) before multiplying"
+)
+D_VOCAB_HINT = (
+    "your one-hot vectors have the wrong length: d_vocab is the number of rows of W_E (W_E.shape[0]), "
+    "not ids.max() + 1; F.one_hot(ids) without num_classes guesses it from the ids"
+)
+TRANSPOSED_HINT = (
+    "you picked columns of W_E instead of rows: W_E has shape (d_vocab, d_model), one row per word, "
+    "so the product is one_hot(ids) @ W_E, with no transpose"
+)
+NUM_CLASSES_HINT = (
+    "an id was not smaller than num_classes: one-hot vectors have d_vocab = W_E.shape[0] entries "
+    "(the rows of W_E), not W_E.shape[1]"
+)
+LOOKUP_HINT = (
+    "you indexed W_E directly (W_E[ids] or nn.Embedding); the values are right, but the exercise is to "
+    "get them as a matrix product: one_hot(ids) @ W_E"
+)
+
+
+def _call_embed(embed_via_one_hot: Any, ids: torch.Tensor, W_E: torch.Tensor) -> Any:
+    try:
+        return call_learner(embed_via_one_hot, ids, W_E, name="embed_via_one_hot")
+    except CheckFailure as failure:
+        text = str(failure)
+        if "dtype" in text or "Long" in text or "same type" in text:
+            raise CheckFailure(DTYPE_HINT) from None
+        if "smaller than num_classes" in text:
+            raise CheckFailure(NUM_CLASSES_HINT) from None
+        if "shape" in text or "size" in text or "dimension" in text:
+            # Does it work once the largest id is among the ids? Then it sized the one-hot from the ids.
+            full = torch.cat([ids.flatten(), torch.tensor([W_E.shape[0] - 1])])
+            try:
+                fn_out = embed_via_one_hot(full, W_E)
+            except Exception:
+                raise failure from None
+            if isinstance(fn_out, torch.Tensor) and fn_out.shape == (full.shape[0], W_E.shape[1]):
+                raise CheckFailure(D_VOCAB_HINT) from None
+        raise
+
+
+@checker("embedding look-up as one_hot(ids) @ W_E")
+def check_embed_via_one_hot(embed_via_one_hot) -> None:
+    """Check ``embed_via_one_hot(ids, W_E)``: values, shapes, gradients, and that it is a product."""
+    # A square W_E first, so reading columns instead of rows gives a same-shaped, wrong answer;
+    # the ids leave out the largest id, so a one-hot sized from the ids is too short.
+    W_sq = seeded_randn(0, 6, 6)
+    ids = torch.tensor([[2, 0, 4], [4, 1, 3]])
+    got = _call_embed(embed_via_one_hot, ids, W_sq)
+    compare(got, W_sq[ids], what="embed_via_one_hot(ids, W_E) with ids of shape (2, 3) and W_E of shape (6, 6)",
+            mistakes={TRANSPOSED_HINT: W_sq.T[ids]})
+    # A tall W_E: more words than dimensions, the usual case.
+    W_E = seeded_randn(1, 9, 4).requires_grad_(True)
+    ids = torch.tensor([0, 8, 3, 3, 5])
+    got = _call_embed(embed_via_one_hot, ids, W_E)
+    compare(got, W_E.detach()[ids], what="embed_via_one_hot(ids, W_E) with W_E of shape (9, 4)")
+    grad_fn = type(got.grad_fn).__name__ if got.grad_fn is not None else ""
+    expect("Index" not in grad_fn and "Embedding" not in grad_fn, LOOKUP_HINT)
+    expect(got.requires_grad, "no gradient can reach W_E through your result: do not detach W_E or use torch.no_grad()")
+    upstream = seeded_randn(2, 5, 4)
+    (got * upstream).sum().backward()
+    expected_grad = torch.zeros(9, 4).index_add_(0, ids, upstream)
+    compare(W_E.grad, expected_grad, what="the gradient of W_E (id 3 appears twice, so its row gets two contributions)")
+
+
+# --------------------------------------------------------------------------- exercise 2.2: the SGNS loss
+
+MISSING_MINUS_HINT = (
+    "the negatives are pulled towards the center word instead of pushed away: their term is "
+    "log sigma(-u_neg . v), with a minus inside the log-sigmoid"
+)
+SIGMOID_HINT = "you used sigma where the loss has log sigma: take F.logsigmoid of the scores"
+BATCH_SUM_HINT = "the loss should be the mean over the batch (as the docstring says), not the sum"
+NEG_MEAN_HINT = "sum the k negative terms of each example; you averaged them"
+SIGN_HINT = "you returned the log-likelihood, which training maximises; the loss to minimise is its negative"
+NO_NEG_HINT = "your loss ignores the negatives: add - sum_i log sigma(-u_i . v) for the k negative samples"
+STABILITY_HINT = (
+    "NaN or Inf for large scores: torch.log(torch.sigmoid(x)) underflows to log(0) = -inf once x is "
+    "below about -100 (float32); F.logsigmoid(x) computes the same thing without underflow"
+)
+
+
+def _sgns_parts(center: torch.Tensor, context: torch.Tensor, negatives: torch.Tensor):
+    pos = (center * context).sum(-1)  # batch
+    neg = torch.einsum("bkd,bd->bk", negatives, center)  # batch k
+    return pos, neg
+
+
+def sgns_loss_mistakes(center: torch.Tensor, context: torch.Tensor, negatives: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What each known mistake returns on these inputs, keyed by its hint."""
+    pos, neg = _sgns_parts(center, context, negatives)
+    ls = F.logsigmoid
+    return {
+        MISSING_MINUS_HINT: (-ls(pos) - ls(neg).sum(-1)).mean(),
+        SIGMOID_HINT: (-torch.sigmoid(pos) - torch.sigmoid(-neg).sum(-1)).mean(),
+        BATCH_SUM_HINT: (-ls(pos) - ls(-neg).sum(-1)).sum(),
+        NEG_MEAN_HINT: (-ls(pos) - ls(-neg).mean(-1)).mean(),
+        SIGN_HINT: (ls(pos) + ls(-neg).sum(-1)).mean(),
+        NO_NEG_HINT: (-ls(pos)).mean(),
+    }
+
+
+def _sgns_inputs(seed: int, batch: int = 4, k: int = 5, d_model: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (seeded_randn(seed, batch, d_model), seeded_randn(seed + 1, batch, d_model), seeded_randn(seed + 2, batch, k, d_model))
+
+
+@checker("skip-gram negative-sampling loss")
+def check_sgns_loss(sgns_loss_fn) -> None:
+    """Check ``sgns_loss(center, context, negatives)``: value, reduction, gradients, stability."""
+    center, context, negatives = _sgns_inputs(0)
+    got = call_learner(sgns_loss_fn, center, context, negatives, name="sgns_loss")
+    if isinstance(got, torch.Tensor) and got.shape == (center.shape[0],):
+        raise CheckFailure("return one number, a 0-d tensor: the mean over the batch of the per-example losses")
+    compare(got, sgns_loss(center, context, negatives), what="sgns_loss(center, context, negatives)",
+            mistakes=sgns_loss_mistakes(center, context, negatives))
+    # Another batch size, k and d_model, with gradients.
+    center, context, negatives = (t.double().requires_grad_(True) for t in _sgns_inputs(10, batch=3, k=2, d_model=5))
+    got = call_learner(sgns_loss_fn, center, context, negatives, name="sgns_loss")
+    expected = sgns_loss(center, context, negatives)
+    compare(got, expected, what="sgns_loss with batch 3, k 2, d_model 5 (float64)", mistakes=sgns_loss_mistakes(center, context, negatives))
+    expect(isinstance(got, torch.Tensor) and got.requires_grad,
+           "no gradient flows through your loss: keep it a torch tensor (no .item(), .detach() or numpy)")
+    mine = torch.autograd.grad(got, (center, context, negatives))
+    theirs = torch.autograd.grad(expected, (center, context, negatives))
+    for name, a, b in zip(("center", "context", "negatives"), mine, theirs):
+        compare(a, b, what=f"the gradient of the loss with respect to {name}")
+    # Large scores: one confident right answer and one confident wrong one.
+    v = torch.tensor([[12.0, 0.0], [0.0, 12.0]])
+    u = torch.tensor([[12.0, 0.0], [0.0, -12.0]])
+    negs = torch.stack([-u, u], dim=1)  # 2 2 2
+    compare(call_learner(sgns_loss_fn, v, u, negs, name="sgns_loss"), sgns_loss(v, u, negs),
+            what="sgns_loss with scores of +-144", nan_hint=STABILITY_HINT, rtol=1e-4, atol=1e-3)
+
+
+# --------------------------------------------------------------------------- exercise 2.3: one training step
+
+NO_ZERO_GRAD_HINT = (
+    "the second step used the first step's gradients as well: PyTorch adds new gradients to old ones, "
+    "so call optimizer.zero_grad() before loss.backward()"
+)
+NO_UPDATE_HINT = (
+    "the parameters did not change: the order is optimizer.zero_grad(), loss = model(...), "
+    "loss.backward(), optimizer.step()"
+)
+FLOAT_HINT = "return loss.item(), a plain Python float (a tensor would keep the whole graph of the step alive)"
+LOSS_AFTER_HINT = "return the loss computed before the update (the one you called backward on), not a fresh one"
+
+
+def _step_setup(seed: int) -> tuple[SkipGram, tuple[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    model = SkipGram(10, 4, generator=g)
+    with torch.no_grad():
+        model.context.weight.normal_(generator=g)  # so both tables get gradients at the first step
+    first = (torch.tensor([0, 1, 2, 3]), torch.tensor([4, 5, 6, 7]), torch.randint(0, 10, (4, 3), generator=g))
+    second = (torch.tensor([4, 1, 8]), torch.tensor([9, 2, 1]), torch.randint(0, 10, (3, 3), generator=g))
+    return model, first, second
+
+
+def _clone(model: SkipGram) -> SkipGram:
+    twin = SkipGram(model.d_vocab, model.center.embedding_dim)
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+def _params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+@checker("one SGNS training step")
+def check_sgns_step(sgns_step_fn) -> None:
+    """Check ``sgns_step(model, optimizer, centers, contexts, negatives)`` over two plain-SGD steps."""
+    lr = 0.5
+    learner_model, first, second = _step_setup(0)
+    reference_model = _clone(learner_model)
+    stale_model = _clone(learner_model)  # what forgetting zero_grad produces
+    start = _params(learner_model)
+    learner_opt = torch.optim.SGD(learner_model.parameters(), lr=lr)
+    reference_opt = torch.optim.SGD(reference_model.parameters(), lr=lr)
+    stale_opt = torch.optim.SGD(stale_model.parameters(), lr=lr)
+
+    got = call_learner(sgns_step_fn, learner_model, learner_opt, *first, name="sgns_step")
+    expected = sgns_step(reference_model, reference_opt, *first)
+    stale_model(*first).backward()
+    stale_opt.step()
+    expect(not torch.equal(_params(learner_model), start), NO_UPDATE_HINT)
+    expect(isinstance(got, float), FLOAT_HINT + f" (got {type(got).__name__})")
+    if abs(got - expected) > 1e-5 and abs(got - reference_model(*first).item()) < 1e-5:
+        raise CheckFailure(LOSS_AFTER_HINT)
+    compare(torch.tensor(got), torch.tensor(expected), what="the loss returned by the first step", check_dtype=False)
+    compare(_params(learner_model), _params(reference_model), what="the parameters after one step")
+
+    got = call_learner(sgns_step_fn, learner_model, learner_opt, *second, name="sgns_step")
+    expected = sgns_step(reference_model, reference_opt, *second)
+    stale_model(*second).backward()  # no zero_grad: the first step's gradients are still there
+    stale_opt.step()
+    compare(_params(learner_model), _params(reference_model), what="the parameters after two steps",
+            mistakes={NO_ZERO_GRAD_HINT: _params(stale_model)})
+    compare(torch.tensor(got), torch.tensor(expected), what="the loss returned by the second step", check_dtype=False)
+
+
+# --------------------------------------------------------------------------- probes for the autograder
+
+
+def _embed_inputs(rng: np.random.Generator) -> dict:
+    d_vocab, d_model = int(rng.integers(3, 12)), int(rng.integers(2, 7))
+    ids = rng.integers(0, d_vocab, size=(int(rng.integers(1, 4)), int(rng.integers(1, 6)))).astype(np.int64)
+    return {"ids": ids, "W_E": rng.standard_normal((d_vocab, d_model)).astype(np.float32)}
+
+
+def _embed_reference(inputs: dict) -> dict:
+    return {"y": torch.from_numpy(inputs["W_E"])[torch.from_numpy(inputs["ids"])].numpy()}
+
+
+def _loss_inputs(rng: np.random.Generator) -> dict:
+    batch, k, d_model = int(rng.integers(1, 7)), int(rng.integers(1, 8)), int(rng.integers(2, 9))
+    def draw(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 1.5).astype(np.float32)
+    return {"center": draw(batch, d_model), "context": draw(batch, d_model), "negatives": draw(batch, k, d_model)}
+
+
+def _loss_reference(inputs: dict) -> dict:
+    tensors = (torch.from_numpy(inputs[name]) for name in ("center", "context", "negatives"))
+    return {"loss": sgns_loss(*tensors).item()}
+
+
+def _step_inputs(rng: np.random.Generator) -> dict:
+    d_vocab, d_model, k = int(rng.integers(4, 12)), int(rng.integers(2, 6)), int(rng.integers(1, 5))
+    batches = [int(rng.integers(1, 6)) for _ in range(2)]
+    return {
+        "center": (rng.standard_normal((d_vocab, d_model)) * 0.5).astype(np.float32),
+        "context": (rng.standard_normal((d_vocab, d_model)) * 0.5).astype(np.float32),
+        "lr": float(rng.uniform(0.05, 1.0)),
+        "batches": [
+            {
+                "centers": rng.integers(0, d_vocab, size=b).astype(np.int64),
+                "contexts": rng.integers(0, d_vocab, size=b).astype(np.int64),
+                "negatives": rng.integers(0, d_vocab, size=(b, k)).astype(np.int64),
+            }
+            for b in batches
+        ],
+    }
+
+
+def _step_reference(inputs: dict) -> dict:
+    center, context = torch.from_numpy(inputs["center"]), torch.from_numpy(inputs["context"])
+    model = SkipGram(*center.shape, generator=torch.Generator())  # weights overwritten below
+    with torch.no_grad():
+        model.center.weight.copy_(center)
+        model.context.weight.copy_(context)
+    optimizer = torch.optim.SGD(model.parameters(), lr=inputs["lr"])
+    losses = [
+        sgns_step(model, optimizer, *(torch.from_numpy(batch[name]) for name in ("centers", "contexts", "negatives")))
+        for batch in inputs["batches"]
+    ]
+    return {"losses": losses, "center": model.center.weight.detach().numpy(), "context": model.context.weight.detach().numpy()}
+
+
+# The step probe builds its own two-table model in plain torch, so nothing from tfedu.embeddings runs
+# while the learner's code does (the grader's tripwire watches that module).
+STEP_PROBE_RUN = """
+class _ProbeSkipGram(torch.nn.Module):
+    def __init__(self, center, context):
+        super().__init__()
+        self.center = torch.nn.Embedding.from_pretrained(torch.from_numpy(center).clone(), freeze=False)
+        self.context = torch.nn.Embedding.from_pretrained(torch.from_numpy(context).clone(), freeze=False)
+
+    def forward(self, centers, contexts, negatives):
+        v = self.center(centers)
+        pos = (v * self.context(contexts)).sum(-1)
+        neg = (self.context(negatives) @ v.unsqueeze(-1)).squeeze(-1)
+        logsig = torch.nn.functional.logsigmoid
+        return -(logsig(pos) + logsig(-neg).sum(-1)).mean()
+
+_probe_model = _ProbeSkipGram(inputs["center"], inputs["context"])
+_probe_opt = torch.optim.SGD(_probe_model.parameters(), lr=float(inputs["lr"]))
+_probe_losses = []
+for _probe_batch in inputs["batches"]:
+    _probe_ids = [torch.from_numpy(np.asarray(_probe_batch[name], dtype=np.int64)) for name in ("centers", "contexts", "negatives")]
+    _probe_loss = sgns_step(_probe_model, _probe_opt, *_probe_ids)
+    _probe_losses.append(float(_probe_loss.detach() if isinstance(_probe_loss, torch.Tensor) else _probe_loss))
+outputs = {
+    "losses": _probe_losses,
+    "center": _probe_model.center.weight.detach().numpy(),
+    "context": _probe_model.context.weight.detach().numpy(),
+}
+"""
+
+PROBES = {
+    "check_embed_via_one_hot": Probe(
+        exercise="ex_embed_via_one_hot",
+        make_inputs=_embed_inputs,
+        run="outputs = {'y': embed_via_one_hot(torch.from_numpy(inputs['ids']), torch.from_numpy(inputs['W_E'])).detach().cpu().numpy()}",
+        reference=_embed_reference,
+        forbidden=("tfedu.embeddings",),
+    ),
+    "check_sgns_loss": Probe(
+        exercise="ex_sgns_loss",
+        make_inputs=_loss_inputs,
+        run=(
+            "outputs = {'loss': float(sgns_loss(torch.from_numpy(inputs['center']), torch.from_numpy(inputs['context']), "
+            "torch.from_numpy(inputs['negatives'])))}"
+        ),
+        reference=_loss_reference,
+        forbidden=("tfedu.embeddings",),
+    ),
+    "check_sgns_step": Probe(
+        exercise="ex_sgns_step",
+        make_inputs=_step_inputs,
+        run=STEP_PROBE_RUN,
+        reference=_step_reference,
+        forbidden=("tfedu.embeddings",),
+    ),
+}
