@@ -365,3 +365,21 @@ def test_gpt2_files_errors_name_the_line(tmp_path):
     (tmp_path / "vocab.bpe").write_text("#version: 0.2\nh e\nt h\n", encoding="utf-8")
     with pytest.raises(TokenizerFileError, match="line 3: the merge 't' \\+ 'h' should produce id 257"):
         Tokenizer.from_gpt2_files(tmp_path / "encoder.json", tmp_path / "vocab.bpe")
+
+
+def test_long_text_without_pretokenization_matches_tiktoken_and_the_short_path(monkeypatch):
+    import tfedu.tokenizer as tokenizer_module
+
+    tok = unsplit_tokenizer()
+    text = corpus()[5000:9000]  # one 4000-character chunk: takes the merge-by-merge path
+    ids = tok.encode(text)
+    whole = tiktoken.Encoding("whole", pat_str=r"[\s\S]+", mergeable_ranks=tok.mergeable_ranks(), special_tokens={})
+    assert ids == whole.encode_ordinary(text)
+    monkeypatch.setattr(tokenizer_module, "_LONG_CHUNK", 10**9)  # force the lowest-rank-first loop
+    assert Tokenizer(tok.merges, pattern=None).encode(text) == ids
+    assert tok.decode(ids) == text
+
+
+def test_duplicate_merges_are_rejected():
+    with pytest.raises(ValueError, match="merges must be distinct"):
+        Tokenizer([(97, 98), (97, 98)])

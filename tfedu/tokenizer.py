@@ -51,6 +51,8 @@ PATTERNS = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN}
 FORMAT_NAME = "tfedu-bpe"
 FORMAT_VERSION = 1
 _CACHE_LIMIT = 200_000  # pre-tokens remembered by an encoder before its cache is emptied
+_LONG_WORD = 64  # words longer than this get local count updates (pattern=None makes one huge word)
+_LONG_CHUNK = 256  # pre-tokens longer than this are encoded merge by merge in rank order
 
 
 # ---------------------------------------------------------------------------------------
@@ -236,11 +238,19 @@ def train_bpe(
             word = words[i]
             if best not in word:  # stale index entry: an earlier merge removed the pair
                 continue
-            merged = word.replace(best, new_char)
             freq = freqs[i]
+            if len(word) > _LONG_WORD:
+                # Only pairs next to a merge site change. Split at the sites and keep each
+                # piece's first and last character: the piece's inside (here one made-up pair)
+                # is the same before and after, so it cancels in the difference.
+                ends = [piece if len(piece) < 3 else piece[0] + piece[-1] for piece in word.split(best)]
+                merged = word.replace(best, new_char)
+                word, after = best.join(ends), new_char.join(ends)
+            else:
+                merged = after = word.replace(best, new_char)
             for pair in map(add, word, word[1:]):
                 counts[pair] -= freq
-            for pair in map(add, merged, merged[1:]):
+            for pair in map(add, after, after[1:]):
                 counts[pair] += freq
                 if new_char in pair:
                     born.add(pair)
@@ -317,9 +327,12 @@ class Tokenizer:
                 raise ValueError(f"special token {token!r} has id {idx}, which is already taken")
             self.special_tokens[token] = int(idx)
             self.vocab[int(idx)] = token.encode("utf-8")
-        # merge -> rank; the merged id is 256 + rank, so a lower id means an earlier merge
-        self._ranks = {pair: 256 + i for i, pair in enumerate(self.merges)}
-        self._byte_tuple = tuple(self.byte_ids)
+        if len(set(self.merges)) != len(self.merges):
+            raise ValueError("merges must be distinct: the same pair appears twice")
+        # The same merges with ids written as characters, for _encode_chunk.
+        self._byte_table = bytes(self.byte_ids)  # byte b -> its id, for bytes.translate
+        self._char_merges = {chr(a) + chr(b): chr(256 + i) for i, (a, b) in enumerate(self.merges)}
+        self._char_pairs = {merged: pair for pair, merged in self._char_merges.items()}
         self._regex = regex.compile(self.pattern) if self.pattern is not None else None
         self._special_regex = {}
         self._cache = _ChunkCache(self._encode_chunk)
@@ -355,17 +368,29 @@ class Tokenizer:
     # -- encoding ---------------------------------------------------------------------
 
     def _encode_chunk(self, chunk: str) -> tuple[int, ...]:
-        """BPE on one pre-token: apply the lowest-ranked merge present until none applies."""
-        byte_tuple = self._byte_tuple
-        ids = [byte_tuple[b] for b in chunk.encode("utf-8")]
-        ranks = self._ranks
-        while len(ids) >= 2:
-            best = min(zip(ids, ids[1:]), key=lambda p: ranks.get(p, 1 << 62))
-            new_id = ranks.get(best)
-            if new_id is None:
+        """BPE on one pre-token: apply the lowest-ranked merge present until none applies.
+
+        As in ``train_bpe`` the ids are characters of a string, so a merge is ``str.replace``.
+        Merge ``r`` makes id ``256 + r``, so among the merges present the lowest rank is
+        simply the smallest merged character.
+        """
+        ids = chunk.encode("utf-8").translate(self._byte_table).decode("latin-1")
+        if len(ids) > _LONG_CHUNK:
+            # Long text (pattern=None): go through the merges in rank order. A merge can
+            # only create pairs of higher rank than itself, so this equals the loop below.
+            for pair, new_char in self._char_merges.items():
+                if pair in ids:
+                    ids = ids.replace(pair, new_char)
+            return tuple(map(ord, ids))
+        add, lookup, pair_of = operator.add, self._char_merges.get, self._char_pairs
+        while len(ids) > 1:
+            present = set(map(lookup, map(add, ids, ids[1:])))
+            present.discard(None)
+            if not present:
                 break
-            ids = merge_pair(ids, best, new_id)
-        return tuple(ids)
+            new_char = min(present)
+            ids = ids.replace(pair_of[new_char], new_char)
+        return tuple(map(ord, ids))
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode ``text`` treating special-token strings as ordinary text.
