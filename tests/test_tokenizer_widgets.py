@@ -122,3 +122,15 @@ def test_plot_tokens_per_char():
     with pytest.raises(ValueError, match="empty"):
         tw.plot_tokens_per_char({})
     matplotlib.pyplot.close("all")
+
+
+def test_annotations_are_accurate(typechecked):
+    # beartype enforces the declared argument and return types of the public helpers.
+    tok = train_bpe("the cat. the hat. " * 4, 270, pattern=None)
+    trace = typechecked(tw.merge_steps)("aaabdaaabac", 3)
+    assert isinstance(typechecked(tw.render_step_html)(trace, 2), str)
+    assert isinstance(typechecked(tw.stepper_view)("abab", 1), str)
+    assert typechecked(tw.pair_starts)([1, 1, 1], (1, 1)) == [0]
+    assert typechecked(tw.byte_name)(b"a b") == "a·b"
+    assert isinstance(typechecked(tw.tokens_per_char)(tok, "the cat"), float)
+    assert all(isinstance(t, bytes) for t in typechecked(tw.cross_boundary_tokens)(tok, "gpt4"))

@@ -2,6 +2,7 @@
 
 The functions here sit behind the notebook's widget and figures, so they are tested
 (widgets never fire in a headless run). The tokenizer itself is ``tfedu.tokenizer``.
+Used in notebooks/01_tokenization.ipynb.
 
 >>> trace = merge_steps("aaabdaaabac", 3, names="letters")
 >>> [step.label for step in trace.steps]
@@ -14,7 +15,7 @@ import html
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tfedu.tokenizer import get_pair_counts, merge_pair, pretokenize
+from tfedu.tokenizer import Tokenizer, get_pair_counts, merge_pair, pretokenize
 
 HIGHLIGHT = "#ffd54f"  # background of the pair merged at this step
 FIRST_NEW_NAME = "Z"  # the deck names its merged tokens Z, Y, X, ...
@@ -187,7 +188,7 @@ def merge_stepper(text: str = "aaabdaaabac", *, max_merges: int = 20):
     return widgets.VBox([box, names, slider, view])
 
 
-def tokens_per_char(tokenizer, text: str) -> float:
+def tokens_per_char(tokenizer: Tokenizer, text: str) -> float:
     """Tokens per character of ``text`` under a tokenizer (special tokens not recognised).
 
     Lower is cheaper: a model's context window and price are counted in tokens.
@@ -201,7 +202,7 @@ def tokens_per_char(tokenizer, text: str) -> float:
     return len(tokenizer.encode_ordinary(text)) / len(text)
 
 
-def cross_boundary_tokens(tokenizer, pattern: str | None = "gpt4") -> list[bytes]:
+def cross_boundary_tokens(tokenizer: Tokenizer, pattern: str | None = "gpt4") -> list[bytes]:
     """The merged tokens whose text ``pattern`` would cut into several pre-tokens.
 
     A tokenizer trained with that pattern can never produce them: they are the junk that
