@@ -383,3 +383,18 @@ def test_long_text_without_pretokenization_matches_tiktoken_and_the_short_path(m
 def test_duplicate_merges_are_rejected():
     with pytest.raises(ValueError, match="merges must be distinct"):
         Tokenizer([(97, 98), (97, 98)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    text=st.text(alphabet=EMOJI + CJK + COMBINING + SPACES + "ab1\\\"", max_size=120),
+    extra=st.integers(0, 30),
+    specials=st.lists(st.text(min_size=1, max_size=8), max_size=3, unique=True),
+    pattern=st.sampled_from([None, "gpt2", "gpt4"]),
+)
+def test_save_load_round_trip_on_random_tokenizers(tmp_path_factory, text, extra, specials, pattern):
+    tok = train_bpe(text, 256 + len(specials) + extra, pattern=pattern, special_tokens=specials)
+    path = tok.save(tmp_path_factory.mktemp("rt") / "tok.bpe")
+    loaded = Tokenizer.load(path)
+    assert_same(tok, loaded)
+    assert loaded.encode(text) == tok.encode(text) and loaded.decode(loaded.encode(text)) == text
