@@ -12,8 +12,11 @@ def test_reference_passes(capsys):
     assert "\N{CHECK MARK} stable softmax" in capsys.readouterr().out
 
 
-def test_torch_softmax_passes():
-    nb00.check_softmax(lambda x: torch.softmax(x, dim=-1))
+def test_a_different_correct_implementation_passes():
+    def logsumexp_softmax(x):
+        return (x - torch.logsumexp(x, dim=-1, keepdim=True)).exp()
+
+    nb00.check_softmax(logsumexp_softmax)
 
 
 def test_overflowing_softmax_is_told_to_subtract_the_max():
@@ -69,3 +72,54 @@ def test_probe_agrees_with_reference(seed):
 def test_probe_catches_the_naive_softmax():
     outputs, expected = run_probe(nb00.PROBES["check_softmax"], {"softmax": nb00.naive_softmax}, 0)
     assert not np.allclose(outputs["y"], expected["y"], equal_nan=False)
+
+
+@pytest.mark.parametrize("shift", ["min", "mean", "first"])
+def test_shifting_by_anything_but_the_max_is_caught(shift):
+    def shifted_softmax(x):
+        m = {"min": x.amin(-1, keepdim=True), "mean": x.mean(-1, keepdim=True), "first": x[..., :1]}[shift]
+        e = (x - m).exp()
+        return e / e.sum(-1, keepdim=True)
+
+    with pytest.raises(CheckFailure, match="not the min, the mean or the first entry"):
+        nb00.check_softmax(shifted_softmax)
+    outputs, expected = run_probe(nb00.PROBES["check_softmax"], {"softmax": shifted_softmax}, 0)
+    assert not np.allclose(outputs["y"], expected["y"])
+
+
+def test_max_shift_then_global_sum_is_named():
+    def global_sum(x):
+        e = (x - x.max(dim=-1, keepdim=True).values).exp()
+        return e / e.sum()
+
+    with pytest.raises(CheckFailure, match="not the sum of everything"):
+        nb00.check_softmax(global_sum)
+
+
+def test_max_shift_without_division_is_named():
+    with pytest.raises(CheckFailure, match="exp\\(x - max\\) without dividing"):
+        nb00.check_softmax(lambda x: (x - x.max(dim=-1, keepdim=True).values).exp())
+
+
+def test_forgotten_values_or_keepdim_gets_a_shape_hint():
+    def no_values(x):
+        e = (x - x.max(dim=-1, keepdim=True)).exp()
+        return e / e.sum(-1, keepdim=True)
+
+    with pytest.raises(CheckFailure, match="take .values"):
+        nb00.check_softmax(no_values)
+
+    def no_keepdim(x):
+        e = (x - x.max(dim=-1).values).exp()
+        return e / e.sum(-1)
+
+    with pytest.raises(CheckFailure, match="keepdim=True"):
+        nb00.check_softmax(no_keepdim)
+
+
+@pytest.mark.parametrize("shortcut", [lambda x: torch.softmax(x, -1), lambda x: x.softmax(-1),
+                                      lambda x: torch.nn.functional.softmax(x, dim=-1)])
+def test_calling_torch_softmax_is_refused(shortcut):
+    with pytest.raises(CheckFailure, match="build the softmax yourself"):
+        nb00.check_softmax(shortcut)
+    assert torch.softmax(torch.zeros(2), -1).tolist() == [0.5, 0.5]  # the originals are restored

@@ -17,8 +17,9 @@ A typical checker::
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,8 +67,11 @@ def checker(title: str) -> Callable[[Callable[..., Any]], Callable[..., None]]:
     return decorate
 
 
-def call_learner(fn: Any, *args: Any, name: str | None = None, **kwargs: Any) -> Any:
-    """Call the learner's ``fn``; turn its exceptions into hints that name the call."""
+def call_learner(fn: Any, *args: Any, name: str | None = None, error_hint: str = "", **kwargs: Any) -> Any:
+    """Call the learner's ``fn``; turn its exceptions into hints that name the call.
+
+    ``error_hint`` is appended when the learner's code raises: a pointer to the usual cause.
+    """
     label = name or getattr(fn, "__name__", "your function")
     if not callable(fn):
         raise CheckFailure(f"expected a function or module for `{label}`, got {type(fn).__name__}")
@@ -79,7 +83,36 @@ def call_learner(fn: Any, *args: Any, name: str | None = None, **kwargs: Any) ->
         raise
     except Exception as err:
         shapes = ", ".join(describe(a) for a in args)
-        raise CheckFailure(f"`{label}({shapes})` raised {type(err).__name__}: {err}") from None
+        hint = f" ({error_hint})" if error_hint else ""
+        raise CheckFailure(f"`{label}({shapes})` raised {type(err).__name__}: {err}{hint}") from None
+
+
+@contextlib.contextmanager
+def watch_calls(*targets: tuple[Any, str]) -> Iterator[list[str]]:
+    """Record which of the functions ``(owner, attribute)`` are called while the block runs.
+
+    Used to name a shortcut ("you called torch.softmax; build it from exp and sum").
+    The originals are restored on exit, whatever happens inside.
+    """
+    called: list[str] = []
+    originals = [(owner, attr, getattr(owner, attr)) for owner, attr in targets]
+
+    def recorder(label: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            called.append(label)
+            return original(*args, **kwargs)
+
+        return wrapped
+
+    try:
+        for owner, attr, original in originals:
+            label = f"{getattr(owner, '__name__', type(owner).__name__)}.{attr}"
+            setattr(owner, attr, recorder(label, original))
+        yield called
+    finally:
+        for owner, attr, original in originals:
+            setattr(owner, attr, original)
 
 
 def describe(value: Any) -> str:
