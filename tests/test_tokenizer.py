@@ -398,3 +398,27 @@ def test_save_load_round_trip_on_random_tokenizers(tmp_path_factory, text, extra
     loaded = Tokenizer.load(path)
     assert_same(tok, loaded)
     assert loaded.encode(text) == tok.encode(text) and loaded.decode(loaded.encode(text)) == text
+
+
+def test_annotations_hold_at_run_time(typechecked):
+    assert typechecked(get_pair_counts)([1, 2, 1, 2]) == {(1, 2): 2, (2, 1): 1}
+    assert typechecked(merge_pair)([1, 2, 1, 2], (1, 2), 256) == [256, 256]
+    assert typechecked(pretokenize)("a b", "gpt4") == ["a", " b"]
+    assert typechecked(train_bpe_naive)(WORKED, 259) == [(97, 97), (97, 98), (256, 257)]
+    tok = typechecked(train_bpe)(WORKED, 259, pattern=None, special_tokens=("<s>",))
+    assert isinstance(tok, Tokenizer) and tok.special_tokens == {"<s>": 258}
+    assert typechecked(Tokenizer.encode)(tok, "aab<s>") == [256, 98, 258]
+    assert typechecked(Tokenizer.decode)(tok, [256, 98]) == "aab"
+    assert typechecked(Tokenizer.decode_bytes)(tok, [256]) == b"aa"
+    assert typechecked(Tokenizer.mergeable_ranks)(tok)[b"aa"] == 256
+
+
+def test_docstring_examples():
+    import doctest
+
+    import tfedu.tokenizer
+    import tfedu.tokenizer_io
+
+    for module in (tfedu.tokenizer, tfedu.tokenizer_io):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
