@@ -177,7 +177,9 @@ def train_bpe(
        done in C. A pair is the two-character string ``chr(a) + chr(b)``, whose string
        order is the order of ``(a, b)``.
     3. ``counts[pair]`` holds the frequency-weighted count and ``where[pair]`` the words
-       that contain it, so a merge touches only those words and updates only their pairs.
+       that contain it, so a merge touches only those words. In a word merged at one
+       place only the two pairs with its neighbours change; in a long word merged at many
+       places only the pairs around the merge sites are recounted.
     4. A heap of ``(-count, pair)`` finds the best pair. It is lazy: entries go stale when
        counts drop and are re-pushed with the true count when popped. A pair's count can
        only grow in the step that creates one of its two ids, so pushing the new pairs
@@ -234,20 +236,40 @@ def train_bpe(
 
         # 4. merge it in every word that holds it, updating counts only for those words
         born: set[str] = set()  # pairs that involve the new id
+        first, second = best
         for i in where.pop(best):
             word = words[i]
-            if best not in word:  # stale index entry: an earlier merge removed the pair
+            site = word.find(best)
+            if site < 0:  # stale index entry: an earlier merge removed the pair
                 continue
             freq = freqs[i]
+            words[i] = merged = word.replace(best, new_char)
+            if word.find(best, site + 2) < 0:
+                # The common case, one merge site: only the pairs with its two neighbours
+                # change. (The count of `best` itself is dropped after the loop.)
+                if site:
+                    left = word[site - 1]
+                    counts[left + first] -= freq
+                    pair = left + new_char
+                    counts[pair] += freq
+                    born.add(pair)
+                    where[pair].add(i)
+                if site + 2 < len(word):
+                    right = word[site + 2]
+                    counts[second + right] -= freq
+                    pair = new_char + right
+                    counts[pair] += freq
+                    born.add(pair)
+                    where[pair].add(i)
+                continue
             if len(word) > _LONG_WORD:
                 # Only pairs next to a merge site change. Split at the sites and keep each
                 # piece's first and last character: the piece's inside (here one made-up pair)
                 # is the same before and after, so it cancels in the difference.
                 ends = [piece if len(piece) < 3 else piece[0] + piece[-1] for piece in word.split(best)]
-                merged = word.replace(best, new_char)
                 word, after = best.join(ends), new_char.join(ends)
             else:
-                merged = after = word.replace(best, new_char)
+                after = merged
             for pair in map(add, word, word[1:]):
                 counts[pair] -= freq
             for pair in map(add, after, after[1:]):
@@ -255,7 +277,6 @@ def train_bpe(
                 if new_char in pair:
                     born.add(pair)
                     where[pair].add(i)
-            words[i] = merged
         del counts[best]
         for pair in born:
             heapq.heappush(heap, (-counts[pair], pair))
