@@ -124,7 +124,7 @@ def multi_head_overhead(batch: int, pos: int, d_model: int, n_heads: int) -> flo
     """Total FLOPs of n_heads heads of width d_model / n_heads over one head of width d_model.
 
     The matmuls cancel exactly; what is left is the extra softmax work, so the ratio is
-    1 + a little (the ``FLOP`` widget in notebooks/05 plots it).
+    1 + a little (the FLOP widget in notebooks/05_masks_and_heads.ipynb plots it).
 
     >>> round(multi_head_overhead(batch=1, pos=1024, d_model=768, n_heads=12), 4)
     1.0072
