@@ -1,0 +1,264 @@
+import numpy as np
+import pytest
+import torch
+
+from tfedu import rnn
+from tfedu.checks import nb03_rnns_to_attention as nb03
+from tfedu.checks.core import CheckFailure, ExerciseNotDone
+
+# ---- run_rnn: the reference passes, each realistic mistake is named ----
+
+
+def loop_rnn(x, h0, W_xh, b_xh, W_hh, b_hh):
+    """A plain learner solution, written the way the notebook asks."""
+    h, states = h0, []
+    for t in range(x.shape[1]):
+        h = torch.tanh(x[:, t] @ W_xh.T + b_xh + h @ W_hh.T + b_hh)
+        states.append(h)
+    return torch.stack(states, dim=1)
+
+
+def test_reference_and_plain_loop_pass(capsys):
+    nb03.check_run_rnn(rnn.run_rnn)
+    nb03.check_run_rnn(loop_rnn)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} Elman RNN recurrence") == 2
+
+
+def no_tanh(x, h0, W_xh, b_xh, W_hh, b_hh):
+    h, states = h0, []
+    for t in range(x.shape[1]):
+        h = x[:, t] @ W_xh.T + b_xh + h @ W_hh.T + b_hh
+        states.append(h)
+    return torch.stack(states, dim=1)
+
+
+def h0_every_step(x, h0, W_xh, b_xh, W_hh, b_hh):
+    states = []
+    for t in range(x.shape[1]):
+        states.append(torch.tanh(x[:, t] @ W_xh.T + b_xh + h0 @ W_hh.T + b_hh))
+    return torch.stack(states, dim=1)
+
+
+def appends_old_state(x, h0, W_xh, b_xh, W_hh, b_hh):
+    h, states = h0, []
+    for t in range(x.shape[1]):
+        states.append(h)
+        h = torch.tanh(x[:, t] @ W_xh.T + b_xh + h @ W_hh.T + b_hh)
+    return torch.stack(states, dim=1)
+
+
+def transposed_W_xh(x, h0, W_xh, b_xh, W_hh, b_hh):
+    h, states = h0, []
+    for t in range(x.shape[1]):
+        h = torch.tanh(x[:, t] @ W_xh + b_xh + h @ W_hh.T + b_hh)
+        states.append(h)
+    return torch.stack(states, dim=1)
+
+
+def transposed_W_hh(x, h0, W_xh, b_xh, W_hh, b_hh):
+    h, states = h0, []
+    for t in range(x.shape[1]):
+        h = torch.tanh(x[:, t] @ W_xh.T + b_xh + h @ W_hh + b_hh)
+        states.append(h)
+    return torch.stack(states, dim=1)
+
+
+def column_vectors(x, h0, W_xh, b_xh, W_hh, b_hh):
+    # W @ x with x as a column: the maths as written, but both matrices end up transposed in row form
+    h, states = h0, []
+    for t in range(x.shape[1]):
+        h = torch.tanh(x[:, t] @ W_xh + b_xh + h @ W_hh + b_hh)
+        states.append(h)
+    return torch.stack(states, dim=1)
+
+
+def missing_bias(x, h0, W_xh, b_xh, W_hh, b_hh):
+    h, states = h0, []
+    for t in range(x.shape[1]):
+        h = torch.tanh(x[:, t] @ W_xh.T + b_xh + h @ W_hh.T)
+        states.append(h)
+    return torch.stack(states, dim=1)
+
+
+def final_only(x, h0, *weights):
+    return loop_rnn(x, h0, *weights)[:, -1]
+
+
+def stacked_dim0(x, h0, *weights):
+    return loop_rnn(x, h0, *weights).transpose(0, 1)
+
+
+@pytest.mark.parametrize(
+    "buggy, hint",
+    [
+        (no_tanh, "tanh is missing"),
+        (h0_every_step, "every step used h_0 instead of h_{t-1}"),
+        (appends_old_state, "shifted by one step"),
+        (transposed_W_xh, "wrong orientation of W_xh"),
+        (transposed_W_hh, "wrong orientation of W_hh"),
+        (column_vectors, "both weight matrices are transposed"),
+        (missing_bias, "a bias is missing"),
+        (final_only, "returned only the final state"),
+        (stacked_dim0, "stack along dim=1"),
+    ],
+)
+def test_rnn_mistakes_are_named(buggy, hint):
+    with pytest.raises(CheckFailure) as info:
+        nb03.check_run_rnn(buggy)
+    assert hint in str(info.value)
+
+
+def test_rnn_unfinished_exercise():
+    def stub(x, h0, W_xh, b_xh, W_hh, b_hh):
+        raise NotImplementedError
+
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb03.check_run_rnn(stub)
+
+
+def test_rnn_crash_is_reported_as_a_hint():
+    with pytest.raises(CheckFailure, match=r"run_rnn\(tensor\(2, 5, 4\)"):
+        nb03.check_run_rnn(lambda x, h0, *w: x @ torch.ones(7, 7))
+
+
+# ---- additive attention ----
+
+
+def plain_attention(query, keys, W_q, W_k, v):
+    scores = torch.tanh((query @ W_q.T)[:, None, :] + keys @ W_k.T) @ v
+    weights = torch.softmax(scores, dim=-1)
+    return torch.einsum("bk,bkd->bd", weights, keys), weights
+
+
+def test_attention_reference_and_plain_version_pass(capsys):
+    nb03.check_additive_attention(rnn.additive_attention)
+    nb03.check_additive_attention(plain_attention)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} Bahdanau additive attention") == 2
+
+
+def attention_no_tanh(query, keys, W_q, W_k, v):
+    weights = torch.softmax(((query @ W_q.T)[:, None, :] + keys @ W_k.T) @ v, dim=-1)
+    return (weights[..., None] * keys).sum(1), weights
+
+
+def attention_softmax_dim0(query, keys, W_q, W_k, v):
+    weights = torch.softmax(torch.tanh((query @ W_q.T)[:, None, :] + keys @ W_k.T) @ v, dim=0)
+    return (weights[..., None] * keys).sum(1), weights
+
+
+def attention_no_softmax(query, keys, W_q, W_k, v):
+    scores = torch.tanh((query @ W_q.T)[:, None, :] + keys @ W_k.T) @ v
+    return (scores[..., None] * keys).sum(1), scores
+
+
+def attention_projected_values(query, keys, W_q, W_k, v):
+    projected = keys @ W_k.T
+    weights = torch.softmax(torch.tanh((query @ W_q.T)[:, None, :] + projected) @ v, dim=-1)
+    return (weights[..., None] * projected).sum(1), weights
+
+
+def attention_transposed_W_q(query, keys, W_q, W_k, v):
+    weights = torch.softmax(torch.tanh((query @ W_q)[:, None, :] + keys @ W_k.T) @ v, dim=-1)
+    return (weights[..., None] * keys).sum(1), weights
+
+
+def attention_dot_product(query, keys, W_q, W_k, v):
+    weights = torch.softmax(torch.einsum("bd,bkd->bk", query, keys), dim=-1)
+    return (weights[..., None] * keys).sum(1), weights
+
+
+def attention_swapped_outputs(query, keys, W_q, W_k, v):
+    context, weights = plain_attention(query, keys, W_q, W_k, v)
+    return weights, context
+
+
+def attention_weights_only(query, keys, W_q, W_k, v):
+    return plain_attention(query, keys, W_q, W_k, v)[1]
+
+
+@pytest.mark.parametrize(
+    "buggy, hint",
+    [
+        (attention_no_tanh, "tanh is missing"),
+        (attention_softmax_dim0, "softmax runs over the batch"),
+        (attention_no_softmax, "there is no softmax"),
+        (attention_projected_values, "not of W_k h_j"),
+        (attention_transposed_W_q, "wrong orientation of W_q"),
+        (attention_dot_product, "dot-product attention"),
+        (attention_swapped_outputs, "order (context, weights)"),
+        (attention_weights_only, "should return a pair"),
+    ],
+)
+def test_attention_mistakes_are_named(buggy, hint):
+    with pytest.raises(CheckFailure) as info:
+        nb03.check_additive_attention(buggy)
+    assert hint in str(info.value)
+
+
+def test_attention_unfinished_exercise():
+    def stub(query, keys, W_q, W_k, v):
+        raise NotImplementedError
+
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb03.check_additive_attention(stub)
+
+
+# ---- probes: the reference under the learner's name reproduces the expected outputs ----
+
+
+def run_probe(probe, namespace, seed):
+    inputs = probe.make_inputs(np.random.default_rng(seed))
+    for value in inputs.values():  # plain data only
+        assert isinstance(value, (np.ndarray, int, float, str, list, dict))
+    scope = {**namespace, "inputs": inputs, "np": np, "torch": torch}
+    exec(probe.run, scope)
+    return scope["outputs"], probe.reference(inputs)
+
+
+def assert_outputs_close(outputs, expected, probe):
+    assert set(outputs) == set(expected)
+    for key in expected:
+        np.testing.assert_allclose(outputs[key], expected[key], rtol=probe.rtol, atol=probe.atol)
+
+
+def test_every_check_cell_has_a_probe():
+    assert set(nb03.PROBES) == {"check_run_rnn", "check_additive_attention"}
+    assert nb03.PROBES["check_run_rnn"].exercise == "ex_run_rnn"
+    assert nb03.PROBES["check_additive_attention"].exercise == "ex_additive_attention"
+    assert all("tfedu.rnn" in probe.forbidden for probe in nb03.PROBES.values())
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("implementation", [rnn.run_rnn, loop_rnn])
+def test_rnn_probe_agrees_with_reference(seed, implementation):
+    probe = nb03.PROBES["check_run_rnn"]
+    outputs, expected = run_probe(probe, {"run_rnn": implementation}, seed)
+    assert_outputs_close(outputs, expected, probe)
+
+
+@pytest.mark.parametrize("buggy", [no_tanh, appends_old_state, transposed_W_hh, missing_bias])
+def test_rnn_probe_catches_mistakes(buggy):
+    probe = nb03.PROBES["check_run_rnn"]
+    outputs, expected = run_probe(probe, {"run_rnn": buggy}, 0)
+    assert not np.allclose(outputs["states"], expected["states"], rtol=probe.rtol, atol=probe.atol)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("implementation", [rnn.additive_attention, plain_attention])
+def test_attention_probe_agrees_with_reference(seed, implementation):
+    probe = nb03.PROBES["check_additive_attention"]
+    outputs, expected = run_probe(probe, {"additive_attention": implementation}, seed)
+    assert_outputs_close(outputs, expected, probe)
+
+
+@pytest.mark.parametrize("buggy", [attention_no_tanh, attention_softmax_dim0, attention_projected_values])
+def test_attention_probe_catches_mistakes(buggy):
+    probe = nb03.PROBES["check_additive_attention"]
+    caught = False
+    for seed in range(3):  # a draw with batch 1 cannot tell dim 0 from dim -1; over a few draws it must
+        outputs, expected = run_probe(probe, {"additive_attention": buggy}, seed)
+        caught |= not all(
+            outputs[k].shape == expected[k].shape and np.allclose(outputs[k], expected[k], rtol=probe.rtol, atol=probe.atol)
+            for k in expected
+        )
+    assert caught

@@ -1,0 +1,210 @@
+"""Checkers for notebooks/03_rnns_to_attention.ipynb: the Elman recurrence and Bahdanau attention."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, expect, seeded_randn
+from tfedu.rnn import additive_attention as reference_attention
+from tfedu.rnn import run_rnn as reference_run_rnn
+
+RNN_ARGS = ("x", "h0", "W_xh", "b_xh", "W_hh", "b_hh")
+ATTENTION_ARGS = ("query", "keys", "W_q", "W_k", "v")
+
+
+def _rnn_inputs(seed: int, batch: int, n_pos: int, d_in: int, d_hidden: int) -> dict[str, torch.Tensor]:
+    shapes = {
+        "x": (batch, n_pos, d_in),
+        "h0": (batch, d_hidden),
+        "W_xh": (d_hidden, d_in),
+        "b_xh": (d_hidden,),
+        "W_hh": (d_hidden, d_hidden),
+        "b_hh": (d_hidden,),
+    }
+    return {name: seeded_randn(seed + i, *shape) * (0.7 if name == "W_hh" else 1.0) for i, (name, shape) in enumerate(shapes.items())}
+
+
+def _loop(x, h0, step):
+    """Run ``step(x_t, h_prev) -> h_t`` over the sequence, stacking the new states."""
+    h, states = h0, []
+    for t in range(x.shape[1]):
+        h = step(x[:, t], h)
+        states.append(h)
+    return torch.stack(states, dim=1)
+
+
+def rnn_mistakes(x, h0, W_xh, b_xh, W_hh, b_hh) -> dict[str, torch.Tensor]:
+    """What the usual wrong recurrences return on these inputs, keyed by the hint that names them."""
+    right = reference_run_rnn(x, h0, W_xh, b_xh, W_hh, b_hh)
+    mistakes = {
+        "tanh is missing: h_t = tanh(W_xh x_t + b_xh + W_hh h_{t-1} + b_hh); without it the recurrence is linear":
+            reference_run_rnn(x, h0, W_xh, b_xh, W_hh, b_hh, nonlinearity="linear"),
+        "every step used h_0 instead of h_{t-1}: carry the new state into the next step (h = ... inside the loop)":
+            torch.tanh(x @ W_xh.T + b_xh + (h0 @ W_hh.T + b_hh)[:, None, :]),
+        "your outputs are shifted by one step: slot t must hold h_t, the state after reading x_t, not h_{t-1} "
+        "(append the new state, not the old one)":
+            torch.cat([h0[:, None, :], right[:, :-1]], dim=1),
+        "wrong orientation of W_hh: with torch's layout (rows = hidden units) the recurrent term is h_{t-1} @ W_hh.T":
+            _loop(x, h0, lambda x_t, h: torch.tanh(x_t @ W_xh.T + b_xh + h @ W_hh + b_hh)),
+        "a bias is missing: the Elman cell adds both b_xh and b_hh":
+            _loop(x, h0, lambda x_t, h: torch.tanh(x_t @ W_xh.T + b_xh + h @ W_hh.T)),
+        "you returned only the final state; return every state h_1..h_T stacked to (batch, pos, d_hidden)":
+            right[:, -1],
+        "you stacked the states along dim 0 (pos, batch, d_hidden); stack along dim=1 to get (batch, pos, d_hidden)":
+            right.transpose(0, 1),
+    }
+    if W_xh.shape[0] == W_xh.shape[1]:  # only a square W_xh lets the transposed product run
+        mistakes["wrong orientation of W_xh: torch stores it as (d_hidden, d_in), so the input term is x_t @ W_xh.T"] = _loop(
+            x, h0, lambda x_t, h: torch.tanh(x_t @ W_xh + b_xh + h @ W_hh.T + b_hh)
+        )
+        mistakes["both weight matrices are transposed: use x_t @ W_xh.T and h_{t-1} @ W_hh.T (torch layout)"] = _loop(
+            x, h0, lambda x_t, h: torch.tanh(x_t @ W_xh + b_xh + h @ W_hh + b_hh)
+        )
+    return mistakes
+
+
+@checker("Elman RNN recurrence")
+def check_run_rnn(run_rnn) -> None:
+    """Check ``run_rnn(x, h0, W_xh, b_xh, W_hh, b_hh) -> (batch, pos, d_hidden)`` against ``tfedu.rnn.run_rnn``."""
+    for seed, (batch, n_pos, d_in, d_hidden) in ((0, (2, 5, 4, 4)), (10, (3, 6, 3, 5)), (20, (1, 1, 2, 3))):
+        inputs = _rnn_inputs(seed, batch, n_pos, d_in, d_hidden)
+        args = [inputs[name] for name in RNN_ARGS]
+        compare(
+            call_learner(run_rnn, *args, name="run_rnn"),
+            reference_run_rnn(*args),
+            what=f"run_rnn on x of shape {(batch, n_pos, d_in)} with d_hidden={d_hidden}",
+            mistakes=rnn_mistakes(*args),
+        )
+    # Agreement with torch.nn.RNN given the same weights: the layouts match by design.
+    torch.manual_seed(0)
+    oracle = torch.nn.RNN(3, 4, batch_first=True)
+    x, h0 = seeded_randn(30, 2, 4, 3), seeded_randn(31, 2, 4)
+    with torch.no_grad():
+        expected, _ = oracle(x, h0[None])
+        got = call_learner(run_rnn, x, h0, oracle.weight_ih_l0, oracle.bias_ih_l0, oracle.weight_hh_l0, oracle.bias_hh_l0, name="run_rnn")
+    compare(got, expected, what="run_rnn with weights copied from torch.nn.RNN", check_dtype=False)
+
+
+def attention_mistakes(query, keys, W_q, W_k, v) -> dict[str, dict[str, torch.Tensor]]:
+    """Wrong (weights, context) pairs, keyed by the hint; each value holds the wrong 'weights' and/or 'context'."""
+    pre = query[:, None, :] @ W_q.T + keys @ W_k.T  # batch key_pos d_attn
+    scores = torch.tanh(pre) @ v  # batch key_pos
+    weights = torch.softmax(scores, dim=-1)
+
+    def context_of(w):
+        return (w[:, :, None] * keys).sum(dim=1)
+
+    no_tanh = torch.softmax(pre @ v, dim=-1)
+    over_batch = torch.softmax(scores, dim=0)
+    mistakes = {
+        "tanh is missing: score_j = v^T tanh(W_q s + W_k h_j); without it the score is linear in s and h_j": {
+            "weights": no_tanh, "context": context_of(no_tanh)},
+        "the softmax runs over the batch (dim 0); normalise over the source positions, dim=-1": {
+            "weights": over_batch, "context": context_of(over_batch)},
+        "there is no softmax: the weights must be softmax(scores) over source positions, non-negative and summing to one": {
+            "weights": scores, "context": context_of(scores)},
+        "the context should be the weighted sum of the keys h_j (the encoder states), not of W_k h_j": {
+            "context": (weights[:, :, None] * (keys @ W_k.T)).sum(dim=1)},
+        "you summed over the wrong axis: context_b = sum_j weights[b, j] * keys[b, j], summing over positions j (dim=1)": {
+            "context": (weights[:, :, None] * keys).sum(dim=-1)},
+    }
+    if W_q.shape[0] == W_q.shape[1]:
+        wrong = torch.softmax(torch.tanh(query[:, None, :] @ W_q + keys @ W_k.T) @ v, dim=-1)
+        mistakes["wrong orientation of W_q: torch's layout (d_attn, d_query) means query @ W_q.T"] = {
+            "weights": wrong, "context": context_of(wrong)}
+    if W_k.shape[0] == W_k.shape[1]:
+        wrong = torch.softmax(torch.tanh(query[:, None, :] @ W_q.T + keys @ W_k) @ v, dim=-1)
+        mistakes["wrong orientation of W_k: torch's layout (d_attn, d_key) means keys @ W_k.T"] = {
+            "weights": wrong, "context": context_of(wrong)}
+    if query.shape[-1] == keys.shape[-1]:
+        dot = torch.softmax((keys @ query[:, :, None])[..., 0], dim=-1)
+        mistakes["that is dot-product attention (s . h_j); Bahdanau's score is additive: v^T tanh(W_q s + W_k h_j)"] = {
+            "weights": dot, "context": context_of(dot)}
+    return mistakes
+
+
+def _attention_inputs(seed: int, batch: int, n_keys: int, d_query: int, d_key: int, d_attn: int) -> dict[str, torch.Tensor]:
+    shapes = {"query": (batch, d_query), "keys": (batch, n_keys, d_key), "W_q": (d_attn, d_query), "W_k": (d_attn, d_key), "v": (d_attn,)}
+    return {name: seeded_randn(seed + i, *shape) for i, (name, shape) in enumerate(shapes.items())}
+
+
+@checker("Bahdanau additive attention")
+def check_additive_attention(additive_attention) -> None:
+    """Check ``additive_attention(query, keys, W_q, W_k, v) -> (context, weights)`` against ``tfedu.rnn``."""
+    cases = ((0, (2, 5, 4, 4, 4)), (10, (3, 7, 5, 6, 4)), (20, (1, 1, 3, 2, 5)))
+    for seed, dims in cases:
+        inputs = _attention_inputs(seed, *dims)
+        args = [inputs[name] for name in ATTENTION_ARGS]
+        result = call_learner(additive_attention, *args, name="additive_attention")
+        expect(
+            isinstance(result, (tuple, list)) and len(result) == 2,
+            f"additive_attention should return a pair (context, weights), got {type(result).__name__}",
+        )
+        context, weights = result
+        want_context, want_weights = reference_attention(*args)
+        mistakes = attention_mistakes(*args)
+        what = "additive_attention(query {}, keys {})".format(tuple(args[0].shape), tuple(args[1].shape))
+        if isinstance(weights, torch.Tensor) and weights.shape == want_context.shape != want_weights.shape:
+            raise CheckFailure("you returned (weights, context); return them in the order (context, weights)")
+        compare(weights, want_weights, what=f"the weights of {what}",
+                mistakes={hint: wrong["weights"] for hint, wrong in mistakes.items() if "weights" in wrong})
+        compare(context, want_context, what=f"the context of {what}",
+                mistakes={hint: wrong["context"] for hint, wrong in mistakes.items() if "context" in wrong})
+
+
+def _probe_rnn_inputs(rng: np.random.Generator) -> dict:
+    batch, n_pos, d_in, d_hidden = (int(rng.integers(lo, hi)) for lo, hi in ((1, 4), (1, 7), (2, 6), (2, 7)))
+
+    def draw(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    return {
+        "x": draw(batch, n_pos, d_in),
+        "h0": draw(batch, d_hidden),
+        "W_xh": draw(d_hidden, d_in),
+        "b_xh": draw(d_hidden),
+        "W_hh": draw(d_hidden, d_hidden, scale=0.7),
+        "b_hh": draw(d_hidden),
+    }
+
+
+def _probe_attention_inputs(rng: np.random.Generator) -> dict:
+    batch, n_keys, d_query, d_key, d_attn = (int(rng.integers(lo, hi)) for lo, hi in ((1, 4), (1, 8), (2, 6), (2, 6), (2, 6)))
+
+    def draw(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    return {"query": draw(batch, d_query), "keys": draw(batch, n_keys, d_key), "W_q": draw(d_attn, d_query),
+            "W_k": draw(d_attn, d_key), "v": draw(d_attn)}
+
+
+def _as_tensors(inputs: dict, names: tuple[str, ...]) -> list[torch.Tensor]:
+    return [torch.from_numpy(inputs[name]) for name in names]
+
+
+PROBES = {
+    "check_run_rnn": Probe(
+        exercise="ex_run_rnn",
+        make_inputs=_probe_rnn_inputs,
+        run=(
+            "outputs = {'states': run_rnn(*[torch.from_numpy(inputs[k]) for k in "
+            "('x', 'h0', 'W_xh', 'b_xh', 'W_hh', 'b_hh')]).detach().cpu().numpy()}"
+        ),
+        reference=lambda inputs: {"states": reference_run_rnn(*_as_tensors(inputs, RNN_ARGS)).numpy()},
+        forbidden=("tfedu.rnn",),
+    ),
+    "check_additive_attention": Probe(
+        exercise="ex_additive_attention",
+        make_inputs=_probe_attention_inputs,
+        run=(
+            "_context, _weights = additive_attention(*[torch.from_numpy(inputs[k]) for k in "
+            "('query', 'keys', 'W_q', 'W_k', 'v')])\n"
+            "outputs = {'context': _context.detach().cpu().numpy(), 'weights': _weights.detach().cpu().numpy()}"
+        ),
+        reference=lambda inputs: dict(
+            zip(("context", "weights"), (t.numpy() for t in reference_attention(*_as_tensors(inputs, ATTENTION_ARGS))))
+        ),
+        forbidden=("tfedu.rnn",),
+    ),
+}
