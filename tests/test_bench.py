@@ -53,3 +53,12 @@ def test_table_without_json(capsys):
     result = bench_tokenizer.run(quick=True)
     table = bench_tokenizer.format_table(result)
     assert "train_vs_hf" in table and "WARNING" not in table
+
+
+def test_missing_peer_library_is_a_clear_error(monkeypatch, capsys):
+    def no_peer(quick):
+        raise ModuleNotFoundError("No module named 'tiktoken'", name="tiktoken")
+
+    monkeypatch.setattr(bench_tokenizer, "run", no_peer)
+    assert cli.main(["bench", "tokenizer"]) == 2
+    assert "needs tiktoken" in capsys.readouterr().err

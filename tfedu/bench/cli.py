@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import sys
 
 from tfedu.bench import BENCHES
 
@@ -19,7 +20,11 @@ def add_parser(subparsers) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     module = importlib.import_module(BENCHES[args.name])
-    result = module.run(quick=args.quick)
+    try:
+        result = module.run(quick=args.quick)
+    except ImportError as err:  # the peers are optional dependencies
+        print(f"tfedu bench {args.name} needs {err.name or 'a peer library'}: pip install -e \".[test]\"", file=sys.stderr)
+        return 2
     print(module.format_table(result), flush=True)
     if args.json:
         print(json.dumps(result, sort_keys=True))
