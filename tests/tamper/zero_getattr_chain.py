@@ -1,0 +1,4 @@
+# getattr chains with constant names.
+import tfedu
+
+softmax = getattr(getattr(tfedu, "softmax"), "softmax")

@@ -1,0 +1,9 @@
+# An infinite loop while the answer cell runs.
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension, stable for large logits."""
+    shifted = x - x.max(dim=-1, keepdim=True).values
+    exps = shifted.exp()
+    return exps / exps.sum(dim=-1, keepdim=True)
+
+while True:
+    pass

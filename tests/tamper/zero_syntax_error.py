@@ -1,0 +1,3 @@
+# Does not parse.
+def softmax(x) -> :
+    return x

@@ -1,0 +1,227 @@
+"""`tfedu grade` beyond notebook 00: several exercises per notebook, recovery after a crash or a
+timeout, the runtime tripwire, what the kernel can see, the time bound, and the pieces
+(static scan, plain-data comparison, reading submissions) on their own."""
+
+import json
+import math
+import time
+from pathlib import Path
+
+import nbformat
+import numpy as np
+import pytest
+
+from tfedu import cli, nbtools
+from tfedu.grading.grade import ConfigError, Limits, SubmissionError, compare_plain, grade, read_answers
+from tfedu.grading.release import student_version
+from tfedu.grading.scan import scan_answer
+
+ROOT = Path(__file__).resolve().parents[1]
+TAMPER = Path(__file__).resolve().parent / "tamper"
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+ANSWERS = {
+    "ex_double": "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION",
+    "ex_square": "def square(x):\n    ### BEGIN SOLUTION\n    return x * x\n    ### END SOLUTION",
+    "ex_total": "def total(xs):\n    ### BEGIN SOLUTION\n    result = 0.0\n    for x in xs:\n        result += x\n    return result\n    ### END SOLUTION",
+    "ex_ready": "def ready():\n    ### BEGIN SOLUTION\n    return True\n    ### END SOLUTION",
+}
+CHECKS = {"ex_double": ("check_double", 1), "ex_square": ("check_square", 2), "ex_total": ("check_total", 3), "ex_ready": ("check_ready", 1)}
+
+
+def toy_source():
+    cells = [nbtools.md("# 90 · Toy"), nbtools.code("import math\nimport numpy as np")]
+    for exercise, source in ANSWERS.items():
+        check, points = CHECKS[exercise]
+        name = exercise.removeprefix("ex_")
+        cells.append(nbtools.exercise(exercise, source))
+        prefix = "from math import fsum as exact_sum\n" if name == "total" else ""
+        cells.append(nbtools.check(check, f"{prefix}from toy_checks import {check}\n\n{check}({name})", points=points))
+    return nbtools.new_notebook(cells)
+
+
+def submission(**answers):
+    nb = student_version(toy_source())
+    for cell in nb.cells:
+        grade_id = (nbtools.nbgrader_meta(cell) or {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    return nb
+
+
+def correct(exercise):
+    return ANSWERS[exercise].replace("    ### BEGIN SOLUTION\n", "").replace("    ### END SOLUTION", "")
+
+
+@pytest.fixture
+def toy(tmp_path, monkeypatch):
+    """The toy source notebook on disk, with tests/tamper importable in the grader and in kernels."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(TAMPER))
+    monkeypatch.setenv("PYTHONPATH", str(TAMPER))
+    sys.modules.pop("toy_checks", None)
+    source = tmp_path / "90_toy.ipynb"
+    nbtools.write(toy_source(), source)
+    return source
+
+
+def points(entry):
+    return {k: v["points"] for k, v in entry["exercises"].items()}
+
+
+def test_failures_stay_with_their_exercise_and_the_rest_is_graded(toy, tmp_path):
+    import toy_checks
+
+    subs = {
+        "all_correct": submission(**{k: correct(k) for k in ANSWERS}),
+        "unfinished": submission(),
+        # double crashes the kernel when checked; total loops forever when defined: a fresh kernel
+        # replays the notebook with those answers stubbed, and square and ready still count.
+        "crash_and_loop": submission(
+            ex_double="import numpy as np\n\ndef double(x):\n    np.lib.stride_tricks.as_strided(np.zeros(1), shape=(1 << 36,), strides=(1 << 12,)).sum()\n    return 2 * x",
+            ex_square=correct("ex_square"),
+            ex_total="def total(xs):\n    return sum(xs)\n\nwhile True:\n    pass",
+            ex_ready=correct("ex_ready")),
+        # total calls math.fsum through a name the check cell binds after the answer: no static scan sees
+        # it, the runtime tripwire does. double is wrong only on inputs the check does not try.
+        "tripwire": submission(
+            ex_double="def double(x):\n    return 6 if x == 3 else x",
+            ex_square=correct("ex_square"),
+            ex_total="def total(xs):\n    return exact_sum(xs)",
+            ex_ready=correct("ex_ready")),
+    }
+    paths = []
+    for name, nb in subs.items():
+        paths.append(tmp_path / f"90_toy_{name}.ipynb")
+        paths[-1].write_text(nbformat.writes(nb))
+    toy_checks.SEEN.clear()
+    results = grade(paths, out=tmp_path / "out" / "results.json", source=toy, checks="toy_checks",
+                    limits=Limits(cell_timeout=6, timeout=60, memory_gib=2), jobs=2)
+    got = {Path(e["file"]).stem.removeprefix("90_toy_"): e for e in results["submissions"]}
+    assert points(got["all_correct"]) == {"check_double": 1, "check_square": 2, "check_total": 3, "check_ready": 1}
+    assert got["all_correct"]["total"] == got["all_correct"]["max"] == 7
+    assert points(got["unfinished"]) == dict.fromkeys(points(got["unfinished"]), 0)
+    crash = got["crash_and_loop"]["exercises"]
+    assert points(got["crash_and_loop"]) == {"check_double": 0, "check_square": 2, "check_total": 0, "check_ready": 1}
+    assert "stopped the Python kernel" in crash["check_double"]["feedback"]
+    assert "time limit" in crash["check_total"]["feedback"]
+    trip = got["tripwire"]["exercises"]
+    assert points(got["tripwire"]) == {"check_double": 0, "check_square": 2, "check_total": 0, "check_ready": 1}
+    assert "called the reference" in trip["check_total"]["feedback"] and "math.fsum" in trip["check_total"]["feedback"]
+    assert "fresh random inputs" in trip["check_double"]["feedback"]
+    csv_rows = (tmp_path / "out" / "results.csv").read_text().splitlines()
+    assert csv_rows[0] == "file,total,max,check_double,check_square,check_total,check_ready" and len(csv_rows) == 5
+
+    # What the code saw inside the kernel (exported by the environment probe, read in this process).
+    assert toy_checks.SEEN, "the environment probe never reported"
+    for seen in toy_checks.SEEN:
+        assert seen["ready"] is True and seen["stdin_is_null"] is True
+        assert seen["files"] == [], "the kernel's working folder must start empty and stay free of grader files"
+        assert not seen["cwd"].startswith(str(ROOT))
+        everything = json.dumps([seen["env"], seen["argv"], seen["history"], seen["names"], seen["cwd"]]).lower()
+        for word in ("grade", "grading", "pytest", "probe", "harness"):
+            assert word not in everything, f"the kernel can see {word!r}"
+
+
+def test_a_looping_submission_returns_within_the_total_timeout(tmp_path):
+    source = ROOT / "notebooks" / "00_start_here.ipynb"
+    nb = student_version(nbtools.read(source))
+    answer = next(c for c in nb.cells if (nbtools.nbgrader_meta(c) or {}).get("grade_id") == "ex_softmax")
+    answer.source = "def softmax(x):\n    return x\n\nwhile True:\n    pass"
+    path = tmp_path / "00_start_here.ipynb"
+    path.write_text(nbformat.writes(nb))
+    timeout = 8.0
+    start = time.monotonic()
+    results = grade([path], source=source, limits=Limits(cell_timeout=600, timeout=timeout))
+    elapsed = time.monotonic() - start
+    exercise = results["submissions"][0]["exercises"]["check_softmax"]
+    assert exercise["points"] == 0 and "total time limit" in exercise["feedback"]
+    assert elapsed < timeout + 6, f"grading took {elapsed:.1f} s for a {timeout} s limit"
+
+
+def test_cli_grade_writes_json_and_csv_and_reports_instructor_errors(tmp_path, capsys):
+    source = ROOT / "notebooks" / "00_start_here.ipynb"
+    bad = tmp_path / "00_start_here.ipynb"
+    bad.write_text("not json")
+    out = tmp_path / "r.json"
+    assert cli.main(["grade", str(bad), "--out", str(out), "--timeout", "30"]) == 0
+    data = json.loads(out.read_text())
+    assert data["submissions"][0]["total"] == 0 and out.with_suffix(".csv").is_file()
+    assert "not valid JSON" in capsys.readouterr().out
+    stray = tmp_path / "77_unknown.ipynb"
+    stray.write_text("{}")
+    assert cli.main(["grade", str(stray), "--out", str(out)]) == 2
+    assert "no source notebook" in capsys.readouterr().err
+    assert source.is_file()
+
+
+def test_a_check_cell_without_a_probe_is_an_instructor_error(toy, tmp_path):
+    nb = toy_source()
+    nb.cells.append(nbtools.check("check_orphan", "print('no probe for me')", points=1))
+    source = tmp_path / "91_toy.ipynb"
+    nbtools.write(nb, source)
+    with pytest.raises(ConfigError, match="check_orphan has no Probe"):
+        grade([source], source=source, checks="toy_checks")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_the_static_scan_passes_every_source_solution(path):
+    """No false alarms on the course's own answers (the scan sees what the grader would see)."""
+    from tfedu.grading.grade import load_assignment
+
+    assignment = load_assignment(path)
+    context = []
+    for step in assignment.steps:
+        if step.kind == "code":
+            context.append(step.source)
+        elif step.kind == "answer":
+            assert scan_answer(step.source, context=context) == [], step.grade_id
+            context.append(step.source)
+        elif step.kind == "check":
+            probe = assignment.probes[step.grade_id]
+            answer = next(s for s in assignment.steps if s.kind == "answer" and s.grade_id == probe.exercise)
+            assert scan_answer(answer.source, context=context, forbidden=probe.forbidden) == [], step.grade_id
+
+
+@pytest.mark.parametrize("source", [
+    "from tfedu.softmax import softmax",
+    "import tfedu.softmax as s",
+    "import tfedu\nf = tfedu.softmax.softmax",
+    "f = reference_softmax",
+    "f = 'tfedu/softmax.py'",
+])
+def test_the_scan_flags_the_forbidden_reference(source):
+    context = ["import torch\nfrom tfedu.softmax import softmax as reference_softmax"]
+    assert any("tfedu.softmax" in p for p in scan_answer(source, context=context, forbidden=("tfedu.softmax",)))
+    assert not any("reference" in p for p in scan_answer(source, context=context))
+
+
+def test_the_scan_does_not_confuse_a_shadowing_definition_with_the_reference():
+    context = ["from tfedu.softmax import softmax"]
+    answer = "def softmax(x):\n    '''A softmax (see tfedu's notes).'''\n    return softmax_helper(x)\n\ndef softmax_helper(x):\n    return x"
+    assert scan_answer(answer, context=context, forbidden=("tfedu.softmax",)) == []
+
+
+def test_compare_plain_accepts_close_numbers_and_names_the_difference():
+    expected = {"y": np.array([[0.25, 0.75]], dtype=np.float32), "n": 3, "s": "ab", "flags": [True, False]}
+    assert compare_plain({"y": np.array([[0.25, 0.75 + 1e-7]]), "n": 3, "s": "ab", "flags": [True, False]}, expected, 1e-4, 1e-5) is None
+    assert "shape" in compare_plain({"y": np.zeros((2, 1)), "n": 3, "s": "ab", "flags": [True, False]}, expected, 1e-4, 1e-5)
+    assert "NaN" in compare_plain({"y": np.array([[np.nan, 1.0]]), "n": 3, "s": "ab", "flags": [True, False]}, expected, 1e-4, 1e-5)
+    assert "largest error" in compare_plain({"y": np.array([[0.5, 0.5]]), "n": 3, "s": "ab", "flags": [True, False]}, expected, 1e-4, 1e-5)
+    assert "no entry" in compare_plain({"n": 3}, expected, 1e-4, 1e-5)
+    assert compare_plain({"y": "all good", "n": 3, "s": "ab", "flags": [True, False]}, expected, 1e-4, 1e-5)
+    assert compare_plain({"y": np.array([[0.25, 0.75]]), "n": 3, "s": "ab", "flags": [1, 0]}, expected, 1e-4, 1e-5)
+    assert compare_plain(1.0000001, math.pi, 1e-4, 1e-5)
+
+
+def test_read_answers_takes_answer_cells_by_grade_id_and_reports_duplicates(tmp_path):
+    nb = submission(ex_double="A")
+    nb.cells.append(nbformat.v4.new_code_cell("B", metadata={"nbgrader": {"grade_id": "ex_double"}}))
+    path = tmp_path / "s.ipynb"
+    path.write_text(nbformat.writes(nb))
+    answers, notes = read_answers(path, ["ex_double", "ex_square"])
+    assert answers["ex_double"] == "A" and "ex_square" in answers and "only the first" in notes[0]
+    path.write_text("[]")
+    with pytest.raises(SubmissionError):
+        read_answers(path, ["ex_double"])
