@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import types
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
 from tfedu.attention import scaled_dot_product_attention as reference_attention
-from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, describe, expect, seeded_randn
+from tfedu.checks.core import (
+    CheckFailure,
+    ExerciseNotDone,
+    Probe,
+    call_learner,
+    checker,
+    compare,
+    describe,
+    expect,
+    is_close,
+    seeded_randn,
+)
 
 HINT_NO_SCALE = (
     "missing 1/sqrt(d_k) scale: divide the scores q @ k.transpose(-2, -1) by math.sqrt(d_k) "
@@ -19,9 +35,33 @@ HINT_SCALE_BY_D = (
     "so divide by math.sqrt(d_k)"
 )
 HINT_MULTIPLIED = "you multiplied the scores by sqrt(d_k); divide by it instead"
+HINT_SCALE_QUERY_POS = (
+    "you divided by sqrt(query_pos) = sqrt(q.shape[-2]), the number of queries; d_k is the width of "
+    "each query and key, q.shape[-1]"
+)
+HINT_SCALE_KEY_POS = (
+    "you divided by sqrt(key_pos) = sqrt(k.shape[-2]), the number of keys; d_k is the width of "
+    "each query and key, q.shape[-1] (== k.shape[-1])"
+)
+HINT_SCALE_D_V = (
+    "you divided by sqrt(d_v) = sqrt(v.shape[-1]), the width of the values; the scale is sqrt(d_k), "
+    "the width of the queries and keys, q.shape[-1]"
+)
+HINT_SCALE_AFTER = (
+    "you divided by sqrt(d_k) after the softmax: the scale goes on the scores, inside the softmax, "
+    "softmax(q @ k^T / sqrt(d_k)); scaled afterwards, each row of weights no longer sums to one"
+)
 HINT_QUERY_AXIS = (
     "softmax over the wrong (query) axis: each query's weights must sum to one over the keys, "
     "so take the softmax over the last dim (dim=-1), not dim=-2"
+)
+HINT_BATCH_AXIS = (
+    "softmax over dim 0, the batch axis (that is the axis F.softmax(scores) picks on 3-D input "
+    "when you give no dim=): take it over the keys, dim=-1"
+)
+HINT_SOFTMAX_NO_DIM = (
+    "F.softmax(scores) without dim= guesses the axis (dim 0, the batch axis, on 3-D input; dim 1 on "
+    "4-D input) and warns that this is deprecated: write F.softmax(scores, dim=-1)"
 )
 HINT_NO_V = (
     "forgot to multiply by V: the output is weights @ v, of shape (..., query_pos, d_v); "
@@ -29,33 +69,82 @@ HINT_NO_V = (
 )
 HINT_TIMES_K = "you multiplied the weights by k; the output is the weighted average of the values, weights @ v"
 HINT_TUPLE = "return a pair (output, weights): output = weights @ v, weights = softmax(q @ k^T / sqrt(d_k))"
+HINT_SWAPPED_PAIR = (
+    "you returned (weights, output); return them the other way round, (output, weights), "
+    "the order tfa.scaled_dot_product_attention and the rest of the course use"
+)
+HINT_DOT_T = (
+    "your attention works on 2-D inputs but raises on 3-D ones (batch, pos, d): "
+    "use k.transpose(-2, -1) (or k.mT): .T reverses every dim of a batched tensor"
+)
 HINT_BATCH = (
     "your attention works on 3-D inputs but not on 4-D ones (batch, heads, pos, d): transpose the "
     "last two dims with k.transpose(-2, -1) (not k.T or k.transpose(1, 2)) and softmax over dim=-1"
 )
 
+_NO_DIM_WARNING = "Implicit dimension choice for softmax"
+_DOT_T_WARNING = "x.T"
 
-def _weight_mistakes(q: torch.Tensor, k: torch.Tensor) -> dict[str, torch.Tensor]:
+
+class _Quiet:
+    """Run the learner's code with every warning captured, so none reaches the check cell's stderr."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def call(self, fn: Any, *args: Any, name: str) -> Any:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                return call_learner(fn, *args, name=name)
+            finally:
+                for w in caught:
+                    text = f"{w.category.__name__}: {str(w.message).split(' (Triggered internally')[0]}"
+                    if text not in self.messages:
+                        self.messages.append(text)
+
+    def saw(self, fragment: str) -> bool:
+        return any(fragment in m for m in self.messages)
+
+    def suffix(self) -> str:
+        return f" (your code also warned: {'; '.join(self.messages)})" if self.messages else ""
+
+
+def _weight_mistakes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> dict[str, torch.Tensor]:
     d_k = q.shape[-1]
     raw = q @ k.transpose(-2, -1)
-    return {
+    mistakes = {
         HINT_NO_SCALE: torch.softmax(raw, dim=-1),
         HINT_SCALE_BY_D: torch.softmax(raw / d_k, dim=-1),
         HINT_MULTIPLIED: torch.softmax(raw * math.sqrt(d_k), dim=-1),
+        HINT_SCALE_QUERY_POS: torch.softmax(raw / math.sqrt(q.shape[-2]), dim=-1),
+        HINT_SCALE_KEY_POS: torch.softmax(raw / math.sqrt(k.shape[-2]), dim=-1),
+        HINT_SCALE_D_V: torch.softmax(raw / math.sqrt(v.shape[-1]), dim=-1),
+        HINT_SCALE_AFTER: torch.softmax(raw, dim=-1) / math.sqrt(d_k),
         HINT_QUERY_AXIS: torch.softmax(raw / math.sqrt(d_k), dim=-2),
     }
+    if raw.dim() == 3:
+        mistakes[HINT_BATCH_AXIS] = torch.softmax(raw / math.sqrt(d_k), dim=0)
+    return mistakes
 
 
-def _check_pair(result, q, k, v, what: str) -> None:
+def _check_pair(result: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, what: str) -> None:
     expected_out, expected_w = reference_attention(q, k, v)
     if isinstance(result, torch.Tensor):
         if result.shape == expected_w.shape:
             raise CheckFailure(HINT_NO_V)
         raise CheckFailure(f"{HINT_TUPLE}; you returned a single {describe(result)}")
-    expect(isinstance(result, (tuple, list)) and len(result) == 2,
-           f"{HINT_TUPLE}; you returned {describe(result)}")
+    expect(isinstance(result, (tuple, list)) and len(result) == 2, f"{HINT_TUPLE}; you returned {describe(result)}")
     output, weights = result
-    weight_mistakes = _weight_mistakes(q, k)
+    if (
+        expected_out.shape != expected_w.shape
+        and isinstance(output, torch.Tensor)
+        and isinstance(weights, torch.Tensor)
+        and output.shape == expected_w.shape
+        and weights.shape == expected_out.shape
+    ):
+        raise CheckFailure(HINT_SWAPPED_PAIR)
+    weight_mistakes = _weight_mistakes(q, k, v)
     compare(weights, expected_w, what=f"the weights of {what}", mistakes=weight_mistakes)
     if isinstance(output, torch.Tensor) and output.shape == expected_w.shape and torch.allclose(output, weights):
         raise CheckFailure(HINT_NO_V)
@@ -65,73 +154,258 @@ def _check_pair(result, q, k, v, what: str) -> None:
     compare(output, expected_out, what=f"the output of {what}", mistakes=output_mistakes)
 
 
-@checker("scaled dot-product attention")
-def check_attention(attention) -> None:
-    """Check a learner's ``attention(q, k, v) -> (output, weights)``."""
-    # query_pos != key_pos, d_k not a square and d_v != d_k, so every mistake gives a different tensor.
+def _works(attention: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """True when ``attention`` gives the right pair on these inputs (used to locate a failure)."""
+    try:
+        _check_pair(_Quiet().call(attention, q, k, v, name="attention"), q, k, v, "attention")
+    except (CheckFailure, NotImplementedError):
+        return False
+    return True
+
+
+def _attention_problems(attention: Any) -> list[str]:
+    """Every check of exercise 4.1; raises CheckFailure on the first problem, returns notes otherwise."""
+    quiet = _Quiet()
+    # query_pos 5, key_pos 7, d_k 6, d_v 3: every wrong size under the sqrt gives a different tensor.
     q, k, v = seeded_randn(0, 2, 5, 6), seeded_randn(1, 2, 7, 6), seeded_randn(2, 2, 7, 3)
-    _check_pair(call_learner(attention, q, k, v, name="attention"), q, k, v, "attention(q, k, v) on (2, 5, 6), (2, 7, 6), (2, 7, 3)")
-    # One query and one key: the weight must be exactly 1 whatever the score.
-    one = call_learner(attention, q[:, :1], k[:, :1], v[:, :1], name="attention")
-    _check_pair(one, q[:, :1], k[:, :1], v[:, :1], "attention with a single key")
+    what = "attention(q, k, v) on (2, 5, 6), (2, 7, 6), (2, 7, 3)"
+    try:
+        result = quiet.call(attention, q, k, v, name="attention")
+    except ExerciseNotDone:
+        raise
+    except CheckFailure as failure:
+        if quiet.saw(_DOT_T_WARNING) or _works(attention, q[0], k[0], v[0]):
+            raise CheckFailure(f"{HINT_DOT_T}. It raised: {failure}") from None
+        raise CheckFailure(f"{failure}{quiet.suffix()}") from None
+    if quiet.saw(_NO_DIM_WARNING):
+        raise CheckFailure(HINT_SOFTMAX_NO_DIM)
+    try:
+        _check_pair(result, q, k, v, what)
+        # One query and one key: the weight must be exactly 1 whatever the score.
+        one = quiet.call(attention, q[:, :1], k[:, :1], v[:, :1], name="attention")
+        _check_pair(one, q[:, :1], k[:, :1], v[:, :1], "attention with a single key")
+    except ExerciseNotDone:
+        raise
+    except CheckFailure as failure:
+        raise CheckFailure(f"{failure}{quiet.suffix()}") from None
     # Leading dims: (batch, heads, pos, d), as multi-head attention will call it.
     q4, k4, v4 = seeded_randn(3, 2, 3, 4, 8), seeded_randn(4, 2, 3, 5, 8), seeded_randn(5, 2, 3, 5, 2)
     try:
-        result = call_learner(attention, q4, k4, v4, name="attention")
+        result = quiet.call(attention, q4, k4, v4, name="attention")
+    except ExerciseNotDone:
+        raise
     except CheckFailure as failure:
-        if "not done yet" in str(failure):
-            raise
-        raise CheckFailure(f"{failure}. Hint: {HINT_BATCH}") from None
-    _check_pair(result, q4, k4, v4, "attention on a 4-D batch (2, 3, 4, 8)")
+        raise CheckFailure(f"{failure}. Hint: {HINT_BATCH}{quiet.suffix()}") from None
+    if quiet.saw(_NO_DIM_WARNING):
+        raise CheckFailure(HINT_SOFTMAX_NO_DIM)
+    try:
+        _check_pair(result, q4, k4, v4, "attention on a 4-D batch (2, 3, 4, 8)")
+    except CheckFailure as failure:
+        raise CheckFailure(f"{failure}{quiet.suffix()}") from None
+    return quiet.messages
 
+
+@checker("scaled dot-product attention")
+def check_attention(attention) -> None:
+    """Check a learner's ``attention(q, k, v) -> (output, weights)``."""
+    for note in _attention_problems(attention):
+        print(f"note: your attention warned, {note}")
+
+
+# ----------------------------------------------------------------------------- exercise 4.2
 
 HINT_SWAPPED_QK = "queries come from W_Q and keys from W_K; you swapped them (q = x @ W_K?)"
 HINT_NO_PROJECTION = "project first: q = x @ W_Q, k = x @ W_K, v = x @ W_V; you attended over x itself"
 HINT_V_FROM_WRONG = "the values are x @ W_V; you took them from another projection"
-HINT_TRANSPOSED_W = (
-    "W_Q, W_K, W_V have shape (d_model, d_head): multiply x @ W_Q (x has shape (batch, pos, d_model)), "
-    "not x @ W_Q.T or W_Q @ x"
+HINT_V_FROM_K = "your keys and values both come from W_K; the values are x @ W_V"
+HINT_SCALE_D_MODEL = (
+    "you divided by sqrt(d_model) = sqrt(x.shape[-1]); the scale is sqrt(d_k), the width of the "
+    "projected queries and keys (W_Q.shape[-1])"
 )
+HINT_TRANSPOSED_W = (
+    "W_Q, W_K, W_V have shape (d_model, d_k): multiply x @ W_Q (x has shape (batch, pos, d_model)), "
+    "not x @ W_Q.T (nn.Linear stores the transpose; these matrices are not nn.Linear weights)"
+)
+_USE_REFERENCE = "(or call the reference tfa.scaled_dot_product_attention(q, k, v) instead)"
+HINT_UPSTREAM_NOT_DONE = (
+    f"your self_attention calls your attention from exercise 4.1, which is not done yet: fix 4.1 first {_USE_REFERENCE}"
+)
+HINT_UPSTREAM_WRONG = (
+    f"your self_attention calls your attention from exercise 4.1, which is wrong: fix 4.1 first {_USE_REFERENCE}. "
+    "Exercise 4.1's check says: "
+)
+
+
+class _UpstreamNotDone(CheckFailure):
+    """The learner's 4.2 answer is written, but the 4.1 ``attention`` it calls is not."""
+
+
+def _raised_in(err: BaseException) -> types.CodeType | None:
+    """The code object of the function that raised ``err`` (the innermost traceback frame)."""
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code if tb is not None else None
+
+
+def _learner_attention(self_attention: Any) -> Callable[..., Any] | None:
+    """The learner's own ``attention`` (exercise 4.1) when ``self_attention`` refers to it by name."""
+    code, namespace = getattr(self_attention, "__code__", None), getattr(self_attention, "__globals__", None)
+    if code is None or not isinstance(namespace, dict):
+        return None
+    names, pending = set(), [code]
+    while pending:  # the function's own global names and those of any function or lambda inside it
+        current = pending.pop()
+        names.update(current.co_names)
+        pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    candidate = namespace.get("attention")
+    if "attention" not in names or not callable(candidate) or candidate is reference_attention:
+        return None
+    return candidate
+
+
+@contextlib.contextmanager
+def _reference_in_place_of_attention(self_attention: Any) -> Iterator[None]:
+    """Run ``self_attention`` with the name ``attention`` in its module bound to the reference.
+
+    This tells a mistake of exercise 4.2 apart from one it inherits from the learner's 4.1. The
+    learner's binding is put back afterwards, whatever happens.
+    """
+    namespace = self_attention.__globals__
+    saved = namespace["attention"]
+    namespace["attention"] = lambda q, k, v: reference_attention(q, k, v)
+    try:
+        yield
+    finally:
+        namespace["attention"] = saved
+
+
+def _guarded(self_attention: Any) -> Callable[..., Any]:
+    """``self_attention``, except that an unfinished 4.1 ``attention`` inside it is told apart from 4.2's stub."""
+    own = getattr(self_attention, "__code__", None)
+    upstream = getattr(_learner_attention(self_attention), "__code__", None)
+
+    def run(*args: Any) -> Any:
+        try:
+            return self_attention(*args)
+        except NotImplementedError as err:
+            where = _raised_in(err)
+            if upstream is not None and where is upstream and where is not own:
+                raise _UpstreamNotDone(HINT_UPSTREAM_NOT_DONE) from None
+            raise
+
+    return run
+
+
+def _self_attention_case(seed: int, d_model: int, d_k: int, d_v: int) -> tuple[torch.Tensor, ...]:
+    x = seeded_randn(seed, 2, 5, d_model)
+    W_Q, W_K, W_V = (seeded_randn(seed + i, d_model, d) / 2 for i, d in ((1, d_k), (2, d_k), (3, d_v)))
+    return x, W_Q, W_K, W_V
+
+
+def _as_output(got: Any) -> Any:
+    if isinstance(got, (tuple, list)) and len(got) == 2:
+        return got[0]  # (output, weights) is fine too
+    return got
+
+
+def _transposes_weights(self_attention: Any) -> bool:
+    """With square weights x @ W.T runs: does the answer then equal attention over x @ W^T?"""
+    x, W_Q, W_K, W_V = _self_attention_case(20, 6, 6, 6)
+    try:
+        got = _as_output(_Quiet().call(self_attention, x, W_Q, W_K, W_V, name="self_attention"))
+    except (CheckFailure, NotImplementedError):
+        return False
+    transposed = reference_attention(x @ W_Q.T, x @ W_K.T, x @ W_V.T)[0]
+    return is_close(got, transposed) and not is_close(got, reference_attention(x @ W_Q, x @ W_K, x @ W_V)[0])
+
+
+def _self_attention_failure(self_attention: Any, quiet: _Quiet) -> CheckFailure | None:
+    """What is wrong with this answer on the fixed inputs (None: nothing). Raises ExerciseNotDone for a stub."""
+    # d_model 6, d_k 4, d_v 3: projecting with the wrong matrix or scaling by the wrong width shows.
+    x, W_Q, W_K, W_V = _self_attention_case(10, 6, 4, 3)
+    q, k, v = x @ W_Q, x @ W_K, x @ W_V
+    expected, expected_w = reference_attention(q, k, v)
+    raw = q @ k.transpose(-2, -1)
+    mistakes = {
+        HINT_NO_PROJECTION: reference_attention(x, x, x)[0],
+        HINT_SWAPPED_QK: reference_attention(k, q, v)[0],
+        HINT_V_FROM_WRONG: reference_attention(q, k, q)[0],
+        HINT_V_FROM_K: reference_attention(q, k, k)[0],
+        HINT_NO_SCALE: torch.softmax(raw, dim=-1) @ v,
+        HINT_SCALE_BY_D: torch.softmax(raw / 4, dim=-1) @ v,
+        HINT_SCALE_D_MODEL: torch.softmax(raw / math.sqrt(6), dim=-1) @ v,
+        HINT_SCALE_D_V: torch.softmax(raw / math.sqrt(3), dim=-1) @ v,
+        HINT_SCALE_AFTER: torch.softmax(raw, dim=-1) @ v / 2,
+        HINT_QUERY_AXIS: torch.softmax(raw / 2, dim=-2) @ v,
+        HINT_NO_V: expected_w,
+    }
+    what = "self_attention(x, W_Q, W_K, W_V) with x (2, 5, 6), W_Q and W_K (6, 4), W_V (6, 3)"
+    try:
+        got = quiet.call(_guarded(self_attention), x, W_Q, W_K, W_V, name="self_attention")
+    except (_UpstreamNotDone, ExerciseNotDone):
+        raise
+    except CheckFailure as failure:
+        # Name a transposed weight matrix only when square weights show that is what happened.
+        if _transposes_weights(self_attention):
+            return CheckFailure(f"{failure}. Hint: {HINT_TRANSPOSED_W}")
+        return CheckFailure(f"{failure}{quiet.suffix()}")
+    try:
+        if quiet.saw(_NO_DIM_WARNING):
+            raise CheckFailure(HINT_SOFTMAX_NO_DIM)
+        compare(_as_output(got), expected, what=what, mistakes=mistakes)
+    except CheckFailure as failure:
+        return CheckFailure(f"{failure}{quiet.suffix()}")
+    return None
+
+
+def _self_attention_problems(self_attention: Any) -> list[str]:
+    quiet = _Quiet()
+    try:
+        failure = _self_attention_failure(self_attention, quiet)
+    except _UpstreamNotDone as not_done:
+        failure = not_done
+    if failure is None:
+        return quiet.messages
+    learner_attention = _learner_attention(self_attention)
+    if learner_attention is not None:
+        # The answer builds on the learner's 4.1. If that fails its own check, rerun 4.2 on the
+        # reference: a pass there means every problem came from 4.1, so 4.1 is named, not 4.2.
+        try:
+            _attention_problems(learner_attention)
+            upstream = None
+        except ExerciseNotDone:
+            upstream = HINT_UPSTREAM_NOT_DONE
+        except CheckFailure as problem:
+            upstream = f"{HINT_UPSTREAM_WRONG}{problem}"
+        if upstream is not None:
+            with _reference_in_place_of_attention(self_attention):
+                own = _self_attention_failure(self_attention, _Quiet())
+            if own is None:
+                raise CheckFailure(upstream)
+            raise CheckFailure(f"{own}. Also, {upstream}")
+    raise failure
 
 
 @checker("self-attention with Q, K, V projections")
 def check_self_attention(self_attention) -> None:
-    """Check a learner's ``self_attention(x, W_Q, W_K, W_V) -> output``."""
-    x = seeded_randn(10, 2, 5, 6)
-    W_Q, W_K, W_V = seeded_randn(11, 6, 4) / 2, seeded_randn(12, 6, 4) / 2, seeded_randn(13, 6, 3) / 2
-    try:
-        got = call_learner(self_attention, x, W_Q, W_K, W_V, name="self_attention")
-    except CheckFailure as failure:
-        if "not done yet" in str(failure):
-            raise
-        raise CheckFailure(f"{failure}. If that is a shape error: {HINT_TRANSPOSED_W}") from None
-    if isinstance(got, (tuple, list)) and len(got) == 2:
-        got = got[0]  # (output, weights) is fine too
-    q, k, v = x @ W_Q, x @ W_K, x @ W_V
-    expected, _ = reference_attention(q, k, v)
-    compare(
-        got,
-        expected,
-        what="self_attention(x, W_Q, W_K, W_V) with x (2, 5, 6), W_Q and W_K (6, 4), W_V (6, 3)",
-        mistakes={
-            HINT_NO_PROJECTION: reference_attention(x, x, x)[0],
-            HINT_SWAPPED_QK: reference_attention(k, q, v)[0],
-            HINT_V_FROM_WRONG: reference_attention(q, k, x @ W_Q)[0],
-            "your keys and values both come from W_K; the values are x @ W_V": reference_attention(q, k, x @ W_K)[0],
-            HINT_NO_SCALE: torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v,
-            HINT_SCALE_BY_D: torch.softmax(q @ k.transpose(-2, -1) / 4, dim=-1) @ v,
-            HINT_QUERY_AXIS: torch.softmax(q @ k.transpose(-2, -1) / 2, dim=-2) @ v,
-            HINT_NO_V: reference_attention(q, k, v)[1],
-        },
-    )
+    """Check a learner's ``self_attention(x, W_Q, W_K, W_V) -> output``.
+
+    The answer may call the learner's ``attention`` from exercise 4.1 or the reference
+    ``tfedu.attention.scaled_dot_product_attention``. When it calls the learner's own and that one
+    is unfinished or wrong, the hint says to fix 4.1 first instead of blaming 4.2.
+    """
+    for note in _self_attention_problems(self_attention):
+        print(f"note: your self_attention warned, {note}")
 
 
 # ----------------------------------------------------------------------------- probes
 
 
 def _attention_inputs(rng: np.random.Generator) -> dict:
-    batch, n_query, n_key = int(rng.integers(1, 4)), int(rng.integers(1, 8)), int(rng.integers(2, 9))
-    d_head, d_v = int(rng.integers(2, 17)), int(rng.integers(1, 9))
+    # Four different sizes, so dividing by the sqrt of the wrong one (query_pos, key_pos, d_v) shows.
+    batch = int(rng.integers(1, 4))
+    n_query, n_key, d_head, d_v = (int(size) for size in rng.choice(np.arange(2, 13), size=4, replace=False))
     scale = float(rng.uniform(0.5, 3.0))  # varied magnitudes: a missing sqrt(d_k) shows at any size
     return {
         "q": (rng.standard_normal((batch, n_query, d_head)) * scale).astype(np.float32),
@@ -147,7 +421,8 @@ def _attention_reference(inputs: dict) -> dict:
 
 def _self_attention_inputs(rng: np.random.Generator) -> dict:
     batch, pos = int(rng.integers(1, 4)), int(rng.integers(2, 8))
-    d_model, d_head, d_v = int(rng.integers(2, 13)), int(rng.integers(2, 9)), int(rng.integers(1, 9))
+    # Three different widths, so scaling by sqrt(d_model) or sqrt(d_v) instead of sqrt(d_head) shows.
+    d_model, d_head, d_v = (int(size) for size in rng.choice(np.arange(2, 13), size=3, replace=False))
     return {
         "x": rng.standard_normal((batch, pos, d_model)).astype(np.float32),
         "W_Q": (rng.standard_normal((d_model, d_head)) / np.sqrt(d_model)).astype(np.float32),
@@ -184,6 +459,9 @@ PROBES = {
             "del _result\n"
         ),
         reference=_self_attention_reference,
-        forbidden=("tfedu.attention",),
+        # Exercise 4.2 is about the projections; attention itself was graded in 4.1. The answer may
+        # call the learner's attention or the reference tfa.scaled_dot_product_attention, so a
+        # learner stuck on 4.1 can still earn 4.2: nothing in tfedu computes the projections for them.
+        forbidden=(),
     ),
 }
