@@ -5,7 +5,7 @@
   so weights copy across unchanged.
 - ``gru_cell``: the GRU update written out, in ``torch.nn.GRU``'s layout (gates stacked r, z, n).
 - ``additive_attention`` / ``AdditiveAttention``: score = v^T tanh(W_q s + W_k h) (Bahdanau et al.
-  2015, eq. 6 and appendix A.1.2), softmax over source positions, context = sum of weighted h.
+  2015, sec. 3.1 and appendix A.1.2), softmax over source positions, context = sum of weighted h.
 - ``Seq2Seq``: a GRU encoder-decoder, with the decoder fed either one fixed summary of the source
   (no attention) or a fresh attention context at every step; teacher forcing and greedy decoding.
 - ``gradient_norms_through_time`` and ``longest_backward_path``: the measurements behind the
@@ -268,7 +268,10 @@ class Seq2Seq(nn.Module):
     (x_j..x_T), so it is centred on x_j. The summary (both final states) starts the decoder through
     s_0 = tanh(W_s summary). At each step the decoder reads a context vector next to its input token:
     without attention it is that same fixed summary every step, the bottleneck; with attention it is
-    a fresh weighted sum of all annotations, scored against the decoder's previous state (eq. 4-6).
+    a fresh weighted sum of all annotations, scored against the decoder's state (sec. 3.1). We score
+    the new state s_t, after it has read the previous output token (the order of Luong et al. 2015);
+    scored against s_{t-1}, as in Bahdanau's paper, our reversal models learned an alignment shifted
+    by one position, since a GRU annotation also remembers its neighbour's token.
 
     >>> model = Seq2Seq(Seq2SeqConfig(attention=True))
     >>> src = torch.randint(0, 10, (2, 5))
