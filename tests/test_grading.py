@@ -225,3 +225,22 @@ def test_read_answers_takes_answer_cells_by_grade_id_and_reports_duplicates(tmp_
     path.write_text("[]")
     with pytest.raises(SubmissionError):
         read_answers(path, ["ex_double"])
+
+
+def test_a_planted_or_symlinked_result_is_not_read(tmp_path):
+    from tfedu.grading import harness
+
+    harness.write_inputs(tmp_path, {"x": np.ones(3)})
+    good = {"error": None, "tripwire": [], "outputs": {"y": 1}, "nonce": "right"}
+    (tmp_path / "out" / "result.json").write_text(json.dumps(good))
+    assert harness.read_result(tmp_path, "right")["outputs"] == {"y": 1}
+    assert harness.read_result(tmp_path, "wrong") is None  # planted before this run: another nonce
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "result.json").write_text(json.dumps(good))
+    (tmp_path / "out" / "result.json").unlink()
+    (tmp_path / "out" / "result.json").symlink_to(elsewhere / "result.json")
+    assert harness.read_result(tmp_path, "right") is None
+    harness.write_inputs(tmp_path, {"x": np.ones(3)})  # fresh folders replace whatever was there
+    assert list((tmp_path / "out").iterdir()) == []
+    assert harness.read_result(tmp_path, "right") is None

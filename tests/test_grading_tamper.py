@@ -246,6 +246,9 @@ FEEDBACK = {  # the message says why
     "malformed_zero_cells": "no cells",
     "malformed_python_file": "not a Jupyter notebook",
     "malformed_binary": "not a Jupyter notebook",
+    "zero_write_module_and_import": "write",
+    "zero_private_torch": "private",
+    "zero_pickle_payload": "pickle",
     "full_correct": "passed",
 }
 

@@ -360,7 +360,8 @@ def execute(run: Run) -> None:
                         probe = a.probes[step.grade_id]
                         inputs = probe.make_inputs(np.random.default_rng(secrets.randbits(128)))
                         harness.write_inputs(exchange, inputs)
-                        code = harness.harness_source(exchange, probe.run, tuple(probe.forbidden))
+                        nonce = secrets.token_hex(16)
+                        code = harness.harness_source(exchange, probe.run, tuple(probe.forbidden), nonce)
                     # Cells before the first student answer are the instructor's alone (set-up, imports):
                     # only the total limit applies to them, so a slow machine does not fail them.
                     cell_limit = limits.cell_timeout if k >= first_answer else remaining
@@ -396,7 +397,7 @@ def execute(run: Run) -> None:
                             hint += f" (your answer cell itself raised {run.answer_errors[answer][:300]})"
                         check_failed[step.grade_id] = f"the check cell failed: {hint}"
                     elif step.kind == "probe":
-                        got = harness.read_result(exchange)
+                        got = harness.read_result(exchange, nonce)
                         problem = judge(a.probes[step.grade_id], inputs, got)
                         if problem is None:
                             run.outcome[step.grade_id] = (a.points[step.grade_id], "passed: the check cell and the hidden test on fresh random inputs")

@@ -23,8 +23,12 @@ process (:mod:`tfedu.grading.grade`). Nothing the kernel says is trusted beyond 
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
+import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +38,7 @@ MAX_RESULT_BYTES = 64 << 20
 ARRAY_NAME = re.compile(r"^[0-9]{1,6}\.npy$")
 
 BODY = r'''
-def run_in_kernel(folder, code, forbidden, user_namespace):
+def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
     import json, os, sys, threading
     import numpy as np
     import torch
@@ -144,7 +148,7 @@ def run_in_kernel(folder, code, forbidden, user_namespace):
     if others():
         tripwire.append("it left processes running after the hidden test")
     tripwire += [f"{name} was imported" for name in forbidden if name in sys.modules and name not in loaded_before]
-    result = {"error": error, "tripwire": tripwire, "outputs": None}
+    result = {"error": error, "tripwire": tripwire, "outputs": None, "nonce": nonce}
     if error is None:
         try:
             result["outputs"] = dump(namespace.get("outputs"))
@@ -156,13 +160,15 @@ def run_in_kernel(folder, code, forbidden, user_namespace):
 '''
 
 
-def harness_source(folder: str | Path, code: str, forbidden: tuple[str, ...]) -> str:
+def harness_source(folder: str | Path, code: str, forbidden: tuple[str, ...], nonce: str) -> str:
     """The harness cell for one probe, reading from and writing to ``folder``/in and /out.
 
     The helper is defined in a private namespace (not the notebook's globals) and called with the
-    notebook's globals, so the code under test sees no new names while it runs.
+    notebook's globals, so the code under test sees no new names while it runs. ``nonce`` (fresh
+    for each run, known to the kernel only from this cell) must come back in the result, so a
+    result file planted earlier is not mistaken for this run's.
     """
-    call = f"run_in_kernel({str(folder)!r}, {code!r}, {tuple(forbidden)!r}, user_namespace)"
+    call = f"run_in_kernel({str(folder)!r}, {code!r}, {tuple(forbidden)!r}, {nonce!r}, user_namespace)"
     return f"exec({BODY + call!r}, {{'__builtins__': __builtins__, 'user_namespace': globals()}})"
 
 
@@ -189,25 +195,40 @@ def _encode(value: Any, folder: Path, arrays: list[str]) -> Any:
 
 def write_inputs(folder: Path, inputs: dict[str, Any]) -> None:
     """Clear ``folder`` and write the inputs for one probe run into ``folder``/in."""
-    for sub in ("in", "out"):
+    for sub in ("in", "out"):  # start from fresh folders, whatever was left or planted there
         path = folder / sub
-        path.mkdir(parents=True, exist_ok=True)
-        for old in path.iterdir():
-            old.unlink()
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+        elif path.exists():
+            shutil.rmtree(path)
+        path.mkdir(mode=0o700)
     tree = _encode(inputs, folder / "in", [])
     (folder / "in" / "inputs.json").write_text(json.dumps(tree))
 
 
-def read_result(folder: Path) -> dict[str, Any] | None:
-    """What the harness wrote, as plain data; None when nothing usable came back."""
-    path = folder / "out" / "result.json"
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file that is not a symlink, at most ``limit`` of them."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     try:
-        if not path.is_file() or path.stat().st_size > MAX_RESULT_BYTES:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            raise ValueError(f"{path.name} is not a regular file of at most {limit} bytes")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
+def read_result(folder: Path, nonce: str) -> dict[str, Any] | None:
+    """What the harness wrote for the run with ``nonce``, as plain data; None when nothing usable came back."""
+    out = folder / "out"
+    try:
+        if out.is_symlink() or not out.is_dir():
             return None
-        raw = json.loads(path.read_text(encoding="utf-8"))
+        raw = json.loads(_read_regular(out / "result.json", MAX_RESULT_BYTES).decode("utf-8"))
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return None
-    if not isinstance(raw, dict):
+    if not isinstance(raw, dict) or raw.get("nonce") != nonce:
         return None
     budget = [MAX_RESULT_BYTES]
 
@@ -219,11 +240,9 @@ def read_result(folder: Path) -> dict[str, Any] | None:
                 name = node["__array__"]
                 if not isinstance(name, str) or not ARRAY_NAME.match(name):
                     raise ValueError("bad array reference")
-                file = folder / "out" / name
-                budget[0] -= file.stat().st_size
-                if budget[0] < 0:
-                    raise ValueError("outputs too large")
-                array = np.load(file, allow_pickle=False)
+                data = _read_regular(out / name, budget[0])
+                budget[0] -= len(data)
+                array = np.load(io.BytesIO(data), allow_pickle=False)
                 if array.dtype.kind not in "biuf":
                     raise ValueError(f"array of dtype {array.dtype}")
                 return array

@@ -53,13 +53,18 @@ BANNED_MODULES = {
     "unittest", "pytest", "psutil", "mmap", "fcntl", "posix", "nt", "shutil", "pickle", "dill", "cloudpickle",
     "webbrowser", "urllib", "http", "requests", "selectors", "select", "_posixsubprocess", "dis", "opcode",
     "ast", "tokenize", "linecache", "traceback", "weakref", "copyreg", "sitecustomize", "usercustomize",
-    "tfedu.checks", "tfedu.grading", "torch.testing",
+    "tfedu.checks", "tfedu.grading", "torch.testing", "timeit", "doctest", "cProfile", "profile", "shelve",
+    "pickletools", "jinja2", "numexpr", "torch.load", "torch.jit", "torch.package", "torch.hub", "torch.fx",
+    "torch.compile", "torch.multiprocessing", "torch.utils.cpp_extension", "torch.library", "typing.get_type_hints",
+    "numpy.f2py", "numpy.distutils", "pandas.read_pickle", "joblib", "tempfile", "glob", "zipimport", "imp",
 }
+WRITING_ATTRIBUTES = {"write_text", "write_bytes", "symlink_to", "hardlink_to", "link_to", "chmod", "lchmod", "touch",
+                      "savetxt", "tofile", "savez", "savez_compressed", "rmdir", "rmtree", "symlink", "chown"}
 ALLOWED_ATTRIBUTES = {
     "sys": {"stdout", "stderr", "version", "version_info", "maxsize", "float_info", "int_info", "platform",
             "byteorder", "getsizeof", "float_repr_style", "hexversion", "getrecursionlimit"},
-    "os": {"path", "sep", "linesep", "cpu_count", "getcwd", "listdir", "scandir", "environ", "getenv", "makedirs",
-           "mkdir", "fspath", "remove", "unlink", "walk", "stat", "PathLike", "devnull", "extsep", "curdir", "pardir"},
+    "os": {"path", "sep", "linesep", "cpu_count", "getcwd", "listdir", "scandir", "environ", "getenv", "fspath",
+           "walk", "stat", "PathLike", "devnull", "extsep", "curdir", "pardir"},
     "types": {"SimpleNamespace", "MethodType", "MappingProxyType", "GeneratorType", "NoneType"},
 }
 BANNED_ATTRIBUTES = {
@@ -70,10 +75,16 @@ BANNED_ATTRIBUTES = {
     "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame", "ag_code", "co_code", "co_consts",
     "system", "popen", "_exit", "getoutput", "run_line_magic", "run_cell_magic", "set_custom_exc", "excepthook",
     "modules", "meta_path", "path_hooks", "settrace", "setprofile", "_getframe", "monitoring", "addaudithook",
+    "__annotations__", "__file__", "__path__", "__cached__", "__func__", "__objclass__", "__signature__",
+    "__text_signature__", "__qualname__", "f_lasti", "co_filename",
 }
 BANNED_DEFINITIONS = {"__torch_function__", "__torch_dispatch__", "__getattribute__", "__del__", "__init_subclass__",
                       "__class_getitem__", "__set_name__", "__instancecheck__", "__subclasscheck__"}
 PROTECTED_STRINGS = ("tfedu.checks", "tfedu.grading", "tfedu/checks", "tfedu/grading")
+# names that, written inside a string, point at introspection (str.format, attrgetter, ...)
+SUSPECT_IN_STRINGS = tuple(sorted({a for a in BANNED_ATTRIBUTES if a.startswith(("__", "f_", "tb_", "gi_", "co_"))}
+                                  | {"__import__", "__builtins__", "exec(", "eval("}))
+READ_MODES = {"r", "rb", "rt", "br", "tr"}
 
 
 def to_python(source: str) -> str:
@@ -183,6 +194,9 @@ def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable
         parts = dotted.split(".")
         if parts[0] in ALLOWED_ATTRIBUTES and len(parts) > 1 and parts[1] not in ALLOWED_ATTRIBUTES[parts[0]]:
             flag(f"answers may not use `{parts[0]}.{parts[1]}`")
+        private = next((p for p in parts[1:] if p.startswith("_") and not (p.startswith("__") and p.endswith("__"))), None)
+        if private:
+            flag(f"answers may not use private internals of a library (`{dotted}`)")
 
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -204,13 +218,25 @@ def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable
             for name in (*forbidden, *PROTECTED_STRINGS):
                 if name in text or name.replace(".", "/") in text:
                     flag(f"the answer contains a string naming `{name}`, which an answer may not use")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr", "getattr"):
+            for name in SUSPECT_IN_STRINGS:
+                if name in text:
+                    flag(f"the answer contains a string naming `{name.rstrip('(')}` (introspection through a string)")
+        elif isinstance(node, ast.Attribute) and node.attr in WRITING_ATTRIBUTES:
+            flag(f"answers may not write or change files (`.{node.attr}`)")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+            mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            if mode is not None and not (isinstance(mode, ast.Constant) and mode.value in READ_MODES):
+                flag("answers may not write files (`open` with a mode other than reading)")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr", "getattr", "hasattr"):
             target = _chain(node.args[0]) if node.args else None
-            constant = len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
-            if node.func.id != "getattr" and target and target[0] in aliases:
+            name = node.args[1] if len(node.args) >= 2 else None
+            constant = isinstance(name, ast.Constant) and isinstance(name.value, str)
+            if node.func.id in ("setattr", "delattr") and target and target[0] in aliases:
                 flag(f"answers may not change attributes of `{'.'.join(target)}` (monkeypatching a library)")
-            if node.func.id == "getattr" and not constant and target and target[0] in aliases:
-                flag(f"answers may not look up attributes of `{'.'.join(target)}` by a computed name")
+            if constant and (name.value in BANNED_ATTRIBUTES or name.value in WRITING_ATTRIBUTES):
+                flag(f"answers may not use `.{name.value}` (it reaches into the interpreter or the notebook machinery)")
+            if not constant and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "self"):
+                flag(f"answers may not use `{node.func.id}` with a computed attribute name (except on `self`)")
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             for target in targets:
