@@ -252,20 +252,27 @@ def test_save_load_round_trip(tmp_path):
         assert_same(tok, loaded)
         assert loaded.encode("hello wörld<|endoftext|>") == tok.encode("hello wörld<|endoftext|>")
     lines = path.read_text(encoding="utf-8").splitlines()
-    assert lines[0] == "tfedu-bpe 1" and lines[1] == "pattern null" and lines[-1].startswith("sha256 ")
+    assert lines[0] == "tfedu-bpe 1" and lines[1] == "pattern none" and lines[-1].startswith("sha256 ")
     assert lines[4] == '256 97 97 "aa"'
 
 
-def test_every_single_flipped_byte_is_caught_with_the_line(tmp_path):
-    data = small_tokenizer().save(tmp_path / "tok.bpe").read_bytes()
+@pytest.mark.parametrize("pattern", ["gpt4", r"\w+|\s+|[^\w\s]+", None])
+def test_every_single_flipped_byte_names_its_line(tmp_path, pattern):
+    tok = train_bpe("héllo wörld, hello world 123 😀😀 " * 3, 290, pattern=pattern, special_tokens=["<|endoftext|>", "<|pad|>"])
+    data = tok.save(tmp_path / "tok.bpe").read_bytes()
+    line_of = [data[:position].count(b"\n") + 1 for position in range(len(data))]
     damaged = tmp_path / "damaged.bpe"
     for position in range(len(data)):
-        for mask in (0x01, 0x20):  # a low bit (digit -> digit) and a case/space bit
+        for mask in (0x01, 0x02, 0x20, 0x80):  # digit -> digit, letter case / space, high bit
             flipped = bytearray(data)
             flipped[position] ^= mask
             damaged.write_bytes(bytes(flipped))
-            with pytest.raises(TokenizerFileError, match=r"damaged\.bpe, line \d+: "):
+            with pytest.raises(TokenizerFileError, match=r"damaged\.bpe, line \d+: ") as caught:
                 Tokenizer.load(damaged)
+            line = line_of[position]
+            # a changed count is noticed where the counted records end, and the message
+            # points back at the line that announced the count
+            assert f"line {line}: " in str(caught.value) or f"announced on line {line}" in str(caught.value)
 
 
 def test_flipped_byte_in_a_merge_names_that_line(tmp_path):
@@ -281,11 +288,25 @@ def test_flipped_byte_in_a_merge_names_that_line(tmp_path):
 
 def test_checksum_catches_a_change_the_records_cannot(tmp_path):
     path = small_tokenizer().save(tmp_path / "tok.bpe")
-    text = path.read_text(encoding="utf-8").replace('"<|pad|>"', '"<|pax|>"')
-    path.write_text(text, encoding="utf-8")
-    n_lines = len(text.splitlines())
-    with pytest.raises(TokenizerFileError, match=f"line {n_lines}: checksum mismatch"):
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    assert "<|endoftext|>" in lines[-3] and "<|pad|>" in lines[-2]
+    lines[-3], lines[-2] = lines[-2], lines[-3]  # each special-token line is still valid on its own
+    path.write_text("".join(lines), encoding="utf-8")
+    with pytest.raises(TokenizerFileError, match=f"line {len(lines)}: checksum mismatch"):
         Tokenizer.load(path)
+
+
+def test_crc_names_a_damaged_special_token_or_pattern_line(tmp_path):
+    tok = train_bpe("ab ab", 260, pattern=r"\w+|\s+", special_tokens=["<|pad|>"])
+    text = tok.save(tmp_path / "tok.bpe").read_text(encoding="utf-8")
+    (tmp_path / "a.bpe").write_text(text.replace('"<|pad|>"', '"<|pax|>"'), encoding="utf-8")
+    pad_line = text.splitlines().index(next(line for line in text.splitlines() if "<|pad|>" in line)) + 1
+    with pytest.raises(TokenizerFileError, match=f"line {pad_line}: the special token does not match its CRC-32"):
+        Tokenizer.load(tmp_path / "a.bpe")
+    (tmp_path / "b.bpe").write_text(text.replace("\\\\w+", "\\\\d+"), encoding="utf-8")
+    with pytest.raises(TokenizerFileError, match="line 2: the pattern does not match its CRC-32"):
+        Tokenizer.load(tmp_path / "b.bpe")
+    assert Tokenizer.load(tok.save(tmp_path / "c.bpe")).pattern == r"\w+|\s+"
 
 
 def test_every_truncation_is_caught(tmp_path):

@@ -30,6 +30,7 @@ import hashlib
 import heapq
 import json
 import operator
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from itertools import chain
@@ -498,19 +499,27 @@ class Tokenizer:
         Format ``tfedu-bpe 1``, one record per line::
 
             tfedu-bpe 1
-            pattern "<the split regex as a JSON string>"        (or: pattern null)
-            bytes identity                                    (or: bytes <256 ids>)
+            pattern gpt4              (or gpt2, or none, or: pattern regex <crc32> "<regex, JSON>")
+            bytes identity            (or: bytes <the ids of bytes 0..255>)
             merges <N>
-            <256 + i> <a> <b> "<token text, JSON>"            (N lines, i = 0..N-1)
+            <256 + i> <a> <b> "<token text, JSON>"        (N lines, i = 0..N-1)
             specials <M>
-            <id> "<special token, JSON>"                      (M lines)
+            <id> <crc32> "<special token, JSON>"           (M lines; the CRC covers the id too)
             sha256 <hex digest of every byte above this line>
 
-        The token text on a merge line is for people reading the file (invalid UTF-8
-        shown as ``\\xNN``); ``load`` checks it against the ids, so a changed id names
-        its line, and the checksum catches any other change.
+        Every line can be checked on its own, so ``load`` names the damaged line: the token
+        text on a merge line (for people reading the file; invalid UTF-8 shown as ``\\xNN``)
+        must match its ids, and free text carries a CRC-32 of its JSON. The SHA-256 line
+        covers the whole file.
         """
-        lines = [f"{FORMAT_NAME} {FORMAT_VERSION}", f"pattern {json.dumps(self.pattern)}"]
+        name = next((name for name, regex_ in PATTERNS.items() if regex_ == self.pattern), None)
+        if self.pattern is None:
+            pattern_line = "pattern none"
+        elif name is not None:
+            pattern_line = f"pattern {name}"
+        else:
+            pattern_line = f"pattern regex {_with_crc(json.dumps(self.pattern, ensure_ascii=False))}"
+        lines = [f"{FORMAT_NAME} {FORMAT_VERSION}", pattern_line]
         identity = self.byte_ids == list(range(256))
         lines.append("bytes identity" if identity else "bytes " + " ".join(map(str, self.byte_ids)))
         lines.append(f"merges {len(self.merges)}")
@@ -518,7 +527,7 @@ class Tokenizer:
             lines.append(f"{256 + i} {a} {b} {_render(self.vocab[256 + i])}")
         lines.append(f"specials {len(self.special_tokens)}")
         for token, idx in self.special_tokens.items():
-            lines.append(f"{idx} {json.dumps(token, ensure_ascii=False)}")
+            lines.append(f"{idx} {_with_crc(json.dumps(token, ensure_ascii=False), salt=str(idx))}")
         body = ("\n".join(lines) + "\n").encode("utf-8")
         path = Path(path)
         path.write_bytes(body + f"sha256 {hashlib.sha256(body).hexdigest()}\n".encode("ascii"))
@@ -549,6 +558,15 @@ class Tokenizer:
 def _render(token: bytes) -> str:
     """A token's bytes as readable JSON text (invalid UTF-8 as \\xNN); used by save and load."""
     return json.dumps(token.decode("utf-8", errors="backslashreplace"), ensure_ascii=False)
+
+
+def _with_crc(text: str, salt: str = "") -> str:
+    """``text`` preceded by the CRC-32 (8 hex digits) of ``salt + " " + text``.
+
+    The salt is the rest of the line (a special token's id), so a change anywhere on the
+    line makes the line itself fail to load.
+    """
+    return f"{zlib.crc32(f'{salt} {text}'.encode('utf-8')):08x} {text}"
 
 
 def _check_text(text) -> None:

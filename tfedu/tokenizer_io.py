@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import zlib
 from pathlib import Path
 
 FORMAT_NAME = "tfedu-bpe"
@@ -101,7 +102,7 @@ def parse_tokenizer_file(data: bytes, name: str = "<tokenizer file>") -> dict:
     merge line's id and text agree with its pair; the file ends with the checksum line;
     the checksum matches. The first failure raises ``TokenizerFileError`` naming the line.
     """
-    from tfedu.tokenizer import _render
+    from tfedu.tokenizer import PATTERNS, _render
 
     def fail(line_no: int, problem: str):
         raise TokenizerFileError(f"{name}, line {line_no}: {problem}")
@@ -128,11 +129,22 @@ def parse_tokenizer_file(data: bytes, name: str = "<tokenizer file>") -> dict:
         position += 1
         return position, lines[position - 1]
 
-    def count_line(keyword: str) -> tuple[int, int]:
+    def json_with_crc(field: str, line_no: int, what: str, salt: str = ""):
+        crc, _, text = field.partition(" ")
+        if len(crc) != 8 or any(c not in "0123456789abcdef" for c in crc):
+            fail(line_no, f"expected a CRC-32 (8 hex digits) before {what}, got {crc[:12]!r}")
+        if f"{zlib.crc32(f'{salt} {text}'.encode('utf-8')):08x}" != crc:
+            fail(line_no, f"{what} does not match its CRC-32 {crc}: the line is damaged")
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as err:
+            fail(line_no, f"{what} is not valid JSON ({err.msg})")
+
+    def count_line(keyword: str, after: str = "") -> tuple[int, int]:
         number, line = next_line(f"'{keyword} <count>'")
         head, _, rest = line.partition(" ")
         if head != keyword or not rest.isdigit():
-            fail(number, f"expected '{keyword} <count>', got {line[:80]!r}")
+            fail(number, f"expected '{keyword} <count>'{after}, got {line[:80]!r}")
         return number, int(rest)
 
     number, line = next_line("the header")
@@ -142,14 +154,15 @@ def parse_tokenizer_file(data: bytes, name: str = "<tokenizer file>") -> dict:
         fail(number, f"expected the header '{FORMAT_NAME} {FORMAT_VERSION}', got {line[:80]!r}: not a tfedu tokenizer file, or damaged")
 
     number, line = next_line("'pattern ...'")
-    if not line.startswith("pattern "):
-        fail(number, f"expected 'pattern <JSON string or null>', got {line[:80]!r}")
-    try:
-        pattern = json.loads(line[len("pattern "):])
-    except json.JSONDecodeError as err:
-        fail(number, f"the pattern is not valid JSON ({err.msg})")
-    if pattern is not None and not isinstance(pattern, str):
-        fail(number, "the pattern must be a JSON string or null")
+    pattern = None
+    if line in ("pattern gpt2", "pattern gpt4"):
+        pattern = PATTERNS[line[len("pattern "):]]
+    elif line.startswith("pattern regex "):
+        pattern = json_with_crc(line[len("pattern regex "):], number, "the pattern")
+        if not isinstance(pattern, str):
+            fail(number, "the pattern must be a JSON string")
+    elif line != "pattern none":
+        fail(number, f"expected 'pattern gpt2', 'pattern gpt4', 'pattern none' or 'pattern regex <crc32> <JSON>', got {line[:80]!r}")
 
     number, line = next_line("'bytes ...'")
     if line == "bytes identity":
@@ -163,13 +176,13 @@ def parse_tokenizer_file(data: bytes, name: str = "<tokenizer file>") -> dict:
             fail(number, "the 256 byte ids must be a permutation of 0..255")
 
     vocab = {byte_ids[b]: bytes([b]) for b in range(256)}
-    number, n_merges = count_line("merges")
+    merges_line, n_merges = count_line("merges")
     merges = []
     for i in range(n_merges):
-        number, line = next_line(f"merge {i + 1} of {n_merges}")
+        number, line = next_line(f"merge {i + 1} of the {n_merges} announced on line {merges_line}")
         parts = line.split(" ", 3)
         if len(parts) != 4 or not all(p.isdigit() for p in parts[:3]):
-            fail(number, f"expected '<id> <a> <b> <token text>', got {line[:80]!r}")
+            fail(number, f"expected merge {i + 1} of the {n_merges} announced on line {merges_line} ('<id> <a> <b> <token text>'), got {line[:80]!r}")
         idx, a, b = (int(p) for p in parts[:3])
         if idx != 256 + i:
             fail(number, f"merge {i + 1} must produce id {256 + i}, the line says {idx}")
@@ -181,17 +194,16 @@ def parse_tokenizer_file(data: bytes, name: str = "<tokenizer file>") -> dict:
         vocab[idx] = token
         merges.append((a, b))
 
-    number, n_specials = count_line("specials")
+    specials_line, n_specials = count_line("specials", f" after the {n_merges} merges announced on line {merges_line}")
     special_tokens: dict[str, int] = {}
     for k in range(n_specials):
-        number, line = next_line(f"special token {k + 1} of {n_specials}")
-        idx_text, _, token_json = line.partition(" ")
-        try:
-            token = json.loads(token_json)
-        except json.JSONDecodeError:
-            token = None
-        if not idx_text.isdigit() or not isinstance(token, str) or not token:
-            fail(number, f"expected '<id> <special token as a JSON string>', got {line[:80]!r}")
+        number, line = next_line(f"special token {k + 1} of the {n_specials} announced on line {specials_line}")
+        idx_text, _, field = line.partition(" ")
+        if not idx_text.isdigit():
+            fail(number, f"expected special token {k + 1} of the {n_specials} announced on line {specials_line} ('<id> <crc32> <JSON string>'), got {line[:80]!r}")
+        token = json_with_crc(field, number, "the special token", salt=idx_text)
+        if not isinstance(token, str) or not token:
+            fail(number, f"a special token must be a non-empty JSON string, got {token!r}")
         if int(idx_text) in vocab or token in special_tokens:
             fail(number, f"special token {token!r} with id {idx_text} clashes with an earlier token")
         special_tokens[token] = int(idx_text)
@@ -200,7 +212,7 @@ def parse_tokenizer_file(data: bytes, name: str = "<tokenizer file>") -> dict:
     number, line = next_line("the checksum line 'sha256 <hex>'")
     head, _, digest = line.partition(" ")
     if head != "sha256" or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
-        fail(number, f"expected the checksum line 'sha256 <64 hex digits>', got {line[:80]!r}")
+        fail(number, f"expected the checksum line 'sha256 <64 hex digits>' after the {n_specials} special tokens announced on line {specials_line}, got {line[:80]!r}")
     if position != len(lines):
         fail(position + 1, "unexpected text after the checksum line")
     body = b"".join(raw + b"\n" for raw in raw_lines[:-1])
