@@ -38,6 +38,8 @@ from pathlib import Path
 
 import regex
 
+from tfedu.tokenizer_io import FORMAT_NAME, FORMAT_VERSION, parse_tokenizer_file, read_gpt2_files
+
 # The split patterns as published. GPT-2's is the one in OpenAI's gpt-2 repository
 # (src/encoder.py); GPT-4's is cl100k_base as published in tiktoken. They differ in
 # ways the notebook measures: GPT-4 matches contractions case-insensitively (GPT-2
@@ -49,8 +51,6 @@ GPT4_PATTERN = (
 )
 PATTERNS = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN}
 
-FORMAT_NAME = "tfedu-bpe"
-FORMAT_VERSION = 1
 _CACHE_LIMIT = 200_000  # pre-tokens remembered by an encoder before its cache is emptied
 _LONG_WORD = 64  # words longer than this get local count updates (pattern=None makes one huge word)
 _LONG_CHUNK = 256  # pre-tokens longer than this are encoded merge by merge in rank order
@@ -536,16 +536,12 @@ class Tokenizer:
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:
         """Read a file written by ``save``; any damage raises ``ValueError`` naming the line."""
-        from tfedu.tokenizer_io import parse_tokenizer_file
-
         fields = parse_tokenizer_file(Path(path).read_bytes(), str(path))
         return cls(fields["merges"], special_tokens=fields["special_tokens"], pattern=fields["pattern"], byte_ids=fields["byte_ids"])
 
     @classmethod
     def from_gpt2_files(cls, encoder_json_path: str | Path, vocab_bpe_path: str | Path) -> Tokenizer:
         """Load GPT-2's published ``encoder.json`` and ``vocab.bpe`` (ids as GPT-2 numbers them)."""
-        from tfedu.tokenizer_io import read_gpt2_files
-
         merges, byte_ids, specials = read_gpt2_files(encoder_json_path, vocab_bpe_path)
         return cls(merges, special_tokens=specials, pattern=GPT2_PATTERN, byte_ids=byte_ids)
 
