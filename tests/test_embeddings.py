@@ -439,3 +439,24 @@ def test_flop_counts_agree_with_torch_flop_counter():
     assert counter.get_total_flops() == E.negative_sampling_flops(k, d_model) - 4 * (k + 1)
     ratio = E.full_softmax_flops(10_000, 100) / E.negative_sampling_flops(5, 100)
     assert 1_500 < ratio < 10_000 / 6 + 1
+
+
+def test_pipeline_and_reading_shapes_are_annotated_correctly(typechecked):
+    counts = torch.tensor([50.0, 20.0, 5.0, 1.0])
+    keep = typechecked(E.keep_probabilities)(counts, 0.1)
+    noise = typechecked(E.noise_distribution)(counts)
+    ids = torch.tensor([0, 1, 2, 3, 0, 1, 0])
+    assert typechecked(E.subsample)(ids, keep, torch.Generator().manual_seed(0)).dim() == 1
+    centers, contexts = typechecked(E.skipgram_pairs)(ids, 2, torch.Generator().manual_seed(0))
+    assert centers.shape == contexts.shape
+    assert typechecked(E.sample_negatives)(noise, 3, 2).shape == (3, 2)
+    model = E.SkipGram(4, 3)
+    assert typechecked(model.forward)(centers[:3], contexts[:3], torch.tensor([[1, 2], [3, 0], [0, 0]])).shape == ()
+    vocab = E.Vocab(("a", "b", "c", "d"), (4, 3, 2, 1))
+    vectors = torch.randn(4, 3)
+    assert len(typechecked(E.nearest_neighbours)("a", vectors, vocab, 2)) == 2
+    assert len(typechecked(E.analogy)("a", "b", "c", vectors, vocab, 1)) == 1
+    pairs = typechecked(E.cooccurring_pairs)(list("abcdabca"), vocab, 2)
+    assert pairs.shape[1] == 2
+    assert isinstance(typechecked(E.held_out_similarity)(vectors, pairs), float)
+    assert isinstance(typechecked(E.neighbour_hit_rate)(vectors, torch.tensor([0, 1]), pairs, 2), float)

@@ -481,8 +481,8 @@ def nearest_neighbours(word: str, vectors: Float[Tensor, "d_vocab d_model"], voc
     """The ``n`` words whose vectors have the highest cosine similarity with ``word``'s (itself excluded).
 
     >>> vocab = Vocab(("cat", "dog", "car"), (3, 2, 1))
-    >>> nearest_neighbours("cat", torch.tensor([[1.0, 0.1], [1.0, 0.0], [0.0, 1.0]]), vocab, n=1)
-    [('dog', 0.9950371980667114)]
+    >>> [(w, round(s, 3)) for w, s in nearest_neighbours("cat", torch.tensor([[1.0, 0.1], [1.0, 0.0], [0.0, 1.0]]), vocab, n=2)]
+    [('dog', 0.995), ('car', 0.1)]
     """
     unit = _word_vectors(vectors, vocab)
     i = vocab.id(word)
