@@ -25,7 +25,7 @@ def test_run_rnn_matches_torch_rnn_with_copied_weights(seed, typechecked):
     torch.testing.assert_close(got[:, -1], h_last[0], rtol=1e-5, atol=1e-6)
 
 
-def test_run_rnn_linear_matches_torch_relu_free_closed_form():
+def test_linear_run_rnn_matches_matrix_powers():
     # linear recurrence with zero input: h_t = W^t h_0, computed independently by matrix powers
     torch.manual_seed(0)
     W = torch.randn(4, 4, dtype=torch.float64) * 0.5
@@ -70,6 +70,14 @@ def test_gru_cell_matches_torch_gru_cell(seed, typechecked):
     x, h = torch.randn(4, 5), torch.randn(4, 6)
     got = typechecked(rnn.gru_cell)(x, h, oracle.weight_ih, oracle.bias_ih, oracle.weight_hh, oracle.bias_hh)
     torch.testing.assert_close(got, oracle(x, h), rtol=1e-5, atol=1e-6)
+
+
+def test_gru_cell_annotations_reject_weights_of_the_wrong_height(typechecked):
+    from jaxtyping import TypeCheckError
+
+    W_ih, W_hh, b = torch.randn(8, 5), torch.randn(8, 4), torch.randn(8)  # 2*d_hidden rows, not 3*d_hidden
+    with pytest.raises((TypeCheckError, ValueError)):
+        typechecked(rnn.gru_cell)(torch.randn(2, 5), torch.randn(2, 4), W_ih, b, W_hh, b)
 
 
 def test_gru_cell_over_a_sequence_matches_torch_gru():
@@ -241,7 +249,16 @@ def test_seq2seq_rejects_bad_inputs(small_model):
         small_model.greedy_decode(src, 0)
 
 
-def test_attention_model_learns_short_reversal_with_a_mirrored_alignment():
+@pytest.fixture
+def one_thread():
+    """Tiny models train faster on one thread than on several contending for a busy CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_attention_model_learns_short_reversal_with_a_mirrored_alignment(one_thread):
     torch.manual_seed(0)
     model = rnn.Seq2Seq(rnn.Seq2SeqConfig(d_embed=16, d_hidden=32, d_attn=32))
     g = torch.Generator().manual_seed(0)

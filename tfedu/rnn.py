@@ -125,10 +125,10 @@ def run_rnn(
 def gru_cell(
     x: Float[Tensor, "batch d_in"],
     h_prev: Float[Tensor, "batch d_hidden"],
-    W_ih: Float[Tensor, "three_d_hidden d_in"],
-    b_ih: Float[Tensor, " three_d_hidden"],
-    W_hh: Float[Tensor, "three_d_hidden d_hidden"],
-    b_hh: Float[Tensor, " three_d_hidden"],
+    W_ih: Float[Tensor, "3*d_hidden d_in"],
+    b_ih: Float[Tensor, " 3*d_hidden"],
+    W_hh: Float[Tensor, "3*d_hidden d_hidden"],
+    b_hh: Float[Tensor, " 3*d_hidden"],
 ) -> Float[Tensor, "batch d_hidden"]:
     """One GRU step (Cho et al. 2014) in ``torch.nn.GRU``'s layout, gates stacked (r, z, n).
 
