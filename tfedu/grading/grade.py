@@ -432,6 +432,9 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
     except SubmissionError as err:
         run = Run(assignment, {}, limits)
         run.zero_rest(f"the submission could not be graded: {err}")
+    except Exception as err:  # a grader bug must not take the other submissions down with it
+        run = Run(assignment, {}, limits)
+        run.zero_rest(f"internal error while grading this submission, tell your instructor: {type(err).__name__}: {str(err)[:300]}")
     for check, points in assignment.points.items():
         got, feedback = run.outcome.get(check, (0.0, "not graded"))
         entry["exercises"][check] = {"points": got, "max": points, "feedback": feedback}

@@ -90,6 +90,14 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
         if module is not None and getattr(module, "__file__", None):
             files.add(os.path.realpath(module.__file__))
             continue
+        try:  # not imported yet: watch its file all the same, in case the run imports it
+            import importlib.util
+            spec = importlib.util.find_spec(name)
+            if spec is not None and spec.origin and os.path.isfile(spec.origin):
+                files.add(os.path.realpath(spec.origin))
+                continue
+        except (ImportError, ValueError, AttributeError):
+            pass
         head, _, attr = name.rpartition(".")
         owner = sys.modules.get(head)
         if owner is not None and hasattr(owner, attr):

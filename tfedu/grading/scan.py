@@ -104,7 +104,7 @@ def import_aliases(sources: Iterable[str]) -> dict[str, str]:
     for source in sources:
         try:
             tree = parse(source)
-        except (SyntaxError, ValueError):
+        except Exception:
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -170,8 +170,8 @@ def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable
     forbidden = tuple(forbidden)
     try:
         tree = parse(source)
-    except (SyntaxError, ValueError) as err:
-        return [f"the answer cell is not valid Python ({type(err).__name__}: {err}); it was not run"]
+    except Exception as err:  # SyntaxError, but also RecursionError/MemoryError on absurdly nested code
+        return [f"the answer cell is not valid Python ({type(err).__name__}: {str(err)[:200]}); it was not run"]
     aliases = {k: v for k, v in import_aliases(context).items() if k not in _bound_names(tree)}
     aliases.update(import_aliases([source]))
     problems: list[str] = []
