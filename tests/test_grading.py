@@ -151,8 +151,10 @@ def test_cli_grade_writes_json_and_csv_and_reports_instructor_errors(tmp_path, c
     assert "not valid JSON" in capsys.readouterr().out
     stray = tmp_path / "77_unknown.ipynb"
     stray.write_text("{}")
-    assert cli.main(["grade", str(stray), "--out", str(out)]) == 2
+    assert cli.main(["grade", str(stray), str(bad), "--out", str(out), "--timeout", "30"]) == 1
     assert "no source notebook" in capsys.readouterr().err
+    entries = json.loads(out.read_text())["submissions"]
+    assert entries[0]["source"] is None and entries[1]["source"] == "00_start_here.ipynb"
     assert source.is_file()
 
 
@@ -244,3 +246,49 @@ def test_a_planted_or_symlinked_result_is_not_read(tmp_path):
     harness.write_inputs(tmp_path, {"x": np.ones(3)})  # fresh folders replace whatever was there
     assert list((tmp_path / "out").iterdir()) == []
     assert harness.read_result(tmp_path, "right") is None
+
+
+def test_the_tripwire_catches_torch_functions_and_tensor_methods_named_in_forbidden(tmp_path, monkeypatch):
+    """A probe may forbid library functions and C methods too (torch.softmax, torch.Tensor.softmax):
+    calls the scan cannot resolve statically (a method on a tensor, a function captured under
+    another name) are caught while the probe runs. The check cell here is lenient on purpose."""
+    import sys
+
+    module = tmp_path / "strict_softmax_checks.py"
+    module.write_text(
+        "from dataclasses import replace\n"
+        "from tfedu.checks import nb00_start_here as base\n"
+        "def check_softmax(softmax):\n"
+        "    print('shape ok:', tuple(softmax(base.seeded_randn(0, 2, 3)).shape))\n"
+        "PROBES = {'check_softmax': replace(base.PROBES['check_softmax'], forbidden=('tfedu.softmax', 'torch.softmax',"
+        " 'torch.Tensor.softmax', 'torch.nn.functional.softmax'))}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    sys.modules.pop("strict_softmax_checks", None)
+    source = tmp_path / "95_strict.ipynb"
+    nbtools.write(nbtools.new_notebook([
+        nbtools.code("import torch"),
+        nbtools.exercise("ex_softmax", "def softmax(x):\n    ### BEGIN SOLUTION\n    e = (x - x.max(-1, keepdim=True).values).exp()\n"
+                                       "    return e / e.sum(-1, keepdim=True)\n    ### END SOLUTION"),
+        nbtools.check("check_softmax", "from strict_softmax_checks import check_softmax\n\ncheck_softmax(softmax)", points=2),
+    ]), source)
+    answers = {
+        "method": "def softmax(x):\n    return x.softmax(-1)",
+        "captured": "_sm = torch.Tensor.softmax\n\ndef softmax(x):\n    return _sm(x, -1)",
+        "functional": "def softmax(x, _f=torch.nn.functional):\n    return _f.softmax(x, dim=-1)",
+        "torchfn": "def softmax(x, _t=torch):\n    return _t.softmax(x, -1)",
+        "correct": "def softmax(x):\n    e = (x - x.max(-1, keepdim=True).values).exp()\n    return e / e.sum(-1, keepdim=True)",
+    }
+    paths = []
+    for name, answer in answers.items():
+        nb = student_version(nbtools.read(source))
+        next(c for c in nb.cells if (nbtools.nbgrader_meta(c) or {}).get("grade_id") == "ex_softmax").source = answer
+        paths.append(tmp_path / f"95_strict_{name}.ipynb")
+        paths[-1].write_text(nbformat.writes(nb))
+    results = grade(paths, source=source, checks="strict_softmax_checks", limits=Limits(cell_timeout=30, timeout=90), jobs=2)
+    got = {Path(e["file"]).stem.rsplit("_", 1)[1]: e["exercises"]["check_softmax"] for e in results["submissions"]}
+    assert got["correct"]["points"] == 2, got["correct"]["feedback"]
+    assert "uses `torch.Tensor.softmax`" in got["captured"]["feedback"]  # the scan resolves this one
+    for name in ("method", "functional", "torchfn"):  # these only the runtime tripwire sees
+        assert got[name]["points"] == 0, name
+        assert "called the reference" in got[name]["feedback"] and "softmax" in got[name]["feedback"], (name, got[name]["feedback"])

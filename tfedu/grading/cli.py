@@ -32,12 +32,17 @@ def _grade(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"tfedu grade: {err}", file=sys.stderr)
         return 2
+    unmatched = 0
     for entry in results["submissions"]:
+        if entry["source"] is None:
+            unmatched += 1
+            print(f"{entry['file']}: NOT GRADED: {entry['notes'][0]}", file=sys.stderr)
+            continue
         print(f"{entry['file']}: {entry['total']:g} / {entry['max']:g}")
         for grade_id, ex in entry["exercises"].items():
             print(f"  {grade_id}: {ex['points']:g} / {ex['max']:g}  {ex['feedback']}")
     print(f"wrote {args.out} and {args.out.rsplit('.', 1)[0]}.csv")
-    return 0
+    return 1 if unmatched else 0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -450,10 +450,22 @@ def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str
 
     ``checks`` names the module with the ``PROBES`` (default: ``tfedu.checks.nb<source stem>``).
     """
+    unmatched: dict[str, str] = {}
     for path in paths:  # instructor errors first, before any kernel starts
-        load_assignment(Path(source) if source else find_source(Path(path), Path(notebooks_dir) if notebooks_dir else default_notebooks_dir()), checks)
+        try:
+            found = Path(source) if source else find_source(Path(path), Path(notebooks_dir) if notebooks_dir else default_notebooks_dir())
+        except ConfigError as err:  # this file only: the others are still graded
+            unmatched[str(path)] = str(err)
+            continue
+        load_assignment(found, checks)
+
+    def one(path: str | Path) -> dict[str, Any]:
+        if str(path) in unmatched:
+            return {"file": str(path), "source": None, "total": 0.0, "max": 0.0, "exercises": {}, "notes": [unmatched[str(path)]]}
+        return grade_submission(path, source=source, notebooks_dir=notebooks_dir, limits=limits, checks=checks)
+
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        entries = list(pool.map(lambda p: grade_submission(p, source=source, notebooks_dir=notebooks_dir, limits=limits, checks=checks), paths))
+        entries = list(pool.map(one, paths))
     results = {"submissions": entries}
     if out is not None:
         out = Path(out)

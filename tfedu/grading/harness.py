@@ -84,7 +84,7 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
     namespace = dict(user_namespace)
     namespace.update(inputs=inputs, np=np, torch=torch)
 
-    files, objects, hits = set(), {}, []
+    files, objects, methods, hits = set(), {}, [], []
     for name in forbidden:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):
@@ -98,11 +98,21 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
                 continue
         except (ImportError, ValueError, AttributeError):
             pass
-        head, _, attr = name.rpartition(".")
-        owner = sys.modules.get(head)
-        if owner is not None and hasattr(owner, attr):
-            target = getattr(owner, attr)
+        parts, target = name.split("."), None  # a function, class attribute or method: walk from its module
+        for cut in range(len(parts) - 1, 0, -1):
+            owner = sys.modules.get(".".join(parts[:cut]))
+            if owner is not None:
+                try:
+                    target = owner
+                    for attr in parts[cut:]:
+                        target = getattr(target, attr)
+                except AttributeError:
+                    target = None
+                break
+        if target is not None:
             objects[id(getattr(target, "__code__", target))] = name
+            if getattr(target, "__objclass__", None) is not None:  # a C method such as torch.Tensor.softmax
+                methods.append((target.__objclass__, getattr(target, "__name__", ""), name))
     loaded_before = {name for name in forbidden if name in sys.modules}
 
     seen = {}
@@ -119,6 +129,9 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
         elif event == "c_call":
             if id(arg) in objects:
                 hits.append(objects[id(arg)])
+            elif methods and any(getattr(arg, "__name__", None) == method and isinstance(getattr(arg, "__self__", None), owner)
+                                 for owner, method, _ in methods):
+                hits.extend(label for owner, method, label in methods if getattr(arg, "__name__", None) == method)
             elif getattr(arg, "__name__", "") in spawners and getattr(arg, "__module__", "") in ("posix", "_posixsubprocess", "os", "nt"):
                 hits.append(f"it started a process ({arg.__name__}) while being tested")
 

@@ -76,7 +76,7 @@ BANNED_ATTRIBUTES = {
     "system", "popen", "_exit", "getoutput", "run_line_magic", "run_cell_magic", "set_custom_exc", "excepthook",
     "modules", "meta_path", "path_hooks", "settrace", "setprofile", "_getframe", "monitoring", "addaudithook",
     "__annotations__", "__file__", "__path__", "__cached__", "__func__", "__objclass__", "__signature__",
-    "__text_signature__", "__qualname__", "f_lasti", "co_filename",
+    "__text_signature__", "__qualname__", "f_lasti", "co_filename", "__setattr__", "__delattr__",
 }
 BANNED_DEFINITIONS = {"__torch_function__", "__torch_dispatch__", "__getattribute__", "__del__", "__init_subclass__",
                       "__class_getitem__", "__set_name__", "__instancecheck__", "__subclasscheck__"}
@@ -186,7 +186,7 @@ def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable
         hit = _matches(dotted, forbidden)
         if hit and hit not in reported:
             reported.add(hit)
-            flag(f"this exercise asks you to build it yourself, but the answer uses `{hit}` (the course's reference) "
+            flag(f"this exercise asks you to build it yourself, but the answer uses `{hit}` (what this exercise rebuilds) "
                  f"through {how}; an answer that uses the reference scores zero")
         banned = _matches(dotted, [m for m in BANNED_MODULES if "." in m or m == dotted.split(".")[0]])
         if banned:
