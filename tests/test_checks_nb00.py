@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from tfedu.checks import nb00_start_here as nb00
-from tfedu.checks.core import CheckFailure, ExerciseNotDone
+from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
 from tfedu.softmax import softmax
 
 
@@ -55,12 +55,6 @@ def test_unfinished_exercise():
     with pytest.raises(ExerciseNotDone, match="not done yet"):
         nb00.check_softmax(softmax_stub)
 
-
-def run_probe(probe, namespace, seed):
-    inputs = probe.make_inputs(np.random.default_rng(seed))
-    scope = {**namespace, "inputs": inputs, "np": np, "torch": torch}
-    exec(probe.run, scope)
-    return scope["outputs"], probe.reference(inputs)
 
 
 @pytest.mark.parametrize("seed", range(5))

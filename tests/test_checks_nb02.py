@@ -7,7 +7,7 @@ import torch.nn.functional as F
 
 from tfedu import embeddings as E
 from tfedu.checks import nb02_embeddings as nb02
-from tfedu.checks.core import CheckFailure, ExerciseNotDone
+from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
 
 # --------------------------------------------------------------------------- learner versions of embed_via_one_hot
 
@@ -280,12 +280,6 @@ def test_step_unfinished():
 
 # --------------------------------------------------------------------------- probes
 
-
-def run_probe(probe, namespace, seed):
-    inputs = probe.make_inputs(np.random.default_rng(seed))
-    scope = {**namespace, "inputs": inputs, "np": np, "torch": torch}
-    exec(probe.run, scope)
-    return scope["outputs"], probe.reference(inputs)
 
 
 def same(outputs, expected, probe):

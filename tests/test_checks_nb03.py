@@ -4,7 +4,7 @@ import torch
 
 from tfedu import rnn
 from tfedu.checks import nb03_rnns_to_attention as nb03
-from tfedu.checks.core import CheckFailure, ExerciseNotDone
+from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
 
 # ---- run_rnn: the reference passes, each realistic mistake is named ----
 
@@ -205,14 +205,6 @@ def test_attention_unfinished_exercise():
 
 # ---- probes: the reference under the learner's name reproduces the expected outputs ----
 
-
-def run_probe(probe, namespace, seed):
-    inputs = probe.make_inputs(np.random.default_rng(seed))
-    for value in inputs.values():  # plain data only
-        assert isinstance(value, (np.ndarray, int, float, str, list, dict))
-    scope = {**namespace, "inputs": inputs, "np": np, "torch": torch}
-    exec(probe.run, scope)
-    return scope["outputs"], probe.reference(inputs)
 
 
 def assert_outputs_close(outputs, expected, probe):

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from tfedu.attention import scaled_dot_product_attention
 from tfedu.checks import nb04_attention as nb04
-from tfedu.checks.core import CheckFailure, ExerciseNotDone
+from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
 
 # ----------------------------------------------------------------------------- learner versions of attention
 
@@ -423,12 +423,6 @@ def test_self_attention_checker_says_not_done():
 
 # ----------------------------------------------------------------------------- probes
 
-
-def run_probe(probe, namespace, seed):
-    inputs = probe.make_inputs(np.random.default_rng(seed))
-    scope = {**namespace, "inputs": inputs, "np": np, "torch": torch}
-    exec(probe.run, scope)
-    return scope["outputs"], probe.reference(inputs)
 
 
 def assert_same(outputs, expected, probe):

@@ -11,7 +11,7 @@ from torch import nn
 
 from tfedu import attention as reference
 from tfedu.checks import nb05_masks_and_heads as nb05
-from tfedu.checks.core import CheckFailure, ExerciseNotDone
+from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
 
 # ----------------------------------------------------------------------------- causal mask
 
@@ -241,12 +241,6 @@ def test_variant_defaults_equal_reference_and_nn_multihead_attention(with_mask):
 
 # ----------------------------------------------------------------------------- probes
 
-
-def run_probe(probe, namespace, seed):
-    inputs = probe.make_inputs(np.random.default_rng(seed))
-    scope = {**namespace, "inputs": inputs, "np": np, "torch": torch}
-    exec(probe.run, scope)
-    return scope["outputs"], probe.reference(inputs)
 
 
 def agree(probe, outputs, expected):

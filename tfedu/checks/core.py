@@ -206,3 +206,37 @@ class Probe:
     atol: float = 1e-5
     compare: Callable[[dict[str, Any], dict[str, Any]], str | None] | None = None  # custom: returns a failure message
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+PLAIN_TYPES = (np.ndarray, np.generic, bool, int, float, str, type(None))
+
+
+def is_plain_data(value: Any) -> bool:
+    """True for what a probe may pass between processes: arrays, numbers, strings, lists, dicts."""
+    if isinstance(value, (list, tuple)):
+        return all(is_plain_data(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and is_plain_data(v) for k, v in value.items())
+    return isinstance(value, PLAIN_TYPES) and not (isinstance(value, np.ndarray) and value.dtype == object)
+
+
+def run_probe(probe: Probe, namespace: Mapping[str, Any], seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run ``probe`` in this process against the objects in ``namespace``: ``(outputs, expected)``.
+
+    The grader does the same in the student's kernel; this is for testing probes and for
+    instructors writing new ones.
+
+    >>> from tfedu.checks.nb00_start_here import PROBES
+    >>> from tfedu.softmax import softmax
+    >>> outputs, expected = run_probe(PROBES["check_softmax"], {"softmax": softmax}, seed=0)
+    >>> bool(np.allclose(outputs["y"], expected["y"]))
+    True
+    """
+    inputs = probe.make_inputs(np.random.default_rng(seed))
+    if not is_plain_data(inputs):
+        raise TypeError(f"probe for {probe.exercise}: make_inputs must return plain data, got {describe(inputs)}")
+    scope = {**namespace, "inputs": inputs, "np": np, "torch": torch}
+    exec(probe.run, scope)
+    if "outputs" not in scope:
+        raise KeyError(f"probe for {probe.exercise}: its run code did not bind `outputs`")
+    return scope["outputs"], probe.reference(inputs)
