@@ -358,8 +358,12 @@ def execute(run: Run) -> None:
                         code = a.stubs[step.grade_id] if step.grade_id in run.stubbed else run.answers[step.grade_id]
                     elif step.kind == "probe":
                         probe = a.probes[step.grade_id]
-                        inputs = probe.make_inputs(np.random.default_rng(secrets.randbits(128)))
-                        harness.write_inputs(exchange, inputs)
+                        try:
+                            inputs = probe.make_inputs(np.random.default_rng(secrets.randbits(128)))
+                            harness.write_inputs(exchange, inputs)
+                        except Exception as err:  # the instructor's probe is broken, not the answer
+                            run.zero(step.grade_id, f"internal error in the hidden test, tell your instructor: {type(err).__name__}: {err}")
+                            continue
                         nonce = secrets.token_hex(16)
                         code = harness.harness_source(exchange, probe.run, tuple(probe.forbidden), nonce)
                     # Cells before the first student answer are the instructor's alone (set-up, imports):
@@ -398,7 +402,10 @@ def execute(run: Run) -> None:
                         check_failed[step.grade_id] = f"the check cell failed: {hint}"
                     elif step.kind == "probe":
                         got = harness.read_result(exchange, nonce)
-                        problem = judge(a.probes[step.grade_id], inputs, got)
+                        try:
+                            problem = judge(a.probes[step.grade_id], inputs, got)
+                        except Exception as err:  # probe.reference raised: the instructor's side
+                            problem = f"internal error in the hidden test's reference, tell your instructor: {type(err).__name__}: {err}"
                         if problem is None:
                             run.outcome[step.grade_id] = (a.points[step.grade_id], "passed: the check cell and the hidden test on fresh random inputs")
                         else:
