@@ -11,7 +11,8 @@ kernel's history and gets no execution count). It
    no forbidden module got imported during the run and that the profiler was not removed; it also
    fires when the run starts a process or when processes of the kernel's session are running
    (a worker that could compute the reference out of the profiler's sight);
-3. writes ``outputs`` as plain data only: JSON for numbers, strings, lists and dicts, ``.npy``
+3. converts ``outputs`` (still under the tripwire, with base-class methods so a subclass's
+   overrides never run) and writes them as plain data only: JSON for numbers, strings, lists and dicts, ``.npy``
    (numeric and boolean arrays, saved without pickle) for arrays and tensors (a tensor subclass is
    viewed as a plain tensor first). Anything else is an error, so an object with a rigged
    ``__eq__`` never leaves the kernel.
@@ -57,19 +58,20 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
     def dump(value, depth=0):
         if depth > 32:
             raise TypeError("outputs nest too deeply")
+        # Base-class methods called directly, so a subclass's overrides never run here.
         if isinstance(value, torch.Tensor):
-            value = value.as_subclass(torch.Tensor).detach().cpu()
+            value = torch.Tensor.detach(torch.Tensor.as_subclass(value, torch.Tensor)).cpu()
             value = value.float() if value.dtype in (torch.bfloat16, torch.float16) else value
             value = value.numpy()
         if isinstance(value, np.ndarray):
-            value = np.asarray(value)
+            value = np.ndarray.view(value, np.ndarray)
             if value.dtype.kind not in "biuf":
                 raise TypeError(f"outputs hold an array of dtype {value.dtype}; expected numbers or booleans")
             name = f"{len(arrays)}.npy"
             np.save(os.path.join(folder, "out", name), np.ascontiguousarray(value), allow_pickle=False)
             arrays.append(name)
             return {"__array__": name}
-        if isinstance(value, np.generic):
+        if isinstance(value, np.generic) and type(value).__module__ == "numpy":
             value = value.item()
         if value is None or type(value) in (bool, int, float, str):
             return value
@@ -155,8 +157,10 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
     error = None
     threading.setprofile(watch)
     sys.setprofile(watch)
-    try:
+    dumped = None
+    try:  # converting the outputs stays under watch too: it may run the answer's own methods
         exec(compile(code, "<string>", "exec"), namespace)
+        dumped = dump(namespace.get("outputs"))
     except BaseException as err:
         error = f"{type(err).__name__}: {err}"[:2000]
     finally:
@@ -169,12 +173,7 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
     if others():
         tripwire.append("it left processes running after the hidden test")
     tripwire += [f"{name} was imported" for name in forbidden if name in sys.modules and name not in loaded_before]
-    result = {"error": error, "tripwire": tripwire, "outputs": None, "nonce": nonce}
-    if error is None:
-        try:
-            result["outputs"] = dump(namespace.get("outputs"))
-        except BaseException as err:
-            result["error"] = f"{type(err).__name__}: {err}"[:2000]
+    result = {"error": error, "tripwire": tripwire, "outputs": dumped, "nonce": nonce}
     with open(os.path.join(folder, "out", "result.json"), "w") as handle:
         json.dump(result, handle)
 

@@ -56,7 +56,7 @@ BANNED_MODULES = {
     "tfedu.checks", "tfedu.grading", "torch.testing", "timeit", "doctest", "cProfile", "profile", "shelve",
     "pickletools", "jinja2", "numexpr", "torch.load", "torch.jit", "torch.package", "torch.hub", "torch.fx",
     "torch.compile", "torch.multiprocessing", "torch.utils.cpp_extension", "torch.library", "typing.get_type_hints",
-    "numpy.f2py", "numpy.distutils", "pandas.read_pickle", "joblib", "tempfile", "glob", "zipimport", "imp",
+    "numpy.f2py", "numpy.distutils", "numpy.ctypeslib", "torch.ops", "torch.classes", "pandas.read_pickle", "joblib", "tempfile", "glob", "zipimport", "imp",
 }
 WRITING_ATTRIBUTES = {"write_text", "write_bytes", "symlink_to", "hardlink_to", "link_to", "chmod", "lchmod", "touch",
                       "savetxt", "tofile", "savez", "savez_compressed", "rmdir", "rmtree", "symlink", "chown"}
