@@ -9,9 +9,13 @@ before the notebook runs, so it cannot disturb the rest of the submission):
   ``os.system``/``os._exit``/``os.kill``, ``subprocess``, threads and signals, IPython magics and
   shell escapes (``!cmd``, ``%%bash``, ``get_ipython()``), ``input()``, frame and code-object
   introspection (``__code__``, ``__globals__``, ``f_back``, ``__subclasses__``, ...), defining
-  ``__torch_function__``, importing ``tfedu.checks`` or ``tfedu.grading``, and assigning or
+  ``__torch_function__``, importing ``tfedu.checks`` or ``tfedu.grading``, assigning or
   deleting an attribute of an imported module or class (``torch.allclose = ...``,
-  ``torch.Tensor.__eq__ = ...``: monkeypatching).
+  ``torch.Tensor.__eq__ = ...``, ``setattr``, ``__setattr__``: monkeypatching), writing files
+  (``open(..., "w")``, ``write_text``, ``savetxt``: a written module could be imported, out of the
+  tripwire's sight), loaders that can run code (``pickle``, ``torch.load``, ``timeit``, ``doctest``,
+  ``typing.get_type_hints``), private internals of a library (``torch._C``), ``getattr`` with a
+  computed name (except on ``self``), and strings naming introspection (``"{0.__globals__}"``).
 - **the reference itself**: the exercise's ``Probe.forbidden`` names (``tfedu.softmax`` in the
   softmax exercise), reached through an import, an attribute chain from an imported name, a name
   the notebook bound earlier (``reference_softmax``), ``getattr`` with a constant, or a string
@@ -57,6 +61,7 @@ BANNED_MODULES = {
     "pickletools", "jinja2", "numexpr", "torch.load", "torch.jit", "torch.package", "torch.hub", "torch.fx",
     "torch.compile", "torch.multiprocessing", "torch.utils.cpp_extension", "torch.library", "typing.get_type_hints",
     "numpy.f2py", "numpy.distutils", "numpy.ctypeslib", "torch.ops", "torch.classes", "pandas.read_pickle", "joblib", "tempfile", "glob", "zipimport", "imp",
+    "socketserver", "xmlrpc", "logging", "torch.futures", "torch.distributed", "ipywidgets", "matplotlib.animation",
 }
 WRITING_ATTRIBUTES = {"write_text", "write_bytes", "symlink_to", "hardlink_to", "link_to", "chmod", "lchmod", "touch",
                       "savetxt", "tofile", "savez", "savez_compressed", "rmdir", "rmtree", "symlink", "chown"}
