@@ -24,8 +24,8 @@ from tfedu.grading.release import student_version
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "notebooks" / "00_start_here.ipynb"
 TAMPER = Path(__file__).resolve().parent / "tamper"
-LIMITS = Limits(cell_timeout=6.0, timeout=40.0, memory_gib=2.0)
-NEAR_LIMIT_SLEEP = 3.5  # seconds the near-limit answer sleeps, of LIMITS.cell_timeout
+LIMITS = Limits(cell_timeout=8.0, timeout=40.0, memory_gib=2.0)
+NEAR_LIMIT_SLEEP = 5.0  # seconds the near-limit answer sleeps, of LIMITS.cell_timeout
 CHECK, ANSWER = "check_softmax", "ex_softmax"
 CORRECT = (TAMPER / "full_correct.py").read_text().split("\n", 1)[1]
 STUB = (TAMPER / "zero_stub.py").read_text().split("\n", 1)[1]

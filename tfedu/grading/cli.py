@@ -45,6 +45,13 @@ def _grade(args: argparse.Namespace) -> int:
     return 1 if unmatched else 0
 
 
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("release", help="write student versions of source notebooks")
     p.add_argument("notebooks", nargs="+", help="source notebooks (solutions in place)")
@@ -58,7 +65,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--notebooks-dir", help="where to look for source notebooks (default: the course's notebooks/)")
     g.add_argument("--checks", help="module with the PROBES (default: tfedu.checks.nb<source name>)")
     g.add_argument("--jobs", type=int, default=1, help="submissions graded at once (default 1)")
-    g.add_argument("--timeout", type=float, default=900.0, help="seconds per submission in all (default 900)")
-    g.add_argument("--cell-timeout", type=float, default=120.0, help="seconds per cell (default 120)")
-    g.add_argument("--memory-gib", type=float, default=4.0, help="memory limit of the kernel in GiB (default 4)")
+    g.add_argument("--timeout", type=_positive, default=900.0, help="seconds per submission in all (default 900)")
+    g.add_argument("--cell-timeout", type=_positive, default=120.0, help="seconds per cell (default 120)")
+    g.add_argument("--memory-gib", type=_positive, default=4.0, help="memory limit of the kernel in GiB (default 4)")
     g.set_defaults(func=_grade)
