@@ -292,3 +292,23 @@ def test_the_tripwire_catches_torch_functions_and_tensor_methods_named_in_forbid
     for name in ("method", "functional", "torchfn"):  # these only the runtime tripwire sees
         assert got[name]["points"] == 0, name
         assert "called the reference" in got[name]["feedback"] and "softmax" in got[name]["feedback"], (name, got[name]["feedback"])
+
+
+def test_the_kernel_is_boxed(tmp_path):
+    """The working folder is not importable, stdin is empty, memory is capped, the session is killed."""
+    from tfedu.grading.kernel import Kernel
+
+    (tmp_path / "planted.py").write_text("VALUE = 1\n")
+    kernel = Kernel(tmp_path, memory_bytes=2 << 30)
+    try:
+        kernel.start(60)
+        assert kernel.run("import planted", 30).ename == "ModuleNotFoundError"
+        assert kernel.run("input()", 30).status == "error"
+        assert kernel.run("import os\nassert os.getsid(0) == os.getpid()", 30).status == "ok"
+        assert kernel.run("x = bytearray(3 << 30)", 30).ename == "MemoryError"
+        flood = kernel.run("for _ in range(2000):\n    print('y' * 10_000)", 30)
+        assert flood.status == "ok" and len(flood.stdout) <= 20_000 and flood.dropped > 0
+        assert kernel.run("while True:\n    pass", 2).status == "timeout"
+        assert not kernel.alive()
+    finally:
+        kernel.stop()

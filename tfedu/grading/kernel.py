@@ -1,8 +1,9 @@
 """A fresh Jupyter kernel in a child process, boxed in, driven one cell at a time.
 
-- The kernel (``python -m ipykernel_launcher``) starts in its own session and process group
+- The kernel (``python -P -m ipykernel_launcher``) starts in its own session and process group
   (``start_new_session``), in the folder it is given (the grader passes an empty temporary one),
-  with stdin, stdout and stderr of the process on /dev/null. A tiny launcher sets
+  with stdin, stdout and stderr of the process on /dev/null, and without its working folder on
+  ``sys.path`` (``-P``, ``ignore_cwd``). A tiny launcher sets
   ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (file size) and ``RLIMIT_CORE`` and then ``exec``s the
   kernel, so nothing of the launcher is left in the process.
 - The environment is the grader's own minus test-runner and Jupyter-parent variables: nothing
@@ -96,9 +97,12 @@ class Kernel:
 
         connection_file = os.path.join(self._conn_dir, f"kernel-{uuid.uuid4()}.json")
         write_connection_file(connection_file, ip="127.0.0.1")
+        # -P and ignore_cwd: the working folder is not on sys.path, so a module file written there
+        # (by code that slipped past the scan) cannot be imported.
+        safe_path = ["-P"] if sys.version_info >= (3, 11) else []
         cmd = [sys.executable, "-c", LAUNCHER, str(self.memory_bytes), str(self.file_bytes),
-               sys.executable, "-m", "ipykernel_launcher", "-f", connection_file,
-               "--HistoryManager.hist_file=:memory:"]
+               sys.executable, *safe_path, "-m", "ipykernel_launcher", "-f", connection_file,
+               "--HistoryManager.hist_file=:memory:", "--IPKernelApp.ignore_cwd=True"]
         self.proc = subprocess.Popen(cmd, cwd=self.cwd, env=clean_environment(self.cwd), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         client = BlockingKernelClient()

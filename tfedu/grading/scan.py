@@ -62,9 +62,11 @@ BANNED_MODULES = {
     "torch.compile", "torch.multiprocessing", "torch.utils.cpp_extension", "torch.library", "typing.get_type_hints",
     "numpy.f2py", "numpy.distutils", "numpy.ctypeslib", "torch.ops", "torch.classes", "pandas.read_pickle", "joblib", "tempfile", "glob", "zipimport", "imp",
     "socketserver", "xmlrpc", "logging", "torch.futures", "torch.distributed", "ipywidgets", "matplotlib.animation",
+    "sqlite3", "dbm", "zipfile", "tarfile", "fileinput",
 }
 WRITING_ATTRIBUTES = {"write_text", "write_bytes", "symlink_to", "hardlink_to", "link_to", "chmod", "lchmod", "touch",
-                      "savetxt", "tofile", "savez", "savez_compressed", "rmdir", "rmtree", "symlink", "chown"}
+                      "savetxt", "tofile", "savez", "savez_compressed", "rmdir", "rmtree", "symlink", "chown", "save",
+                      "rename", "memmap", "extractall", "extract", "mkfifo", "truncate"}
 ALLOWED_ATTRIBUTES = {
     "sys": {"stdout", "stderr", "version", "version_info", "maxsize", "float_info", "int_info", "platform",
             "byteorder", "getsizeof", "float_repr_style", "hexversion", "getrecursionlimit"},
@@ -228,9 +230,17 @@ def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable
                     flag(f"the answer contains a string naming `{name.rstrip('(')}` (introspection through a string)")
         elif isinstance(node, ast.Attribute) and node.attr in WRITING_ATTRIBUTES:
             flag(f"answers may not write or change files (`.{node.attr}`)")
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
-            mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
-            if mode is not None and not (isinstance(mode, ast.Constant) and mode.value in READ_MODES):
+        elif isinstance(node, ast.Call) and (isinstance(node.func, ast.Name) and node.func.id == "open"
+                                             or isinstance(node.func, ast.Attribute) and node.func.attr == "open"):
+            # open(path, mode) and Path(...).open(mode), gzip.open(path, mode), ...: reading only
+            if isinstance(node.func, ast.Name):
+                mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            else:  # the mode's position differs (Path.open(mode), gzip.open(path, mode)): look at every argument
+                modes = [a for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                         and 0 < len(a.value) <= 3 and set(a.value) <= set("rwabxt+") and set(a.value) & set("wax+")]
+                mode = modes[0] if modes else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            unknown = any(k.arg is None for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args)
+            if unknown or mode is not None and not (isinstance(mode, ast.Constant) and mode.value in READ_MODES):
                 flag("answers may not write files (`open` with a mode other than reading)")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr", "getattr", "hasattr"):
             target = _chain(node.args[0]) if node.args else None
