@@ -12,14 +12,14 @@ kernel's history and gets no execution count). It
    fires when the run starts a process or when processes of the kernel's session are running
    (a worker that could compute the reference out of the profiler's sight);
 3. converts ``outputs`` (still under the tripwire, with base-class methods so a subclass's
-   overrides never run) and writes them as plain data only: JSON for numbers, strings, lists and dicts, ``.npy``
-   (numeric and boolean arrays, saved without pickle) for arrays and tensors (a tensor subclass is
-   viewed as a plain tensor first). Anything else is an error, so an object with a rigged
+   overrides never run) and writes them as plain data only: JSON for numbers, strings, lists and
+   dicts, ``.npy`` (numeric and boolean arrays, saved without pickle) for arrays and tensors. Anything else is an error, so an object with a rigged
    ``__eq__`` never leaves the kernel.
 
-The grader reads the result right after the cell (:func:`read_result`), with size limits,
-``json.loads`` and ``np.load(allow_pickle=False)``, and compares it with the reference in its own
-process (:mod:`tfedu.grading.grade`). Nothing the kernel says is trusted beyond being data.
+The grader reads the result right after the cell (:func:`read_result`): regular files only (no
+symlinks), size limits, ``json.loads`` and ``np.load(allow_pickle=False)``, and the run's nonce
+(fresh for each run, so a planted file does not count). It compares the data with the reference
+in its own process (:mod:`tfedu.grading.grade`). Nothing the kernel says is trusted beyond being data.
 """
 
 from __future__ import annotations
