@@ -312,3 +312,32 @@ def test_the_kernel_is_boxed(tmp_path):
         assert not kernel.alive()
     finally:
         kernel.stop()
+
+
+def test_a_forbidden_call_costs_only_the_exercise_that_depends_on_it(toy, tmp_path):
+    """math.fsum is forbidden for `total` only. Using it in an earlier, unrelated answer costs nothing;
+    reaching it from `total` through an alias or a helper defined in an earlier answer still scores zero."""
+    subs = {
+        "earlier_unrelated_use": submission(
+            ex_double="import math\n\ndef double(x):\n    return math.fsum([x, x])",
+            ex_square=correct("ex_square"), ex_total=correct("ex_total"), ex_ready=correct("ex_ready")),
+        "alias_from_earlier_answer": submission(
+            ex_double=correct("ex_double"),
+            ex_square="from math import fsum as add_up\n\ndef square(x):\n    return x * x",
+            ex_total="def total(xs):\n    return add_up(xs)", ex_ready=correct("ex_ready")),
+        "helper_from_earlier_answer": submission(
+            ex_double="import math\n\ndef add_up(xs):\n    return math.fsum(xs)\n\ndef double(x):\n    return 2 * x",
+            ex_square=correct("ex_square"),
+            ex_total="def total(xs):\n    return add_up(xs)", ex_ready=correct("ex_ready")),
+    }
+    paths = []
+    for name, nb in subs.items():
+        paths.append(tmp_path / f"90_toy_{name}.ipynb")
+        paths[-1].write_text(nbformat.writes(nb))
+    results = grade(paths, out=tmp_path / "out" / "results.json", source=toy, checks="toy_checks",
+                    limits=Limits(cell_timeout=6, timeout=60, memory_gib=2), jobs=2)
+    got = {Path(e["file"]).stem.removeprefix("90_toy_"): e for e in results["submissions"]}
+    assert points(got["earlier_unrelated_use"]) == {"check_double": 1, "check_square": 2, "check_total": 3, "check_ready": 1}
+    for name in ("alias_from_earlier_answer", "helper_from_earlier_answer"):
+        assert points(got[name]) == {"check_double": 1, "check_square": 2, "check_total": 0, "check_ready": 1}, name
+        assert "math.fsum" in got[name]["exercises"]["check_total"]["feedback"], name

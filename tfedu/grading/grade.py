@@ -9,7 +9,8 @@ How one submission is graded:
    from the source's check cells. Duplicated answer cells: the first one counts. An unreadable
    file (invalid JSON, not nbformat 4, no cells, a ``.py`` renamed) scores zero with a message.
 2. **Static scan** (:mod:`tfedu.grading.scan`) of every answer cell for escape hatches, and of
-   the answers up to each exercise for that exercise's ``Probe.forbidden`` reference. A flagged
+   each exercise's own answer for its ``Probe.forbidden`` reference (earlier answers serve as
+   context for aliases; indirect calls are left to the run-time tripwire). A flagged
    answer scores zero with the reason, and it is replaced by the release stub before running.
 3. **Run** (:mod:`tfedu.grading.kernel`): a fresh kernel in its own session, in an empty
    temporary folder, with memory and file-size limits, no stdin, a per-cell and a total time
@@ -317,11 +318,15 @@ def static_phase(run: Run) -> None:
                     ctx.append(earlier.source)
                 elif earlier.kind == "answer" and earlier.grade_id in answer_sources:
                     src = answer_sources[earlier.grade_id]
-                    plain = set(scan_answer(src, context=ctx))
-                    hits = [p for p in scan_answer(src, context=ctx, forbidden=probe.forbidden) if p not in plain]
-                    if hits:
-                        run.zero(step.grade_id, "; ".join(hits))
-                        if earlier.grade_id == probe.exercise:
+                    # Only the exercise's own answer is scanned for its reference. Earlier answers
+                    # are context (an alias imported there and used here is still resolved), and a
+                    # call into the reference through an earlier answer's function is caught by
+                    # the run-time tripwire, so one misuse does not zero the exercises after it.
+                    if earlier.grade_id == probe.exercise:
+                        plain = set(scan_answer(src, context=ctx))
+                        hits = [p for p in scan_answer(src, context=ctx, forbidden=probe.forbidden) if p not in plain]
+                        if hits:
+                            run.zero(step.grade_id, "; ".join(hits))
                             run.stubbed.setdefault(earlier.grade_id, "; ".join(hits))
                     ctx.append(src)
 
