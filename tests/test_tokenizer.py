@@ -443,3 +443,12 @@ def test_docstring_examples():
     for module in (tfedu.tokenizer, tfedu.tokenizer_io):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__
+
+
+def test_lone_surrogates_get_a_clear_error():
+    """Text with a lone surrogate (e.g. from a bad decode) has no UTF-8 form: say where it is."""
+    tok = train_bpe("hello world hello", 260)
+    for call in (lambda: tok.encode("ab\ud800c"), lambda: tok.encode_ordinary("ab\ud800c"),
+                 lambda: train_bpe("ab\ud800c", 260)):
+        with pytest.raises(ValueError, match=r"lone surrogate '\\ud800' at index 2.*errors='replace'"):
+            call()

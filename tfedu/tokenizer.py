@@ -201,7 +201,10 @@ def train_bpe(
     words: list[str] = []
     freqs: list[int] = []
     for word, freq in words_freq.items():
-        encoded = word.encode("utf-8")
+        try:
+            encoded = word.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _surrogate_error(text) from None
         if len(encoded) > 1:  # a single byte never takes part in a pair
             words.append(encoded.decode("latin-1"))  # byte b -> chr(b), the id as a character
             freqs.append(freq)
@@ -421,10 +424,13 @@ class Tokenizer:
         [256, 33]
         """
         _check_text(text)
-        if self._regex is None:
-            return list(self._encode_chunk(text)) if text else []
-        # map + chain keep the per-pre-token loop in C; misses fall through to __missing__
-        return list(chain.from_iterable(map(self._cache.__getitem__, self._regex.findall(text))))
+        try:
+            if self._regex is None:
+                return list(self._encode_chunk(text)) if text else []
+            # map + chain keep the per-pre-token loop in C; misses fall through to __missing__
+            return list(chain.from_iterable(map(self._cache.__getitem__, self._regex.findall(text))))
+        except UnicodeEncodeError:
+            raise _surrogate_error(text) from None
 
     def encode(self, text: str, allowed_special: str | set[str] | frozenset[str] = "all") -> list[int]:
         """Encode ``text``; special tokens in ``allowed_special`` become their single id.
@@ -563,6 +569,15 @@ def _with_crc(text: str, salt: str = "") -> str:
     line makes the line itself fail to load.
     """
     return f"{zlib.crc32(f'{salt} {text}'.encode('utf-8')):08x} {text}"
+
+
+def _surrogate_error(text: str) -> ValueError:
+    """The error for text that has no UTF-8 form: it holds a lone surrogate code point."""
+    position = next(i for i, ch in enumerate(text) if 0xD800 <= ord(ch) <= 0xDFFF)
+    return ValueError(
+        f"text holds a lone surrogate {text[position]!r} at index {position}, which has no UTF-8 bytes; "
+        "byte-level BPE needs valid Unicode (if it came from bytes, decode them with errors='replace')"
+    )
 
 
 def _check_text(text) -> None:
