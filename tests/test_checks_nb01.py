@@ -5,10 +5,9 @@ from collections import Counter
 import numpy as np
 import pytest
 import regex
-import torch
 
 from tfedu.checks import nb01_tokenization as nb01
-from tfedu.checks.core import CheckFailure, ExerciseNotDone
+from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
 from tfedu.tokenizer import GPT2_PATTERN, train_bpe, train_bpe_naive
 
 # --- answers as a learner would write them (the notebook's solutions) ------------------------
@@ -184,6 +183,26 @@ def test_merge_mistakes():
     fails_with(nb01.check_merge_pair,
                lambda ids, pair, new_id: merge_pair(ids[::-1], pair[::-1], new_id)[::-1], hint="right to left")
     fails_with(nb01.check_merge_pair, in_place, hint="changed the list you were given")
+
+    def first_only(ids, pair, new_id):
+        for i in range(len(ids) - 1):
+            if (ids[i], ids[i + 1]) == pair:
+                return ids[:i] + [new_id] + ids[i + 2:]
+        return list(ids)
+
+    def list_vs_tuple(ids, pair, new_id):  # [x, y] == (x, y) is always False
+        out, i = [], 0
+        while i < len(ids):
+            if i + 1 < len(ids) and [ids[i], ids[i + 1]] == pair:
+                out.append(new_id)
+                i += 2
+            else:
+                out.append(ids[i])
+                i += 1
+        return out
+
+    fails_with(nb01.check_merge_pair, first_only, hint="only the first occurrence was replaced")
+    fails_with(nb01.check_merge_pair, list_vs_tuple, hint="a list [x, y] never equals a tuple")
     fails_with(nb01.check_merge_pair, returns_nothing, hint="returned None")
 
 
@@ -219,6 +238,32 @@ def test_learn_bpe_mistakes():
     fails_with(nb01.check_learn_bpe, stale, hint="recount the pairs")
     fails_with(nb01.check_learn_bpe, lambda ids, n, f: learn_bpe(ids, n - 1, f), hint="made 2 merges, expected 3")
     fails_with(nb01.check_learn_bpe, lambda ids, n, f: learn_bpe(ids, n, f)[0], hint="tuple (merges, ids)")
+    fails_with(nb01.check_learn_bpe, lambda ids, n, f: learn_bpe(ids, n, f)[::-1], hint="you returned (ids, merges)")
+
+    def never_stops(ids, n_merges, first_id):
+        ids, merges = list(ids), []
+        for k in range(n_merges):
+            counts = get_pair_counts(ids)
+            pair = min(counts, key=lambda p: (-counts[p], p))  # ValueError once counts is empty
+            ids = merge_pair(ids, pair, first_id + k)
+            merges.append(pair)
+        return merges, ids
+
+    message = fails_with(nb01.check_learn_bpe, never_stops, hint="`if not counts: break`")
+    assert "ValueError" in message
+
+    def same_id(ids, n_merges, first_id):
+        ids, merges = list(ids), []
+        for _ in range(n_merges):
+            counts = get_pair_counts(ids)
+            if not counts:
+                break
+            pair = min(counts, key=lambda p: (-counts[p], p))
+            ids = merge_pair(ids, pair, first_id)
+            merges.append(pair)
+        return merges, ids
+
+    fails_with(nb01.check_learn_bpe, same_id, hint="every merge got the same new id")
 
 
 def test_utf8_mistakes():
@@ -227,6 +272,9 @@ def test_utf8_mistakes():
     fails_with(nb01.check_utf8, utf8_encode, lambda ids: bytes(ids).decode("latin-1"), hint="latin-1")
     fails_with(nb01.check_utf8, utf8_encode, lambda ids: bytes(ids).decode("utf-8", errors="ignore"), hint="ignore")
     fails_with(nb01.check_utf8, utf8_encode, lambda ids: "".join(map(chr, ids)), hint="chr()")
+    fails_with(nb01.check_utf8, lambda t: list(t.encode("utf-16")), utf8_decode, hint="byte-order mark")
+    fails_with(nb01.check_utf8, utf8_encode,
+               lambda ids: "".join(bytes([i]).decode("utf-8", errors="replace") for i in ids), hint="each byte on its own")
 
 
 def test_split_mistakes():
@@ -240,6 +288,9 @@ def test_split_mistakes():
     no_space = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
     fails_with(nb01.check_gpt2_split, no_space.findall, hint="optional leading space")
     fails_with(nb01.check_gpt2_split, str.split, hint="split on whitespace")
+    for run in (r" ?\p{L}+", r" ?\p{N}+", r" ?[^\s\p{L}\p{N}]+"):  # one character where a run belongs
+        one_char = regex.compile(GPT2_PATTERN.replace(run, run.removesuffix("+"), 1))
+        fails_with(nb01.check_gpt2_split, one_char.findall, hint="a `+` is missing")
 
     import re
 
@@ -258,12 +309,6 @@ ANSWERS = {
 }
 
 
-def run_probe(probe, inputs, answers):
-    namespace = {**answers, "inputs": inputs, "np": np, "torch": torch}
-    exec(probe.run, namespace)
-    return namespace["outputs"]
-
-
 def test_every_check_cell_has_a_probe():
     assert set(nb01.PROBES) == {
         "check_get_pair_counts", "check_merge_pair", "check_learn_bpe", "check_utf8", "check_gpt2_split"
@@ -277,8 +322,8 @@ def test_every_check_cell_has_a_probe():
 def test_probes_accept_correct_answers(grade_id):
     probe = nb01.PROBES[grade_id]
     for seed in range(8):
-        inputs = probe.make_inputs(np.random.default_rng(seed))
-        assert probe.compare(run_probe(probe, inputs, ANSWERS), probe.reference(inputs)) is None
+        outputs, expected = run_probe(probe, ANSWERS, seed)
+        assert probe.compare(outputs, expected) is None
 
 
 BUGGY = {
@@ -296,8 +341,8 @@ def test_probes_reject_buggy_answers(grade_id):
     answers = {**ANSWERS, **BUGGY[grade_id]}
     failures = 0
     for seed in range(8):
-        inputs = probe.make_inputs(np.random.default_rng(seed))
-        failures += probe.compare(run_probe(probe, inputs, answers), probe.reference(inputs)) is not None
+        outputs, expected = run_probe(probe, answers, seed)
+        failures += probe.compare(outputs, expected) is not None
     assert failures >= 3
 
 
@@ -314,3 +359,13 @@ def test_probe_inputs_are_plain_data():
             inputs = probe.make_inputs(np.random.default_rng(seed))
             assert plain(inputs), inputs
             assert plain(probe.reference(inputs))
+
+
+def test_check_and_probe_agree_on_a_missing_plus():
+    """A punctuation branch without `+` once passed the check cell yet lost the probe's marks."""
+    one_char = regex.compile(GPT2_PATTERN.replace(r" ?[^\s\p{L}\p{N}]+", r" ?[^\s\p{L}\p{N}]", 1)).findall
+    fails_with(nb01.check_gpt2_split, one_char, hint="a `+` is missing")
+    probe = nb01.PROBES["check_gpt2_split"]
+    rejected = sum(probe.compare(*run_probe(probe, {**ANSWERS, "gpt2_split": one_char}, seed)) is not None
+                   for seed in range(8))
+    assert rejected >= 1

@@ -119,6 +119,17 @@ def _merge_dropping_last(ids, pair, new_id):  # while i < len(ids) - 1, and noth
     return out
 
 
+def _merge_first_only(ids, pair, new_id):  # return right after the first replacement
+    for i in range(len(ids) - 1):
+        if (ids[i], ids[i + 1]) == tuple(pair):
+            return list(ids[:i]) + [new_id] + list(ids[i + 2:])
+    return list(ids)
+
+
+def _merge_nothing(ids, pair, new_id):  # e.g. [ids[i], ids[i + 1]] == pair: a list never equals a tuple
+    return list(ids)
+
+
 def _learn_with(choose: Callable[[dict], tuple[int, int]], ids, n_merges, first_id, *, id_offset=0):
     ids, merges = list(ids), []
     for k in range(n_merges):
@@ -127,6 +138,18 @@ def _learn_with(choose: Callable[[dict], tuple[int, int]], ids, n_merges, first_
             break
         pair = choose(counts)
         ids = merge_pair(ids, pair, first_id + k + id_offset)
+        merges.append(pair)
+    return merges, ids
+
+
+def _learn_same_id(ids, n_merges, first_id):  # every merge gets first_id
+    ids, merges = list(ids), []
+    for _ in range(n_merges):
+        counts = get_pair_counts(ids)
+        if not counts:
+            break
+        pair = _smallest_pair(counts)
+        ids = merge_pair(ids, pair, first_id)
         merges.append(pair)
     return merges, ids
 
@@ -238,6 +261,10 @@ MERGE_MISTAKES = {
     "pair's right half is not used again": _merge_not_advancing,
     "you merged from right to left; BPE merges left to right, so [a, a, a] becomes [Z, a], not [a, Z]": _merge_right_to_left,
     "the last id went missing: when the loop stops at len(ids) - 1, append the final id too": _merge_dropping_last,
+    "only the first occurrence was replaced: keep scanning to the end of the list, replacing every "
+    "occurrence (do not return inside the loop)": _merge_first_only,
+    "nothing was merged, though the pair occurs: check your comparison; `pair` is a tuple, so compare "
+    "(ids[i], ids[i + 1]) == pair (a list [x, y] never equals a tuple (x, y))": _merge_nothing,
 }
 
 
@@ -274,6 +301,16 @@ def check_merge_pair(merge_pair) -> None:
 
 # --- exercise 1.3 ---------------------------------------------------------------------------
 
+
+def _looks_like_ids(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(
+        isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in value)
+
+
+def _looks_like_pairs(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(isinstance(p, (list, tuple)) and len(p) == 2 for p in value)
+
+
 TIE_HINT = (
     "wrong tie-break: when two pairs are equally frequent, take the pair with the smaller ids, "
     "min(counts, key=lambda p: (-counts[p], p)); the deck merges ab=(1, 2) rather than Za=(27, 1) at step 2"
@@ -287,7 +324,8 @@ LEARN_MISTAKES = {
     "every merge, since each merge creates new pairs (Z, Y) and removes old ones": (_learn_stale_counts,),
     "the new ids are off by one: the k-th merge (k = 0, 1, ...) gets first_id + k": (
         lambda ids, n, f: _learn_with(_smallest_pair, ids, n, f, id_offset=1),
-    ),
+    ),    "every merge got the same new id: each merge makes a new token, so the k-th merge (k = 0, 1, ...) gets "
+    "first_id + k": (_learn_same_id,),
 }
 
 
@@ -307,10 +345,18 @@ def check_learn_bpe(learn_bpe) -> None:
     """Check ``learn_bpe(ids, n_merges, first_id) -> (merges, final_ids)`` against the deck and more."""
     for ids, n_merges, first_id in _learn_cases():
         what = f"learn_bpe({ids if len(ids) <= 12 else '<' + str(len(ids)) + ' ids>'}, {n_merges}, {first_id})"
-        got = call_learner(learn_bpe, list(ids), n_merges, first_id, name="learn_bpe")
+        merges, final = reference_learn_bpe(ids, n_merges, first_id)
+        runs_out = len(merges) < n_merges
+        got = call_learner(
+            learn_bpe, list(ids), n_merges, first_id, name="learn_bpe",
+            error_hint="this input runs out of pairs before n_merges: stop early when the counts are empty, "
+                       "`if not counts: break`" if runs_out else "",
+        )
         if not (isinstance(got, tuple) and len(got) == 2):
             raise CheckFailure(f"{what} should return a tuple (merges, ids), got {type(got).__name__}")
         merges_got, ids_got = got
+        if _looks_like_ids(merges_got) and _looks_like_pairs(ids_got) and ids_got:
+            raise CheckFailure(f"{what}: you returned (ids, merges); return (merges, ids), in that order")
         if merges_got is None or isinstance(merges_got, (str, bytes)) or not isinstance(merges_got, Sequence):
             raise CheckFailure(f"{what}: merges should be a list of (a, b) tuples, got {type(merges_got).__name__}")
         try:
@@ -318,7 +364,6 @@ def check_learn_bpe(learn_bpe) -> None:
         except (TypeError, ValueError):
             raise CheckFailure(f"{what}: merges should be a list of (a, b) pairs of ids") from None
         ids_got = _as_int_list(ids_got, what + "[1]")
-        merges, final = reference_learn_bpe(ids, n_merges, first_id)
         if len(merges_got) != len(merges):
             raise CheckFailure(
                 f"{what} made {len(merges_got)} merges, expected {len(merges)} "
@@ -346,6 +391,8 @@ def check_utf8(utf8_encode, utf8_decode) -> None:
         _match(got, list(text.encode("utf-8")), what, {
             "you returned code points (ord(c)), not UTF-8 bytes; use list(text.encode('utf-8'))": [ord(c) for c in text],
             "you encoded with UTF-16; the course's bytes are UTF-8": list(text.encode("utf-16-le")),
+            "you encoded with UTF-16 (its first two bytes, 255 254, are a byte-order mark); the course's bytes "
+            "are UTF-8": list(text.encode("utf-16")),
         })
     for ids in UTF8_BYTES:
         what = f"utf8_decode({ids})"
@@ -364,6 +411,8 @@ def check_utf8(utf8_encode, utf8_decode) -> None:
         _match(got, bytes(ids).decode("utf-8", errors="replace"), what, {
             "you decoded as latin-1 (or chr() per byte), which turns each byte into one character ([195, 188] "
             "gives 'Ã¼', not 'ü'); decode as UTF-8 with errors='replace'": bytes(ids).decode("latin-1"),
+            "you decoded each byte on its own; a character can take 2 to 4 bytes ([195, 188] is one 'ü'), so "
+            "decode the whole bytes(ids) at once": "".join(bytes([i]).decode("utf-8", errors="replace") for i in ids),
             "you dropped the invalid bytes (errors='ignore'); replace them with '\\ufffd' (errors='replace') so "
             "a reader sees that something was there": bytes(ids).decode("utf-8", errors="ignore"),
         })
@@ -381,6 +430,7 @@ SPLIT_TEXTS = [
     "    return x  ",
     "Hello world! Hello world.",
     "Ünïcode ok — 東京 42",
+    'Wait... what?! print("ok")  # done',
 ]
 _SPLIT_PIECES = {
     "contractions": r"'s|'t|'re|'ve|'m|'ll|'d",
@@ -397,6 +447,11 @@ def _variant(*order: str, flags: int = 0) -> Callable[[str], list[str]]:
     return compiled.findall
 
 
+def _without_plus(branch: str) -> Callable[[str], list[str]]:  # one character where a run belongs
+    pieces = {**_SPLIT_PIECES, branch: _SPLIT_PIECES[branch].removesuffix("+")}
+    return regex.compile("|".join(pieces.values())).findall
+
+
 SPLIT_MISTAKES = {
     "you matched case-insensitively: GPT-2's pattern has no ignore-case flag, so \"I'M\" splits as "
     "[' I', \"'\", 'M'] while \"I'm\" gives [' I', \"'m\"]": _variant(*_SPLIT_PIECES, flags=regex.IGNORECASE),
@@ -406,6 +461,9 @@ SPLIT_MISTAKES = {
     "['a', '  ', ' b']": _variant("contractions", "letters", "numbers", "other", "spaces"),
     "letters, numbers and punctuation take one optional leading space ( ?): ' world' is one piece":
         regex.compile(r"'s|'t|'re|'ve|'m|'ll|'d|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+").findall,
+    "a `+` is missing: letters, numbers and other symbols each match a run (one or more), so "
+    "'loveee' and '...' are one piece each, not one per character": tuple(
+        _without_plus(branch) for branch in ("letters", "numbers", "other")),
     "you split on whitespace and dropped it; the pieces must join back to the exact text (''.join(pieces) == text)":
         str.split,
 }
@@ -430,7 +488,12 @@ def check_gpt2_split(gpt2_split) -> None:
             raise CheckFailure(f"{what} raised {type(err).__name__}: {err}") from None
         if not isinstance(got, list) or not all(isinstance(piece, str) for piece in got):
             raise CheckFailure(f"{what} should return a list of str, got {got!r}")
-        _match(got, reference(text), what, {hint: fn(text) for hint, fn in SPLIT_MISTAKES.items()})
+        expected = reference(text)
+        if got != expected:
+            for hint, fns in SPLIT_MISTAKES.items():
+                if any(got == fn(text) for fn in (fns if isinstance(fns, tuple) else (fns,))):
+                    raise CheckFailure(f"{what}: {hint}")
+        _match(got, expected, what, {})
 
 
 # --- probes for the autograder --------------------------------------------------------------
