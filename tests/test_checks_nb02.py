@@ -44,6 +44,14 @@ def embed_detached(ids, W_E):
     return F.one_hot(ids, W_E.shape[0]).float() @ W_E.detach()
 
 
+def embed_flattened(ids, W_E):
+    return F.one_hot(ids.flatten(), W_E.shape[0]).float() @ W_E
+
+
+def embed_numpy(ids, W_E):
+    return (F.one_hot(ids, W_E.shape[0]).float() @ W_E).detach().numpy()
+
+
 def embed_stub(ids, W_E):
     raise NotImplementedError
 
@@ -63,6 +71,8 @@ def test_embed_checker_passes_correct_versions(impl, capsys):
         (embed_integer_one_hot, nb02.DTYPE_HINT),
         (embed_lookup, nb02.LOOKUP_HINT),
         (embed_detached, "no gradient can reach W_E"),
+        (embed_flattened, nb02.FLATTENED_HINT),
+        (embed_numpy, nb02.TENSOR_HINT),
     ],
 )
 def test_embed_checker_names_the_mistake(impl, hint):
@@ -147,6 +157,38 @@ def loss_item(center, context, negatives):
     return torch.tensor(loss_correct(center, context, negatives).item(), dtype=center.dtype)
 
 
+def loss_bce_default_mean(center, context, negatives):  # reduction="mean" averages over the k negatives too
+    pos, neg = scores(center, context, negatives)
+    return (F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos))
+            + F.binary_cross_entropy_with_logits(neg, torch.zeros_like(neg)))
+
+
+def loss_mean_of_all_terms(center, context, negatives):
+    pos, neg = scores(center, context, negatives)
+    return -torch.cat([F.logsigmoid(pos)[:, None], F.logsigmoid(-neg)], dim=1).mean()
+
+
+def loss_minus_outside(center, context, negatives):  # log(1 - sigma(x)) mistaken for -log sigma(x)
+    pos, neg = scores(center, context, negatives)
+    return -(F.logsigmoid(pos) - F.logsigmoid(neg).sum(-1)).mean()
+
+
+def loss_negatives_summed_over_k(center, context, negatives):
+    pos = (center * context).sum(-1)
+    neg = (negatives * center[:, None, :]).sum(1)  # batch d_model: summed over k, not d_model
+    return -(F.logsigmoid(pos) + F.logsigmoid(-neg).sum(-1)).mean()
+
+
+def loss_negatives_against_context(center, context, negatives):
+    pos = (center * context).sum(-1)
+    neg = torch.einsum("bkd,bd->bk", negatives, context)
+    return -(F.logsigmoid(pos) + F.logsigmoid(-neg).sum(-1)).mean()
+
+
+def loss_python_float(center, context, negatives):
+    return loss_correct(center, context, negatives).item()
+
+
 def loss_stub(center, context, negatives):
     raise NotImplementedError
 
@@ -169,6 +211,12 @@ def test_loss_checker_passes_correct_versions(impl, capsys):
         (loss_per_example, "return one number"),
         (loss_log_of_sigmoid, nb02.STABILITY_HINT),
         (loss_item, "no gradient flows"),
+        (loss_bce_default_mean, "reduction='sum'"),
+        (loss_mean_of_all_terms, nb02.MEAN_OF_TERMS_HINT),
+        (loss_minus_outside, nb02.MINUS_OUTSIDE_HINT),
+        (loss_negatives_summed_over_k, nb02.NEG_AXIS_HINT),
+        (loss_negatives_against_context, nb02.NEG_CONTEXT_HINT),
+        (loss_python_float, nb02.LOSS_NUMBER_HINT),
     ],
 )
 def test_loss_checker_names_the_mistake(impl, hint):

@@ -34,6 +34,13 @@ NUM_CLASSES_HINT = (
     "an id was not smaller than num_classes: one-hot vectors have d_vocab = W_E.shape[0] entries "
     "(the rows of W_E), not W_E.shape[1]"
 )
+FLATTENED_HINT = (
+    "keep the shape of ids: the result has shape ids.shape + (d_model,); F.one_hot works on ids of any "
+    "shape, so there is no need to flatten them"
+)
+TENSOR_HINT = (
+    "return a torch.Tensor, not a NumPy array: .numpy() leaves autograd, so no gradient could reach W_E"
+)
 LOOKUP_HINT = (
     "you indexed W_E directly (W_E[ids] or nn.Embedding); the values are right, but the exercise is to "
     "get them as a matrix product: one_hot(ids) @ W_E"
@@ -69,8 +76,9 @@ def check_embed_via_one_hot(embed_via_one_hot) -> None:
     W_sq = seeded_randn(0, 6, 6)
     ids = torch.tensor([[2, 0, 4], [4, 1, 3]])
     got = _call_embed(embed_via_one_hot, ids, W_sq)
+    expect(not isinstance(got, np.ndarray), TENSOR_HINT)
     compare(got, W_sq[ids], what="embed_via_one_hot(ids, W_E) with ids of shape (2, 3) and W_E of shape (6, 6)",
-            mistakes={TRANSPOSED_HINT: W_sq.T[ids]})
+            mistakes={TRANSPOSED_HINT: W_sq.T[ids], FLATTENED_HINT: W_sq[ids.flatten()]})
     # A tall W_E: more words than dimensions, the usual case.
     W_E = seeded_randn(1, 9, 4).requires_grad_(True)
     ids = torch.tensor([0, 8, 3, 3, 5])
@@ -93,9 +101,31 @@ MISSING_MINUS_HINT = (
 )
 SIGMOID_HINT = "you used sigma where the loss has log sigma: take F.logsigmoid of the scores"
 BATCH_SUM_HINT = "the loss should be the mean over the batch (as the docstring says), not the sum"
-NEG_MEAN_HINT = "sum the k negative terms of each example; you averaged them"
+NEG_MEAN_HINT = (
+    "sum the k negative terms of each example; you averaged them "
+    "(F.binary_cross_entropy_with_logits averages unless you pass reduction='sum')"
+)
+MEAN_OF_TERMS_HINT = (
+    "you averaged over the k+1 terms of each example as well: add the positive term and the k negative "
+    "terms, then take the mean over the batch only"
+)
+MINUS_OUTSIDE_HINT = (
+    "log(1 - sigma(x)) equals log sigma(-x), not -log sigma(x): the minus goes inside the log-sigmoid "
+    "of each negative score, and every term of the loss is a -log sigma(...)"
+)
+NEG_AXIS_HINT = (
+    "each negative score u_wi . v_c is a dot product over d_model, the last axis of negatives, giving "
+    "scores of shape (batch, k); you summed over the k axis instead"
+)
+NEG_CONTEXT_HINT = (
+    "score each negative against the center vector v_c (u_wi . v_c), not against the context vector u_o"
+)
 SIGN_HINT = "you returned the log-likelihood, which training maximises; the loss to minimise is its negative"
 NO_NEG_HINT = "your loss ignores the negatives: add - sum_i log sigma(-u_i . v) for the k negative samples"
+LOSS_NUMBER_HINT = (
+    "return the loss as a 0-d torch tensor, not a Python number (no .item() or float()): "
+    "training needs to call .backward() on it"
+)
 STABILITY_HINT = (
     "NaN or Inf for large scores: torch.log(torch.sigmoid(x)) underflows to log(0) = -inf once x is "
     "below about -100 (float32); F.logsigmoid(x) computes the same thing without underflow"
@@ -119,6 +149,10 @@ def sgns_loss_mistakes(center: torch.Tensor, context: torch.Tensor, negatives: t
         NEG_MEAN_HINT: (-ls(pos) - ls(-neg).mean(-1)).mean(),
         SIGN_HINT: (ls(pos) + ls(-neg).sum(-1)).mean(),
         NO_NEG_HINT: (-ls(pos)).mean(),
+        MEAN_OF_TERMS_HINT: ((-ls(pos) - ls(-neg).sum(-1)) / (neg.shape[-1] + 1)).mean(),
+        MINUS_OUTSIDE_HINT: (-ls(pos) + ls(neg).sum(-1)).mean(),
+        NEG_AXIS_HINT: (-ls(pos) - ls(-(negatives * center[:, None, :]).sum(1)).sum(-1)).mean(),
+        NEG_CONTEXT_HINT: (-ls(pos) - ls(-_sgns_parts(context, context, negatives)[1]).sum(-1)).mean(),
     }
 
 
@@ -131,6 +165,8 @@ def check_sgns_loss(sgns_loss_fn) -> None:
     """Check ``sgns_loss(center, context, negatives)``: value, reduction, gradients, stability."""
     center, context, negatives = _sgns_inputs(0)
     got = call_learner(sgns_loss_fn, center, context, negatives, name="sgns_loss")
+    if isinstance(got, (float, int, np.floating)):
+        raise CheckFailure(LOSS_NUMBER_HINT)
     if isinstance(got, torch.Tensor) and got.shape == (center.shape[0],):
         raise CheckFailure("return one number, a 0-d tensor: the mean over the batch of the per-example losses")
     compare(got, sgns_loss(center, context, negatives), what="sgns_loss(center, context, negatives)",
