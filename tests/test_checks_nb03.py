@@ -88,6 +88,48 @@ def stacked_dim0(x, h0, *weights):
     return loop_rnn(x, h0, *weights).transpose(0, 1)
 
 
+def cell_rnn(step):
+    """A learner loop around the cell ``step(x_t, h, W_xh, b_xh, W_hh, b_hh) -> h_t``."""
+
+    def run(x, h0, W_xh, b_xh, W_hh, b_hh):
+        h, states = h0, []
+        for t in range(x.shape[1]):
+            h = step(x[:, t], h, W_xh, b_xh, W_hh, b_hh)
+            states.append(h)
+        return torch.stack(states, dim=1)
+
+    return run
+
+
+missing_input_bias = cell_rnn(lambda x_t, h, W_xh, b_xh, W_hh, b_hh: torch.tanh(x_t @ W_xh.T + h @ W_hh.T + b_hh))
+sigmoid_cell = cell_rnn(lambda x_t, h, W_xh, b_xh, W_hh, b_hh: torch.sigmoid(x_t @ W_xh.T + b_xh + h @ W_hh.T + b_hh))
+tanh_on_input_only = cell_rnn(lambda x_t, h, W_xh, b_xh, W_hh, b_hh: torch.tanh(x_t @ W_xh.T + b_xh) + h @ W_hh.T + b_hh)
+
+
+def one_step_short(x, h0, *weights):  # range(x.shape[1] - 1)
+    return loop_rnn(x[:, :-1], h0, *weights)
+
+
+def includes_h0(x, h0, *weights):
+    return torch.cat([h0[:, None, :], loop_rnn(x, h0, *weights)], dim=1)
+
+
+def cat_not_stack(x, h0, W_xh, b_xh, W_hh, b_hh):
+    h, states = h0, []
+    for t in range(x.shape[1]):
+        h = torch.tanh(x[:, t] @ W_xh.T + b_xh + h @ W_hh.T + b_hh)
+        states.append(h)
+    return torch.cat(states, dim=1)
+
+
+def indexes_batch_not_time(x, h0, W_xh, b_xh, W_hh, b_hh):
+    h, states = h0, []
+    for t in range(x.shape[1]):
+        h = torch.tanh(x[t] @ W_xh.T + b_xh + h @ W_hh.T + b_hh)
+        states.append(h)
+    return torch.stack(states, dim=1)
+
+
 @pytest.mark.parametrize(
     "buggy, hint",
     [
@@ -100,6 +142,13 @@ def stacked_dim0(x, h0, *weights):
         (missing_bias, "a bias is missing"),
         (final_only, "returned only the final state"),
         (stacked_dim0, "stack along dim=1"),
+        (missing_input_bias, "b_xh is the one left out"),
+        (sigmoid_cell, "tanh, not sigmoid"),
+        (tanh_on_input_only, "tanh must wrap the whole sum"),
+        (one_step_short, "one state is missing"),
+        (includes_h0, "you included h_0"),
+        (cat_not_stack, "torch.cat joined the states"),
+        (indexes_batch_not_time, "the input at step t is x[:, t]"),
     ],
 )
 def test_rnn_mistakes_are_named(buggy, hint):
@@ -176,6 +225,31 @@ def attention_weights_only(query, keys, W_q, W_k, v):
     return plain_attention(query, keys, W_q, W_k, v)[1]
 
 
+def attention_from(score, normalise=lambda s: torch.softmax(s, dim=-1), pool=lambda wk: wk.sum(1)):
+    """A learner attention built from its score, normalisation and pooling steps."""
+
+    def attend(query, keys, W_q, W_k, v):
+        weights = normalise(score(query, keys, W_q, W_k, v))
+        return pool(weights[..., None] * keys), weights
+
+    return attend
+
+
+def additive_score(query, keys, W_q, W_k, v):
+    return torch.tanh((query @ W_q.T)[:, None, :] + keys @ W_k.T) @ v
+
+
+attention_mean_context = attention_from(additive_score, pool=lambda wk: wk.mean(1))
+attention_keepdim_context = attention_from(additive_score, pool=lambda wk: wk.sum(1, keepdim=True))
+attention_sigmoid_weights = attention_from(additive_score, normalise=torch.sigmoid)
+attention_divide_by_sum = attention_from(additive_score, normalise=lambda s: s / s.sum(-1, keepdim=True))
+attention_tanh_after_v = attention_from(lambda q, k, W_q, W_k, v: torch.tanh(((q @ W_q.T)[:, None, :] + k @ W_k.T) @ v))
+attention_tanh_per_term = attention_from(
+    lambda q, k, W_q, W_k, v: (torch.tanh(q @ W_q.T)[:, None, :] + torch.tanh(k @ W_k.T)) @ v
+)
+attention_no_key_axis = attention_from(lambda q, k, W_q, W_k, v: torch.tanh(q @ W_q.T + k @ W_k.T) @ v)
+
+
 @pytest.mark.parametrize(
     "buggy, hint",
     [
@@ -187,6 +261,13 @@ def attention_weights_only(query, keys, W_q, W_k, v):
         (attention_dot_product, "dot-product attention"),
         (attention_swapped_outputs, "order (context, weights)"),
         (attention_weights_only, "should return a pair"),
+        (attention_mean_context, "not the mean"),
+        (attention_keepdim_context, "no keepdim=True"),
+        (attention_sigmoid_weights, "not a sigmoid per position"),
+        (attention_divide_by_sum, "exponentiate first"),
+        (attention_tanh_after_v, "the tanh goes before v"),
+        (attention_tanh_per_term, "one tanh over the sum"),
+        (attention_no_key_axis, "(query @ W_q.T)[:, None, :]"),
     ],
 )
 def test_attention_mistakes_are_named(buggy, hint):

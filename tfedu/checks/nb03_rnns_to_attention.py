@@ -13,6 +13,13 @@ RNN_ARGS = ("x", "h0", "W_xh", "b_xh", "W_hh", "b_hh")
 ATTENTION_ARGS = ("query", "keys", "W_q", "W_k", "v")
 
 
+RNN_ERROR_HINT = "x has shape (batch, pos, d_in), so the input at step t is x[:, t]; x[t] would be the t-th sequence of the batch"
+ATTENTION_ERROR_HINT = (
+    "query @ W_q.T has shape (batch, d_attn): give it a key axis, (query @ W_q.T)[:, None, :], "
+    "so it broadcasts against keys @ W_k.T of shape (batch, key_pos, d_attn)"
+)
+
+
 def _rnn_inputs(seed: int, batch: int, n_pos: int, d_in: int, d_hidden: int) -> dict[str, torch.Tensor]:
     shapes = {
         "x": (batch, n_pos, d_in),
@@ -49,6 +56,18 @@ def rnn_mistakes(x, h0, W_xh, b_xh, W_hh, b_hh) -> dict[str, torch.Tensor]:
             _loop(x, h0, lambda x_t, h: torch.tanh(x_t @ W_xh.T + b_xh + h @ W_hh + b_hh)),
         "a bias is missing: the Elman cell adds both b_xh and b_hh":
             _loop(x, h0, lambda x_t, h: torch.tanh(x_t @ W_xh.T + b_xh + h @ W_hh.T)),
+        "a bias is missing: the Elman cell adds both b_xh and b_hh (b_xh is the one left out)":
+            _loop(x, h0, lambda x_t, h: torch.tanh(x_t @ W_xh.T + h @ W_hh.T + b_hh)),
+        "the Elman cell squashes with tanh, not sigmoid: its states lie in (-1, 1)":
+            _loop(x, h0, lambda x_t, h: torch.sigmoid(x_t @ W_xh.T + b_xh + h @ W_hh.T + b_hh)),
+        "tanh must wrap the whole sum: h_t = tanh(W_xh x_t + b_xh + W_hh h_{t-1} + b_hh), the recurrent term inside too":
+            _loop(x, h0, lambda x_t, h: torch.tanh(x_t @ W_xh.T + b_xh) + h @ W_hh.T + b_hh),
+        "one state is missing: loop over all T positions (range(x.shape[1])), one new state per input x_t":
+            right[:, :-1],
+        "you included h_0 in the output: return only the new states h_1..h_T, one per input position":
+            torch.cat([h0[:, None, :], right], dim=1),
+        "torch.cat joined the states end to end; torch.stack(states, dim=1) adds the new pos axis, (batch, pos, d_hidden)":
+            right.reshape(right.shape[0], -1),
         "you returned only the final state; return every state h_1..h_T stacked to (batch, pos, d_hidden)":
             right[:, -1],
         "you stacked the states along dim 0 (pos, batch, d_hidden); stack along dim=1 to get (batch, pos, d_hidden)":
@@ -71,7 +90,7 @@ def check_run_rnn(run_rnn) -> None:
         inputs = _rnn_inputs(seed, batch, n_pos, d_in, d_hidden)
         args = [inputs[name] for name in RNN_ARGS]
         compare(
-            call_learner(run_rnn, *args, name="run_rnn"),
+            call_learner(run_rnn, *args, name="run_rnn", error_hint=RNN_ERROR_HINT),
             reference_run_rnn(*args),
             what=f"run_rnn on x of shape {(batch, n_pos, d_in)} with d_hidden={d_hidden}",
             mistakes=rnn_mistakes(*args),
@@ -108,6 +127,19 @@ def attention_mistakes(query, keys, W_q, W_k, v) -> dict[str, dict[str, torch.Te
             "context": (weights[:, :, None] * (keys @ W_k.T)).sum(dim=1)},
         "you summed over the wrong axis: context_b = sum_j weights[b, j] * keys[b, j], summing over positions j (dim=1)": {
             "context": (weights[:, :, None] * keys).sum(dim=-1)},
+        "the weights already sum to one: the context is their weighted sum over positions (.sum(dim=1)), not the mean": {
+            "context": (weights[:, :, None] * keys).mean(dim=1)},
+        "drop the summed axis: the context has shape (batch, d_key), so no keepdim=True": {
+            "context": (weights[:, :, None] * keys).sum(dim=1, keepdim=True)},
+        "the tanh goes before v: score_j = v^T tanh(W_q s + W_k h_j), not tanh(v^T (W_q s + W_k h_j))": {
+            "weights": (w := torch.softmax(torch.tanh(pre @ v), dim=-1)), "context": context_of(w)},
+        "one tanh over the sum: score_j = v^T tanh(W_q s + W_k h_j), not v^T (tanh(W_q s) + tanh(W_k h_j))": {
+            "weights": (w := torch.softmax((torch.tanh(query @ W_q.T)[:, None, :] + torch.tanh(keys @ W_k.T)) @ v, dim=-1)),
+            "context": context_of(w)},
+        "the weights come from a softmax over source positions, not a sigmoid per position: they must sum to one": {
+            "weights": (w := torch.sigmoid(scores)), "context": context_of(w)},
+        "scores can be negative, so dividing them by their sum is no distribution: exponentiate first (torch.softmax)": {
+            "weights": (w := scores / scores.sum(dim=-1, keepdim=True)), "context": context_of(w)},
     }
     if W_q.shape[0] == W_q.shape[1]:
         wrong = torch.softmax(torch.tanh(query[:, None, :] @ W_q + keys @ W_k.T) @ v, dim=-1)
@@ -136,7 +168,7 @@ def check_additive_attention(additive_attention) -> None:
     for seed, dims in cases:
         inputs = _attention_inputs(seed, *dims)
         args = [inputs[name] for name in ATTENTION_ARGS]
-        result = call_learner(additive_attention, *args, name="additive_attention")
+        result = call_learner(additive_attention, *args, name="additive_attention", error_hint=ATTENTION_ERROR_HINT)
         expect(
             isinstance(result, (tuple, list)) and len(result) == 2,
             f"additive_attention should return a pair (context, weights), got {type(result).__name__}",
