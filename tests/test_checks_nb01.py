@@ -135,6 +135,7 @@ def test_pair_count_mistakes():
     fails_with(nb01.check_get_pair_counts,
                lambda ids: dict(Counter(zip(ids, ids[1:] + ids[:1]))) if ids else {}, hint="wraps around")
     fails_with(nb01.check_get_pair_counts, lambda ids: list(zip(ids, ids[1:])), hint="should return a dict")
+    fails_with(nb01.check_get_pair_counts, lambda ids: {p: 1 for p in zip(ids, ids[1:])}, hint="every count is 1")
     fails_with(nb01.check_get_pair_counts, lambda ids: {f"{a},{b}": 1 for a, b in zip(ids, ids[1:])}, hint="tuples")
 
 
@@ -202,6 +203,19 @@ def test_merge_mistakes():
         return out
 
     fails_with(nb01.check_merge_pair, first_only, hint="only the first occurrence was replaced")
+
+    def keeps_right(ids, pair, new_id):
+        out, i = [], 0
+        while i < len(ids):
+            if i + 1 < len(ids) and (ids[i], ids[i + 1]) == pair:
+                out += [new_id, ids[i + 1]]
+                i += 2
+            else:
+                out.append(ids[i])
+                i += 1
+        return out
+
+    fails_with(nb01.check_merge_pair, keeps_right, hint="kept the pair's right id")
     fails_with(nb01.check_merge_pair, list_vs_tuple, hint="a list [x, y] never equals a tuple")
     fails_with(nb01.check_merge_pair, returns_nothing, hint="returned None")
 

@@ -86,6 +86,22 @@ def _pairs_wrapped(ids):  # (last, first) counted as if the list were a circle
     return dict(Counter(zip(ids, list(ids[1:]) + list(ids[:1])))) if ids else {}
 
 
+def _pairs_presence(ids):  # {pair: 1}: which pairs occur, not how often
+    return {pair: 1 for pair in zip(ids, ids[1:])}
+
+
+def _merge_keeping_right(ids, pair, new_id):  # appends new_id and then the pair's right id too
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
+            out += [new_id, ids[i + 1]]
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
 def _merge_not_advancing(ids, pair, new_id):  # i += 1 after a merge
     out, i = [], 0
     while i < len(ids):
@@ -226,6 +242,8 @@ PAIR_MISTAKES = {
     "(positions 0-1 and 1-2): use zip(ids, ids[1:])": (_pairs_chunked, _pairs_non_overlapping),
     "the last pair is missing (off by one): a list of n ids has n - 1 adjacent pairs": (_pairs_missing_last,),
     "you counted a pair (last, first) that wraps around; the sequence is not a circle": (_pairs_wrapped,),
+    "every count is 1: you recorded which pairs occur, not how many times; add 1 each time a pair is seen":
+        (_pairs_presence,),
 }
 
 
@@ -261,6 +279,7 @@ MERGE_MISTAKES = {
     "pair's right half is not used again": _merge_not_advancing,
     "you merged from right to left; BPE merges left to right, so [a, a, a] becomes [Z, a], not [a, Z]": _merge_right_to_left,
     "the last id went missing: when the loop stops at len(ids) - 1, append the final id too": _merge_dropping_last,
+    "the new id replaces both ids of the pair; you kept the pair's right id as well": _merge_keeping_right,
     "only the first occurrence was replaced: keep scanning to the end of the list, replacing every "
     "occurrence (do not return inside the loop)": _merge_first_only,
     "nothing was merged, though the pair occurs: check your comparison; `pair` is a tuple, so compare "
