@@ -38,8 +38,10 @@ def test_causal_mask_reference_passes(capsys, typechecked):
         (lambda n: torch.full((n, n), float("-inf")).triu(1), "additive float mask"),
         (lambda n: torch.ones(n, n, dtype=torch.bool), "True everywhere"),
         (lambda n: torch.ones(n, n + 1, dtype=torch.bool).tril(), r"shape \(5, 6\), expected \(5, 5\)"),
+        (lambda n: torch.ones(n, n, dtype=torch.bool).tril(1), r"lets query i see key i \+ 1.*\.tril\(\)"),
     ],
-    ids=["transposed", "no-diagonal", "masked-convention", "inverted", "float", "additive", "all-true", "shape"],
+    ids=["transposed", "no-diagonal", "masked-convention", "inverted", "float", "additive", "all-true", "shape",
+         "shifted"],
 )
 def test_causal_mask_mistakes_are_named(buggy, match):
     with pytest.raises(CheckFailure, match=match):
@@ -57,12 +59,14 @@ def test_causal_mask_not_done():
 # ----------------------------------------------------------------------------- masked attention
 
 
-def make_masked_attention(*, where="before", fill=float("-inf"), invert=False, scale=True, dim=-1):
+def make_masked_attention(*, where="before", fill=float("-inf"), invert=False, scale=True, dim=-1, returns="pair"):
     """A learner's masked_attention, with one switch per mistake."""
 
     def masked_attention(q, k, v, mask):
-        scores = q @ k.transpose(-2, -1)
-        if scale:
+        scores = (q @ k.T) if returns == "dot-T" else q @ k.transpose(-2, -1)
+        if scale == "no-sqrt":
+            scores = scores / q.shape[-1]
+        elif scale:
             scores = scores / math.sqrt(q.shape[-1])
         hidden = mask if invert else ~mask
         if where == "before":
@@ -72,6 +76,10 @@ def make_masked_attention(*, where="before", fill=float("-inf"), invert=False, s
             weights = weights.masked_fill(hidden, 0.0)
         if where == "after-inf":
             weights = weights.masked_fill(hidden, float("-inf"))
+        if returns == "swapped":
+            return weights, weights @ v
+        if returns == "mix-transposed":
+            return weights.transpose(-2, -1) @ v, weights
         return weights @ v, weights
 
     return masked_attention
@@ -97,8 +105,13 @@ def test_masked_attention_reference_and_variants_pass(capsys, typechecked):
         ({"fill": 0.0}, "exp\\(0\\) = 1"),
         ({"scale": False}, "missing 1/sqrt"),
         ({"dim": -2}, "wrong \\(query\\) axis"),
+        ({"scale": "no-sqrt"}, "you divided the scores by d_k; the scale is 1/sqrt\\(d_k\\)"),
+        ({"returns": "swapped"}, "return them in the order \\(output, weights\\)"),
+        ({"returns": "mix-transposed"}, "the output is weights @ v, without transposing"),
+        ({"returns": "dot-T"}, "raised RuntimeError.*k\\.transpose\\(-2, -1\\) \\(k\\.T reverses every axis"),
     ],
-    ids=["after", "after-inf", "inverted", "inverted-finite", "ignored", "fill-zero", "no-scale", "query-axis"],
+    ids=["after", "after-inf", "inverted", "inverted-finite", "ignored", "fill-zero", "no-scale", "query-axis",
+         "scale-no-sqrt", "swapped-pair", "mix-transposed", "dot-T"],
 )
 def test_masked_attention_mistakes_are_named(kwargs, match):
     with pytest.raises(CheckFailure, match=match):
@@ -123,8 +136,12 @@ def make_mha(bug=None):
             self.W_Q, self.W_K = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
             self.W_V, self.W_O = nn.Linear(d_model, d_model), nn.Linear(d_model, d_model)
 
-        def split(self, t):
+        def split(self, t, pos=None):
             b, p, _ = t.shape
+            if bug == "context-len-view":  # every split sized with x's length, as if key_pos == query_pos
+                return t.view(b, pos, self.n_heads, self.d_head).transpose(1, 2)
+            if bug == "heads-not-moved":
+                return einops.rearrange(t, "b p (h d) -> b p h d", h=self.n_heads)
             if bug == "view-split":
                 return t.view(b, self.n_heads, p, self.d_head)
             if bug == "interleaved":
@@ -143,15 +160,22 @@ def make_mha(bug=None):
                 return einops.rearrange(z, "b h p d -> b p (d h)")
             if bug == "pos-split":
                 return einops.rearrange(z, "b h p d -> b (h p) d")
+            if bug == "heads-not-moved":
+                return einops.rearrange(z, "b p h d -> b p (h d)")
             return einops.rearrange(z, "b h p d -> b p (h d)")
 
         def forward(self, x, context=None, mask=None):
             context = x if context is None else context
             if bug == "keys-from-x":
                 context = x
-            q, k, v = self.split(self.W_Q(x)), self.split(self.W_K(context)), self.split(self.W_V(context))
+            pos = x.shape[1]
+            q, k, v = (self.split(self.W_Q(x), pos), self.split(self.W_K(context), pos), self.split(self.W_V(context), pos))
             scores = q @ k.transpose(-2, -1)
-            if bug == "scale-d-model":
+            if mask is not None and bug == "mask-unsqueeze":
+                mask = mask.unsqueeze(1)  # "add a head axis": wrong, the mask already broadcasts
+            if bug == "scale-no-sqrt":
+                scores = scores / self.d_head
+            elif bug == "scale-d-model":
                 scores = scores / math.sqrt(self.d_model)
             elif bug != "no-scale":
                 scores = scores / math.sqrt(q.shape[-1])
@@ -193,11 +217,24 @@ def test_mha_reference_and_learner_solution_pass(capsys):
         ("mask-ignored", "the mask had no effect"),
         ("keys-from-x", "come from `context`"),
         ("tuple", "return only the output"),
+        ("scale-no-sqrt", "you divided the scores by d_head; the scale is 1/sqrt\\(d_head\\)"),
+        ("heads-not-moved", "your attention ran across the heads"),
+        ("mask-unsqueeze", "raised RuntimeError.*the mask arrives already broadcastable to the scores"),
+        ("context-len-view", r"raised RuntimeError.*keys and values have the context's length key_pos"),
     ],
 )
 def test_mha_mistakes_are_named(bug, match):
     with pytest.raises(CheckFailure, match=match):
         nb05.check_multi_head_attention(make_mha(bug))
+
+
+def test_mha_against_torch_passes_the_reference_and_catches_a_bug(capsys):
+    """check_against_torch compares with nn.MultiheadAttention and F.scaled_dot_product_attention directly."""
+    nb05.check_against_torch(lambda d_model, n_heads: reference.MultiHeadAttention(d_model, n_heads))
+    nb05.check_against_torch(make_mha())
+    for bug in ("mask-after", "no-W_O", "interleaved"):
+        with pytest.raises(CheckFailure, match="against nn.MultiheadAttention"):
+            nb05.check_against_torch(make_mha(bug))
 
 
 def test_mha_with_renamed_layers_is_told_to_keep_them():

@@ -8,6 +8,7 @@ from typing import Any
 import einops
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from tfedu import attention as reference
@@ -28,6 +29,10 @@ HINT_MASKED_CONVENTION = (
     "you returned True where attention is forbidden (the convention of nn.MultiheadAttention's attn_mask). "
     "In tfedu, as in F.scaled_dot_product_attention, True = may attend: invert your mask with ~"
 )
+HINT_SHIFTED = (
+    "your mask also lets query i see key i + 1, the very token it has to predict (a .tril(1)): key j is "
+    "visible to query i when j <= i, so keep the diagonal and nothing above it: .tril() or .tril(diagonal=0)"
+)
 HINT_ALL_TRUE = "your mask is True everywhere: nothing is hidden, so every token still sees the future"
 HINT_NOT_BOOL = (
     "return a boolean tensor (dtype torch.bool), True = may attend, e.g. "
@@ -45,6 +50,7 @@ def _mask_mistakes(n: int) -> dict[str, torch.Tensor]:
         HINT_MASKED_CONVENTION: ones.triu(1),
         HINT_TRANSPOSED: ones.triu(0),
         HINT_NO_DIAGONAL: ones.tril(-1),
+        HINT_SHIFTED: ones.tril(1),
         HINT_ALL_TRUE: ones,
     }
 
@@ -86,6 +92,19 @@ HINT_FILL_ZERO = (
     "float('-inf') (or a very negative number such as -1e9)"
 )
 HINT_NO_SCALE = "missing 1/sqrt(d_k) scale: divide q @ k.transpose(-2, -1) by math.sqrt(q.shape[-1]) before masking"
+HINT_SCALE_NO_SQRT = (
+    "you divided the scores by d_k; the scale is 1/sqrt(d_k): divide by math.sqrt(q.shape[-1])"
+)
+HINT_SWAPPED_PAIR = "you returned (weights, output); return them in the order (output, weights)"
+HINT_MIX_TRANSPOSED = (
+    "the weights are right but the output is not: the weights are (..., query_pos, key_pos), so the "
+    "output is weights @ v, without transposing the weights"
+)
+HINT_BATCHED_CALL = (
+    "the inputs are batched, (..., pos, d): transpose only the keys' last two axes with "
+    "k.transpose(-2, -1) (k.T reverses every axis of a batched tensor), and use the mask as given: "
+    "it already broadcasts against the scores (..., query_pos, key_pos)"
+)
 HINT_QUERY_AXIS = "softmax over the wrong (query) axis: each query's weights sum to one over the keys, dim=-1"
 HINT_NAN = (
     "NaN or Inf in the result: fill the masked scores with -inf BEFORE the softmax (after it, the -inf "
@@ -109,6 +128,7 @@ def _masked_weight_mistakes(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor
         HINT_IGNORED: torch.softmax(s, dim=-1),
         HINT_FILL_ZERO: torch.softmax(s.masked_fill(~mask, 0.0), dim=-1),
         HINT_NO_SCALE: torch.softmax(_scores(q, k, scale=False).masked_fill(~mask, minus_inf), dim=-1),
+        HINT_SCALE_NO_SQRT: torch.softmax((_scores(q, k, scale=False) / q.shape[-1]).masked_fill(~mask, minus_inf), dim=-1),
         HINT_QUERY_AXIS: torch.softmax(s.masked_fill(~mask, minus_inf), dim=-2),
     }
 
@@ -117,10 +137,17 @@ def _check_masked_pair(result: Any, q, k, v, mask, what: str) -> None:
     expected_out, expected_w = reference.scaled_dot_product_attention(q, k, v, mask)
     expect(isinstance(result, (tuple, list)) and len(result) == 2, f"{HINT_PAIR}; you returned {describe(result)}")
     output, weights = result
+    if (
+        isinstance(output, torch.Tensor) and isinstance(weights, torch.Tensor)
+        and output.shape == expected_w.shape and weights.shape == expected_out.shape != expected_w.shape
+    ):
+        raise CheckFailure(HINT_SWAPPED_PAIR)
     mistakes = _masked_weight_mistakes(q, k, mask)
     name_mistake_with_nans(weights, mistakes)
     compare(weights, expected_w, what=f"the weights of {what}", mistakes=mistakes, nan_hint=HINT_NAN)
     output_mistakes = {hint: w @ v for hint, w in mistakes.items()}
+    if q.shape[-2] == k.shape[-2]:
+        output_mistakes[HINT_MIX_TRANSPOSED] = expected_w.transpose(-2, -1) @ v
     name_mistake_with_nans(output, output_mistakes)
     compare(output, expected_out, what=f"the output of {what}", mistakes=output_mistakes, nan_hint=HINT_NAN)
 
@@ -153,12 +180,12 @@ def check_masked_attention(masked_attention) -> None:
     """Check a learner's ``masked_attention(q, k, v, mask) -> (output, weights)``, True = may attend."""
     q, k, v = seeded_randn(20, 2, 6, 4), seeded_randn(21, 2, 6, 4), seeded_randn(22, 2, 6, 3)
     causal = reference.causal_mask(6, 6)
-    result = call_learner(masked_attention, q, k, v, causal, name="masked_attention")
+    result = call_learner(masked_attention, q, k, v, causal, name="masked_attention", error_hint=HINT_BATCHED_CALL)
     _check_masked_pair(result, q, k, v, causal, "masked_attention(q, k, v, causal_mask(6)) on (2, 6, 4) inputs")
     # Cross-shaped (query_pos != key_pos), a mask per batch element, and 4-D (batch, heads, ...) inputs.
     q4, k4, v4 = seeded_randn(23, 2, 3, 4, 8), seeded_randn(24, 2, 3, 7, 8), seeded_randn(25, 2, 3, 7, 5)
     mask4 = _visible_mask(26, 2, 1, 4, 7)
-    result = call_learner(masked_attention, q4, k4, v4, mask4, name="masked_attention")
+    result = call_learner(masked_attention, q4, k4, v4, mask4, name="masked_attention", error_hint=HINT_BATCHED_CALL)
     _check_masked_pair(result, q4, k4, v4, mask4, "masked_attention on (2, 3, 4, 8) queries, (2, 3, 7, 8) keys, a (2, 1, 4, 7) mask")
 
 
@@ -190,6 +217,21 @@ HINT_SCALE_D_MODEL = (
     "by math.sqrt(self.d_head)"
 )
 HINT_MHA_NO_SCALE = "missing 1/sqrt(d_head) scale on the scores q @ k^T of each head"
+HINT_MHA_SCALE_NO_SQRT = "you divided the scores by d_head; the scale is 1/sqrt(d_head): math.sqrt(self.d_head)"
+HINT_HEADS_NOT_MOVED = (
+    "your attention ran across the heads, not across the positions: after splitting to (batch, pos, n_heads, "
+    "d_head) move the head axis next to the batch axis, (batch, n_heads, pos, d_head), so that the scores are "
+    "(batch, n_heads, query_pos, key_pos): 'batch pos (n_heads d_head) -> batch n_heads pos d_head'"
+)
+HINT_MHA_CALL = (
+    "split each projection with 'batch pos (n_heads d_head) -> batch n_heads pos d_head' and concatenate with "
+    "the reverse pattern (a .view after a .transpose needs .reshape)"
+)
+HINT_MHA_CALL_MASK = (
+    "the mask arrives already broadcastable to the scores (batch, n_heads, query_pos, key_pos): a "
+    "(query_pos, key_pos) causal mask or a (batch, 1, 1, key_pos) padding mask; use it as it is, no unsqueeze"
+)
+HINT_MHA_CALL_CONTEXT = "keys and values have the context's length key_pos, not x's query_pos: split them with the context's shape"
 HINT_MHA_QUERY_AXIS = "softmax over the wrong (query) axis: take it over the keys, the last dim"
 HINT_CONTEXT = (
     "cross-attention: the keys and values come from `context` (W_K(context), W_V(context)); only the "
@@ -247,6 +289,12 @@ def multi_head_variant(
     """
     h = layer.n_heads
     kv_source = x if context is None or kv_from == "x" else context
+    if split == "not_moved":  # heads split off but left after pos: attention runs across the heads
+        q, k, v = (einops.rearrange(W(t), "b p (h d) -> b p h d", h=h) for W, t in
+                   ((layer.W_Q, x), (layer.W_K, kv_source), (layer.W_V, kv_source)))
+        pattern = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+        z = einops.rearrange(pattern @ v, "b p h d -> b p (h d)")
+        return layer.W_O(z) if use_W_O else z
 
     def split_fn(t: torch.Tensor) -> torch.Tensor:  # (batch, pos, width) -> (batch, n_heads, pos', d')
         b, p, w = t.shape
@@ -273,7 +321,8 @@ def multi_head_variant(
 
     q, k, v = split_fn(layer.W_Q(x)), split_fn(layer.W_K(kv_source)), split_fn(layer.W_V(kv_source))
     raw = q @ k.transpose(-2, -1)
-    divisor = {"d_head": math.sqrt(q.shape[-1]), "d_model": math.sqrt(layer.d_model), "none": 1.0}[scale]
+    divisor = {"d_head": math.sqrt(q.shape[-1]), "d_model": math.sqrt(layer.d_model), "none": 1.0,
+               "d_head_no_sqrt": float(q.shape[-1])}[scale]
     scores = raw / divisor
     if mask is not None and mask_mode == "before":
         scores = scores.masked_fill(~mask, float("-inf"))
@@ -297,12 +346,15 @@ def _mha_mistakes(layer, x, context=None, mask=None) -> dict[str, torch.Tensor]:
         HINT_NO_W_O: variant(use_W_O=False),
         HINT_SCALE_D_MODEL: variant(scale="d_model"),
         HINT_MHA_NO_SCALE: variant(scale="none"),
+        HINT_MHA_SCALE_NO_SQRT: variant(scale="d_head_no_sqrt"),
         HINT_MHA_QUERY_AXIS: variant(softmax_dim=-2),
     }
     mistakes[HINT_VIEW_SPLIT + " (and merge back with a transpose)"] = variant(split="view")
     mistakes[HINT_INTERLEAVED + " (your concatenation)"] = variant(merge="interleaved")
     q_len = x.shape[1]
     k_len = q_len if context is None else context.shape[1]
+    if mask is None and q_len == k_len:
+        mistakes[HINT_HEADS_NOT_MOVED] = variant(split="not_moved")
     if mask is None and q_len == k_len and q_len % layer.n_heads == 0:
         mistakes[HINT_POS_SPLIT] = variant(split="pos", merge="pos", scale="d_model")
         mistakes[HINT_POS_SPLIT + " (scaled by sqrt(d_head))"] = variant(split="pos", merge="pos")
@@ -319,7 +371,12 @@ def _mha_mistakes(layer, x, context=None, mask=None) -> dict[str, torch.Tensor]:
 def _check_layer(learner: Any, layer, x, context=None, mask=None, *, what: str) -> None:
     args = (x,) if context is None else (x, context)
     kwargs = {} if mask is None else {"mask": mask}
-    got = call_learner(learner, *args, name="MultiHeadAttention.forward", **kwargs)
+    error_hint = HINT_MHA_CALL
+    if context is not None and context.shape[1] != x.shape[1]:
+        error_hint = HINT_MHA_CALL_CONTEXT + "; " + error_hint
+    if mask is not None:
+        error_hint += "; " + HINT_MHA_CALL_MASK
+    got = call_learner(learner, *args, name="MultiHeadAttention.forward", error_hint=error_hint, **kwargs)
     if isinstance(got, (tuple, list)):
         raise CheckFailure(f"{HINT_RETURNS_TUPLE}; {what} returned a {type(got).__name__} of {len(got)}")
     mistakes = _mha_mistakes(layer, x, context, mask)
@@ -350,6 +407,33 @@ def check_multi_head_attention(MultiHeadAttention) -> None:
         copy_weights(layer, learner)
         with torch.no_grad():
             _check_layer(learner, layer, seeded_randn(seed + 9, 3, 5, d_model), what=f"forward(x) with d_model={d_model}, n_heads={n_heads}")
+    check_against_torch(MultiHeadAttention)
+
+
+def check_against_torch(MultiHeadAttention, d_model: int = 16, n_heads: int = 4, seed: int = 70) -> None:
+    """The learner's layer against PyTorch's own attention, two independent oracles.
+
+    ``nn.MultiheadAttention`` with the same weights (its boolean attn_mask is True = masked out,
+    hence ``~mask``), and the heads attended by ``F.scaled_dot_product_attention`` then ``W_O``.
+    """
+    torch_layer = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+    learner = call_learner(MultiHeadAttention, d_model, n_heads, name="MultiHeadAttention")
+    with torch.no_grad():  # seeded weights, and non-zero biases (torch starts them at zero)
+        torch_layer.in_proj_weight.copy_(seeded_randn(seed, 3 * d_model, d_model) / math.sqrt(d_model))
+        torch_layer.in_proj_bias.copy_(seeded_randn(seed + 1, 3 * d_model) / 4)
+        torch_layer.out_proj.weight.copy_(seeded_randn(seed + 4, d_model, d_model) / math.sqrt(d_model))
+        torch_layer.out_proj.bias.copy_(seeded_randn(seed + 2, d_model) / 4)
+        mine = reference.MultiHeadAttention.load_from_torch(torch_layer)
+        copy_weights(mine, learner)
+        x = seeded_randn(seed + 3, 2, 7, d_model)
+        causal = reference.causal_mask(7, 7)
+        got = call_learner(learner, x, mask=causal, name="MultiHeadAttention.forward", error_hint=HINT_MHA_CALL_MASK)
+        expected, _ = torch_layer(x, x, x, attn_mask=~causal, need_weights=False)
+        compare(got, expected, what="forward(x, mask=causal_mask(7, 7)) against nn.MultiheadAttention")
+        q, k, v = (einops.rearrange(W(x), "b p (h d) -> b h p d", h=n_heads) for W in (mine.W_Q, mine.W_K, mine.W_V))
+        fused = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+        expected = mine.W_O(einops.rearrange(fused, "b h p d -> b p (h d)"))
+        compare(got, expected, what="forward(x, mask=causal_mask(7, 7)) against F.scaled_dot_product_attention per head, then W_O")
 
 
 # ----------------------------------------------------------------------------- probes
