@@ -86,6 +86,8 @@ def test_overhead_is_small_and_grows_with_heads():
         (lambda: attention_flops(1, 4, 4, 8, 0), "n_heads must be a positive int"),
         (lambda: attention_flops(1, 4, 4, 8, 2, d_head=0), "d_head must be a positive int"),
         (lambda: attention_flops(True, 4, 4, 8, 2), "batch must be a non-negative int"),
+        (lambda: multi_head_overhead(0, 4, 8, 2), "batch must be a positive int"),
+        (lambda: multi_head_overhead(1, 0, 8, 2), "pos must be a positive int"),
     ],
 )
 def test_bad_input_says_what_was_expected(call, match):

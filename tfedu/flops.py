@@ -129,6 +129,8 @@ def multi_head_overhead(batch: int, pos: int, d_model: int, n_heads: int) -> flo
     >>> round(multi_head_overhead(batch=1, pos=1024, d_model=768, n_heads=12), 4)
     1.0072
     """
+    _count("batch", batch)  # an empty batch or sequence costs nothing: no ratio to speak of
+    _count("pos", pos)
     many = attention_flops(batch, pos, pos, d_model, n_heads)
     one = attention_flops(batch, pos, pos, d_model, 1)
     return many.total / one.total
