@@ -118,6 +118,27 @@ def test_masked_attention_mistakes_are_named(kwargs, match):
         nb05.check_masked_attention(make_masked_attention(**kwargs))
 
 
+def mutating_masked_attention(q, k, v, mask):
+    """Right numbers, but it divides the caller's q in place."""
+    q /= math.sqrt(q.shape[-1])
+    weights = torch.softmax((q @ k.transpose(-2, -1)).masked_fill(~mask, float("-inf")), dim=-1)
+    return weights @ v, weights
+
+
+def mask_flipping_masked_attention(q, k, v, mask):
+    """Right numbers, but it inverts the caller's mask in place."""
+    hidden = mask.logical_not_()
+    weights = torch.softmax((q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(hidden, float("-inf")), dim=-1)
+    return weights @ v, weights
+
+
+@pytest.mark.parametrize("buggy, name", [(mutating_masked_attention, "q"), (mask_flipping_masked_attention, "mask")])
+def test_masked_attention_that_mutates_its_input_is_told_so(buggy, name):
+    """Before this hint, these got 'missing 1/sqrt' and 'True = may attend': the reference saw the mutated inputs."""
+    with pytest.raises(CheckFailure, match=f"changed its input `{name}` in place"):
+        nb05.check_masked_attention(buggy)
+
+
 def test_masked_attention_must_return_a_pair():
     with pytest.raises(CheckFailure, match="return a pair"):
         nb05.check_masked_attention(lambda q, k, v, mask: make_masked_attention()(q, k, v, mask)[0])
@@ -235,6 +256,17 @@ def test_mha_against_torch_passes_the_reference_and_catches_a_bug(capsys):
     for bug in ("mask-after", "no-W_O", "interleaved"):
         with pytest.raises(CheckFailure, match="against nn.MultiheadAttention"):
             nb05.check_against_torch(make_mha(bug))
+
+
+def test_mha_that_mutates_x_is_told_so():
+    class Mutating(make_mha()):
+        def forward(self, x, context=None, mask=None):
+            out = super().forward(x, context, mask)
+            x.zero_()  # "free" the input
+            return out
+
+    with pytest.raises(CheckFailure, match="changed its input `x` in place"):
+        nb05.check_multi_head_attention(Mutating)
 
 
 def test_mha_with_renamed_layers_is_told_to_keep_them():

@@ -105,6 +105,11 @@ HINT_BATCHED_CALL = (
     "k.transpose(-2, -1) (k.T reverses every axis of a batched tensor), and use the mask as given: "
     "it already broadcasts against the scores (..., query_pos, key_pos)"
 )
+HINT_MUTATED = (
+    "your code changed its input `{name}` in place (an in-place op such as {name} /= ..., {name}.masked_fill_(...) "
+    "or {name}.logical_not_()), so the caller's tensor is no longer what it passed in: build new tensors "
+    "instead ({name} = {name} / ..., masked_fill without the underscore)"
+)
 HINT_QUERY_AXIS = "softmax over the wrong (query) axis: each query's weights sum to one over the keys, dim=-1"
 HINT_NAN = (
     "NaN or Inf in the result: fill the masked scores with -inf BEFORE the softmax (after it, the -inf "
@@ -168,6 +173,24 @@ def name_mistake_with_nans(got: Any, mistakes: dict[str, torch.Tensor]) -> None:
             raise CheckFailure(hint)
 
 
+def call_on_copies(fn: Any, named_args: dict[str, Any], *, name: str, error_hint: str = "") -> Any:
+    """Call the learner's ``fn`` on copies of the tensors, and name any input it changed in place.
+
+    ``named_args`` maps each argument's name to its value, in call order; a name written
+    ``"kw:mask"`` is passed as the keyword ``mask=``. The checker keeps the originals, so a
+    learner who mutates an input is told so instead of being compared against a reference
+    computed from the mutated tensor.
+    """
+    copies = {key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in named_args.items()}
+    positional = [value for key, value in copies.items() if not key.startswith("kw:")]
+    keywords = {key[3:]: value for key, value in copies.items() if key.startswith("kw:")}
+    result = call_learner(fn, *positional, name=name, error_hint=error_hint, **keywords)
+    for key, value in named_args.items():
+        if isinstance(value, torch.Tensor) and not torch.equal(copies[key], value):
+            raise CheckFailure(HINT_MUTATED.format(name=key.removeprefix("kw:")))
+    return result
+
+
 def _visible_mask(seed: int, *shape: int) -> torch.Tensor:
     """A random boolean mask in which every query sees at least one key (its first one)."""
     mask = seeded_randn(seed, *shape) > 0
@@ -180,12 +203,14 @@ def check_masked_attention(masked_attention) -> None:
     """Check a learner's ``masked_attention(q, k, v, mask) -> (output, weights)``, True = may attend."""
     q, k, v = seeded_randn(20, 2, 6, 4), seeded_randn(21, 2, 6, 4), seeded_randn(22, 2, 6, 3)
     causal = reference.causal_mask(6, 6)
-    result = call_learner(masked_attention, q, k, v, causal, name="masked_attention", error_hint=HINT_BATCHED_CALL)
+    result = call_on_copies(masked_attention, {"q": q, "k": k, "v": v, "mask": causal}, name="masked_attention",
+                            error_hint=HINT_BATCHED_CALL)
     _check_masked_pair(result, q, k, v, causal, "masked_attention(q, k, v, causal_mask(6)) on (2, 6, 4) inputs")
     # Cross-shaped (query_pos != key_pos), a mask per batch element, and 4-D (batch, heads, ...) inputs.
     q4, k4, v4 = seeded_randn(23, 2, 3, 4, 8), seeded_randn(24, 2, 3, 7, 8), seeded_randn(25, 2, 3, 7, 5)
     mask4 = _visible_mask(26, 2, 1, 4, 7)
-    result = call_learner(masked_attention, q4, k4, v4, mask4, name="masked_attention", error_hint=HINT_BATCHED_CALL)
+    result = call_on_copies(masked_attention, {"q": q4, "k": k4, "v": v4, "mask": mask4}, name="masked_attention",
+                            error_hint=HINT_BATCHED_CALL)
     _check_masked_pair(result, q4, k4, v4, mask4, "masked_attention on (2, 3, 4, 8) queries, (2, 3, 7, 8) keys, a (2, 1, 4, 7) mask")
 
 
@@ -369,14 +394,15 @@ def _mha_mistakes(layer, x, context=None, mask=None) -> dict[str, torch.Tensor]:
 
 
 def _check_layer(learner: Any, layer, x, context=None, mask=None, *, what: str) -> None:
-    args = (x,) if context is None else (x, context)
-    kwargs = {} if mask is None else {"mask": mask}
+    named = {"x": x} if context is None else {"x": x, "context": context}
+    if mask is not None:
+        named["kw:mask"] = mask
     error_hint = HINT_MHA_CALL
     if context is not None and context.shape[1] != x.shape[1]:
         error_hint = HINT_MHA_CALL_CONTEXT + "; " + error_hint
     if mask is not None:
         error_hint += "; " + HINT_MHA_CALL_MASK
-    got = call_learner(learner, *args, name="MultiHeadAttention.forward", error_hint=error_hint, **kwargs)
+    got = call_on_copies(learner, named, name="MultiHeadAttention.forward", error_hint=error_hint)
     if isinstance(got, (tuple, list)):
         raise CheckFailure(f"{HINT_RETURNS_TUPLE}; {what} returned a {type(got).__name__} of {len(got)}")
     mistakes = _mha_mistakes(layer, x, context, mask)
