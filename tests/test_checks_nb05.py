@@ -113,6 +113,7 @@ def test_masked_attention_reference_and_variants_pass(capsys, typechecked):
     ids=["after", "after-inf", "inverted", "inverted-finite", "ignored", "fill-zero", "no-scale", "query-axis",
          "scale-no-sqrt", "swapped-pair", "mix-transposed", "dot-T"],
 )
+@pytest.mark.filterwarnings("ignore:The use of `x.T`:UserWarning")  # the dot-T learner's own deprecation warning
 def test_masked_attention_mistakes_are_named(kwargs, match):
     with pytest.raises(CheckFailure, match=match):
         nb05.check_masked_attention(make_masked_attention(**kwargs))
@@ -137,6 +138,17 @@ def test_masked_attention_that_mutates_its_input_is_told_so(buggy, name):
     """Before this hint, these got 'missing 1/sqrt' and 'True = may attend': the reference saw the mutated inputs."""
     with pytest.raises(CheckFailure, match=f"changed its input `{name}` in place"):
         nb05.check_masked_attention(buggy)
+
+
+def test_masked_attention_indexing_with_a_broadcast_mask_is_pointed_to_masked_fill():
+    def indexing(q, k, v, mask):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        scores[~mask] = float("-inf")  # IndexError: a (6, 6) mask cannot index (2, 6, 6) scores
+        weights = torch.softmax(scores, dim=-1)
+        return weights @ v, weights
+
+    with pytest.raises(CheckFailure, match=r"raised IndexError.*scores\.masked_fill\(~mask, \.\.\.\) works"):
+        nb05.check_masked_attention(indexing)
 
 
 def test_masked_attention_must_return_a_pair():

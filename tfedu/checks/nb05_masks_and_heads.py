@@ -103,7 +103,8 @@ HINT_MIX_TRANSPOSED = (
 HINT_BATCHED_CALL = (
     "the inputs are batched, (..., pos, d): transpose only the keys' last two axes with "
     "k.transpose(-2, -1) (k.T reverses every axis of a batched tensor), and use the mask as given: "
-    "it already broadcasts against the scores (..., query_pos, key_pos)"
+    "it broadcasts against the scores (..., query_pos, key_pos), so scores.masked_fill(~mask, ...) works "
+    "where indexing scores[~mask] = ... needs a mask of the scores' full shape"
 )
 HINT_MUTATED = (
     "your code changed its input `{name}` in place (an in-place op such as {name} /= ..., {name}.masked_fill_(...) "
