@@ -117,3 +117,11 @@ def test_calling_torch_softmax_is_refused(shortcut):
     with pytest.raises(CheckFailure, match="build the softmax yourself"):
         nb00.check_softmax(shortcut)
     assert torch.softmax(torch.zeros(2), -1).tolist() == [0.5, 0.5]  # the originals are restored
+
+
+@pytest.mark.parametrize("shortcut", [lambda x: torch.log_softmax(x, -1).exp(), lambda x: x.log_softmax(-1).exp(),
+                                      lambda x: torch.special.log_softmax(x, -1).exp(),
+                                      lambda x: torch.special.softmax(x, -1)])
+def test_log_softmax_and_special_shortcuts_are_refused(shortcut):
+    with pytest.raises(CheckFailure, match="build the softmax yourself"):
+        nb00.check_softmax(shortcut)

@@ -304,7 +304,8 @@ def test_the_kernel_is_boxed(tmp_path):
         kernel.start(60)
         assert kernel.run("import planted", 30).ename == "ModuleNotFoundError"
         assert kernel.run("input()", 30).status == "error"
-        assert kernel.run("import os\nassert os.getsid(0) == os.getpid()", 30).status == "ok"
+        # its own session, led by its launcher (the subreaper that outlives anything it detaches)
+        assert kernel.run("import os\nassert os.getsid(0) == os.getppid() and os.getsid(0) != os.getsid(1)", 30).status == "ok"
         assert kernel.run("x = bytearray(3 << 30)", 30).ename == "MemoryError"
         flood = kernel.run("for _ in range(2000):\n    print('y' * 10_000)", 30)
         assert flood.status == "ok" and len(flood.stdout) <= 20_000 and flood.dropped > 0
@@ -341,3 +342,42 @@ def test_a_forbidden_call_costs_only_the_exercise_that_depends_on_it(toy, tmp_pa
     for name in ("alias_from_earlier_answer", "helper_from_earlier_answer"):
         assert points(got[name]) == {"check_double": 1, "check_square": 2, "check_total": 0, "check_ready": 1}, name
         assert "math.fsum" in got[name]["exercises"]["check_total"]["feedback"], name
+
+
+def test_processes_an_answer_detaches_are_killed_with_its_kernel(tmp_path):
+    """setsid and the double fork move a process out of the kernel's session; the launcher is a
+    subreaper, so they come back to it and die with the kernel."""
+    import subprocess
+
+    from tfedu.grading.kernel import Kernel
+
+    kernel = Kernel(tmp_path)
+    kernel.start(60)
+    try:
+        result = kernel.run(
+            "import os, time\n"
+            "os.system('setsid nohup sleep 4712 >/dev/null 2>&1 < /dev/null &')\n"
+            "if os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execvp('sleep', ['sleep', '4713'])\n    os._exit(0)\n", 30)
+        assert result.status == "ok"
+        time.sleep(0.5)
+        for marker in ("sleep 4712", "sleep 4713"):
+            assert subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0, marker
+    finally:
+        kernel.stop()
+    time.sleep(0.5)
+    for marker in ("sleep 4712", "sleep 4713"):
+        assert subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 1, marker
+
+
+def test_a_fifo_or_folder_submission_is_refused_without_hanging(toy, tmp_path):
+    import os
+
+    fifo = tmp_path / "90_toy_fifo.ipynb"
+    os.mkfifo(fifo)
+    folder = tmp_path / "90_toy_folder.ipynb"
+    folder.mkdir()
+    start = time.monotonic()
+    results = grade([fifo, folder], source=toy, checks="toy_checks", limits=Limits(cell_timeout=6, timeout=30, memory_gib=2))
+    assert time.monotonic() - start < 20
+    for entry in results["submissions"]:
+        assert entry["total"] == 0 and "not a regular file" in json.dumps(entry)

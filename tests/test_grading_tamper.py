@@ -250,7 +250,22 @@ FEEDBACK = {  # the message says why
     "zero_private_torch": "private",
     "zero_pickle_payload": "pickle",
     "full_correct": "passed",
+    "zero_attrgetter_private_softmax": "operator",
+    "zero_module_patch_through_plain_name": "may only set attributes of `self`",
+    "zero_log_softmax_exp": "torch.log_softmax",
+    "zero_special_log_softmax": "torch.special.log_softmax",
+    "zero_getattr_passed_around": "may only call `getattr` directly",
+    "zero_setsid_daemon_via_collect_env": "torch.utils.collect_env",
+    "zero_fileio_write": "write",
 }
+
+
+def test_nothing_the_tricks_tried_to_leave_behind_survives(graded):
+    import subprocess
+
+    assert not Path("/tmp/tfedu_tamper_fileio.txt").exists() and not Path("/tmp/tfedu_tamper_dir").exists()
+    leftover = subprocess.run(["pgrep", "-f", "sleep 4711"], capture_output=True, text=True).stdout
+    assert not leftover.strip(), f"a process started by a submission outlived grading: {leftover}"
 
 
 @pytest.mark.parametrize("name", FEEDBACK)

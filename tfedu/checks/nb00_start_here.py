@@ -19,9 +19,20 @@ def naive_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return x.exp() / x.exp().sum(dim=dim, keepdim=True)
 
 
+# What the exercise rules out: the reference, and every ready-made softmax or log-softmax
+# (exp(log_softmax(x)) is the softmax with extra steps).
+SOFTMAX_SHORTCUTS = (
+    "tfedu.softmax", "torch.softmax", "torch.Tensor.softmax", "torch.nn.functional.softmax", "torch.special.softmax",
+    "torch.log_softmax", "torch.Tensor.log_softmax", "torch.nn.functional.log_softmax", "torch.special.log_softmax",
+    "torch.nn.Softmax", "torch.nn.LogSoftmax", "scipy.special.softmax", "scipy.special.log_softmax",
+)
+
+
 def learner_softmax(softmax, x: torch.Tensor) -> torch.Tensor:
     """Call the learner's softmax, refusing torch's own (the exercise is to build it)."""
-    with watch_calls((torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax")) as called:
+    watched = [(torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"), (torch, "log_softmax"),
+               (F, "log_softmax"), (torch.Tensor, "log_softmax"), (torch.special, "softmax"), (torch.special, "log_softmax")]
+    with watch_calls(*watched) as called:
         out = call_learner(softmax, x, name="softmax", error_hint=SHAPE_HINT)
     if called:
         raise CheckFailure(f"you called {called[0]}; build the softmax yourself from max, exp and sum")
@@ -79,6 +90,6 @@ PROBES = {
         run="outputs = {'y': softmax(torch.from_numpy(inputs['x'])).detach().cpu().numpy()}",
         reference=lambda inputs: {"y": reference_softmax(torch.from_numpy(inputs["x"])).numpy()},
         # The exercise is to build the softmax: the reference and torch's own versions are off limits.
-        forbidden=("tfedu.softmax", "torch.softmax", "torch.Tensor.softmax", "torch.nn.functional.softmax", "torch.special.softmax"),
+        forbidden=SOFTMAX_SHORTCUTS,
     ),
 }

@@ -157,6 +157,8 @@ def load_assignment(source: Path, checks: str | None = None) -> Assignment:
 def read_answers(path: Path, wanted: list[str]) -> tuple[dict[str, str], list[str]]:
     """The submission's answer sources by grade_id, plus notes for the student."""
     try:
+        if not path.is_file():  # a FIFO, a device or a folder would block or never end
+            raise SubmissionError("the submission is not a regular file")
         if path.stat().st_size > MAX_SUBMISSION_BYTES:
             raise SubmissionError(f"the file is larger than {MAX_SUBMISSION_BYTES >> 20} MiB")
         data = json.loads(path.read_bytes().decode("utf-8"))

@@ -137,12 +137,12 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
             elif getattr(arg, "__name__", "") in spawners and getattr(arg, "__module__", "") in ("posix", "_posixsubprocess", "os", "nt"):
                 hits.append(f"it started a process ({arg.__name__}) while being tested")
 
-    def others():  # processes in the kernel's session other than the kernel itself
+    def others():  # processes in the kernel's session other than the kernel and its launcher
         found = []
         try:
-            me, session = os.getpid(), os.getsid(0)
+            me, launcher, session = os.getpid(), os.getppid(), os.getsid(0)
             for entry in os.listdir("/proc"):
-                if entry.isdigit() and int(entry) != me:
+                if entry.isdigit() and int(entry) not in (me, launcher):
                     try:
                         if os.getsid(int(entry)) == session:
                             found.append(int(entry))

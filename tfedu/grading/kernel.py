@@ -4,8 +4,9 @@
   (``start_new_session``), in the folder it is given (the grader passes an empty temporary one),
   with stdin, stdout and stderr of the process on /dev/null, and without its working folder on
   ``sys.path`` (``-P``, ``ignore_cwd``). A tiny launcher sets
-  ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (file size) and ``RLIMIT_CORE`` and then ``exec``s the
-  kernel, so nothing of the launcher is left in the process.
+  ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (file size) and ``RLIMIT_CORE``, starts the kernel
+  and stays as its subreaper: processes the kernel's code detaches (``setsid``, double fork)
+  are re-parented to it and killed with the kernel (see ``LAUNCHER``).
 - The environment is the grader's own minus test-runner and Jupyter-parent variables: nothing
   tells the code it is being graded.
 - Cells run with ``allow_stdin=False`` (``input()`` raises at once). Each cell has a deadline
@@ -31,16 +32,77 @@ from pathlib import Path
 OUTPUT_CAP = 20_000
 DROPPED_ENV_PREFIXES = ("PYTEST", "JPY_", "NBGRADER", "TFEDU_GRAD", "COV_CORE", "PYTHONBREAKPOINT", "PYTHONINSPECT")
 
-# Runs as `python -c LAUNCHER mem fsize python -m ipykernel_launcher ...`: limits, then exec.
+# Runs as `python -c LAUNCHER mem fsize python -m ipykernel_launcher ...`. It sets the limits,
+# starts the kernel as its child and stays as a *subreaper* (Linux prctl PR_SET_CHILD_SUBREAPER):
+# a process the kernel's code double-forks or moves to a new session (setsid) is re-parented here
+# instead of to init, so on SIGTERM, or when the kernel exits, the launcher can kill every one of
+# them. Without prctl (not Linux) it degrades to killing its session, as before.
 LAUNCHER = """\
-import os, resource, sys
+import ctypes, os, resource, signal, sys, time
 mem, fsize = int(sys.argv[1]), int(sys.argv[2])
 if mem > 0:
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
 if fsize > 0:
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-os.execv(sys.argv[3], sys.argv[3:])
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+except Exception:
+    pass
+me = os.getpid()
+
+def children():
+    found = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == me:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                pass
+    return found
+
+def reap_everything(*_):
+    for _ in range(200):  # kill, collect, repeat: orphans of killed processes come back here
+        pids = children()
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(-1, os.WNOHANG) == (0, 0):
+                    time.sleep(0.01)
+            except ChildProcessError:
+                break
+    os._exit(0)
+
+kernel = os.fork()
+if kernel == 0:
+    os.execv(sys.argv[3], sys.argv[3:])
+signal.signal(signal.SIGTERM, reap_everything)
+while True:
+    try:
+        pid, status = os.waitpid(-1, 0)
+    except ChildProcessError:
+        os._exit(0)
+    if pid == kernel:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        code = os.waitstatus_to_exitcode(status)
+        for other in children():
+            try:
+                os.kill(other, signal.SIGKILL)
+            except OSError:
+                pass
+        if code < 0:
+            signal.signal(-code, signal.SIG_DFL)
+            os.kill(me, -code)
+        os._exit(code)
 """
 
 
@@ -191,6 +253,14 @@ class Kernel:
 
     def kill(self) -> None:
         if self.proc is not None:
+            # First ask the launcher (a subreaper) to kill everything that ever came from the
+            # kernel, wherever it moved; then SIGKILL the session as a fallback.
+            if self.proc.poll() is None:
+                try:
+                    self.proc.send_signal(signal.SIGTERM)
+                    self.proc.wait(timeout=3)
+                except (subprocess.TimeoutExpired, OSError):
+                    pass
             kill_session(self.proc.pid)
             try:
                 self.proc.wait(timeout=5)

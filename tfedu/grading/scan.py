@@ -10,8 +10,9 @@ before the notebook runs, so it cannot disturb the rest of the submission):
   shell escapes (``!cmd``, ``%%bash``, ``get_ipython()``), ``input()``, frame and code-object
   introspection (``__code__``, ``__globals__``, ``f_back``, ``__subclasses__``, ...), defining
   ``__torch_function__``, importing ``tfedu.checks`` or ``tfedu.grading``, assigning or
-  deleting an attribute of an imported module or class (``torch.allclose = ...``,
-  ``torch.Tensor.__eq__ = ...``, ``setattr``, ``__setattr__``: monkeypatching), writing files
+  deleting an attribute of anything but ``self`` (``torch.allclose = ...``, ``j = json; j.dump = ...``,
+  ``setattr``, ``__setattr__``: monkeypatching), ``operator.attrgetter``/``methodcaller`` and
+  ``getattr`` passed around as a value (computed attribute access in disguise), writing files
   (``open(..., "w")``, ``write_text``, ``savetxt``: a written module could be imported, out of the
   tripwire's sight), loaders that can run code (``pickle``, ``torch.load``, ``timeit``, ``doctest``,
   ``typing.get_type_hints``), private internals of a library (``torch._C``), ``getattr`` with a
@@ -63,10 +64,13 @@ BANNED_MODULES = {
     "numpy.f2py", "numpy.distutils", "numpy.ctypeslib", "torch.ops", "torch.classes", "pandas.read_pickle", "joblib", "tempfile", "glob", "zipimport", "imp",
     "socketserver", "xmlrpc", "logging", "torch.futures", "torch.distributed", "ipywidgets", "matplotlib.animation",
     "sqlite3", "dbm", "zipfile", "tarfile", "fileinput",
+    # attrgetter/methodcaller are getattr with a computed name in disguise
+    "operator", "_operator", "io.FileIO", "_io", "torch.utils.collect_env", "torch.utils.benchmark",
 }
 WRITING_ATTRIBUTES = {"write_text", "write_bytes", "symlink_to", "hardlink_to", "link_to", "chmod", "lchmod", "touch",
                       "savetxt", "tofile", "savez", "savez_compressed", "rmdir", "rmtree", "symlink", "chown", "save",
-                      "rename", "memmap", "extractall", "extract", "mkfifo", "truncate"}
+                      "rename", "memmap", "extractall", "extract", "mkfifo", "truncate", "mkdir", "makedirs",
+                      "unlink", "FileIO", "mknod", "removedirs", "utime"}
 ALLOWED_ATTRIBUTES = {
     "sys": {"stdout", "stderr", "version", "version_info", "maxsize", "float_info", "int_info", "platform",
             "byteorder", "getsizeof", "float_repr_style", "hexversion", "getrecursionlimit"},
@@ -205,7 +209,10 @@ def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable
         if private:
             flag(f"answers may not use private internals of a library (`{dotted}`)")
 
+    called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in ("getattr", "setattr", "delattr") and id(node) not in called:
+            flag(f"answers may only call `{node.id}` directly (passing it around hides which attribute it reaches)")
         if isinstance(node, ast.Import):
             for alias in node.names:
                 check_dotted(alias.name, f"`import {alias.name}`")
@@ -256,10 +263,14 @@ def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             for target in targets:
                 for sub in ast.walk(target):
-                    if isinstance(sub, ast.Attribute):
+                    if isinstance(sub, ast.Attribute) and isinstance(sub.ctx, (ast.Store, ast.Del)):
                         chain = _chain(sub)
-                        if chain and chain[0] in aliases:
-                            flag(f"answers may not change `{'.'.join(chain)}` (monkeypatching a library)")
+                        # Only an object's own attributes may be set (self.x = ...): any other
+                        # attribute store may be a module reached through a plain name
+                        # (`j = json; j.dump = fake`), which no alias tracking can rule out.
+                        if not (chain and chain[0] == "self"):
+                            shown = ".".join(chain) if chain else f"....{sub.attr}"
+                            flag(f"answers may only set attributes of `self`, not `{shown}` (that would be monkeypatching a library)")
                         if sub.attr == "__class__":
                             flag("answers may not reassign `__class__`")
         if isinstance(node, (ast.Attribute, ast.Name, ast.Call)):
