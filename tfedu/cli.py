@@ -50,14 +50,7 @@ def doctor() -> int:
         print(f"gpu         {'yes' if torch.cuda.is_available() else 'no (the course runs on CPU; GPU-only cells are skipped)'}")
     except Exception as err:  # report, do not crash: doctor exists to diagnose
         failures.append(f"torch/device check failed: {err}")
-    triton_state = "not installed"
-    if package_version("triton"):
-        try:
-            importlib.import_module("triton")
-            triton_state = "usable on GPU" if "torch" in sys.modules and sys.modules["torch"].cuda.is_available() else "installed; CPU interpreter only (TRITON_INTERPRET=1)"
-        except Exception as err:
-            triton_state = f"installed but fails to import: {err}"
-    print(f"triton      {triton_state}")
+    print(f"triton      {triton_status()}")
     try:
         from tfedu.data import load_corpus
 
@@ -72,8 +65,23 @@ def doctor() -> int:
     return 0
 
 
+def triton_status() -> str:
+    """Whether Triton kernels can run here: on a GPU, only in the CPU interpreter, or not at all."""
+    if not package_version("triton"):
+        return "not installed"
+    try:
+        importlib.import_module("triton")
+    except Exception as err:
+        return f"installed but fails to import: {err}"
+    import torch
+
+    return "usable on GPU" if torch.cuda.is_available() else "installed; CPU interpreter only (TRITON_INTERPRET=1)"
+
+
 def clean(paths: list[str], check_only: bool) -> int:
     """Strip notebooks in place (or, with --check, only report which would change)."""
+    import nbformat
+
     from tfedu import nbtools
 
     targets = [Path(p) for p in paths] or sorted(Path("notebooks").glob("*.ipynb"))
@@ -84,8 +92,6 @@ def clean(paths: list[str], check_only: bool) -> int:
             return 2
         before = path.read_text(encoding="utf-8")
         nb = nbtools.strip(nbtools.read(path))
-        import nbformat
-
         after = nbformat.writes(nb) + "\n"
         if after != before:
             dirty += 1

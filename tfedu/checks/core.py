@@ -157,7 +157,7 @@ def compare(
         actual = torch.from_numpy(actual)
     if not isinstance(actual, torch.Tensor):
         raise CheckFailure(f"{what} should be a torch.Tensor, got {type(actual).__name__}")
-    if type(actual) is not torch.Tensor and not isinstance(actual, torch.nn.Parameter):
+    if type(actual) is not torch.Tensor:
         actual = actual.as_subclass(torch.Tensor)  # never trust a subclass's overridden comparisons
     if actual.shape != expected.shape:
         for hint, wrong in (mistakes or {}).items():
