@@ -447,9 +447,10 @@ def test_attention_dropout_has_the_distribution_of_torch_sdpa_dropout():
     clean = scaled_dot_product_attention(q, k, v)[0]
     gen = torch.Generator().manual_seed(6)
     weights = attention_weights(q, k)
-    ours = torch.stack([tfa.attention_dropout(weights, p, generator=gen) @ v for _ in range(draws)])
+    # A batch of `draws` copies: each copy gets its own independent mask.
+    ours = tfa.attention_dropout(weights.expand(draws, 3, 4), p, generator=gen) @ v
     torch.manual_seed(7)
-    theirs = torch.stack([F.scaled_dot_product_attention(q, k, v, dropout_p=p) for _ in range(draws)])
+    theirs = F.scaled_dot_product_attention(*(t.expand(draws, *t.shape) for t in (q, k, v)), dropout_p=p)
     for sample in (ours, theirs):
         torch.testing.assert_close(sample.mean(0), clean, atol=0.06, rtol=0)
     # Per entry, var = p/(1-p) * sum_j w_j^2 v_j^2 for independent masks.
