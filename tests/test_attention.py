@@ -376,3 +376,108 @@ def test_mask_on_another_device_is_refused_clearly():
     mask = causal_mask(5, 7, device="meta")
     with pytest.raises(ValueError, match="device=q.device"):
         scaled_dot_product_attention(q, k, v, mask)
+
+
+# ----------------------------------------------------------------------------- fused QKV projection
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_qkv_equals_three_separate_projections(bias):
+    torch.manual_seed(0)
+    W_Q, W_K, W_V = (nn.Linear(12, 8, bias=bias) for _ in range(3))
+    fused = tfa.FusedQKV.from_separate(W_Q, W_K, W_V)
+    assert fused.W_QKV.weight.shape == (24, 12) and (fused.W_QKV.bias is not None) == bias
+    x = randn(1, 2, 5, 12)
+    for got, layer in zip(fused(x), (W_Q, W_K, W_V)):
+        torch.testing.assert_close(got, layer(x))
+
+
+def test_fused_qkv_is_how_torch_multihead_attention_stores_in_proj_weight():
+    torch.manual_seed(1)
+    d_model, n_heads = 12, 3
+    mha = nn.MultiheadAttention(d_model, n_heads, batch_first=True).eval()
+    fused = tfa.FusedQKV.from_torch(mha)
+    assert torch.equal(fused.W_QKV.weight, mha.in_proj_weight) and torch.equal(fused.W_QKV.bias, mha.in_proj_bias)
+    # The same rows, split in three, are tfedu's separate W_Q, W_K, W_V.
+    ours = MultiHeadAttention.load_from_torch(mha)
+    x = randn(2, 2, 6, d_model)
+    for got, layer in zip(fused(x), (ours.W_Q, ours.W_K, ours.W_V)):
+        torch.testing.assert_close(got, layer(x))
+    # Oracle: the fused projection, heads, attention and out_proj give nn.MultiheadAttention's output.
+    q, k, v = (ours.split_heads(t) for t in fused(x))
+    z, _ = scaled_dot_product_attention(q, k, v)
+    torch.testing.assert_close(mha.out_proj(ours.merge_heads(z)), mha(x, x, x, need_weights=False)[0])
+
+
+def test_fused_qkv_bad_input():
+    with pytest.raises(ValueError, match="share one shape"):
+        tfa.FusedQKV.from_separate(nn.Linear(4, 2), nn.Linear(4, 3), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match="all have a bias"):
+        tfa.FusedQKV.from_separate(nn.Linear(4, 2), nn.Linear(4, 2, bias=False), nn.Linear(4, 2))
+    with pytest.raises(TypeError, match="three nn.Linear"):
+        tfa.FusedQKV.from_separate(nn.Linear(4, 2), torch.randn(2, 4), nn.Linear(4, 2))
+    with pytest.raises(ValueError, match=r"d_model=4"):
+        tfa.FusedQKV(4)(torch.randn(3, 5))
+    with pytest.raises(ValueError, match="positive int"):
+        tfa.FusedQKV(0)
+    with pytest.raises(ValueError, match="kdim"):
+        tfa.FusedQKV.from_torch(nn.MultiheadAttention(4, 2, kdim=3, vdim=3))
+
+
+# ----------------------------------------------------------------------------- attention dropout
+
+
+def test_attention_dropout_with_a_fixed_mask_matches_torch_math_attention():
+    math_attention = getattr(torch.ops.aten, "_scaled_dot_product_attention_math", None)
+    if math_attention is None:
+        pytest.skip("this torch has no aten._scaled_dot_product_attention_math to take a fixed dropout mask")
+    q, k, v = qkv(3)
+    p = 0.3
+    keep = torch.rand(2, 3, 5, 7, generator=torch.Generator().manual_seed(4)) >= p
+    with torch.no_grad():
+        expected, _ = math_attention(q, k, v, None, p, False, keep)
+    ours = tfa.attention_dropout(attention_weights(q, k), p, keep=keep) @ v
+    torch.testing.assert_close(ours, expected)
+
+
+def test_attention_dropout_has_the_distribution_of_torch_sdpa_dropout():
+    # Same mean (unbiased: the 1/(1-p) scaling) and same spread, over many independent masks.
+    q, k, v = qkv(5, batch=(), n_query=3, n_key=4, d_v=2)
+    p, draws = 0.25, 4000
+    clean = scaled_dot_product_attention(q, k, v)[0]
+    gen = torch.Generator().manual_seed(6)
+    weights = attention_weights(q, k)
+    # A batch of `draws` copies: each copy gets its own independent mask.
+    ours = tfa.attention_dropout(weights.expand(draws, 3, 4), p, generator=gen) @ v
+    torch.manual_seed(7)
+    theirs = F.scaled_dot_product_attention(*(t.expand(draws, *t.shape) for t in (q, k, v)), dropout_p=p)
+    for sample in (ours, theirs):
+        torch.testing.assert_close(sample.mean(0), clean, atol=0.06, rtol=0)
+    # Per entry, var = p/(1-p) * sum_j w_j^2 v_j^2 for independent masks.
+    exact_var = p / (1 - p) * (weights**2) @ (v**2)
+    torch.testing.assert_close(ours.var(0), exact_var, rtol=0.12, atol=1e-3)
+    torch.testing.assert_close(theirs.var(0), exact_var, rtol=0.12, atol=1e-3)
+
+
+def test_attention_dropout_rows_no_longer_sum_to_one_kept_entries_are_rescaled_and_eval_is_identity():
+    weights = attention_weights(*qkv(8)[:2])
+    p = 0.2
+    dropped = tfa.attention_dropout(weights, p, generator=torch.Generator().manual_seed(9))
+    kept = dropped != 0
+    torch.testing.assert_close(dropped[kept], weights[kept] / (1 - p))
+    assert abs((~kept).float().mean().item() - p) < 0.1  # 210 weights, about a fifth dropped
+    assert not torch.allclose(dropped.sum(-1), torch.ones(2, 3, 5))
+    assert tfa.attention_dropout(weights, p, training=False) is weights
+    assert tfa.attention_dropout(weights, 0.0) is weights
+    assert torch.equal(tfa.attention_dropout(weights, 1.0), torch.zeros_like(weights))
+
+
+def test_attention_dropout_bad_input():
+    w = torch.full((2, 3), 1 / 3)
+    for p in (-0.1, 1.5, True, "0.1"):
+        with pytest.raises(ValueError, match=r"in \[0, 1\]"):
+            tfa.attention_dropout(w, p)
+    with pytest.raises(TypeError, match="boolean"):
+        tfa.attention_dropout(w, 0.5, keep=torch.ones(2, 3))
+    with pytest.raises(ValueError, match="does not broadcast"):
+        tfa.attention_dropout(w, 0.5, keep=torch.ones(4, 3, dtype=torch.bool))

@@ -1,6 +1,7 @@
 """The notebook-04 checkers pass correct answers and name the usual mistakes; the probes agree."""
 
 import math
+from pathlib import Path
 import subprocess
 import sys
 import textwrap
@@ -504,3 +505,45 @@ def test_probe_code_leaves_no_helper_names_behind():
     scope = {"attention": correct, "inputs": probe.make_inputs(np.random.default_rng(0)), "np": np, "torch": torch}
     exec(probe.run, scope)
     assert "_result" not in scope
+
+
+# ----------------------------------------------------------------------------- the switch in the notebook
+
+NOTEBOOK_04 = Path(__file__).resolve().parents[1] / "notebooks" / "04_attention.ipynb"
+SWITCH_OFF, SWITCH_ON = "USE_MY_ATTENTION = False", "USE_MY_ATTENTION = True"
+
+
+def test_the_switch_runs_sections_5_and_6_with_the_learners_attention():
+    """With the switch on, the notebook's solution to exercise 4.1 drives sections 5 and 6, which still pass."""
+    import IPython  # noqa: F401  (import the package fully before its input transformer)
+    import matplotlib.pyplot as plt
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    from tfedu import nbtools
+
+    nb = nbtools.read(NOTEBOOK_04)
+    assert sum(SWITCH_OFF in cell.source for cell in nb.cells) == 1  # released default: the reference
+    namespace: dict = {"__name__": "__main__"}
+    calls: list[int] = []
+    calls_before_switch = None
+    try:
+        for index, cell in enumerate(nb.cells):
+            if cell.cell_type != "code":
+                continue
+            source = TransformerManager().transform_cell(cell.source.replace(SWITCH_OFF, SWITCH_ON))
+            exec(compile(source, f"04_attention.ipynb cell {index}", "exec"), namespace)
+            if (nbtools.nbgrader_meta(cell) or {}).get("grade_id") == "ex_attention":
+                solution = namespace["attention"]
+
+                def counted(q, k, v, _solution=solution):
+                    calls.append(q.dim())
+                    return _solution(q, k, v)
+
+                namespace["attention"] = counted
+            if SWITCH_OFF in cell.source:
+                calls_before_switch = len(calls)
+    finally:
+        plt.close("all")
+    assert namespace["USE_MY_ATTENTION"] is True and namespace["attend"] is namespace["attention"]
+    after = calls[calls_before_switch:]
+    assert len(after) >= 5 and 3 in after  # permutation, dog/man and the batched (3-D) demo all used it

@@ -394,3 +394,133 @@ def soft_lookup(
         raise ValueError(f"sharpness must be a finite number >= 0, got {sharpness!r}")
     answer, weights = scaled_dot_product_attention((query * sharpness)[None, :], keys, values)
     return answer[0], weights[0]
+
+
+# ----------------------------------------------------------------------------- fused projection
+
+
+class FusedQKV(nn.Module):
+    """Queries, keys and values from ONE ``nn.Linear`` of width ``3 * width``, split in three.
+
+    ``W_QKV.weight`` stacks W_Q, W_K and W_V (in ``nn.Linear`` layout, rows = output features)
+    on top of each other: shape ``(3 * width, d_model)``. One matrix multiplication then gives
+    all three projections, where separate layers need three; x is read once instead of three
+    times. This is exactly how ``nn.MultiheadAttention`` stores its ``in_proj_weight`` when
+    queries, keys and values share one width (see ``from_torch``). Self-attention only: the
+    three projections read the same x.
+
+    >>> fused = FusedQKV(d_model=4, width=2)
+    >>> fused.W_QKV.weight.shape
+    torch.Size([6, 4])
+    >>> [t.shape for t in fused(torch.randn(5, 4))]
+    [torch.Size([5, 2]), torch.Size([5, 2]), torch.Size([5, 2])]
+
+    Built by hand in notebooks/04_attention.ipynb.
+    """
+
+    def __init__(self, d_model: int, width: int | None = None, *, bias: bool = True) -> None:
+        super().__init__()
+        width = d_model if width is None else width
+        for name, n in (("d_model", d_model), ("width", width)):
+            if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+                raise ValueError(f"{name} must be a positive int, got {n!r}")
+        self.d_model, self.width = d_model, width
+        self.W_QKV = nn.Linear(d_model, 3 * width, bias=bias)
+
+    def forward(
+        self, x: Float[Tensor, "... pos d_model"]
+    ) -> tuple[Float[Tensor, "... pos width"], Float[Tensor, "... pos width"], Float[Tensor, "... pos width"]]:
+        if not isinstance(x, torch.Tensor) or x.dim() < 1 or x.shape[-1] != self.d_model:
+            got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape (..., pos, d_model={self.d_model}), got {got}")
+        qkv = self.W_QKV(x)  # (..., pos, 3 * width): one matmul for all three
+        q, k, v = qkv.split(self.width, dim=-1)  # views, no copy
+        return q, k, v
+
+    @classmethod
+    def from_separate(cls, W_Q: nn.Linear, W_K: nn.Linear, W_V: nn.Linear) -> FusedQKV:
+        """The fused layer computing exactly what three separate ``nn.Linear`` layers compute.
+
+        >>> W_Q, W_K, W_V = (nn.Linear(4, 2) for _ in range(3))
+        >>> q, k, v = FusedQKV.from_separate(W_Q, W_K, W_V)(x := torch.randn(3, 4))
+        >>> torch.allclose(q, W_Q(x)) and torch.allclose(v, W_V(x))
+        True
+        """
+        layers = (W_Q, W_K, W_V)
+        if not all(isinstance(layer, nn.Linear) for layer in layers):
+            raise TypeError(f"expected three nn.Linear layers, got {[type(layer).__name__ for layer in layers]}")
+        if len({layer.weight.shape for layer in layers}) != 1:
+            raise ValueError(f"W_Q, W_K, W_V must share one shape (width, d_model), got {[tuple(l.weight.shape) for l in layers]}")
+        if len({layer.bias is None for layer in layers}) != 1:
+            raise ValueError("W_Q, W_K, W_V must all have a bias or all have none")
+        width, d_model = W_Q.weight.shape
+        fused = cls(d_model, width, bias=W_Q.bias is not None).to(device=W_Q.weight.device, dtype=W_Q.weight.dtype)
+        with torch.no_grad():
+            fused.W_QKV.weight.copy_(torch.cat([layer.weight for layer in layers], dim=0))
+            if W_Q.bias is not None:
+                fused.W_QKV.bias.copy_(torch.cat([layer.bias for layer in layers], dim=0))
+        return fused
+
+    @classmethod
+    def from_torch(cls, mha: nn.MultiheadAttention) -> FusedQKV:
+        """The input projection of ``mha``: its ``in_proj_weight`` (3 * embed_dim, embed_dim), copied as is."""
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"expected an nn.MultiheadAttention, got {type(mha).__name__}")
+        if not mha._qkv_same_embed_dim:
+            raise ValueError("this nn.MultiheadAttention has kdim/vdim != embed_dim: it keeps separate q/k/v_proj_weight")
+        has_bias = mha.in_proj_bias is not None
+        fused = cls(mha.embed_dim, bias=has_bias).to(device=mha.in_proj_weight.device, dtype=mha.in_proj_weight.dtype)
+        with torch.no_grad():
+            fused.W_QKV.weight.copy_(mha.in_proj_weight)
+            if has_bias:
+                fused.W_QKV.bias.copy_(mha.in_proj_bias)
+        return fused
+
+
+# ----------------------------------------------------------------------------- attention dropout
+
+
+def attention_dropout(
+    weights: Float[Tensor, "... query_pos key_pos"],
+    dropout_p: float,
+    *,
+    training: bool = True,
+    keep: Bool[Tensor, "... query_pos key_pos"] | None = None,
+    generator: torch.Generator | None = None,
+) -> Float[Tensor, "... query_pos key_pos"]:
+    """Inverted dropout on attention weights: zero each with probability dropout_p, scale the rest by 1/(1-p).
+
+    This is what ``F.scaled_dot_product_attention(..., dropout_p=p)`` does to the weights before
+    multiplying by v (and what BERT's and GPT-2's attention do, as does the Annotated
+    Transformer). In training a row no longer sums to one, but its expected sum, and the
+    expected output, are unchanged. ``training=False`` (or p = 0) returns ``weights`` itself.
+    ``keep`` (True = keep) fixes the mask, for tests; otherwise it is drawn with ``generator``.
+
+    >>> w = torch.tensor([[0.5, 0.25, 0.25]])
+    >>> attention_dropout(w, 0.5, keep=torch.tensor([[True, False, True]]))
+    tensor([[1.0000, 0.0000, 0.5000]])
+    >>> attention_dropout(w, 0.5, training=False) is w
+    True
+
+    Built by hand in notebooks/04_attention.ipynb.
+    """
+    _require_tensor("weights", weights, "(..., query_pos, key_pos)")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or not 0.0 <= dropout_p <= 1.0:
+        raise ValueError(f"dropout_p must be a probability in [0, 1], got {dropout_p!r}")
+    if keep is not None:
+        if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool:
+            raise TypeError(f"keep must be a boolean tensor (True = keep), got {getattr(keep, 'dtype', type(keep).__name__)}")
+        try:
+            broadcast = torch.broadcast_shapes(keep.shape, weights.shape)
+        except RuntimeError:
+            broadcast = None
+        if broadcast != weights.shape:
+            raise ValueError(f"keep of shape {tuple(keep.shape)} does not broadcast to the weights' {tuple(weights.shape)}")
+    if not training or dropout_p == 0.0:
+        return weights
+    if dropout_p == 1.0:
+        return torch.zeros_like(weights)  # everything dropped; 1/(1-p) would divide by zero
+    if keep is None:
+        draws = torch.rand(weights.shape, generator=generator, device=weights.device)
+        keep = draws >= dropout_p  # kept with probability 1 - p
+    return weights * keep / (1.0 - dropout_p)
