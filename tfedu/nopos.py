@@ -124,7 +124,7 @@ def train_position_reader(
     n_heads: int = 4,
     steps: int = 150,
     batch: int = 32,
-    lr: float = 2e-2,
+    lr: float = 1e-2,
     n_test: int = 500,
     seed: int = 0,
 ) -> PositionResult:
