@@ -77,6 +77,31 @@ def test_overhead_is_small_and_grows_with_heads():
     assert ratios == sorted(ratios) and ratios[-1] < 1.1
 
 
+@pytest.mark.parametrize("pos, d_model, n_heads", [(1024, 768, 12), (4096, 96, 32), (16, 96, 32), (7, 8, 8), (4096, 2304, 1)])
+def test_overhead_has_the_closed_form_of_notebook_05(pos, d_model, n_heads):
+    """h heads / 1 head = 1 + 5(h-1) / (8 d^2/n + 4d + 5), below its long-sequence limit 1 + 5(h-1)/(4d+5)."""
+    ratio = multi_head_overhead(1, pos, d_model, n_heads)
+    assert ratio == pytest.approx(1 + 5 * (n_heads - 1) / (8 * d_model**2 / pos + 4 * d_model + 5), rel=1e-12)
+    assert ratio <= 1 + 5 * (n_heads - 1) / (4 * d_model + 5)
+
+
+def test_the_widget_corner_and_gpt2_small():
+    assert round(multi_head_overhead(1, 4096, 96, 32), 3) == 1.381  # the 1.38x learners saw in notebook 05's widget
+    assert round(multi_head_overhead(1, 1024, 768, 12), 4) == 1.0072
+
+
+@pytest.mark.parametrize("d_model, n_heads", [(768, 12), (96, 32), (64, 4)])
+def test_n_by_n_products_overtake_the_projections_at_twice_d_model(d_model, n_heads):
+    def n_by_n(n):
+        f = attention_flops(1, n, n, d_model, n_heads)
+        return f.scores + f.mix, f.q_proj + f.k_proj + f.v_proj + f.out_proj
+
+    assert n_by_n(2 * d_model)[0] == n_by_n(2 * d_model)[1]
+    assert n_by_n(2 * d_model - 1)[0] < n_by_n(2 * d_model - 1)[1] and n_by_n(2 * d_model + 1)[0] > n_by_n(2 * d_model + 1)[1]
+    f = attention_flops(1, 4096, 4096, d_model, n_heads)
+    assert f.softmax / (f.scores + f.mix) == pytest.approx(SOFTMAX_OPS_PER_SCORE / (4 * (d_model // n_heads)))
+
+
 @pytest.mark.parametrize(
     "call, match",
     [
