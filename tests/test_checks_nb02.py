@@ -505,3 +505,17 @@ def test_step_probe_does_not_run_tfedu_embeddings_code():
     finally:
         sys.setprofile(None)
     assert calls == []
+
+
+# --------------------------------------------------------------------------- the switches: the learner's losses drive training
+
+
+def test_learner_losses_can_drive_the_notebook_training_runs():
+    # USE_MY_SGNS_LOSS / USE_MY_CBOW_LOSS = True pass these as loss_fn; a correct solution trains like the reference.
+    tokens = ("the cat sat on the mat while the dog sat on the rug and a cow ate grass " * 60).split()
+    kw = dict(d_model=8, epochs=2, min_count=1, batch_size=64, seed=0)
+    for train, mine, reference in [(E.train_sgns, loss_correct, E.sgns_loss), (E.train_cbow, cbow_correct, E.cbow_loss)]:
+        ours, theirs = train(tokens, loss_fn=mine, **kw), train(tokens, loss_fn=reference, **kw)
+        assert len(ours.losses) == len(theirs.losses)
+        torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(theirs.losses), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ours.vectors, theirs.vectors, rtol=1e-3, atol=1e-4)

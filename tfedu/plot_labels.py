@@ -22,8 +22,12 @@ def _alignment(dx: float, dy: float) -> tuple[str, str]:
     return ha, va
 
 
-def place_labels(ax, xy: Sequence[tuple[float, float]], texts: Sequence[str], *, fontsize: float = 9, pad: float = 1.0):
-    """Annotate point ``xy[i]`` with ``texts[i]`` where the label overlaps no other label; return (placed, skipped).
+def place_labels(
+    ax, xy: Sequence[tuple[float, float]], texts: Sequence[str], *, fontsize: float = 9, pad: float = 2.0, marker_radius: float = 4.0
+):
+    """Annotate point ``xy[i]`` with ``texts[i]`` where the label overlaps no other label and no point; return (placed, skipped).
+
+    Each point is an obstacle of ``marker_radius`` pixels around it; labels keep ``pad`` pixels apart.
 
     >>> import matplotlib; matplotlib.use("Agg"); import matplotlib.pyplot as plt
     >>> fig, ax = plt.subplots()
@@ -37,14 +41,18 @@ def place_labels(ax, xy: Sequence[tuple[float, float]], texts: Sequence[str], *,
     figure.canvas.draw()  # fixes the axes limits and gives a renderer to measure text with
     renderer = figure.canvas.get_renderer()
     inside = ax.get_window_extent(renderer)
+    from matplotlib.transforms import Bbox
+
     placed, boxes, skipped = [], [], []
+    centres = ax.transData.transform(list(xy)) if len(xy) else []
+    points = [Bbox.from_extents(x - marker_radius, y - marker_radius, x + marker_radius, y + marker_radius) for x, y in centres]
     for (x, y), text in zip(xy, texts):
         for dx, dy in OFFSETS:
             ha, va = _alignment(dx, dy)
             label = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", ha=ha, va=va, fontsize=fontsize)
             box = label.get_window_extent(renderer).expanded(1.0, 1.0).padded(pad)
             fits = inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1)
-            if fits and not any(box.overlaps(other) for other in boxes):
+            if fits and not any(box.overlaps(other) for other in boxes + points):
                 placed.append(label)
                 boxes.append(box)
                 break
