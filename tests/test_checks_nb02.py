@@ -326,6 +326,104 @@ def test_step_unfinished():
         nb02.check_sgns_step(step_stub)
 
 
+# --------------------------------------------------------------------------- learner versions of cbow_loss
+
+
+def cbow_correct(context, center, negatives):
+    return loss_correct(context.mean(1), center, negatives)
+
+
+def cbow_by_hand(context, center, negatives):  # a different but right route: sum then divide, bce
+    h = context.sum(dim=1) / context.shape[1]
+    return loss_bce(h, center, negatives)
+
+
+def cbow_sum(context, center, negatives):
+    return loss_correct(context.sum(1), center, negatives)
+
+
+def cbow_mean_over_batch(context, center, negatives):
+    return loss_correct(context.mean(0), center, negatives)
+
+
+def cbow_mean_over_d_model(context, center, negatives):
+    return loss_correct(context.mean(-1), center, negatives)
+
+
+def cbow_average_of_losses(context, center, negatives):  # skip-gram with the roles swapped
+    return torch.stack([loss_correct(context[:, j], center, negatives) for j in range(context.shape[1])]).mean()
+
+
+def cbow_sum_of_losses(context, center, negatives):
+    return sum(loss_correct(context[:, j], center, negatives) for j in range(context.shape[1]))
+
+
+def cbow_negatives_against_center(context, center, negatives):
+    h = context.mean(1)
+    pos = (h * center).sum(-1)
+    neg = torch.einsum("bkd,bd->bk", negatives, center)
+    return -(F.logsigmoid(pos) + F.logsigmoid(-neg).sum(-1)).mean()
+
+
+def cbow_missing_minus(context, center, negatives):
+    return loss_missing_minus(context.mean(1), center, negatives)
+
+
+def cbow_per_example(context, center, negatives):
+    return loss_per_example(context.mean(1), center, negatives)
+
+
+def cbow_log_of_sigmoid(context, center, negatives):
+    return loss_log_of_sigmoid(context.mean(1), center, negatives)
+
+
+def cbow_python_float(context, center, negatives):
+    return cbow_correct(context, center, negatives).item()
+
+
+def cbow_stub(context, center, negatives):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("impl", [cbow_correct, cbow_by_hand, E.cbow_loss])
+def test_cbow_checker_passes_correct_versions(impl, capsys):
+    nb02.check_cbow_loss(impl)
+    assert "\N{CHECK MARK} CBOW loss" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("impl", "hint"),
+    [
+        (cbow_sum, nb02.CBOW_SUM_HINT),
+        (cbow_mean_over_batch, nb02.CBOW_BATCH_AXIS_HINT),
+        (cbow_mean_over_d_model, nb02.CBOW_AXIS_HINT),
+        (cbow_average_of_losses, nb02.CBOW_LOSS_PER_WORD_HINT),
+        (cbow_sum_of_losses, nb02.CBOW_SUM_OF_LOSSES_HINT),
+        (cbow_negatives_against_center, nb02.CBOW_NEG_CENTER_HINT),
+        (cbow_missing_minus, nb02.MISSING_MINUS_HINT),
+        (cbow_per_example, nb02.CBOW_PER_EXAMPLE_HINT),
+        (cbow_log_of_sigmoid, nb02.STABILITY_HINT),
+        (cbow_python_float, nb02.LOSS_NUMBER_HINT),
+    ],
+)
+def test_cbow_checker_names_the_mistake(impl, hint):
+    with pytest.raises(CheckFailure) as info:
+        nb02.check_cbow_loss(impl)
+    assert hint in str(info.value)
+
+
+def test_cbow_unfinished():
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb02.check_cbow_loss(cbow_stub)
+
+
+def test_each_cbow_mistake_differs_from_the_reference():
+    context, center, negatives = torch.randn(4, 4, 3), torch.randn(4, 3), torch.randn(4, 5, 3)
+    expected = E.cbow_loss(context, center, negatives)
+    for hint, wrong in nb02.cbow_loss_mistakes(context, center, negatives).items():
+        assert not torch.allclose(wrong, expected, rtol=1e-3), hint
+
+
 # --------------------------------------------------------------------------- probes
 
 
@@ -344,6 +442,7 @@ PROBE_CASES = {
     "check_embed_via_one_hot": ("embed_via_one_hot", [embed_correct, E.embed_via_one_hot], [embed_lookup], [embed_transposed]),
     "check_sgns_loss": ("sgns_loss", [loss_correct, loss_bce, E.sgns_loss], [], [loss_missing_minus, loss_sigmoid, loss_summed_over_batch]),
     "check_sgns_step": ("sgns_step", [step_correct, step_zero_grad_last, E.sgns_step], [], [step_no_zero_grad, step_before_backward]),
+    "check_cbow_loss": ("cbow_loss", [cbow_correct, cbow_by_hand, E.cbow_loss], [], [cbow_sum, cbow_average_of_losses, cbow_missing_minus]),
 }
 
 
@@ -406,3 +505,17 @@ def test_step_probe_does_not_run_tfedu_embeddings_code():
     finally:
         sys.setprofile(None)
     assert calls == []
+
+
+# --------------------------------------------------------------------------- the switches: the learner's losses drive training
+
+
+def test_learner_losses_can_drive_the_notebook_training_runs():
+    # USE_MY_SGNS_LOSS / USE_MY_CBOW_LOSS = True pass these as loss_fn; a correct solution trains like the reference.
+    tokens = ("the cat sat on the mat while the dog sat on the rug and a cow ate grass " * 60).split()
+    kw = dict(d_model=8, epochs=2, min_count=1, batch_size=64, seed=0)
+    for train, mine, reference in [(E.train_sgns, loss_correct, E.sgns_loss), (E.train_cbow, cbow_correct, E.cbow_loss)]:
+        ours, theirs = train(tokens, loss_fn=mine, **kw), train(tokens, loss_fn=reference, **kw)
+        assert len(ours.losses) == len(theirs.losses)
+        torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(theirs.losses), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ours.vectors, theirs.vectors, rtol=1e-3, atol=1e-4)

@@ -460,3 +460,245 @@ def test_pipeline_and_reading_shapes_are_annotated_correctly(typechecked):
     assert pairs.shape[1] == 2
     assert isinstance(typechecked(E.held_out_similarity)(vectors, pairs), float)
     assert isinstance(typechecked(E.neighbour_hit_rate)(vectors, torch.tensor([0, 1]), pairs, 2), float)
+
+
+# --------------------------------------------------------------------------- the progress bar and the loss switch
+
+
+def test_progress_bar_total_is_exact_when_training_ends(monkeypatch):
+    # The bar's total starts as an estimate; it must equal the steps taken when the run ends (green, not red).
+    import tqdm.auto
+
+    bars = []
+
+    class Recorder:  # stands in for tqdm: what the bar would show when it closes
+        def __init__(self, total, **kwargs):
+            self.total, self.n, self.total_when_closed = total, 0, None
+            bars.append(self)
+
+        def update(self, n=1):
+            self.n += n
+
+        def refresh(self):
+            pass
+
+        def set_postfix(self, **kwargs):
+            pass
+
+        def close(self):
+            self.total_when_closed = self.total
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
+    tokens, _ = shared_context_corpus(400)
+    for train in (E.train_sgns, E.train_cbow):
+        result = train(tokens, d_model=4, epochs=3, min_count=1, batch_size=64, progress=True)
+        assert bars[-1].n == len(result.losses) == bars[-1].total_when_closed
+
+
+def test_train_sgns_runs_with_a_given_loss_function():
+    tokens, _ = shared_context_corpus(300)
+    kw = dict(d_model=4, epochs=1, min_count=1, batch_size=64, seed=0)
+    default, same = E.train_sgns(tokens, **kw), E.train_sgns(tokens, loss_fn=E.sgns_loss, **kw)
+    assert torch.equal(default.vectors, same.vectors) and default.losses == same.losses
+    calls = []
+
+    def spy(center, context, negatives):
+        calls.append(center.shape)
+        return E.sgns_loss(center, context, negatives)
+
+    E.train_sgns(tokens, loss_fn=spy, **kw)
+    assert len(calls) == len(default.losses)
+
+
+# --------------------------------------------------------------------------- CBOW
+
+
+def test_cbow_windows_match_a_loop():
+    ids = torch.tensor([4, 9, 2, 7, 7, 1, 0, 3])
+    for window in (1, 2, 3, 4):
+        contexts, centers = E.cbow_windows(ids, window)
+        expected = [(ids[t - window : t].tolist() + ids[t + 1 : t + window + 1].tolist(), ids[t].item())
+                    for t in range(window, len(ids) - window)]
+        assert [(c.tolist(), o) for c, o in zip(contexts, centers.tolist())] == expected
+    contexts, centers = E.cbow_windows(torch.tensor([1, 2]), 2)
+    assert contexts.shape == (0, 4) and centers.shape == (0,)
+
+
+def naive_cbow_loss(context, center, negatives):
+    """One example at a time, with Python floats."""
+    total = 0.0
+    for b in range(context.shape[0]):
+        h = [sum(context[b, j, d].item() for j in range(context.shape[1])) / context.shape[1] for d in range(context.shape[2])]
+        dot = lambda u: sum(x * y for x, y in zip(u.tolist(), h))  # noqa: E731
+        total += -math.log(1 / (1 + math.exp(-dot(center[b]))))
+        total += sum(-math.log(1 / (1 + math.exp(dot(negatives[b, i])))) for i in range(negatives.shape[1]))
+    return total / context.shape[0]
+
+
+def test_cbow_loss_matches_a_loop_and_its_gradient_the_closed_form():
+    g = torch.Generator().manual_seed(0)
+    context = torch.randn(3, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    center = torch.randn(3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    negatives = torch.randn(3, 2, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    loss = E.cbow_loss(context, center, negatives)
+    assert loss.item() == pytest.approx(naive_cbow_loss(context.detach(), center.detach(), negatives.detach()), rel=1e-12)
+    loss.backward()
+    # dL/dv_cj = (1/batch)(1/2m) [-(1 - s(u_o.h)) u_o + sum_i s(u_i.h) u_i], the same for every context word j.
+    with torch.no_grad():
+        h = context.mean(1)
+        pos = torch.sigmoid((center * h).sum(-1))
+        neg = torch.sigmoid(torch.einsum("bkd,bd->bk", negatives, h))
+        dh = (-(1 - pos)[:, None] * center + (neg[:, :, None] * negatives).sum(1)) / context.shape[0]
+        torch.testing.assert_close(context.grad, (dh / context.shape[1])[:, None, :].expand_as(context))
+        torch.testing.assert_close(center.grad, -(1 - pos)[:, None] * h / context.shape[0])
+    assert torch.autograd.gradcheck(E.cbow_loss, (context, center, negatives))
+
+
+def test_cbow_with_one_context_word_is_sgns():
+    g = torch.Generator().manual_seed(1)
+    v, u, negs = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g), torch.randn(4, 2, 3, generator=g)
+    torch.testing.assert_close(E.cbow_loss(v[:, None, :], u, negs), E.sgns_loss(v, u, negs))
+
+
+def test_cbow_model_and_bad_input():
+    model = E.CBOW(10, 4, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(model.output.weight, torch.zeros(10, 4)) and model.input.weight.abs().max() <= 0.5 / 4
+    with pytest.raises(ValueError, match="contexts should be"):
+        model(torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([[4]]))
+    with pytest.raises(IndexError, match="contexts"):
+        model(torch.tensor([[1, 12]]), torch.tensor([3]), torch.tensor([[4]]))
+    with pytest.raises(ValueError, match="context should have shape"):
+        E.cbow_loss(torch.randn(2, 3), torch.randn(2, 3), torch.randn(2, 1, 3))
+    with pytest.raises(TypeError, match="tokenize_words"):
+        E.train_cbow("a b c")
+
+
+def test_cbow_shapes_are_annotated_correctly(typechecked):
+    assert typechecked(E.cbow_loss)(torch.randn(2, 4, 3), torch.randn(2, 3), torch.randn(2, 5, 3)).shape == ()
+    contexts, centers = typechecked(E.cbow_windows)(torch.arange(9), 2)
+    assert contexts.shape == (5, 4)
+
+
+def test_train_cbow_puts_words_that_share_contexts_nearest_each_other():
+    tokens, groups = shared_context_corpus()
+    result = E.train_cbow(tokens, d_model=16, window=2, epochs=6, batch_size=128, lr=0.02, min_count=1, threshold=1e-2, seed=0)
+    group_of = {w: name for name, group in groups.items() for w in group}
+    for word in group_of:
+        top3 = [w for w, _ in E.nearest_neighbours(word, result.vectors, result.vocab, n=3)]
+        assert all(group_of.get(w) == group_of[word] for w in top3), (word, top3)
+    assert sum(result.losses[-10:]) < 0.7 * sum(result.losses[:10])
+    again = E.train_cbow(tokens, d_model=16, window=2, epochs=1, batch_size=128, min_count=1, seed=0)
+    assert again.losses == E.train_cbow(tokens, d_model=16, window=2, epochs=1, batch_size=128, min_count=1, seed=0).losses
+
+
+# --------------------------------------------------------------------------- hierarchical softmax
+
+
+def code_lengths_by_merging(counts):
+    """An independent Huffman: keep a list of (weight, leaves), merge the two lightest, deepen their leaves."""
+    groups = [(c, [i]) for i, c in enumerate(counts)]
+    depth = [0] * len(counts)
+    while len(groups) > 1:
+        groups.sort(key=lambda g: g[0])
+        (a, la), (b, lb) = groups[0], groups[1]
+        for leaf in la + lb:
+            depth[leaf] += 1
+        groups = groups[2:] + [(a + b, la + lb)]
+    return depth
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_huffman_tree_is_an_optimal_prefix_code(seed):
+    rng = random.Random(seed)
+    counts = [rng.randint(1, 500) for _ in range(rng.randint(2, 40))]
+    tree = E.huffman_tree(torch.tensor(counts, dtype=torch.float64))
+    lengths = tree.lengths.tolist()
+    freq = torch.tensor(counts, dtype=torch.float64) / sum(counts)
+    # A full binary tree: Kraft's sum is exactly 1; and no word's path is a prefix of another's.
+    assert sum(2.0 ** -l for l in lengths) == pytest.approx(1.0)
+    codes = {tuple(tree.signs[w, :l].tolist()) for w, l in enumerate(lengths)}
+    assert len(codes) == len(counts)
+    assert not any(a != b and b[: len(a)] == a for a in codes for b in codes)
+    # Optimal: the same expected length as an independent Huffman; within [H, H + 1) bits.
+    expected = float((freq * tree.lengths).sum())
+    assert expected == pytest.approx(float((freq * torch.tensor(code_lengths_by_merging(counts), dtype=torch.float64)).sum()))
+    entropy = float(-(freq * freq.log2()).sum())
+    assert entropy - 1e-9 <= expected < entropy + 1
+    # Inner nodes: d_vocab - 1 of them, ids 0..d_vocab-2, the root (0) first on every path.
+    used = set(tree.paths[tree.signs != 0].tolist())
+    assert used == set(range(len(counts) - 1)) and (tree.paths[:, 0] == 0).all()
+
+
+def brute_force_probability(h, node_vectors, tree, word):
+    p = 1.0
+    for j in range(int(tree.lengths[word])):
+        score = float(node_vectors[int(tree.paths[word, j])] @ h)
+        p *= 1 / (1 + math.exp(-float(tree.signs[word, j]) * score))
+    return p
+
+
+def test_hierarchical_softmax_sums_to_one_and_matches_a_brute_force_product():
+    g = torch.Generator().manual_seed(0)
+    counts = torch.randint(1, 100, (23,), generator=g).double()
+    tree = E.huffman_tree(counts)
+    node_vectors = torch.randn(22, 6, generator=g, dtype=torch.float64)
+    for h in torch.randn(4, 6, generator=g, dtype=torch.float64):
+        logp = E.hierarchical_softmax_log_prob(h.expand(23, 6), node_vectors, tree, torch.arange(23))
+        assert logp.exp().sum().item() == pytest.approx(1.0, abs=1e-12)
+        for w in range(23):
+            assert logp[w].exp().item() == pytest.approx(brute_force_probability(h, node_vectors, tree, w), rel=1e-12)
+    # With every node vector zero, each step is a coin flip: p(w) = 2^-length(w).
+    flat = E.hierarchical_softmax_log_prob(torch.randn(23, 6, dtype=torch.float64), torch.zeros(22, 6, dtype=torch.float64), tree, torch.arange(23))
+    torch.testing.assert_close(flat.exp(), 2.0 ** -tree.lengths.double())
+
+
+def test_hierarchical_softmax_gradients_and_bad_input():
+    tree = E.huffman_tree(torch.tensor([9.0, 5.0, 3.0, 2.0, 1.0]))
+    h = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    nodes = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+    words = torch.tensor([0, 4, 2])
+    assert torch.autograd.gradcheck(lambda a, b: E.hierarchical_softmax_log_prob(a, b, tree, words), (h, nodes))
+    with pytest.raises(ValueError, match="node_vectors"):
+        E.hierarchical_softmax_log_prob(torch.randn(3, 4), torch.randn(5, 4), tree, words)
+    with pytest.raises(IndexError, match="words"):
+        E.hierarchical_softmax_log_prob(torch.randn(3, 4), torch.randn(4, 4), tree, torch.tensor([0, 1, 5]))
+    with pytest.raises(ValueError, match="at least 2"):
+        E.huffman_tree(torch.tensor([3.0]))
+
+
+def test_hierarchical_softmax_shapes_are_annotated_correctly(typechecked):
+    tree = E.huffman_tree(torch.tensor([4.0, 3.0, 2.0, 1.0]))
+    got = typechecked(E.hierarchical_softmax_log_prob)(torch.randn(2, 5), torch.randn(3, 5), tree, torch.tensor([1, 3]))
+    assert got.shape == (2,)
+
+
+# --------------------------------------------------------------------------- tied embeddings
+
+
+def test_tied_embedding_is_one_matrix_and_its_gradient_adds_both_uses():
+    tied = E.TiedEmbedding(11, 6, generator=torch.Generator().manual_seed(0))
+    assert [name for name, _ in tied.named_parameters()] == ["W_E"]
+    assert sum(p.numel() for p in tied.parameters()) == 11 * 6
+    assert tied.W_U.data_ptr() == tied.W_E.data_ptr()
+    ids = torch.tensor([[3, 1, 3], [0, 10, 2]])
+    x = torch.randn(2, 3, 6)
+    # Oracle: two untied copies, nn.Embedding and nn.Linear, holding the same numbers.
+    embedding, linear = nn.Embedding(11, 6), nn.Linear(6, 11, bias=False)
+    with torch.no_grad():
+        embedding.weight.copy_(tied.W_E)
+        linear.weight.copy_(tied.W_E)
+    torch.testing.assert_close(tied.embed(ids), embedding(ids) * math.sqrt(6))
+    torch.testing.assert_close(tied.unembed(x), linear(x))
+    upstream = torch.randn(2, 3, 11)
+    ((tied.unembed(tied.embed(ids)) * upstream).sum()).backward()
+    ((linear(embedding(ids) * math.sqrt(6)) * upstream).sum()).backward()
+    torch.testing.assert_close(tied.W_E.grad, embedding.weight.grad + linear.weight.grad)
+
+
+def test_tied_embedding_scale_puts_entries_at_unit_size():
+    tied = E.TiedEmbedding(5000, 256, generator=torch.Generator().manual_seed(0))
+    assert tied.W_E.std().item() == pytest.approx(256**-0.5, rel=0.02)
+    assert tied.embed(torch.arange(5000)[None]).std().item() == pytest.approx(1.0, rel=0.02)
+    assert E.TiedEmbedding(5, 4, scale=False).scale == 1.0
+    with pytest.raises(ValueError, match="d_model"):
+        E.TiedEmbedding(5, 4).unembed(torch.randn(2, 3))

@@ -8,6 +8,9 @@
   ``noise_distribution`` (unigram^0.75, sec. 2.2), ``skipgram_pairs``, ``sample_negatives``,
   ``SkipGram`` (a center vector v and a context vector u per word), ``sgns_loss``, ``sgns_step``
   and ``train_sgns``.
+- CBOW (Mikolov et al. 2013a): ``cbow_windows``, ``cbow_loss``, ``CBOW``, ``train_cbow``.
+- Hierarchical softmax (Mikolov et al. 2013b, sec. 2.1): ``huffman_tree``, ``hierarchical_softmax_log_prob``.
+- ``TiedEmbedding``: one matrix as W_E and W_U = W_E^T (Press & Wolf 2017; Vaswani et al. 2017, sec. 3.4).
 - ``cosine_similarity``, ``nearest_neighbours``, ``analogy``: reading the trained vectors.
 - ``split_held_out``, ``cooccurring_pairs``, ``held_out_similarity``: an honest test of trained
   vectors on text they never saw.
@@ -22,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -325,7 +328,8 @@ class SkipGram(nn.Module):
     """Two vectors per word: ``center`` (v_w, the word as a center word; the vectors we keep) and
     ``context`` (u_w, the word as someone else's context).
 
-    ``forward(centers, contexts, negatives)`` looks up the vectors and returns ``sgns_loss``.
+    ``forward(centers, contexts, negatives)`` looks up the vectors and returns ``loss_fn`` of them
+    (``sgns_loss`` unless another function with its signature is given, e.g. a learner's own).
     As in word2vec, center vectors start uniform in +-0.5/d_model and context vectors at zero.
 
     >>> model = SkipGram(10, 4, generator=torch.Generator().manual_seed(0))
@@ -333,12 +337,15 @@ class SkipGram(nn.Module):
     2.0794
     """
 
-    def __init__(self, d_vocab: int, d_model: int, *, generator: torch.Generator | None = None) -> None:
+    def __init__(
+        self, d_vocab: int, d_model: int, *, generator: torch.Generator | None = None, loss_fn: Callable[..., Tensor] | None = None
+    ) -> None:
         super().__init__()
         _expect_positive_int(d_vocab, "d_vocab")
         _expect_positive_int(d_model, "d_model")
         self.center = nn.Embedding(d_vocab, d_model)
         self.context = nn.Embedding(d_vocab, d_model)
+        self.loss_fn = loss_fn if loss_fn is not None else sgns_loss
         with torch.no_grad():
             self.center.weight.uniform_(-0.5 / d_model, 0.5 / d_model, generator=generator)
             self.context.weight.zero_()
@@ -358,7 +365,7 @@ class SkipGram(nn.Module):
                 "centers and contexts should be (batch,) and negatives (batch, k), got shapes "
                 f"{tuple(centers.shape)}, {tuple(contexts.shape)} and {tuple(negatives.shape)}"
             )
-        return sgns_loss(self.center(centers), self.context(contexts), self.context(negatives))
+        return self.loss_fn(self.center(centers), self.context(contexts), self.context(negatives))
 
 
 def sgns_step(
@@ -381,12 +388,70 @@ def sgns_step(
 
 @dataclass
 class SGNSResult:
-    """What ``train_sgns`` returns."""
+    """What ``train_sgns`` and ``train_cbow`` return."""
 
-    vectors: Tensor  # (d_vocab, d_model): the trained center vectors, on the CPU
+    vectors: Tensor  # (d_vocab, d_model): the trained input vectors (v), on the CPU
     vocab: Vocab
     losses: list[float]  # the loss of every step, in order
-    model: SkipGram
+    model: nn.Module  # SkipGram or CBOW
+
+
+def _run_epochs(
+    model: nn.Module,
+    make_epoch: Callable[[], tuple[Tensor, Tensor]],
+    *,
+    epochs: int,
+    estimate: float,
+    batch_size: int,
+    k: int,
+    lr: float,
+    noise: Tensor,
+    generator: torch.Generator,
+    dev: torch.device,
+    progress: bool,
+    desc: str,
+) -> list[float]:
+    """The loop ``train_sgns`` and ``train_cbow`` share: shuffle each epoch's examples, draw k negatives
+    per example for every batch, take one Adam step with ``sgns_step``.
+
+    The number of examples changes with each epoch's random subsample (and window draws), so the
+    progress bar's total starts as an estimate and is made exact as each epoch's examples are
+    known: at the last epoch it is exact and the bar ends full.
+    """
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    per_epoch_estimate = max(1, math.ceil(estimate / batch_size))
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=epochs * per_epoch_estimate, desc=desc, unit="step")
+    losses: list[float] = []
+    for epoch in range(epochs):
+        inputs, targets = make_epoch()
+        order = torch.randperm(targets.shape[0], generator=generator)
+        if bar is not None:  # exact steps so far and this epoch, an estimate for the epochs still to come
+            bar.total = bar.n + math.ceil(order.shape[0] / batch_size) + (epochs - epoch - 1) * per_epoch_estimate
+            bar.refresh()
+        for start in range(0, order.shape[0], batch_size):
+            batch = order[start : start + batch_size]
+            negatives = sample_negatives(noise, batch.shape[0], k, generator)
+            loss = sgns_step(model, optimizer, inputs[batch].to(dev), targets[batch].to(dev), negatives.to(dev))
+            losses.append(loss)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+    if bar is not None:
+        bar.close()
+    return losses
+
+
+def _check_training_args(tokens: object, lr: float, **positive: int) -> None:
+    if isinstance(tokens, str):
+        raise TypeError("tokens should be a list of words, not one str: call tokenize_words(text) first")
+    for name, value in positive.items():
+        _expect_positive_int(value, name)
+    if not lr > 0:
+        raise ValueError(f"lr should be > 0, got {lr}")
 
 
 def train_sgns(
@@ -403,13 +468,14 @@ def train_sgns(
     seed: int = 0,
     device: torch.device | str | None = None,
     progress: bool = False,
+    loss_fn: Callable[..., Tensor] | None = None,
 ) -> SGNSResult:
     """Train skip-gram with negative sampling on a list of word tokens; return the center vectors.
 
     Each epoch draws a fresh subsample of the text (``threshold``), makes (center, context)
     pairs with dynamic windows up to ``window``, shuffles them, and for every batch draws ``k``
     negatives per pair from the unigram^0.75 distribution and takes one Adam step on
-    ``sgns_loss``. Everything random comes from one generator seeded with ``seed``.
+    ``loss_fn`` (default ``sgns_loss``). Everything random comes from one generator seeded with ``seed``.
 
     >>> result = train_sgns("a b a b c d c d".split() * 20, d_model=4, min_count=1, epochs=1)
     >>> result.vectors.shape, len(result.vocab)
@@ -417,45 +483,312 @@ def train_sgns(
 
     Built by hand in notebooks/02_embeddings.ipynb.
     """
-    if isinstance(tokens, str):
-        raise TypeError("tokens should be a list of words, not one str: call tokenize_words(text) first")
-    for name in ("d_model", "window", "k", "epochs", "batch_size"):
-        _expect_positive_int(locals()[name], name)
-    if not lr > 0:
-        raise ValueError(f"lr should be > 0, got {lr}")
+    _check_training_args(tokens, lr, d_model=d_model, window=window, k=k, epochs=epochs, batch_size=batch_size)
     dev = torch.device(device) if device is not None else torch.device("cpu")
     generator = torch.Generator().manual_seed(seed)
     vocab = build_vocab(tokens, min_count)
     ids = vocab.encode(tokens)
     counts = vocab.count_tensor()
     keep, noise = keep_probabilities(counts, threshold), noise_distribution(counts)
-    model = SkipGram(len(vocab), d_model, generator=generator).to(dev)
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model = SkipGram(len(vocab), d_model, generator=generator, loss_fn=loss_fn).to(dev)
 
-    # The pair count varies a little with each epoch's subsample; estimate it for the progress bar.
-    mean_reach = (window + 1) / 2
-    expected_steps = epochs * math.ceil(2 * mean_reach * float((keep * counts).sum()) / batch_size)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    def make_epoch() -> tuple[Tensor, Tensor]:
+        return skipgram_pairs(subsample(ids, keep, generator), window, generator)
 
-        bar = tqdm(total=expected_steps, desc="SGNS", unit="step")
-    losses: list[float] = []
-    for _ in range(epochs):
-        kept = subsample(ids, keep, generator)
-        centers, contexts = skipgram_pairs(kept, window, generator)
-        order = torch.randperm(centers.shape[0], generator=generator)
-        for start in range(0, order.shape[0], batch_size):
-            batch = order[start : start + batch_size]
-            negatives = sample_negatives(noise, batch.shape[0], k, generator)
-            loss = sgns_step(model, optimizer, centers[batch].to(dev), contexts[batch].to(dev), negatives.to(dev))
-            losses.append(loss)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-    if bar is not None:
-        bar.close()
+    # A center with window b has up to 2b contexts and b is uniform on 1..window: about (window + 1) pairs per kept word.
+    estimate = (window + 1) * float((keep * counts).sum())
+    losses = _run_epochs(model, make_epoch, epochs=epochs, estimate=estimate, batch_size=batch_size, k=k, lr=lr,
+                         noise=noise, generator=generator, dev=dev, progress=progress, desc="SGNS")
     return SGNSResult(model.center.weight.detach().cpu().clone(), vocab, losses, model)
+
+
+# --------------------------------------------------------------------------- CBOW
+
+
+def cbow_windows(ids: Int[Tensor, " n"], window: int) -> tuple[Int[Tensor, "n_examples two_window"], Int[Tensor, " n_examples"]]:
+    """CBOW's examples: for every position with ``window`` words on each side, those 2 x window words and the center.
+
+    word2vec also shrinks CBOW's window at random and averages however many words fit at the
+    ends of the text; we keep it fixed, so every example averages exactly 2 x window vectors.
+
+    >>> contexts, centers = cbow_windows(torch.tensor([5, 6, 7, 8]), window=1)
+    >>> contexts.tolist(), centers.tolist()
+    ([[5, 7], [6, 8]], [6, 7])
+
+    Built by hand in notebooks/02_embeddings.ipynb.
+    """
+    _expect_ids(ids)
+    if ids.dim() != 1:
+        raise ValueError(f"ids should be 1-D, shape (n,), got shape {tuple(ids.shape)}")
+    _expect_positive_int(window, "window")
+    n_examples = max(0, ids.shape[0] - 2 * window)
+    windows = ids.unfold(0, 2 * window + 1, 1) if n_examples else torch.zeros(0, 2 * window + 1, dtype=ids.dtype)
+    contexts = torch.cat([windows[:, :window], windows[:, window + 1 :]], dim=1)  # n_examples two_window
+    return contexts.long(), windows[:, window].long()
+
+
+def cbow_loss(
+    context: Float[Tensor, "batch two_window d_model"],
+    center: Float[Tensor, "batch d_model"],
+    negatives: Float[Tensor, "batch k d_model"],
+) -> Float[Tensor, ""]:
+    """CBOW with negative sampling: average the context words' vectors into h, then the SGNS loss of h.
+
+    With h = mean_j v_{c_j} over the 2m context words, u_o the center word's output vector and
+    u_1..u_k the negatives' output vectors, one example's loss is
+
+        -log sigma(u_o . h) - sum_i log sigma(-u_i . h)
+
+    (Mikolov et al. 2013a, "Efficient Estimation of Word Representations", sec. 3.1; the
+    negative-sampling form of 2013b, eq. 4), averaged over the batch.
+
+    >>> context = torch.tensor([[[1.0, 0.0], [3.0, 0.0]]])  # h = (2, 0)
+    >>> round(cbow_loss(context, torch.tensor([[1.0, 0.0]]), torch.zeros(1, 1, 2)).item(), 4)  # -log s(2) + log 2
+    0.8201
+
+    Built by hand in notebooks/02_embeddings.ipynb.
+    """
+    _expect_float(context, "context", 3, "(batch, two_window, d_model)")
+    _expect_float(center, "center", 2, "(batch, d_model)")
+    if context.shape[0] != center.shape[0] or context.shape[2] != center.shape[1]:
+        raise ValueError(
+            f"context should be (batch, two_window, d_model) and center (batch, d_model), got {tuple(context.shape)} and {tuple(center.shape)}"
+        )
+    h = context.mean(dim=1)  # batch d_model: the average of the context vectors
+    return sgns_loss(h, center, negatives)
+
+
+class CBOW(nn.Module):
+    """Continuous bag of words: ``input`` vectors (v, for context words; the ones we keep) and
+    ``output`` vectors (u, for the predicted center word and the negatives).
+
+    ``forward(contexts, centers, negatives)`` takes ids of shapes (batch, 2m), (batch,) and
+    (batch, k) and returns ``loss_fn`` (default ``cbow_loss``) of the looked-up vectors. It starts
+    like ``SkipGram``: input vectors uniform in +-0.5/d_model, output vectors at zero.
+
+    >>> model = CBOW(10, 4, generator=torch.Generator().manual_seed(0))
+    >>> round(model(torch.tensor([[1, 2]]), torch.tensor([3]), torch.tensor([[4, 5]])).item(), 4)  # u = 0: 3 log 2
+    2.0794
+    """
+
+    def __init__(
+        self, d_vocab: int, d_model: int, *, generator: torch.Generator | None = None, loss_fn: Callable[..., Tensor] | None = None
+    ) -> None:
+        super().__init__()
+        _expect_positive_int(d_vocab, "d_vocab")
+        _expect_positive_int(d_model, "d_model")
+        self.input = nn.Embedding(d_vocab, d_model)
+        self.output = nn.Embedding(d_vocab, d_model)
+        self.loss_fn = loss_fn if loss_fn is not None else cbow_loss
+        with torch.no_grad():
+            self.input.weight.uniform_(-0.5 / d_model, 0.5 / d_model, generator=generator)
+            self.output.weight.zero_()
+
+    @property
+    def d_vocab(self) -> int:
+        return self.input.num_embeddings
+
+    def forward(
+        self, contexts: Int[Tensor, "batch two_window"], centers: Int[Tensor, " batch"], negatives: Int[Tensor, "batch k"]
+    ) -> Float[Tensor, ""]:
+        for name, ids in (("contexts", contexts), ("centers", centers), ("negatives", negatives)):
+            _expect_ids(ids, name)
+            _expect_in_range(ids, self.d_vocab, name)
+        if contexts.dim() != 2 or centers.shape != contexts.shape[:1] or negatives.dim() != 2 or negatives.shape[0] != centers.shape[0]:
+            raise ValueError(
+                "contexts should be (batch, two_window), centers (batch,) and negatives (batch, k), got shapes "
+                f"{tuple(contexts.shape)}, {tuple(centers.shape)} and {tuple(negatives.shape)}"
+            )
+        return self.loss_fn(self.input(contexts), self.output(centers), self.output(negatives))
+
+
+def train_cbow(
+    tokens: Sequence[str],
+    *,
+    d_model: int = 32,
+    window: int = 2,
+    k: int = 5,
+    epochs: int = 5,
+    batch_size: int = 256,
+    lr: float = 0.01,
+    min_count: int = 5,
+    threshold: float = 1e-3,
+    seed: int = 0,
+    device: torch.device | str | None = None,
+    progress: bool = False,
+    loss_fn: Callable[..., Tensor] | None = None,
+) -> SGNSResult:
+    """Train CBOW with negative sampling; return the input vectors (one row per word).
+
+    The same pipeline as ``train_sgns`` (a fresh subsample each epoch, unigram^0.75 negatives, Adam),
+    but one example per kept position: its 2 x ``window`` neighbours predict it.
+
+    >>> result = train_cbow("a b a b c d c d".split() * 20, d_model=4, min_count=1, epochs=1)
+    >>> result.vectors.shape, len(result.losses)
+    (torch.Size([4, 4]), 1)
+
+    Built by hand in notebooks/02_embeddings.ipynb.
+    """
+    _check_training_args(tokens, lr, d_model=d_model, window=window, k=k, epochs=epochs, batch_size=batch_size)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    generator = torch.Generator().manual_seed(seed)
+    vocab = build_vocab(tokens, min_count)
+    ids = vocab.encode(tokens)
+    counts = vocab.count_tensor()
+    keep, noise = keep_probabilities(counts, threshold), noise_distribution(counts)
+    model = CBOW(len(vocab), d_model, generator=generator, loss_fn=loss_fn).to(dev)
+
+    def make_epoch() -> tuple[Tensor, Tensor]:
+        return cbow_windows(subsample(ids, keep, generator), window)
+
+    estimate = max(1.0, float((keep * counts).sum()) - 2 * window)
+    losses = _run_epochs(model, make_epoch, epochs=epochs, estimate=estimate, batch_size=batch_size, k=k, lr=lr,
+                         noise=noise, generator=generator, dev=dev, progress=progress, desc="CBOW")
+    return SGNSResult(model.input.weight.detach().cpu().clone(), vocab, losses, model)
+
+
+# --------------------------------------------------------------------------- hierarchical softmax
+
+
+@dataclass(frozen=True)
+class HuffmanTree:
+    """A binary tree over the vocabulary: the words are its leaves, its d_vocab - 1 inner nodes carry vectors.
+
+    Word w's path from the root is ``paths[w, :lengths[w]]`` (inner-node ids) and at each node the
+    step goes left (sign +1) or right (sign -1): ``signs[w, :lengths[w]]``. Past ``lengths[w]`` both
+    are padding (node 0, sign 0).
+    """
+
+    paths: Tensor  # (d_vocab, max_depth) long: inner nodes on each word's path, root first
+    signs: Tensor  # (d_vocab, max_depth) float: +1 for a left step, -1 for a right step, 0 for padding
+    lengths: Tensor  # (d_vocab,) long: the number of inner nodes on each word's path (its code length)
+
+    @property
+    def d_vocab(self) -> int:
+        return self.paths.shape[0]
+
+
+def huffman_tree(counts: Float[Tensor, " d_vocab"]) -> HuffmanTree:
+    """Huffman's tree for the word counts: frequent words get short paths (Mikolov et al. 2013b, sec. 2.1).
+
+    Repeatedly join the two least frequent subtrees (ties: the one made first). The expected path
+    length, weighted by frequency, is the smallest any binary tree allows: between the entropy H
+    of the unigram distribution (in bits) and H + 1.
+
+    >>> tree = huffman_tree(torch.tensor([5.0, 2.0, 1.0, 1.0]))
+    >>> tree.lengths.tolist()
+    [1, 2, 3, 3]
+
+    Built by hand in notebooks/02_embeddings.ipynb.
+    """
+    if not isinstance(counts, torch.Tensor) or counts.dim() != 1 or counts.shape[0] < 2:
+        raise ValueError("counts should be a 1-D tensor of at least 2 word counts, shape (d_vocab,)")
+    _expect_counts(counts)
+    import heapq
+
+    d_vocab = counts.shape[0]
+    # Heap items: (count, order of creation, node). Nodes 0..d_vocab-1 are words; d_vocab + j is inner node j.
+    heap = [(float(c), i, i) for i, c in enumerate(counts.tolist())]
+    heapq.heapify(heap)
+    children: list[tuple[int, int]] = []  # inner node j -> (left, right)
+    while len(heap) > 1:
+        c_left, _, left = heapq.heappop(heap)
+        c_right, _, right = heapq.heappop(heap)
+        children.append((left, right))
+        heapq.heappush(heap, (c_left + c_right, d_vocab + len(children) - 1, d_vocab + len(children) - 1))
+    # Inner node ids count down from the root: the last node made is the root, id 0.
+    n_inner = len(children)
+    word_paths: list[list[tuple[int, float]]] = [[] for _ in range(d_vocab)]
+    stack = [(d_vocab + n_inner - 1, [])]
+    while stack:
+        node, path = stack.pop()
+        if node < d_vocab:
+            word_paths[node] = path
+            continue
+        inner = n_inner - 1 - (node - d_vocab)
+        left, right = children[node - d_vocab]
+        stack.append((left, path + [(inner, 1.0)]))
+        stack.append((right, path + [(inner, -1.0)]))
+    depth = max(len(p) for p in word_paths)
+    paths = torch.zeros(d_vocab, depth, dtype=torch.long)
+    signs = torch.zeros(d_vocab, depth)
+    for w, path in enumerate(word_paths):
+        if path:
+            paths[w, : len(path)] = torch.tensor([node for node, _ in path])
+            signs[w, : len(path)] = torch.tensor([sign for _, sign in path])
+    return HuffmanTree(paths, signs, torch.tensor([len(p) for p in word_paths]))
+
+
+def hierarchical_softmax_log_prob(
+    h: Float[Tensor, "batch d_model"], node_vectors: Float[Tensor, "n_inner d_model"], tree: HuffmanTree, words: Int[Tensor, " batch"]
+) -> Float[Tensor, " batch"]:
+    """log p(word | h) = sum over the word's path of log sigma(sign_j * u_{node_j} . h) (Mikolov et al. 2013b, eq. 3).
+
+    At every inner node n the step goes left with probability sigma(u_n . h) and right with
+    sigma(-u_n . h) = 1 - sigma(u_n . h), so the leaves' probabilities sum to 1 with no
+    normaliser, and one word costs its path length (about log2 d_vocab) dot products, not d_vocab.
+
+    >>> tree = huffman_tree(torch.tensor([2.0, 1.0, 1.0]))  # word 0 is one left step from the root
+    >>> logp = hierarchical_softmax_log_prob(torch.zeros(3, 2), torch.zeros(2, 2), tree, torch.arange(3))
+    >>> logp.exp()
+    tensor([0.5000, 0.2500, 0.2500])
+
+    Built by hand in notebooks/02_embeddings.ipynb.
+    """
+    _expect_float(h, "h", 2, "(batch, d_model)")
+    _expect_float(node_vectors, "node_vectors", 2, "(d_vocab - 1, d_model)")
+    _expect_ids(words, "words")
+    if node_vectors.shape[0] != tree.d_vocab - 1 or node_vectors.shape[1] != h.shape[1] or words.shape != h.shape[:1]:
+        raise ValueError(
+            f"need h (batch, d_model), node_vectors ({tree.d_vocab - 1}, d_model) and words (batch,), got "
+            f"{tuple(h.shape)}, {tuple(node_vectors.shape)} and {tuple(words.shape)}"
+        )
+    _expect_in_range(words, tree.d_vocab, "words")
+    paths, signs = tree.paths.to(h.device)[words], tree.signs.to(h.device, h.dtype)[words]  # batch max_depth
+    scores = torch.einsum("bjd,bd->bj", node_vectors[paths], h)  # batch max_depth
+    return (F.logsigmoid(signs * scores) * (signs != 0)).sum(-1)
+
+
+# --------------------------------------------------------------------------- embeddings in a Transformer
+
+
+class TiedEmbedding(nn.Module):
+    """One matrix W_E for both ends of a language model: embed ids with W_E, score the vocabulary with W_U = W_E^T.
+
+    Press and Wolf (2017) showed that sharing them works as well as two matrices or better, with
+    d_vocab x d_model fewer parameters; Vaswani et al. (2017, sec. 3.4) share them and multiply the
+    embeddings by sqrt(d_model). ``W_E`` starts N(0, 1/d_model), so logits ``unembed(x)`` of a
+    unit-size x start at unit scale, and the scaled embeddings have entries of about 1, like the
+    sinusoidal positional encodings added to them.
+
+    >>> tied = TiedEmbedding(d_vocab=10, d_model=4)
+    >>> sum(p.numel() for p in tied.parameters()), tied.unembed(tied.embed(torch.tensor([[1, 2]]))).shape
+    (40, torch.Size([1, 2, 10]))
+
+    Built by hand in notebooks/02_embeddings.ipynb.
+    """
+
+    def __init__(self, d_vocab: int, d_model: int, *, scale: bool = True, generator: torch.Generator | None = None) -> None:
+        super().__init__()
+        _expect_positive_int(d_vocab, "d_vocab")
+        _expect_positive_int(d_model, "d_model")
+        self.W_E = nn.Parameter(torch.randn(d_vocab, d_model, generator=generator) / math.sqrt(d_model))
+        self.scale = math.sqrt(d_model) if scale else 1.0
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self.W_E.T  # a view: the same numbers, so the same parameter
+
+    def embed(self, ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        _expect_ids(ids)
+        _expect_in_range(ids, self.W_E.shape[0])
+        return self.W_E[ids] * self.scale  # batch pos d_model
+
+    def unembed(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_vocab"]:
+        _expect_float(x, "x", None, "(..., d_model)")
+        if x.shape[-1] != self.W_E.shape[1]:
+            raise ValueError(f"x should end in d_model = {self.W_E.shape[1]}, got shape {tuple(x.shape)}")
+        return x @ self.W_U  # batch pos d_vocab
 
 
 # --------------------------------------------------------------------------- reading the vectors

@@ -1,7 +1,7 @@
 """Checkers for notebooks/02_embeddings.ipynb.
 
-Three exercises: the embedding look-up as a one-hot matrix product, the skip-gram
-negative-sampling loss, and one optimisation step of the training loop. Each checker tries
+Four exercises: the embedding look-up as a one-hot matrix product, the skip-gram
+negative-sampling loss, one optimisation step of the training loop, and the CBOW loss. Each checker tries
 the known mistakes first so its hint names the mistake.
 """
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, expect, seeded_randn
-from tfedu.embeddings import SkipGram, sgns_loss, sgns_step
+from tfedu.embeddings import SkipGram, cbow_loss, sgns_loss, sgns_step
 
 # --------------------------------------------------------------------------- exercise 2.1: one-hot @ W_E
 
@@ -256,6 +256,83 @@ def check_sgns_step(sgns_step_fn) -> None:
     compare(torch.tensor(got), torch.tensor(expected), what="the loss returned by the second step", check_dtype=False)
 
 
+# --------------------------------------------------------------------------- exercise 2.4: the CBOW loss
+
+CBOW_SUM_HINT = (
+    "CBOW averages the context vectors: h is their mean, not their sum (a sum grows with the window, "
+    "so the scores would too)"
+)
+CBOW_BATCH_AXIS_HINT = (
+    "you averaged over the batch axis: h should be one vector per example, the mean over that "
+    "example's context words (the middle axis of context)"
+)
+CBOW_AXIS_HINT = "h should have shape (batch, d_model): average over the context words, the middle axis of context"
+CBOW_LOSS_PER_WORD_HINT = (
+    "you averaged the losses of the context words, each scored on its own (that is skip-gram); CBOW first "
+    "averages their vectors into one h, then scores h once"
+)
+CBOW_SUM_OF_LOSSES_HINT = (
+    "you added up one skip-gram loss per context word; CBOW averages the context vectors into one h and "
+    "computes a single loss from it"
+)
+CBOW_NEG_CENTER_HINT = (
+    "score the negatives against h, the average of the context vectors; you scored them against the "
+    "center word's vector"
+)
+CBOW_PER_EXAMPLE_HINT = "return one number, a 0-d tensor: the mean over the batch of the per-example losses"
+
+
+def cbow_loss_mistakes(context: torch.Tensor, center: torch.Tensor, negatives: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What each known CBOW mistake returns on these inputs, keyed by its hint."""
+    h = context.mean(1)
+    per_word = [sgns_loss(context[:, j], center, negatives) for j in range(context.shape[1])]
+    mistakes = {
+        CBOW_SUM_HINT: sgns_loss(context.sum(1), center, negatives),
+        CBOW_LOSS_PER_WORD_HINT: torch.stack(per_word).mean(),
+        CBOW_SUM_OF_LOSSES_HINT: torch.stack(per_word).sum(),
+        CBOW_NEG_CENTER_HINT: (-F.logsigmoid((h * center).sum(-1))
+                               - F.logsigmoid(-torch.einsum("bkd,bd->bk", negatives, center)).sum(-1)).mean(),
+    }
+    if context.shape[0] == context.shape[1]:  # averaging over the batch axis gives a same-shaped h
+        mistakes[CBOW_BATCH_AXIS_HINT] = sgns_loss(context.mean(0), center, negatives)
+    for hint, wrong in sgns_loss_mistakes(h, center, negatives).items():
+        mistakes.setdefault(hint, wrong)  # the SGNS slips, made after a correct average
+    return mistakes
+
+
+@checker("CBOW loss")
+def check_cbow_loss(cbow_loss_fn) -> None:
+    """Check ``cbow_loss(context, center, negatives)``: the average, the loss, gradients, stability."""
+    # batch = 2m = 4 and d_model = 3: averaging over the wrong axis gives a same-shaped or a failing h.
+    context, center, negatives = seeded_randn(20, 4, 4, 3), seeded_randn(21, 4, 3), seeded_randn(22, 4, 5, 3)
+    got = call_learner(cbow_loss_fn, context, center, negatives, name="cbow_loss", error_hint=CBOW_AXIS_HINT)
+    if isinstance(got, (float, int, np.floating)):
+        raise CheckFailure(LOSS_NUMBER_HINT)
+    if isinstance(got, torch.Tensor) and got.shape == (context.shape[0],):
+        raise CheckFailure(CBOW_PER_EXAMPLE_HINT)
+    compare(got, cbow_loss(context, center, negatives), what="cbow_loss(context, center, negatives)",
+            mistakes=cbow_loss_mistakes(context, center, negatives))
+    # Another shape, float64, with gradients.
+    context, center, negatives = (t.double().requires_grad_(True)
+                                  for t in (seeded_randn(30, 3, 2, 5), seeded_randn(31, 3, 5), seeded_randn(32, 3, 2, 5)))
+    got = call_learner(cbow_loss_fn, context, center, negatives, name="cbow_loss", error_hint=CBOW_AXIS_HINT)
+    expected = cbow_loss(context, center, negatives)
+    compare(got, expected, what="cbow_loss with batch 3, 2m = 2, k 2, d_model 5 (float64)",
+            mistakes=cbow_loss_mistakes(context, center, negatives))
+    expect(isinstance(got, torch.Tensor) and got.requires_grad,
+           "no gradient flows through your loss: keep it a torch tensor (no .item(), .detach() or numpy)")
+    mine = torch.autograd.grad(got, (context, center, negatives))
+    theirs = torch.autograd.grad(expected, (context, center, negatives))
+    for name, a, b in zip(("context", "center", "negatives"), mine, theirs):
+        compare(a, b, what=f"the gradient of the loss with respect to {name}")
+    # Large scores stay finite.
+    context = torch.tensor([[[12.0, 0.0], [12.0, 0.0]], [[0.0, 12.0], [0.0, 12.0]]])
+    center = torch.tensor([[12.0, 0.0], [0.0, -12.0]])
+    negatives = torch.stack([-center, center], dim=1)
+    compare(call_learner(cbow_loss_fn, context, center, negatives, name="cbow_loss"), cbow_loss(context, center, negatives),
+            what="cbow_loss with scores of +-144", nan_hint=STABILITY_HINT, rtol=1e-4, atol=1e-3)
+
+
 # --------------------------------------------------------------------------- probes for the autograder
 
 
@@ -343,6 +420,18 @@ outputs = {
 }
 """
 
+def _cbow_inputs(rng: np.random.Generator) -> dict:
+    batch, two_window, k, d_model = int(rng.integers(1, 6)), 2 * int(rng.integers(1, 4)), int(rng.integers(1, 6)), int(rng.integers(2, 7))
+    def draw(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 1.5).astype(np.float32)
+    return {"context": draw(batch, two_window, d_model), "center": draw(batch, d_model), "negatives": draw(batch, k, d_model)}
+
+
+def _cbow_reference(inputs: dict) -> dict:
+    tensors = (torch.from_numpy(inputs[name]) for name in ("context", "center", "negatives"))
+    return {"loss": cbow_loss(*tensors).item()}
+
+
 PROBES = {
     "check_embed_via_one_hot": Probe(
         exercise="ex_embed_via_one_hot",
@@ -366,6 +455,16 @@ PROBES = {
         make_inputs=_step_inputs,
         run=STEP_PROBE_RUN,
         reference=_step_reference,
+        forbidden=("tfedu.embeddings",),
+    ),
+    "check_cbow_loss": Probe(
+        exercise="ex_cbow_loss",
+        make_inputs=_cbow_inputs,
+        run=(
+            "outputs = {'loss': float(cbow_loss(torch.from_numpy(inputs['context']), torch.from_numpy(inputs['center']), "
+            "torch.from_numpy(inputs['negatives'])))}"
+        ),
+        reference=_cbow_reference,
         forbidden=("tfedu.embeddings",),
     ),
 }
