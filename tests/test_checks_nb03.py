@@ -295,7 +295,8 @@ def assert_outputs_close(outputs, expected, probe):
 
 
 def test_every_check_cell_has_a_probe():
-    assert set(nb03.PROBES) == {"check_run_rnn", "check_additive_attention"}
+    assert set(nb03.PROBES) == {"check_run_rnn", "check_lstm_cell", "check_additive_attention"}
+    assert nb03.PROBES["check_lstm_cell"].exercise == "ex_lstm_cell"
     assert nb03.PROBES["check_run_rnn"].exercise == "ex_run_rnn"
     assert nb03.PROBES["check_additive_attention"].exercise == "ex_additive_attention"
     assert all("tfedu.rnn" in probe.forbidden for probe in nb03.PROBES.values())
@@ -335,3 +336,85 @@ def test_attention_probe_catches_mistakes(buggy):
             for k in expected
         )
     assert caught
+
+
+# ---- LSTM cell ----
+
+
+def plain_lstm(x, h_prev, c_prev, W_ih, b_ih, W_hh, b_hh):
+    """A learner solution written gate by gate."""
+    i, f, g, o = (x @ W_ih.T + b_ih + h_prev @ W_hh.T + b_hh).chunk(4, dim=-1)
+    c = torch.sigmoid(f) * c_prev + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def lstm_with(order="ifgo", acts="sstS", cell="f*c+i*g", out="o*tanh(c)", biases=("ih", "hh"), swap=False):
+    """Build a buggy learner LSTM: gate order letters, activations (s sigmoid, t tanh) and update rules."""
+
+    def step(x, h_prev, c_prev, W_ih, b_ih, W_hh, b_hh):
+        pre = x @ W_ih.T + h_prev @ W_hh.T + (b_ih if "ih" in biases else 0) + (b_hh if "hh" in biases else 0)
+        chunks = dict(zip(order, pre.chunk(4, dim=-1)))
+        fn = {"s": torch.sigmoid, "t": torch.tanh}
+        i, f, g, o = (fn[a.lower()](chunks[k]) for a, k in zip(acts, "ifgo"))
+        c = eval(cell, {"f": f, "i": i, "g": g, "c": c_prev, "h": h_prev})
+        h = eval(out, {"o": o, "c": c, "c_prev": c_prev, "torch": torch, "tanh": torch.tanh})
+        return (c, h) if swap else (h, c)
+
+    return step
+
+
+def test_lstm_reference_and_plain_version_pass(capsys):
+    nb03.check_lstm_cell(rnn.lstm_cell)
+    nb03.check_lstm_cell(plain_lstm)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} LSTM cell") == 2
+
+
+@pytest.mark.parametrize(
+    "buggy, hint",
+    [
+        (lstm_with(cell="f*h+i*g"), "forget gate multiplies the old *cell* state"),
+        (lstm_with(acts="ttst"), "sigmoid and tanh are swapped"),
+        (lstm_with(acts="ssss"), "the candidate g is a tanh"),
+        (lstm_with(order="ifog"), "you read them as i, f, o, g"),
+        (lstm_with(order="igfo"), "TensorFlow's order"),
+        (lstm_with(order="figo"), "you read them as f, i, g, o"),
+        (lstm_with(out="tanh(c)"), "the output gate is missing"),
+        (lstm_with(out="o*c"), "goes through a tanh before the output gate"),
+        (lstm_with(out="o*tanh(c_prev)"), "uses the old cell state"),
+        (lstm_with(cell="f*c+g"), "the input gate is missing"),
+        (lstm_with(cell="c+i*g"), "the forget gate is missing"),
+        (lstm_with(cell="f*c+(1-f)*g"), "that coupling is the GRU's"),
+        (lstm_with(biases=("ih",)), "a bias is missing"),
+        (lstm_with(biases=("hh",)), "b_ih is the one left out"),
+        (lstm_with(swap=True), "order (h, c)"),
+        (lambda *args: plain_lstm(*args)[0], "should return a pair"),
+        (lambda x, h, c, W_ih, b_ih, W_hh, b_hh: x @ W_ih, ".chunk(4, dim=-1)"),  # forgot the .T: a crash
+    ],
+)
+def test_lstm_mistakes_are_named(buggy, hint):
+    with pytest.raises(CheckFailure) as info:
+        nb03.check_lstm_cell(buggy)
+    assert hint in str(info.value)
+
+
+def test_lstm_unfinished_exercise():
+    def stub(x, h_prev, c_prev, W_ih, b_ih, W_hh, b_hh):
+        raise NotImplementedError
+
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb03.check_lstm_cell(stub)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("implementation", [rnn.lstm_cell, plain_lstm])
+def test_lstm_probe_agrees_with_reference(seed, implementation):
+    probe = nb03.PROBES["check_lstm_cell"]
+    outputs, expected = run_probe(probe, {"lstm_cell": implementation}, seed)
+    assert_outputs_close(outputs, expected, probe)
+
+
+@pytest.mark.parametrize("buggy", [lstm_with(cell="f*h+i*g"), lstm_with(order="ifog"), lstm_with(out="tanh(c)")])
+def test_lstm_probe_catches_mistakes(buggy):
+    probe = nb03.PROBES["check_lstm_cell"]
+    outputs, expected = run_probe(probe, {"lstm_cell": buggy}, 0)
+    assert not all(np.allclose(outputs[k], expected[k], rtol=probe.rtol, atol=probe.atol) for k in expected)

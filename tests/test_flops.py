@@ -118,3 +118,22 @@ def test_n_by_n_products_overtake_the_projections_at_twice_d_model(d_model, n_he
 def test_bad_input_says_what_was_expected(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_layer_costs_follow_vaswani_table_1():
+    from tfedu.flops import layer_costs
+
+    n, d, k, r = 1000, 64, 4, 100
+    costs = layer_costs(n, d, k, r)
+    assert costs["self-attention"] == flops.LayerCost(n**2 * d, 1, 1)
+    assert costs["recurrent"] == flops.LayerCost(n * d**2, n, n)
+    assert costs["convolutional"] == flops.LayerCost(k * n * d**2, 1, 5)  # 4**5 = 1024 >= 1000 > 4**4
+    assert costs["self-attention (restricted)"] == flops.LayerCost(r * n * d, 1, 10)
+    # Vaswani sec. 4: self-attention is cheaper than recurrence exactly when n < d
+    for n_pos in (32, 64, 128):
+        c = layer_costs(n_pos, 64, 3, 8)
+        assert (c["self-attention"].per_layer < c["recurrent"].per_layer) == (n_pos < 64)
+    assert layer_costs(1, 8, 2, 1)["convolutional"].max_path == 1
+    for bad in (dict(k=1), dict(n=0)):
+        with pytest.raises(ValueError):
+            layer_costs(**{**dict(n=4, d=4, k=2, r=2), **bad})

@@ -174,7 +174,7 @@ def test_attention_module_equals_functional_with_and_without_projected_keys():
         (lambda: rnn.run_rnn(torch.randn(2, 5, 3), torch.randn(3, 4), torch.randn(4, 3), torch.randn(4), torch.randn(4, 4), torch.randn(4)), r"h0 should have shape \(2, 4\)"),
         (lambda: rnn.run_rnn(torch.randn(2, 5, 3), None, torch.randn(4, 3), torch.randn(5), torch.randn(4, 4), torch.randn(4)), r"b_xh should have shape \(4,\)"),
         (lambda: rnn.run_rnn(torch.ones(2, 5, 3, dtype=torch.long), None, torch.randn(4, 3), torch.randn(4), torch.randn(4, 4), torch.randn(4)), "floating-point"),
-        (lambda: rnn.rnn_cell(torch.randn(2, 3), torch.randn(2, 4), torch.randn(4, 3), torch.randn(4), torch.randn(4, 4), torch.randn(4), nonlinearity="relu"), "nonlinearity must be one of"),
+        (lambda: rnn.rnn_cell(torch.randn(2, 3), torch.randn(2, 4), torch.randn(4, 3), torch.randn(4), torch.randn(4, 4), torch.randn(4), nonlinearity="sigmoid"), "nonlinearity must be one of"),
         (lambda: rnn.gru_cell(torch.randn(2, 3), torch.randn(2, 4), torch.randn(4, 3), torch.randn(4), torch.randn(4, 4), torch.randn(4)), r"W_hh should have shape \(12, 4\)"),
         (lambda: rnn.additive_attention(torch.randn(2, 4), torch.randn(2, 6), torch.randn(3, 4), torch.randn(3, 6), torch.randn(3)), r"keys should have shape \(batch, key_pos, d_key\)"),
         (lambda: rnn.additive_attention(torch.randn(3, 4), torch.randn(2, 5, 6), torch.randn(3, 4), torch.randn(3, 6), torch.randn(3)), "query has batch 3 but keys have batch 2"),
@@ -199,14 +199,14 @@ def small_model():
     return rnn.Seq2Seq(rnn.Seq2SeqConfig(d_embed=8, d_hidden=12, d_attn=10)).eval()
 
 
-@pytest.mark.parametrize("attention", [True, False])
+@pytest.mark.parametrize("attention", ["bahdanau", "luong", "none"])
 def test_seq2seq_shapes(attention, typechecked):
     torch.manual_seed(10)
     model = rnn.Seq2Seq(rnn.Seq2SeqConfig(d_embed=8, d_hidden=12, d_attn=10, attention=attention))
     src, tgt = make_digit_batch(3, 5, torch.Generator().manual_seed(0))
     logits, alignments = typechecked(model.forward)(src, teacher_forcing_inputs(tgt))
     assert logits.shape == (3, 5, 12)
-    if attention:
+    if attention != "none":
         assert alignments.shape == (3, 5, 5)
         torch.testing.assert_close(alignments.sum(-1), torch.ones(3, 5))
     else:
@@ -258,9 +258,17 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def test_attention_model_learns_short_reversal_with_a_mirrored_alignment(one_thread):
+def plain_additive_attention(query, keys, W_q, W_k, v):
+    """The notebook's exercise solution, written independently of tfedu.rnn."""
+    weights = torch.softmax(torch.tanh((query @ W_q.T)[:, None, :] + keys @ W_k.T) @ v, dim=-1)
+    return (weights[:, :, None] * keys).sum(dim=1), weights
+
+
+@pytest.mark.parametrize("attend", [None, plain_additive_attention], ids=["reference", "learner"])
+def test_attention_model_learns_short_reversal_with_a_mirrored_alignment(one_thread, attend):
+    # attend=plain_additive_attention is the notebook's USE_MY_ATTENTION = True path
     torch.manual_seed(0)
-    model = rnn.Seq2Seq(rnn.Seq2SeqConfig(d_embed=16, d_hidden=32, d_attn=32))
+    model = rnn.Seq2Seq(rnn.Seq2SeqConfig(d_embed=16, d_hidden=32, d_attn=32, attention="luong"), attend=attend)
     g = torch.Generator().manual_seed(0)
     losses = rnn.train_seq2seq(model, lambda step: make_digit_batch(32, 4, g), steps=300, lr=1e-2)
     assert losses[-1] < 0.2 * losses[0]
@@ -290,7 +298,7 @@ def test_tanh_gradient_norms_never_exceed_the_linear_bound(radius):
 
 def test_gradient_norms_reject_bad_arguments():
     with pytest.raises(ValueError, match="nonlinearity"):
-        rnn.gradient_norms_through_time(0.5, 3, nonlinearity="relu")
+        rnn.gradient_norms_through_time(0.5, 3, nonlinearity="sigmoid")
     with pytest.raises(ValueError, match="radius > 0"):
         rnn.gradient_norms_through_time(-1.0, 3)
 
@@ -313,3 +321,124 @@ def test_longest_backward_path_grows_linearly_through_a_recurrence():
         depths.append(rnn.longest_backward_path(states[:, -1].sum()))
     per_step = (depths[1] - depths[0]) / 5
     assert per_step > 0 and math.isclose(depths[2] - depths[1], 10 * per_step)
+
+
+def test_learner_attend_function_gives_the_same_model_as_the_reference():
+    torch.manual_seed(11)
+    for kind in ("bahdanau", "luong"):
+        cfg = rnn.Seq2SeqConfig(d_embed=8, d_hidden=12, d_attn=10, attention=kind)
+        torch.manual_seed(12)
+        ours = rnn.Seq2Seq(cfg)
+        torch.manual_seed(12)
+        learner = rnn.Seq2Seq(cfg, attend=plain_additive_attention)
+        src, tgt = make_digit_batch(3, 5, torch.Generator().manual_seed(0))
+        a, b = ours(src, teacher_forcing_inputs(tgt)), learner(src, teacher_forcing_inputs(tgt))
+        torch.testing.assert_close(a[0], b[0])
+        torch.testing.assert_close(a[1], b[1])
+    with pytest.raises(ValueError, match="takes no mask"):
+        learner.attention(torch.randn(1, 12), torch.randn(1, 2, 24), torch.ones(1, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="attention must be one of"):
+        rnn.Seq2SeqConfig(attention="dot")
+
+
+def test_bahdanau_scores_the_previous_state_and_luong_the_new_one():
+    """Step 0: Bahdanau's weights come from s_0 (before the GRU step), Luong's from s_1 (after it)."""
+    torch.manual_seed(13)
+    src = torch.randint(0, 10, (2, 4))
+    for kind in ("bahdanau", "luong"):
+        model = rnn.Seq2Seq(rnn.Seq2SeqConfig(d_embed=8, d_hidden=12, d_attn=10, attention=kind))
+        with torch.no_grad():
+            _, alignments = model(src, torch.full((2, 1), BOS))
+            states, summary = model.encode(src)
+            s0 = torch.tanh(model.bridge(summary))
+            token = model.tgt_embed(torch.full((2,), BOS))
+            if kind == "bahdanau":
+                query = s0
+                context, _ = model.attention(s0, states)
+                s1 = model.decoder(torch.cat([token, context], -1), s0)  # the context enters the GRU
+            else:
+                s1 = model.decoder(torch.cat([token, summary], -1), s0)
+                query = s1
+            _, want = rnn.additive_attention(query, states, model.attention.W_q.weight, model.attention.W_k.weight, model.attention.v)
+            torch.testing.assert_close(alignments[:, 0], want)
+            logits, _ = model(src, torch.full((2, 1), BOS))
+            context, _ = model.attention(query, states)
+            torch.testing.assert_close(logits[:, 0], model.unembed(torch.cat([s1, context], -1)))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_lstm_cell_matches_torch_lstm_cell(seed, typechecked):
+    torch.manual_seed(seed)
+    oracle = nn.LSTMCell(5, 6)
+    x, h, c = torch.randn(4, 5), torch.randn(4, 6), torch.randn(4, 6)
+    got_h, got_c = typechecked(rnn.lstm_cell)(x, h, c, oracle.weight_ih, oracle.bias_ih, oracle.weight_hh, oracle.bias_hh)
+    want_h, want_c = oracle(x, (h, c))
+    torch.testing.assert_close(got_h, want_h, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_c, want_c, rtol=1e-5, atol=1e-6)
+
+
+def test_lstm_cell_over_a_sequence_matches_torch_lstm():
+    torch.manual_seed(14)
+    oracle = nn.LSTM(3, 5, batch_first=True)
+    x = torch.randn(2, 7, 3)
+    expected, (h_n, c_n) = oracle(x)
+    h, c = torch.zeros(2, 5), torch.zeros(2, 5)
+    for t in range(7):
+        h, c = rnn.lstm_cell(x[:, t], h, c, *torch_rnn_weights(oracle))
+        torch.testing.assert_close(h, expected[:, t], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(c, c_n[0], rtol=1e-5, atol=1e-6)
+
+
+def test_lstm_cell_rejects_bad_shapes():
+    with pytest.raises(ValueError, match=r"W_hh should have shape \(16, 4\)"):
+        rnn.lstm_cell(torch.randn(2, 3), torch.randn(2, 4), torch.randn(2, 4), torch.randn(12, 3), torch.randn(12), torch.randn(12, 4), torch.randn(12))
+    with pytest.raises(ValueError, match="c_prev should have shape"):
+        rnn.lstm_cell(torch.randn(2, 3), torch.randn(2, 4), torch.randn(2, 5), torch.randn(16, 3), torch.randn(16), torch.randn(16, 4), torch.randn(16))
+
+
+def test_relu_run_rnn_matches_torch_relu_rnn():
+    torch.manual_seed(15)
+    oracle = nn.RNN(3, 4, batch_first=True, nonlinearity="relu")
+    x = torch.randn(2, 6, 3)
+    torch.testing.assert_close(rnn.run_rnn(x, None, *torch_rnn_weights(oracle), nonlinearity="relu"), oracle(x)[0])
+
+
+@pytest.mark.parametrize("nonlinearity", ["tanh", "relu", "linear"])
+def test_jacobian_norms_match_reverse_mode_jacobians(nonlinearity):
+    W = rnn.initial_recurrent_matrix("default", 6, seed=1) * 2
+    norms = rnn.jacobian_norms_through_time(W, 5, nonlinearity, seed=3)
+    g = torch.Generator().manual_seed(3)  # the same draws as inside the function
+    x = 0.5 * torch.randn(1, 5, 6, generator=g, dtype=torch.float64)
+    h0 = 0.1 * torch.randn(1, 6, generator=g, dtype=torch.float64)
+    zeros, eye = torch.zeros(6, dtype=torch.float64), torch.eye(6, dtype=torch.float64)
+    J = torch.autograd.functional.jacobian(lambda h: rnn.run_rnn(x, h, eye, zeros, W, zeros, nonlinearity)[0], h0)
+    torch.testing.assert_close(norms, torch.linalg.matrix_norm(J[:, :, 0, :], ord=2))
+
+
+def test_linear_jacobian_norms_are_the_norms_of_matrix_powers():
+    W = rnn.non_normal_matrix(0.9, 1.0, 8)
+    norms = rnn.jacobian_norms_through_time(W, 30, "linear")
+    want = torch.stack([torch.linalg.matrix_norm(torch.linalg.matrix_power(W, t), ord=2) for t in range(1, 31)])
+    torch.testing.assert_close(norms, want)
+    assert norms.max() > 3 and norms[-1] < norms.max() / 2  # transient growth, then decay at rate 0.9
+
+
+def test_non_normal_matrix_spectrum():
+    W = rnn.non_normal_matrix(0.8, 0.5, 6, seed=2)
+    torch.testing.assert_close(torch.linalg.eigvals(W).abs(), torch.full((6,), 0.8, dtype=torch.float64), rtol=1e-4, atol=1e-4)
+    assert torch.linalg.matrix_norm(W, ord=2) > 1 > 0.8
+    with pytest.raises(ValueError, match="even"):
+        rnn.non_normal_matrix(0.8, 0.5, 5)
+
+
+def test_initial_recurrent_matrices():
+    d = 64
+    default = rnn.initial_recurrent_matrix("default", d)
+    torch.manual_seed(0)
+    assert default.abs().max() <= 1 / math.sqrt(d)  # nn.RNN's uniform(-1/sqrt(d), 1/sqrt(d))
+    radius = torch.linalg.eigvals(default).abs().max().item()
+    assert 0.4 < radius < 0.75  # about 1/sqrt(3) by the circular law
+    Q = rnn.initial_recurrent_matrix("orthogonal", d)
+    torch.testing.assert_close(Q @ Q.T, torch.eye(d, dtype=torch.float64))
+    with pytest.raises(ValueError, match="init must be one of"):
+        rnn.initial_recurrent_matrix("xavier")

@@ -134,3 +134,48 @@ def multi_head_overhead(batch: int, pos: int, d_model: int, n_heads: int) -> flo
     many = attention_flops(batch, pos, pos, d_model, n_heads)
     one = attention_flops(batch, pos, pos, d_model, 1)
     return many.total / one.total
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One row of Vaswani et al. (2017), Table 1, evaluated for given sizes (constants dropped, as there)."""
+
+    per_layer: int  # complexity per layer: the arithmetic, up to a constant
+    sequential: int  # operations that must run one after another
+    max_path: int  # longest path a signal travels between any two positions
+
+
+def layer_costs(n: int, d: int, k: int, r: int) -> dict[str, LayerCost]:
+    """Vaswani et al. 2017, Table 1, for sequence length n, width d, kernel size k, neighbourhood r.
+
+    =============================  ==========  ==========  =============
+    layer type                     per layer   sequential  maximum path
+    =============================  ==========  ==========  =============
+    self-attention                 n^2 d       1           1
+    recurrent                      n d^2       n           n
+    convolutional                  k n d^2     1           log_k(n)
+    self-attention (restricted)    r n d       1           n / r
+    =============================  ==========  ==========  =============
+
+    The convolutional path is for dilated convolutions (Kalchbrenner et al. 2016); a stack of plain
+    (contiguous) kernels needs n / k layers instead. Paths are rounded up to whole layers.
+
+    >>> costs = layer_costs(n=512, d=512, k=3, r=64)
+    >>> costs["self-attention"].per_layer == costs["recurrent"].per_layer  # equal when n == d
+    True
+    >>> costs["convolutional"].max_path, costs["self-attention (restricted)"].max_path
+    (6, 8)
+    """
+    for name, value in (("n", n), ("d", d), ("r", r)):
+        _count(name, value)
+    if _count("k", k) < 2:
+        raise ValueError(f"k must be at least 2 for log_k(n), got {k}")
+    log_k_n = 0
+    while k**log_k_n < n:  # ceil(log_k n) in integers, free of float rounding
+        log_k_n += 1
+    return {
+        "self-attention": LayerCost(per_layer=n * n * d, sequential=1, max_path=1),
+        "recurrent": LayerCost(per_layer=n * d * d, sequential=n, max_path=n),
+        "convolutional": LayerCost(per_layer=k * n * d * d, sequential=1, max_path=max(1, log_k_n)),
+        "self-attention (restricted)": LayerCost(per_layer=r * n * d, sequential=1, max_path=-(-n // r)),
+    }

@@ -4,11 +4,13 @@
   with weights laid out like ``torch.nn.RNN`` (``weight_ih_l0`` is W_xh, shape (d_hidden, d_in)),
   so weights copy across unchanged.
 - ``gru_cell``: the GRU update written out, in ``torch.nn.GRU``'s layout (gates stacked r, z, n).
+- ``lstm_cell``: the LSTM update, in ``torch.nn.LSTM``'s layout (gates stacked i, f, g, o).
 - ``additive_attention`` / ``AdditiveAttention``: score = v^T tanh(W_q s + W_k h) (Bahdanau et al.
   2015, sec. 3.1 and appendix A.1.2), softmax over source positions, context = sum of weighted h.
 - ``Seq2Seq``: a GRU encoder-decoder, with the decoder fed either one fixed summary of the source
   (no attention) or a fresh attention context at every step; teacher forcing and greedy decoding.
-- ``gradient_norms_through_time`` and ``longest_backward_path``: the measurements behind the
+- ``jacobian_norms_through_time`` (with ``scaled_orthogonal``, ``non_normal_matrix``,
+  ``initial_recurrent_matrix``) and ``longest_backward_path``: the measurements behind the
   vanishing/exploding-gradient and sequential-dependency arguments.
 
 Built by hand in notebooks/03_rnns_to_attention.ipynb.
@@ -27,7 +29,7 @@ from torch import Tensor, nn
 
 from tfedu.toy_tasks import BOS, D_VOCAB, PAD
 
-NONLINEARITIES = ("tanh", "linear")
+NONLINEARITIES = ("tanh", "relu", "linear")  # relu: the IRNN of Le et al. 2015
 
 
 def _shape_error(name: str, expected: str, value: object) -> ValueError:
@@ -73,7 +75,8 @@ def rnn_cell(
     """One Elman step: h_t = tanh(W_xh x_t + b_xh + W_hh h_{t-1} + b_hh).
 
     Vectors are rows here (a batch of them), so W x becomes ``x @ W.T``: the torch layout stores
-    W_xh as (d_hidden, d_in). ``nonlinearity="linear"`` drops the tanh (for the gradient experiment).
+    W_xh as (d_hidden, d_in). ``nonlinearity="linear"`` drops the tanh (for the gradient experiment);
+    ``"relu"`` is ``nn.RNN(nonlinearity="relu")``, the IRNN of Le et al. (2015) with W_hh = I.
 
     >>> W = torch.eye(2); b = torch.zeros(2)
     >>> rnn_cell(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]]), W, b, W, b)
@@ -87,7 +90,9 @@ def rnn_cell(
     if nonlinearity not in NONLINEARITIES:
         raise ValueError(f"nonlinearity must be one of {NONLINEARITIES}, got {nonlinearity!r}")
     pre = x @ W_xh.T + b_xh + h_prev @ W_hh.T + b_hh  # batch d_hidden
-    return torch.tanh(pre) if nonlinearity == "tanh" else pre
+    if nonlinearity == "tanh":
+        return torch.tanh(pre)
+    return torch.relu(pre) if nonlinearity == "relu" else pre
 
 
 def run_rnn(
@@ -159,6 +164,45 @@ def gru_cell(
     return (1 - z) * n + z * h_prev
 
 
+def lstm_cell(
+    x: Float[Tensor, "batch d_in"],
+    h_prev: Float[Tensor, "batch d_hidden"],
+    c_prev: Float[Tensor, "batch d_hidden"],
+    W_ih: Float[Tensor, "4*d_hidden d_in"],
+    b_ih: Float[Tensor, " 4*d_hidden"],
+    W_hh: Float[Tensor, "4*d_hidden d_hidden"],
+    b_hh: Float[Tensor, " 4*d_hidden"],
+) -> tuple[Float[Tensor, "batch d_hidden"], Float[Tensor, "batch d_hidden"]]:
+    """One LSTM step (Hochreiter & Schmidhuber 1997, with the forget gate of Gers et al. 2000) in
+    ``torch.nn.LSTM``'s layout, gates stacked (i, f, g, o). Returns ``(h, c)``.
+
+    i = sigmoid(W_ii x + b_ii + W_hi h + b_hi)     input gate: how much of the candidate to write
+    f = sigmoid(W_if x + b_if + W_hf h + b_hf)     forget gate: how much of the old cell to keep
+    g = tanh(W_ig x + b_ig + W_hg h + b_hg)        candidate values
+    o = sigmoid(W_io x + b_io + W_ho h + b_ho)     output gate: how much of the cell to show
+    c' = f * c + i * g,    h' = o * tanh(c')
+
+    Along the cell state dc'/dc = diag(f): no weight matrix and no squashing, so with f near 1 the
+    gradient passes many steps almost unchanged.
+
+    >>> d = 1; W_ih = torch.zeros(4 * d, d); W_hh = torch.zeros(4 * d, d); b = torch.zeros(4 * d)
+    >>> lstm_cell(torch.ones(1, d), torch.zeros(1, d), torch.ones(1, d), W_ih, b, W_hh, b)  # f = 0.5, g = 0
+    (tensor([[0.2311]]), tensor([[0.5000]]))
+    """
+    _expect_tensor("x", x, 2, "(batch, d_in)")
+    _expect_tensor("h_prev", h_prev, 2, "(batch, d_hidden)")
+    _expect_tensor("c_prev", c_prev, 2, "(batch, d_hidden)")
+    d_hidden = _check_rnn_weights(W_ih, b_ih, W_hh, b_hh, x.shape[1], gates=4)
+    for name, state in (("h_prev", h_prev), ("c_prev", c_prev)):
+        if state.shape != (x.shape[0], d_hidden):
+            raise _shape_error(name, f"({x.shape[0]}, {d_hidden})", state)
+    gates = x @ W_ih.T + b_ih + h_prev @ W_hh.T + b_hh  # batch 4*d_hidden
+    i, f, g, o = gates.chunk(4, dim=-1)  # torch's order: input, forget, cell candidate, output
+    c = torch.sigmoid(f) * c_prev + torch.sigmoid(i) * torch.tanh(g)
+    h = torch.sigmoid(o) * torch.tanh(c)
+    return h, c
+
+
 def additive_attention(
     query: Float[Tensor, "batch d_query"],
     keys: Float[Tensor, "batch key_pos d_key"],
@@ -218,11 +262,16 @@ def _describe(value: object) -> str:
     return type(value).__name__
 
 
+AttentionFn = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
 class AdditiveAttention(nn.Module):
     """Bahdanau attention with learned W_q, W_k (no bias, as in the paper) and v.
 
     ``project_keys`` can be called once per source sequence and reused at every decoder step
     (Bahdanau et al. note this saves computation: W_k h_j does not depend on the decoder).
+    ``attend``, if given, replaces :func:`additive_attention`: any function with its signature
+    ``(query, keys, W_q, W_k, v) -> (context, weights)``, such as a learner's own (no mask then).
 
     >>> attn = AdditiveAttention(d_query=4, d_key=3, d_attn=5)
     >>> context, weights = attn(torch.randn(2, 4), torch.randn(2, 6, 3))
@@ -230,11 +279,14 @@ class AdditiveAttention(nn.Module):
     (torch.Size([2, 3]), torch.Size([2, 6]))
     """
 
-    def __init__(self, d_query: int, d_key: int, d_attn: int) -> None:
+    def __init__(self, d_query: int, d_key: int, d_attn: int, attend: AttentionFn | None = None) -> None:
         super().__init__()
+        if attend is not None and not callable(attend):
+            raise TypeError(f"attend must be a function (query, keys, W_q, W_k, v) -> (context, weights), got {type(attend).__name__}")
         self.W_q = nn.Linear(d_query, d_attn, bias=False)
         self.W_k = nn.Linear(d_key, d_attn, bias=False)
         self.v = nn.Parameter(torch.randn(d_attn) / math.sqrt(d_attn))
+        self.attend = attend
 
     def project_keys(self, keys: Float[Tensor, "batch key_pos d_key"]) -> Float[Tensor, "batch key_pos d_attn"]:
         return self.W_k(keys)
@@ -246,9 +298,19 @@ class AdditiveAttention(nn.Module):
         mask: Bool[Tensor, "batch key_pos"] | None = None,
         projected_keys: Float[Tensor, "batch key_pos d_attn"] | None = None,
     ) -> tuple[Float[Tensor, "batch d_key"], Float[Tensor, "batch key_pos"]]:
+        if self.attend is not None:
+            if mask is not None:
+                raise ValueError("a custom attend function takes no mask: use it on unpadded batches")
+            result = self.attend(query, keys, self.W_q.weight, self.W_k.weight, self.v)
+            if not (isinstance(result, (tuple, list)) and len(result) == 2):
+                raise TypeError(f"attend must return (context, weights), got {type(result).__name__}")
+            return result[0], result[1]
         if projected_keys is None:
             return additive_attention(query, keys, self.W_q.weight, self.W_k.weight, self.v, mask)
         return _attend(self.W_q(query), projected_keys, keys, self.v, mask)
+
+
+ATTENTION_KINDS = ("none", "bahdanau", "luong")
 
 
 @dataclass(frozen=True)
@@ -257,30 +319,41 @@ class Seq2SeqConfig:
     d_embed: int = 32  # token embedding width, encoder and decoder
     d_hidden: int = 64  # GRU state width
     d_attn: int = 64  # width of the additive-attention scoring layer
-    attention: bool = True  # False: the decoder sees only one fixed summary of the source, every step
+    # "bahdanau": c_t is scored against s_{t-1} and read by the GRU (Bahdanau et al. 2015, eq. 4, A.2.2);
+    # "luong": c_t is scored against s_t, after the recurrence, and read by the output layer only
+    # (Luong et al. 2015, sec. 3); "none": c_t is the fixed source summary at every step.
+    attention: str = "bahdanau"
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, got {self.attention!r}")
 
 
 class Seq2Seq(nn.Module):
-    """GRU encoder-decoder (Sutskever et al. 2014; Cho et al. 2014), optionally with Bahdanau attention.
+    """GRU encoder-decoder (Sutskever et al. 2014; Cho et al. 2014), optionally with additive attention.
 
     The encoder is a bidirectional GRU, as in Bahdanau et al. (2015, sec. 3.2): the annotation h_j
     of source position j concatenates a forward state (which has read x_1..x_j) and a backward state
     (x_j..x_T), so it is centred on x_j. The summary (both final states) starts the decoder through
-    s_0 = tanh(W_s summary). At each step the decoder reads a context vector next to its input token:
-    without attention it is that same fixed summary every step, the bottleneck; with attention it is
-    a fresh weighted sum of all annotations, scored against the decoder's state (sec. 3.1). We score
-    the new state s_t, after it has read the previous output token (the order of Luong et al. 2015);
-    scored against s_{t-1}, as in Bahdanau's paper, our reversal models learned an alignment shifted
-    by one position, since a GRU annotation also remembers its neighbour's token.
+    s_0 = tanh(W_s summary). Each decoder step reads the previous token y_{t-1} and a context c_t;
+    the output layer reads [s_t; c_t]. Where c_t comes from is ``cfg.attention``:
 
-    >>> model = Seq2Seq(Seq2SeqConfig(attention=True))
+    - ``"bahdanau"``: c_t = attend(s_{t-1}, h) and s_t = GRU([y_{t-1}; c_t], s_{t-1}), so the context
+      enters the recurrence: s_t = g(y_{t-1}, s_{t-1}, c_t) (Bahdanau et al. 2015, eq. 4, appendix A.2.2).
+    - ``"luong"``: s_t = GRU([y_{t-1}; summary], s_{t-1}) first, then c_t = attend(s_t, h), read only
+      by the output layer (the order of Luong et al. 2015, sec. 3, with their "concat" score).
+    - ``"none"``: c_t is the fixed summary at every step, in the GRU and the output: the bottleneck.
+
+    We leave out the paper's deep-output layer (maxout, and y_{t-1} in the output).
+
+    >>> model = Seq2Seq(Seq2SeqConfig(attention="bahdanau"))
     >>> src = torch.randint(0, 10, (2, 5))
     >>> logits, alignments = model(src, torch.full((2, 5), BOS))
     >>> logits.shape, alignments.shape
     (torch.Size([2, 5, 12]), torch.Size([2, 5, 5]))
     """
 
-    def __init__(self, cfg: Seq2SeqConfig = Seq2SeqConfig()) -> None:
+    def __init__(self, cfg: Seq2SeqConfig = Seq2SeqConfig(), attend: AttentionFn | None = None) -> None:
         super().__init__()
         self.cfg = cfg
         self.src_embed = nn.Embedding(cfg.d_vocab, cfg.d_embed)
@@ -288,8 +361,13 @@ class Seq2Seq(nn.Module):
         d_annotation = 2 * cfg.d_hidden  # forward and backward encoder states side by side
         self.encoder = nn.GRU(cfg.d_embed, cfg.d_hidden, batch_first=True, bidirectional=True)
         self.bridge = nn.Linear(d_annotation, cfg.d_hidden)  # W_s: source summary -> first decoder state
-        self.decoder = nn.GRUCell(cfg.d_embed + d_annotation, cfg.d_hidden)  # reads [token; summary]
-        self.attention = AdditiveAttention(cfg.d_hidden, d_annotation, cfg.d_attn) if cfg.attention else None
+        self.decoder = nn.GRUCell(cfg.d_embed + d_annotation, cfg.d_hidden)  # reads [token; context or summary]
+        if cfg.attention == "none":
+            if attend is not None:
+                raise ValueError("attend was given but cfg.attention is 'none'")
+            self.attention = None
+        else:
+            self.attention = AdditiveAttention(cfg.d_hidden, d_annotation, cfg.d_attn, attend)
         self.unembed = nn.Linear(cfg.d_hidden + d_annotation, cfg.d_vocab)  # reads [decoder state; context]
 
     def encode(
@@ -317,19 +395,27 @@ class Seq2Seq(nn.Module):
         return states, torch.cat([final[0], final[1]], dim=-1)
 
     def _decode_step(self, token, state, enc_states, enc_summary, projected_keys, src_mask):
-        # Both models read the previous token and the fixed summary (Cho et al. 2014 feed it every step).
-        state = self.decoder(torch.cat([self.tgt_embed(token), enc_summary], dim=-1), state)  # s_t
-        if self.attention is None:
-            context, weights = enc_summary, None  # the same fixed vector at every step: the bottleneck
-        else:
-            # Scored against the new state s_t (the order of Luong et al. 2015); Bahdanau scored s_{t-1}.
+        embedded = self.tgt_embed(token)  # batch d_embed
+        kind = self.cfg.attention
+        weights = None
+        if kind == "bahdanau":
+            # c_t is chosen by s_{t-1}, before the step, and read by the recurrence: s_t = g(y_{t-1}, s_{t-1}, c_t)
             context, weights = self.attention(state, enc_states, src_mask, projected_keys)
+            state = self.decoder(torch.cat([embedded, context], dim=-1), state)
+        else:
+            # Cho et al. (2014) feed the fixed summary at every step; Luong's recurrence reads no context
+            state = self.decoder(torch.cat([embedded, enc_summary], dim=-1), state)
+            if kind == "luong":  # c_t is chosen by the new state s_t, after the recurrence
+                context, weights = self.attention(state, enc_states, src_mask, projected_keys)
+            else:
+                context = enc_summary  # the same fixed vector at every step: the bottleneck
         logits = self.unembed(torch.cat([state, context], dim=-1))  # batch d_vocab
         return logits, state, weights
 
     def _run_decoder(self, src, src_mask, n_steps: int, next_token: Callable[[int, Tensor], Tensor]):
         enc_states, enc_final = self.encode(src, src_mask)
-        projected_keys = None if self.attention is None else self.attention.project_keys(enc_states)
+        use_cache = self.attention is not None and self.attention.attend is None
+        projected_keys = self.attention.project_keys(enc_states) if use_cache else None
         token = torch.full((src.shape[0],), BOS, dtype=torch.long, device=src.device)
         state = torch.tanh(self.bridge(enc_final))  # s_0
         all_logits, all_weights = [], []
@@ -385,7 +471,7 @@ def train_seq2seq(
     if progress:
         from tqdm.auto import tqdm
 
-        steps_iter = tqdm(steps_iter, desc="attention" if model.cfg.attention else "no attention")
+        steps_iter = tqdm(steps_iter, desc=f"attention: {model.cfg.attention}")
     losses = []
     model.train()
     for step in steps_iter:
@@ -413,41 +499,128 @@ def accuracy_by_length(
     return accuracies
 
 
+def jacobian_norms_through_time(
+    W_hh: Float[Tensor, "d_hidden d_hidden"],
+    n_steps: int,
+    nonlinearity: str = "tanh",
+    input_scale: float = 0.5,
+    seed: int = 0,
+) -> Float[Tensor, " n_steps"]:
+    """Measure ||dh_t/dh_0||_2, the largest singular value of the Jacobian, for t = 1..n_steps.
+
+    The RNN h_t = f(x_t + W_hh h_{t-1}) (W_xh = I, no bias) runs from a small random h_0 over random
+    inputs of scale ``input_scale``. Automatic differentiation through ``run_rnn`` (forward mode, one
+    tangent per unit of h_0) measures the whole matrix dh_t/dh_0 for every t. By the chain rule it is
+    the product of the per-step Jacobians diag(f'(pre_s)) W_hh, so its norm is at most
+    prod_s max|f'| * sigma_max(W_hh) <= sigma_max(W_hh)^t for tanh (Pascanu et al. 2013, sec. 3).
+    Computed in float64.
+
+    >>> jacobian_norms_through_time(0.5 * torch.eye(3), 3, nonlinearity="linear")
+    tensor([0.5000, 0.2500, 0.1250], dtype=torch.float64)
+    """
+    if nonlinearity not in NONLINEARITIES:
+        raise ValueError(f"nonlinearity must be one of {NONLINEARITIES}, got {nonlinearity!r}")
+    if not isinstance(n_steps, int) or n_steps < 1:
+        raise ValueError(f"n_steps must be a positive int, got {n_steps!r}")
+    _expect_tensor("W_hh", W_hh, 2, "(d_hidden, d_hidden)")
+    d_hidden = W_hh.shape[0]
+    if W_hh.shape != (d_hidden, d_hidden):
+        raise _shape_error("W_hh", f"({d_hidden}, {d_hidden})", W_hh)
+    dtype = torch.float64  # growth to 1e17 and decay to 1e-18 both stay representable
+    gen = torch.Generator().manual_seed(seed)
+    W = W_hh.detach().to(dtype)
+    zeros = torch.zeros(d_hidden, dtype=dtype)
+    x = input_scale * torch.randn(1, n_steps, d_hidden, generator=gen, dtype=dtype)
+    start = 0.1 * torch.randn(1, d_hidden, generator=gen, dtype=dtype)
+    # Forward-mode autodiff: d_hidden identical copies of the sequence, copy i carrying the tangent e_i
+    # on h_0, so the tangent of h_t in copy i is column i of dh_t/dh_0. One pass gives every t.
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        h0 = fwAD.make_dual(start.expand(d_hidden, d_hidden).clone(), torch.eye(d_hidden, dtype=dtype))
+        states = run_rnn(x.expand(d_hidden, -1, -1), h0, torch.eye(d_hidden, dtype=dtype), zeros, W, zeros, nonlinearity)
+        tangents = fwAD.unpack_dual(states).tangent  # copy pos d_hidden: tangents[i, t] = dh_t/dh_0 @ e_i
+    jacobians = tangents.permute(1, 2, 0)  # pos d_hidden d_hidden: jacobians[t] = dh_{t+1}/dh_0
+    norms = torch.linalg.matrix_norm(jacobians, ord=2)
+    return norms
+
+
+def scaled_orthogonal(radius: float, d_hidden: int = 32, seed: int = 0) -> Float[Tensor, "d_hidden d_hidden"]:
+    """radius * Q with Q a random orthogonal matrix: every eigenvalue has modulus ``radius`` and every
+    singular value equals ``radius``, so its powers have norm exactly radius^t (float64).
+
+    >>> W = scaled_orthogonal(0.9, 4)
+    >>> torch.linalg.svdvals(W).round(decimals=6)
+    tensor([0.9000, 0.9000, 0.9000, 0.9000], dtype=torch.float64)
+    """
+    if not radius > 0 or not isinstance(d_hidden, int) or d_hidden < 1:
+        raise ValueError(f"need radius > 0 and a positive int d_hidden, got radius={radius!r}, d_hidden={d_hidden!r}")
+    gen = torch.Generator().manual_seed(seed)
+    Q, _ = torch.linalg.qr(torch.randn(d_hidden, d_hidden, generator=gen, dtype=torch.float64))
+    return radius * Q
+
+
+def non_normal_matrix(radius: float, coupling: float, d_hidden: int = 32, seed: int = 0) -> Float[Tensor, "d_hidden d_hidden"]:
+    """A matrix whose eigenvalues all equal ``radius`` but whose largest singular value is bigger.
+
+    Built from 2x2 blocks [[radius, coupling], [0, radius]] on the diagonal (d_hidden even), turned by
+    a random orthogonal Q (Q^T B Q keeps eigenvalues and singular values). The powers of one block are
+    [[r^t, t c r^(t-1)], [0, r^t]]: with r < 1 they still grow like t c r^(t-1) for a while, a
+    transient that the spectral radius alone does not see (Pascanu et al. 2013, sec. 3.1).
+
+    >>> W = non_normal_matrix(0.9, 1.0, 4)
+    >>> torch.linalg.eigvals(W).abs().round(decimals=4).tolist(), round(torch.linalg.matrix_norm(W, ord=2).item(), 3)
+    ([0.9, 0.9, 0.9, 0.9], 1.53)
+    """
+    if not isinstance(d_hidden, int) or d_hidden < 2 or d_hidden % 2:
+        raise ValueError(f"d_hidden must be a positive even int, got {d_hidden!r}")
+    block = torch.tensor([[radius, coupling], [0.0, radius]], dtype=torch.float64)
+    B = torch.block_diag(*[block] * (d_hidden // 2))
+    Q = scaled_orthogonal(1.0, d_hidden, seed)
+    return Q.T @ B @ Q
+
+
+INITS = ("default", "orthogonal", "identity")
+
+
+def initial_recurrent_matrix(init: str, d_hidden: int = 32, seed: int = 0) -> Float[Tensor, "d_hidden d_hidden"]:
+    """W_hh as an RNN starts training (float64).
+
+    - ``"default"``: torch.nn.RNN's own, uniform in (-1/sqrt(d), 1/sqrt(d)): spectral radius about 1/sqrt(3);
+    - ``"orthogonal"``: a random orthogonal matrix (Saxe et al. 2014): every singular value is 1;
+    - ``"identity"``: the IRNN's W_hh = I, used with relu (Le et al. 2015).
+
+    >>> initial_recurrent_matrix("identity", 2)
+    tensor([[1., 0.],
+            [0., 1.]], dtype=torch.float64)
+    """
+    if init not in INITS:
+        raise ValueError(f"init must be one of {INITS}, got {init!r}")
+    if init == "identity":
+        return torch.eye(d_hidden, dtype=torch.float64)
+    if init == "orthogonal":
+        return scaled_orthogonal(1.0, d_hidden, seed)
+    gen = torch.Generator().manual_seed(seed)
+    bound = 1 / math.sqrt(d_hidden)
+    return (torch.rand(d_hidden, d_hidden, generator=gen, dtype=torch.float64) * 2 - 1) * bound
+
+
 def gradient_norms_through_time(
     radius: float, n_steps: int, d_hidden: int = 32, nonlinearity: str = "linear", seed: int = 0
 ) -> Float[Tensor, " n_steps"]:
-    """Measure ||dL_t/dh_0|| for t = 1..n_steps by backpropagation through ``run_rnn``.
+    """||dh_t/dh_0||_2 for t = 1..n_steps with W_hh = radius * Q (see :func:`scaled_orthogonal`).
 
-    W_hh = radius * Q with Q a random orthogonal matrix, so every eigenvalue of W_hh has modulus
-    ``radius`` (its spectral radius) and every singular value equals ``radius``. L_t = u . h_t for a
-    fixed random unit vector u. For the linear recurrence dL_t/dh_0 = (W_hh^T)^t u, whose norm is
-    exactly radius^t: geometric shrinkage below one, growth above. tanh multiplies each step by
-    diag(1 - h^2) <= 1, so its norms are at most radius^t.
+    Every singular value of W_hh equals its spectral radius here, so for the linear recurrence the
+    Jacobian W_hh^t has norm exactly radius^t: geometric shrinkage below one, growth above. tanh
+    multiplies each step by diag(1 - h^2) <= 1, so its norms are at most radius^t.
 
     >>> norms = gradient_norms_through_time(0.5, 3)
     >>> norms.round(decimals=4)
     tensor([0.5000, 0.2500, 0.1250], dtype=torch.float64)
     """
-    if nonlinearity not in NONLINEARITIES:
-        raise ValueError(f"nonlinearity must be one of {NONLINEARITIES}, got {nonlinearity!r}")
     if not isinstance(n_steps, int) or n_steps < 1 or not radius > 0:
         raise ValueError(f"need n_steps >= 1 and radius > 0, got n_steps={n_steps!r}, radius={radius!r}")
-    gen = torch.Generator().manual_seed(seed)
-    dtype = torch.float64  # radius 1.5 over 100 steps is 4e17: fine in float64
-    Q, _ = torch.linalg.qr(torch.randn(d_hidden, d_hidden, generator=gen, dtype=dtype))
-    W_hh = radius * Q
-    W_xh = torch.eye(d_hidden, dtype=dtype)
-    zeros = torch.zeros(d_hidden, dtype=dtype)
-    x = 0.5 * torch.randn(1, n_steps, d_hidden, generator=gen, dtype=dtype)
-    h0 = (0.1 * torch.randn(1, d_hidden, generator=gen, dtype=dtype)).requires_grad_()
-    u = torch.randn(d_hidden, generator=gen, dtype=dtype)
-    u = u / u.norm()
-    states = run_rnn(x, h0, W_xh, zeros, W_hh, zeros, nonlinearity=nonlinearity)
-    norms = []
-    for t in range(n_steps):
-        (grad,) = torch.autograd.grad(states[0, t] @ u, h0, retain_graph=t < n_steps - 1)
-        norms.append(grad.norm())
-    return torch.stack(norms)
+    return jacobian_norms_through_time(scaled_orthogonal(radius, d_hidden, seed), n_steps, nonlinearity, seed=seed)
 
 
 def longest_backward_path(output: Tensor) -> int:

@@ -1,12 +1,13 @@
-"""Checkers for notebooks/03_rnns_to_attention.ipynb: the Elman recurrence and Bahdanau attention."""
+"""Checkers for notebooks/03_rnns_to_attention.ipynb: the Elman recurrence, the LSTM cell and Bahdanau attention."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, expect, seeded_randn
+from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, expect, is_close, seeded_randn
 from tfedu.rnn import additive_attention as reference_attention
+from tfedu.rnn import lstm_cell as reference_lstm_cell
 from tfedu.rnn import run_rnn as reference_run_rnn
 
 RNN_ARGS = ("x", "h0", "W_xh", "b_xh", "W_hh", "b_hh")
@@ -103,6 +104,111 @@ def check_run_rnn(run_rnn) -> None:
         expected, _ = oracle(x, h0[None])
         got = call_learner(run_rnn, x, h0, oracle.weight_ih_l0, oracle.bias_ih_l0, oracle.weight_hh_l0, oracle.bias_hh_l0, name="run_rnn")
     compare(got, expected, what="run_rnn with weights copied from torch.nn.RNN", check_dtype=False)
+
+
+LSTM_ARGS = ("x", "h_prev", "c_prev", "W_ih", "b_ih", "W_hh", "b_hh")
+LSTM_ERROR_HINT = (
+    "x @ W_ih.T + b_ih + h_prev @ W_hh.T + b_hh has shape (batch, 4 * d_hidden): split it into the "
+    "four gates along the last axis (.chunk(4, dim=-1))"
+)
+
+
+def _lstm_from_gates(x, h_prev, c_prev, W_ih, b_ih, W_hh, b_hh, order=(0, 1, 2, 3), cell=None, out=None, act=None):
+    """An LSTM step with a chosen gate order and pluggable cell/output rules, for writing mistakes.
+
+    ``order`` gives the chunk indices read as (i, f, g, o); ``act`` maps (i, f, g, o) pre-activations
+    to gate values; ``cell(i, f, g, c_prev, h_prev)`` and ``out(o, c)`` replace the update rules.
+    """
+    chunks = (x @ W_ih.T + b_ih + h_prev @ W_hh.T + b_hh).chunk(4, dim=-1)
+    pre = [chunks[k] for k in order]
+    i, f, g, o = act(*pre) if act else (torch.sigmoid(pre[0]), torch.sigmoid(pre[1]), torch.tanh(pre[2]), torch.sigmoid(pre[3]))
+    c = cell(i, f, g, c_prev, h_prev) if cell else f * c_prev + i * g
+    h = out(o, c) if out else o * torch.tanh(c)
+    return h, c
+
+
+def lstm_mistakes(x, h_prev, c_prev, W_ih, b_ih, W_hh, b_hh) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """What the usual wrong LSTM cells return, ``hint -> (h, c)``."""
+    args = (x, h_prev, c_prev, W_ih, b_ih, W_hh, b_hh)
+
+    def variant(**kw):
+        return _lstm_from_gates(*args, **kw)
+
+    order_hint = ("the gates are in the wrong order: torch.nn.LSTM stacks its weight rows as (input, forget, "
+                  "cell candidate, output), so the four chunks are i, f, g, o in that order")
+    mistakes = {
+        "the forget gate multiplies the old *cell* state: c_t = f * c_{t-1} + i * g, not f * h_{t-1}":
+            variant(cell=lambda i, f, g, c, h: f * h + i * g),
+        "sigmoid and tanh are swapped: the gates i, f, o are sigmoids (values in (0, 1)) and the candidate g is a tanh":
+            variant(act=lambda i, f, g, o: (torch.tanh(i), torch.tanh(f), torch.sigmoid(g), torch.tanh(o))),
+        "the candidate g is a tanh (values in (-1, 1)), not a sigmoid: only i, f and o are gates":
+            variant(act=lambda i, f, g, o: (torch.sigmoid(i), torch.sigmoid(f), torch.sigmoid(g), torch.sigmoid(o))),
+        "the output gate is missing: h_t = o * tanh(c_t), the gate decides how much of the cell to show":
+            variant(out=lambda o, c: torch.tanh(c)),
+        "h_t = o * tanh(c_t): the new cell state goes through a tanh before the output gate":
+            variant(out=lambda o, c: o * c),
+        "the input gate is missing: c_t = f * c_{t-1} + i * g, the gate i scales what is written":
+            variant(cell=lambda i, f, g, c, h: f * c + g),
+        "the forget gate is missing: c_t = f * c_{t-1} + i * g, the gate f scales what is kept":
+            variant(cell=lambda i, f, g, c, h: c + i * g),
+        "the LSTM has separate input and forget gates: c_t = f * c_{t-1} + i * g, not (1 - f) * g (that coupling is the GRU's)":
+            variant(cell=lambda i, f, g, c, h: f * c + (1 - f) * g),
+        "the output uses the old cell state: h_t = o * tanh(c_t) with the new c_t":
+            (_output_from_old_cell(*args), reference_lstm_cell(*args)[1]),
+        order_hint + " (you read them as i, f, o, g)": variant(order=(0, 1, 3, 2)),
+        order_hint + " (you read them as i, g, f, o, TensorFlow's order)": variant(order=(0, 2, 1, 3)),
+        order_hint + " (you read them as f, i, g, o)": variant(order=(1, 0, 2, 3)),
+        order_hint + " (you read them as i, f, g, o from the wrong end)": variant(order=(3, 2, 1, 0)),
+        "a bias is missing: the gates add both b_ih and b_hh (torch keeps two)":
+            _lstm_no_bias(x, h_prev, c_prev, W_ih, b_ih, W_hh, b_hh, drop="b_hh"),
+        "a bias is missing: the gates add both b_ih and b_hh (b_ih is the one left out)":
+            _lstm_no_bias(x, h_prev, c_prev, W_ih, b_ih, W_hh, b_hh, drop="b_ih"),
+    }
+    return mistakes
+
+
+def _output_from_old_cell(x, h_prev, c_prev, W_ih, b_ih, W_hh, b_hh):
+    _, _, _, o = (x @ W_ih.T + b_ih + h_prev @ W_hh.T + b_hh).chunk(4, dim=-1)
+    return torch.sigmoid(o) * torch.tanh(c_prev)
+
+
+def _lstm_no_bias(x, h_prev, c_prev, W_ih, b_ih, W_hh, b_hh, drop):
+    zero = torch.zeros_like(b_ih)
+    return reference_lstm_cell(x, h_prev, c_prev, W_ih, zero if drop == "b_ih" else b_ih, W_hh, zero if drop == "b_hh" else b_hh)
+
+
+def _lstm_inputs(seed: int, batch: int, d_in: int, d_hidden: int) -> dict[str, torch.Tensor]:
+    shapes = {"x": (batch, d_in), "h_prev": (batch, d_hidden), "c_prev": (batch, d_hidden),
+              "W_ih": (4 * d_hidden, d_in), "b_ih": (4 * d_hidden,), "W_hh": (4 * d_hidden, d_hidden), "b_hh": (4 * d_hidden,)}
+    return {name: seeded_randn(seed + i, *shape) for i, (name, shape) in enumerate(shapes.items())}
+
+
+@checker("LSTM cell")
+def check_lstm_cell(lstm_cell) -> None:
+    """Check ``lstm_cell(x, h_prev, c_prev, W_ih, b_ih, W_hh, b_hh) -> (h, c)`` against ``tfedu.rnn.lstm_cell``."""
+    for seed, (batch, d_in, d_hidden) in ((0, (3, 4, 5)), (10, (2, 3, 3)), (20, (1, 2, 4))):
+        inputs = _lstm_inputs(seed, batch, d_in, d_hidden)
+        args = [inputs[name] for name in LSTM_ARGS]
+        result = call_learner(lstm_cell, *args, name="lstm_cell", error_hint=LSTM_ERROR_HINT)
+        expect(isinstance(result, (tuple, list)) and len(result) == 2,
+               f"lstm_cell should return a pair (h, c), got {type(result).__name__}")
+        h, c = result
+        want_h, want_c = reference_lstm_cell(*args)
+        what = f"lstm_cell on x of shape {(batch, d_in)} with d_hidden={d_hidden}"
+        if is_close(h, want_c) and is_close(c, want_h) and not is_close(want_h, want_c):
+            raise CheckFailure("you returned (c, h); return them in the order (h, c), as torch.nn.LSTMCell does")
+        mistakes = lstm_mistakes(*args)
+        compare(c, want_c, what=f"the cell state c of {what}", mistakes={k: v[1] for k, v in mistakes.items()})
+        compare(h, want_h, what=f"the hidden state h of {what}", mistakes={k: v[0] for k, v in mistakes.items()})
+    # Agreement with torch.nn.LSTMCell given the same weights: the layouts match by design.
+    torch.manual_seed(0)
+    oracle = torch.nn.LSTMCell(3, 4)
+    x, h0, c0 = seeded_randn(30, 2, 3), seeded_randn(31, 2, 4), seeded_randn(32, 2, 4)
+    with torch.no_grad():
+        want_h, want_c = oracle(x, (h0, c0))
+        h, c = call_learner(lstm_cell, x, h0, c0, oracle.weight_ih, oracle.bias_ih, oracle.weight_hh, oracle.bias_hh, name="lstm_cell")
+    compare(c, want_c, what="the cell state with weights copied from torch.nn.LSTMCell", check_dtype=False)
+    compare(h, want_h, what="the hidden state with weights copied from torch.nn.LSTMCell", check_dtype=False)
 
 
 def attention_mistakes(query, keys, W_q, W_k, v) -> dict[str, dict[str, torch.Tensor]]:
@@ -211,6 +317,17 @@ def _probe_attention_inputs(rng: np.random.Generator) -> dict:
             "W_k": draw(d_attn, d_key), "v": draw(d_attn)}
 
 
+def _probe_lstm_inputs(rng: np.random.Generator) -> dict:
+    batch, d_in, d_hidden = (int(rng.integers(lo, hi)) for lo, hi in ((1, 4), (2, 6), (2, 6)))
+
+    def draw(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    return {"x": draw(batch, d_in), "h_prev": draw(batch, d_hidden), "c_prev": draw(batch, d_hidden),
+            "W_ih": draw(4 * d_hidden, d_in), "b_ih": draw(4 * d_hidden), "W_hh": draw(4 * d_hidden, d_hidden),
+            "b_hh": draw(4 * d_hidden)}
+
+
 def _as_tensors(inputs: dict, names: tuple[str, ...]) -> list[torch.Tensor]:
     return [torch.from_numpy(inputs[name]) for name in names]
 
@@ -224,6 +341,19 @@ PROBES = {
             "('x', 'h0', 'W_xh', 'b_xh', 'W_hh', 'b_hh')]).detach().cpu().numpy()}"
         ),
         reference=lambda inputs: {"states": reference_run_rnn(*_as_tensors(inputs, RNN_ARGS)).numpy()},
+        forbidden=("tfedu.rnn",),
+    ),
+    "check_lstm_cell": Probe(
+        exercise="ex_lstm_cell",
+        make_inputs=_probe_lstm_inputs,
+        run=(
+            "_h, _c = lstm_cell(*[torch.from_numpy(inputs[k]) for k in "
+            "('x', 'h_prev', 'c_prev', 'W_ih', 'b_ih', 'W_hh', 'b_hh')])\n"
+            "outputs = {'h': _h.detach().cpu().numpy(), 'c': _c.detach().cpu().numpy()}"
+        ),
+        reference=lambda inputs: dict(
+            zip(("h", "c"), (t.numpy() for t in reference_lstm_cell(*_as_tensors(inputs, LSTM_ARGS))))
+        ),
         forbidden=("tfedu.rnn",),
     ),
     "check_additive_attention": Probe(
