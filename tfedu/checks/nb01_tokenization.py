@@ -17,6 +17,7 @@ import regex
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, expect
 from tfedu.tokenizer import GPT2_PATTERN, get_pair_counts, merge_pair, pretokenize
 from tfedu.tokenizer import merge_pair as reference_merge_pair
+from tfedu.tokenizer_widgets import letter_ids  # noqa: F401  (the notebook imports it from here)
 
 # The lecture's worked example with a..z = 1..26 (only the 11-letter string fits its numbers).
 DECK_TEXT = "aaabdaaabac"
@@ -25,17 +26,6 @@ DECK_COUNTS = {"aa": 4, "ab": 2, "bd": 1, "da": 1, "ba": 1, "ac": 1}
 DECK_MERGES = [(1, 1), (1, 2), (27, 28)]
 DECK_FINAL = [29, 4, 29, 1, 3]
 DECK_SENTENCE = "Hello world I've learned to loveee! tokenization, I'M NOW THE #1Fan "
-
-
-def letter_ids(text: str) -> list[int]:
-    """a..z -> 1..26, the lecture's toy vocabulary.
-
-    >>> letter_ids("abz")
-    [1, 2, 26]
-    """
-    if not text.isascii() or not text.isalpha() or not text.islower():
-        raise ValueError(f"letter_ids takes lowercase letters a-z, got {text!r}")
-    return [ord(c) - ord("a") + 1 for c in text]
 
 
 def reference_learn_bpe(ids: Sequence[int], n_merges: int, first_id: int) -> tuple[list[tuple[int, int]], list[int]]:
