@@ -491,3 +491,16 @@ def test_learned_order_equals_lowest_rank_first_and_tiktoken(text, extra, probe)
     assert bpe_encode(probe, merges) == expected == nb01.tiktoken_encode(probe, merges)
     words = regex.findall(GPT4_SPLIT, probe)
     assert [i for w in words for i in nb01.in_learned_order(list(w.encode()), merges)] == expected
+
+
+def test_the_switch_path_counts_the_loop_with_the_learners_encoder():
+    """Notebook 01 section 5 with USE_MY_ENCODER = True: the solution gives the reference's ids."""
+    import inspect
+    import textwrap as tw_module
+
+    from tfedu.data import load_corpus
+
+    loop = 'for i in range(10):\n    for j in range(10):\n        print("Hello!")\n'
+    grouped = train_bpe(load_corpus()[:150_000] + inspect.getsource(tw_module), 600, pattern="gpt4")
+    assert bpe_encode(loop, grouped.merges) == grouped.encode(loop)
+    assert bpe_encode(load_corpus()[300_000:305_000], grouped.merges) == grouped.encode(load_corpus()[300_000:305_000])

@@ -496,11 +496,12 @@ class Tokenizer:
     def encode_iterable(
         self, texts: Iterable[str], allowed_special: str | set[str] | frozenset[str] = "all"
     ) -> Iterator[int]:
-        """Encode a stream of strings (an open text file, say) lazily, in bounded memory.
+        r"""Encode a stream of strings (an open text file, say) lazily, in bounded memory.
 
         The ids are exactly ``encode("".join(texts))``. Encoding each line on its own would not
-        be: GPT-2's pattern makes ``"a \n"`` one pre-token at the end of a text but two when a
-        word follows, and a run of blank lines is one pre-token that a line-by-line encoder cuts.
+        be: GPT-2's pattern makes the ``" \n"`` of ``"a \n"`` one pre-token at the end of a text but
+        two (``" "``, ``"\n"``) when a word follows, and a run of blank lines is one pre-token that a
+        line-by-line encoder cuts.
         So pieces are gathered into a buffer, and only the text before a *safe cut* is encoded:
         a place between a letter and a non-letter, or between a non-space and a space or tab,
         that no allowed special token straddles, far enough from the buffer's end that a special

@@ -63,7 +63,7 @@ def letter_ids(text: str) -> list[int]:
 
 
 def byte_name(token: bytes) -> str:
-    """A readable name for a token's bytes: its text, spaces as '·', newlines as '⏎', tabs as '→'.
+    r"""A readable name for a token's bytes: its text, spaces as '·', newlines as '⏎', tabs as '→'.
 
     A byte that is only part of a character (UTF-8 writes 'ü' as two bytes) is shown by its
     value in hex, ``⟨c3⟩``, rather than as a replacement box.
