@@ -5,6 +5,8 @@ from collections import Counter
 import numpy as np
 import pytest
 import regex
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfedu.checks import nb01_tokenization as nb01
 from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
@@ -54,6 +56,24 @@ def utf8_decode(ids):
 
 def gpt2_split(text):
     return regex.findall(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""", text)
+
+
+GPT4_SPLIT = nb01.GPT4_PATTERN
+
+
+def bpe_encode(text, merges):
+    new_ids = {tuple(pair): 256 + rank for rank, pair in enumerate(merges)}  # merge r makes id 256 + r
+    out = []
+    for word in regex.findall(GPT4_SPLIT, text):
+        ids = list(word.encode("utf-8"))
+        while len(ids) > 1:
+            learned = [p for p in zip(ids, ids[1:]) if p in new_ids]
+            if not learned:
+                break
+            pair = min(learned, key=new_ids.get)  # the pair learned first: the lowest rank
+            ids = merge_pair(ids, pair, new_ids[pair])
+        out.extend(ids)
+    return out
 
 
 def not_done(*args, **kwargs):
@@ -320,12 +340,14 @@ ANSWERS = {
     "utf8_encode": utf8_encode,
     "utf8_decode": utf8_decode,
     "gpt2_split": gpt2_split,
+    "bpe_encode": bpe_encode,
 }
 
 
 def test_every_check_cell_has_a_probe():
     assert set(nb01.PROBES) == {
-        "check_get_pair_counts", "check_merge_pair", "check_learn_bpe", "check_utf8", "check_gpt2_split"
+        "check_get_pair_counts", "check_merge_pair", "check_learn_bpe", "check_utf8", "check_gpt2_split",
+        "check_bpe_encode",
     }
     for grade_id, probe in nb01.PROBES.items():
         assert probe.exercise == "ex_" + grade_id.removeprefix("check_")
@@ -346,6 +368,7 @@ BUGGY = {
     "check_learn_bpe": {"learn_bpe": _learn_with(lambda c: max(c, key=c.get))},
     "check_utf8": {"utf8_decode": lambda ids: bytes(ids).decode("latin-1")},
     "check_gpt2_split": {"gpt2_split": lambda text: regex.findall(GPT2_PATTERN, text, flags=regex.IGNORECASE)},
+    "check_bpe_encode": {"bpe_encode": lambda text, merges: _learner_encoder(loop=False)(text, merges)},
 }
 
 
@@ -383,3 +406,101 @@ def test_check_and_probe_agree_on_a_missing_plus():
     rejected = sum(probe.compare(*run_probe(probe, {**ANSWERS, "gpt2_split": one_char}, seed)) is not None
                    for seed in range(8))
     assert rejected >= 1
+
+
+# --- exercise 1.6: encoding with learned merges ----------------------------------------------
+
+
+def _learner_encoder(choose=None, *, split=True, start=None, offset=256, loop=True, every=True):
+    """bpe_encode as a learner might get it wrong, one switch per mistake."""
+
+    def encode(text, merges):
+        new_ids = {tuple(pair): offset + rank for rank, pair in enumerate(merges)}
+        out = []
+        for word in (regex.findall(GPT4_SPLIT, text) if split else [text] if text else []):
+            ids = [ord(c) for c in word] if start == "ord" else list(word.encode("utf-8"))
+            if not every:  # each learned pair once, in order, first occurrence only
+                for pair, new in new_ids.items():
+                    pairs = list(zip(ids, ids[1:]))
+                    if pair in pairs:
+                        i = pairs.index(pair)
+                        ids = ids[:i] + [new] + ids[i + 2:]
+                out.extend(ids)
+                continue
+            while len(ids) > 1:
+                learned = [p for p in zip(ids, ids[1:]) if p in new_ids]
+                if not learned:
+                    break
+                pair = (choose or (lambda ps, ids: min(ps, key=new_ids.get)))(learned, ids)
+                ids = merge_pair(ids, pair, new_ids[pair])
+                if not loop:
+                    break
+            out.extend(ids)
+        return out
+
+    return encode
+
+
+def _most_frequent(learned, ids):
+    counts = Counter(learned)
+    return max(counts, key=counts.get)
+
+
+def _leftmost(learned, ids):
+    return learned[0]
+
+
+def test_bpe_encode_passes_the_solution_and_learned_order(capsys):
+    nb01.check_bpe_encode(bpe_encode)
+    merges = train_bpe("the cat sat on the mat " * 5 + "12345 Grüße", 300).merges
+    nb01.check_bpe_encode(bpe_encode, merges)  # with the learner's own merges
+
+    def learned_order(text, merges):  # each merge once, in learned order: also right
+        return [i for w in regex.findall(GPT4_SPLIT, text) for i in nb01.in_learned_order(list(w.encode()), merges)]
+
+    nb01.check_bpe_encode(learned_order)
+    assert capsys.readouterr().out.count("all checks passed") == 3
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (_learner_encoder(_most_frequent), "most frequent pair first"),
+    (_learner_encoder(_leftmost), "left to right"),
+    (_learner_encoder(loop=False), "one merge and stopped"),
+    (_learner_encoder(every=False), "one occurrence per learned pair"),
+    (_learner_encoder(split=False), "across pre-token boundaries"),
+    (_learner_encoder(start="ord"), "code points"),
+    (_learner_encoder(offset=0), "256 + r"),
+])
+def test_bpe_encode_mistakes(wrong, hint):
+    fails_with(nb01.check_bpe_encode, wrong, hint=hint)
+
+
+def test_bpe_encode_other_failures():
+    with pytest.raises(ExerciseNotDone):
+        nb01.check_bpe_encode(not_done)
+    fails_with(nb01.check_bpe_encode, lambda t, m: [bpe_encode(w, m) for w in regex.findall(GPT4_SPLIT, t)],
+               hint="list of ints")
+    fails_with(nb01.check_bpe_encode, bpe_encode, [(1, 999)], hint="using ids made before it")
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=st.text(alphabet="ab c1ü\n", max_size=60), extra=st.integers(1, 40), probe=st.text(alphabet="ab c1ü\n", max_size=30))
+def test_learned_order_equals_lowest_rank_first_and_tiktoken(text, extra, probe):
+    merges = train_bpe(text, 256 + extra).merges
+    expected = nb01.reference_bpe_encode(probe, merges)
+    assert bpe_encode(probe, merges) == expected == nb01.tiktoken_encode(probe, merges)
+    words = regex.findall(GPT4_SPLIT, probe)
+    assert [i for w in words for i in nb01.in_learned_order(list(w.encode()), merges)] == expected
+
+
+def test_the_switch_path_counts_the_loop_with_the_learners_encoder():
+    """Notebook 01 section 5 with USE_MY_ENCODER = True: the solution gives the reference's ids."""
+    import inspect
+    import textwrap as tw_module
+
+    from tfedu.data import load_corpus
+
+    loop = 'for i in range(10):\n    for j in range(10):\n        print("Hello!")\n'
+    grouped = train_bpe(load_corpus()[:150_000] + inspect.getsource(tw_module), 600, pattern="gpt4")
+    assert bpe_encode(loop, grouped.merges) == grouped.encode(loop)
+    assert bpe_encode(load_corpus()[300_000:305_000], grouped.merges) == grouped.encode(load_corpus()[300_000:305_000])

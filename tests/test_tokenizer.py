@@ -452,3 +452,167 @@ def test_lone_surrogates_get_a_clear_error():
                  lambda: train_bpe("ab\ud800c", 260)):
         with pytest.raises(ValueError, match=r"lone surrogate '\\ud800' at index 2.*errors='replace'"):
             call()
+
+
+# ---------------------------------------------------------------------------------------
+# Special tokens are cut out of the training text before any pair is counted
+# ---------------------------------------------------------------------------------------
+
+from tfedu import tokenizer as tokenizer_module  # noqa: E402
+from tfedu.tokenizer import split_on_specials  # noqa: E402
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>"]
+
+
+def learned_tokens(tok: Tokenizer) -> list[bytes]:
+    return [tok.vocab[256 + i] for i in range(len(tok.merges))]
+
+
+def pieces_only_inside_specials(text: str, specials: list[str]) -> set[bytes]:
+    """Byte strings of length >= 2 that are part of a special token but never occur between specials."""
+    outside = [part.encode() for part in split_on_specials(text, specials)]
+    inside = {s.encode()[i:j] for s in specials for i in range(len(s)) for j in range(i + 2, len(s) + 1)}
+    return {piece for piece in inside if not any(piece in part for part in outside)}
+
+
+@pytest.mark.parametrize("pattern", ["gpt4", "gpt2", None])
+def test_no_learned_token_holds_a_piece_of_a_special_token(pattern):
+    # documents packed the way pre-training data is: every one ends in <|endoftext|>
+    docs = [corpus()[k * 700 : k * 700 + 500] for k in range(40)]
+    text = "".join(f"<|im_start|>{doc}<|endoftext|>" for doc in docs)
+    tok = train_bpe(text, 600 if pattern else 300, pattern=pattern, special_tokens=SPECIALS)
+    forbidden = pieces_only_inside_specials(text, SPECIALS)
+    assert {b"<|", b"|>", b"endoftext", b"im_start"} <= forbidden
+    learned = learned_tokens(tok)
+    assert len(learned) == len(tok.merges) > 30
+    assert not [t for t in learned if any(piece in t for piece in forbidden)]
+    # without the split the same trainer does learn them: the test can fail
+    unsplit = learned_tokens(train_bpe(text, 600 if pattern else 300, pattern=pattern))
+    assert any(b"<|" in t or b"|>" in t for t in unsplit)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    parts=st.lists(st.text(alphabet="ab <|>_\nendoftext", max_size=12), min_size=1, max_size=8),
+    glue=st.lists(st.sampled_from(SPECIALS + ["<|a|>"]), min_size=1, max_size=8),
+    extra=st.integers(0, 40),
+    pattern=st.sampled_from([None, "gpt2", "gpt4"]),
+)
+def test_every_learned_token_is_a_piece_of_the_text_between_specials(parts, glue, extra, pattern):
+    specials = SPECIALS + ["<|a|>"]
+    text = "".join(p + g for p, g in zip(parts, glue * len(parts)))
+    tok = train_bpe(text, 256 + len(specials) + extra, pattern=pattern, special_tokens=specials)
+    words = [w.encode() for part in split_on_specials(text, specials) for w in pretokenize(part, pattern)]
+    for token in learned_tokens(tok):
+        assert any(token in w for w in words), token
+
+
+def test_split_on_specials_prefers_the_longer_special():
+    assert split_on_specials("x<|a|>y<|a|>>z", ["<|a|>", "<|a|>>"]) == ["x", "y", "z"]
+    assert split_on_specials("plain", []) == ["plain"]
+
+
+# ---------------------------------------------------------------------------------------
+# encode_iterable: a stream of pieces encodes to exactly encode(whole text)
+# ---------------------------------------------------------------------------------------
+
+
+def split_at(text: str, cuts: list[int]) -> list[str]:
+    bounds = sorted({min(c, len(text)) for c in cuts} | {0, len(text)})
+    return [text[a:b] for a, b in zip(bounds, bounds[1:])] or [""]
+
+
+@lru_cache(maxsize=None)
+def stream_tokenizer(pattern: str) -> Tokenizer:
+    specials = ["<|endoftext|>", "<|a|>"]
+    text = corpus()[:30_000] + " \n\n  \r\n\t x  y<|endoftext|>" * 20
+    return train_bpe(text, 700, pattern=pattern, special_tokens=specials)
+
+
+TRICKY = [
+    "a \n",  # GPT-2: " \n" is one pre-token at the end of the text, two when a word follows
+    "a \n" + "b",
+    "x  \n\n\n   y\n",
+    "line one\r\nline two  \r\n\r\n  three",
+    "no newline at the end",
+    "\n\n\n",
+    "",
+    "<|endoftext|>a<|endoftext|><|endoftext|>  b <|a|>",
+    "Grüße, 日本語 и русский  текст!\n🙂  ok\t\tdone",
+    "x.\n\ny!\r\n(z) 1234567 it's I'M",
+]
+
+
+@pytest.mark.parametrize("pattern", ["gpt4", "gpt2"])
+@pytest.mark.parametrize("text", TRICKY)
+def test_encode_iterable_equals_encode_line_by_line(text, pattern, monkeypatch):
+    tok = stream_tokenizer(pattern)
+    monkeypatch.setattr(tokenizer_module, "_STREAM_BLOCK", 1)  # look for a cut after every piece
+    lines = text.splitlines(keepends=True)
+    for allowed in ("all", "none"):
+        assert list(tok.encode_iterable(lines, allowed)) == tok.encode(text, allowed)
+
+
+@pytest.mark.parametrize("pattern", ["gpt4", "gpt2"])
+def test_encoding_line_by_line_is_wrong_which_is_why_the_buffer_exists(pattern):
+    tok = stream_tokenizer(pattern)
+    text = "x  \n\n\n   y\r\n\r\n  z"  # blank lines and indentation: one whitespace run across lines
+    naive = [i for line in text.splitlines(keepends=True) for i in tok.encode(line)]
+    assert naive != tok.encode(text) == list(tok.encode_iterable(text.splitlines(keepends=True)))
+
+
+STREAM_PIECES = ["a", "b", "Z", "é", "日", " ", "  ", "\t", "\n", "\r\n", "\r", "1", "!", "'", "s", ".",
+                 "<|", "|>", "<|endoftext|>", "<|a|>", "endoftext", "\u00a0", "\u0301", "🙂"]
+stream_text = st.lists(st.one_of(st.sampled_from(STREAM_PIECES), st.characters(codec="utf-8")), max_size=40).map("".join)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    text=stream_text,
+    cuts=st.lists(st.integers(0, 120), max_size=12),
+    block=st.integers(1, 6),
+    pattern=st.sampled_from(["gpt4", "gpt2"]),
+    allowed=st.sampled_from(["all", "none", "eot"]),
+)
+def test_encode_iterable_equals_encode_on_any_split(text, cuts, block, pattern, allowed):
+    tok = stream_tokenizer(pattern)
+    allowed_special = {"<|endoftext|>"} if allowed == "eot" else allowed
+    original = tokenizer_module._STREAM_BLOCK
+    tokenizer_module._STREAM_BLOCK = block  # hypothesis cannot use monkeypatch; restored below
+    try:
+        got = list(tok.encode_iterable(split_at(text, cuts), allowed_special))
+    finally:
+        tokenizer_module._STREAM_BLOCK = original
+    assert got == tok.encode(text, allowed_special)
+
+
+def test_encode_iterable_reads_an_open_file(tmp_path):
+    tok = stream_tokenizer("gpt4")
+    text = corpus()[:200_000].replace("\n", "\r\n", 500) + "<|endoftext|>\n\n  tail  "
+    path = tmp_path / "big.txt"
+    path.write_text(text, encoding="utf-8", newline="")
+    with open(path, encoding="utf-8", newline="") as f:  # newline="" keeps \r\n as written
+        assert list(tok.encode_iterable(f)) == tok.encode(text)
+
+
+def test_encode_iterable_rejects_what_it_cannot_stream():
+    with pytest.raises(ValueError, match="needs a split pattern"):
+        list(train_bpe("ab", 257, pattern=None).encode_iterable(["ab"]))
+    with pytest.raises(TypeError, match="iterable of strings"):
+        list(stream_tokenizer("gpt4").encode_iterable("one string"))
+    with pytest.raises(TypeError, match="text must be a str"):
+        list(stream_tokenizer("gpt4").encode_iterable([b"bytes"]))
+    with pytest.raises(ValueError, match="not special tokens"):
+        list(stream_tokenizer("gpt4").encode_iterable(["x"], {"<|nope|>"}))
+
+
+@pytest.mark.parametrize("pattern", ["gpt4", "gpt2"])
+def test_encode_iterable_with_a_special_token_cut_anywhere(pattern, monkeypatch):
+    tok = stream_tokenizer(pattern)
+    monkeypatch.setattr(tokenizer_module, "_STREAM_BLOCK", 1)
+    text = "ab <|endoftext|>cd<|a|>e  \n<|endoftext|>"
+    expected = tok.encode(text)
+    assert expected.count(tok.special_tokens["<|endoftext|>"]) == 2
+    for k in range(len(text) + 1):
+        assert list(tok.encode_iterable([text[:k], text[k:]])) == expected, k
+    assert list(tok.encode_iterable(list(text))) == expected  # one character at a time

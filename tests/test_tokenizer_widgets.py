@@ -12,10 +12,23 @@ matplotlib.use("Agg")
 def test_merge_steps_reproduce_the_deck():
     trace = tw.merge_steps("aaabdaaabac", 10, names="letters")
     assert [step.label for step in trace.steps] == ["ZabdZabac", "ZYdZYac", "XdXac"]
-    assert [step.pair for step in trace.steps] == [(97, 97), (97, 98), (256, 257)]
+    # the slides' ids, as in section 2 of the notebook: a..z = 1..26, new tokens 27, 28, 29
+    assert [step.pair for step in trace.steps] == [(1, 1), (1, 2), (27, 28)]
+    assert [step.new_id for step in trace.steps] == [27, 28, 29]
     assert [step.count for step in trace.steps] == [4, 2, 2]
-    assert trace.steps[-1].after == [258, 100, 258, 97, 99]
-    assert trace.name(trace.steps[0].before) == "aaabdaaabac"
+    assert trace.steps[-1].after == [29, 4, 29, 1, 3]
+    assert trace.name(trace.steps[0].before) == "aaabdaaabac" and trace.exhausted
+    in_bytes = tw.merge_steps("aaabdaaabac", 10)
+    assert [step.pair for step in in_bytes.steps] == [(97, 97), (97, 98), (256, 257)]
+    assert in_bytes.steps[-1].after == [258, 100, 258, 97, 99]
+    assert [s.label for s in in_bytes.steps] == ["aaabdaaabac"] * 3  # bytes view names tokens by their text
+
+
+def test_letters_view_takes_only_lowercase_letters():
+    with pytest.raises(ValueError, match="lowercase"):
+        tw.merge_steps("Hello", 3, names="letters")
+    assert "choose bytes" in tw.stepper_view("Hello", 1, names="letters")
+    assert tw.count_merges("Hello", names="letters") == 0
 
 
 @pytest.mark.parametrize("text", ["hello hello world", "abababab", "🙂🙂🙂 ok ok", "mississippi river"])
@@ -55,16 +68,29 @@ def test_pair_starts_are_left_to_right_and_non_overlapping():
     assert tw.pair_starts([], (1, 1)) == []
 
 
-def test_render_highlights_each_merged_pair():
+def test_render_highlights_each_merged_pair_and_draws_the_result():
     trace = tw.merge_steps("aaabdaaabac", 3, names="letters")
     first = tw.render_step_html(trace, 1)
-    assert first.count(f"background:{tw.HIGHLIGHT}") == 2  # two 'aa' merge at step 1
-    assert "occurs 4x" in first and "becomes id 256 'Z'" in first
+    # two 'aa' pairs merge (before row) into two Z tokens (after row)
+    assert first.count(f"background:{tw.HIGHLIGHT}") == 4
+    assert "occurs 4x" in first and "becomes id 27 'Z'" in first and "merge 1 of 3" in first
+    assert "last merge" not in first
     assert tw.render_step_html(trace, 0).count(f"background:{tw.HIGHLIGHT}") == 0
     third = tw.render_step_html(trace, 3)
-    assert third.count(f"background:{tw.HIGHLIGHT}") == 2 and "'X'" in third
+    assert third.count(f"background:{tw.HIGHLIGHT}") == 4 and "'X'" in third
+    assert "last merge: no pair occurs twice" in third
+    after_row = third.split("after")[1]
+    assert all(f">{c}</span>" in after_row for c in "XdXac")  # the last result is drawn
     with pytest.raises(ValueError, match="between 0 and 3"):
         tw.render_step_html(trace, 4)
+
+
+def test_bytes_view_explains_byte_ids_and_shows_no_boxes():
+    trace = tw.merge_steps("üü üü", 3)
+    shown = tw.render_step_html(trace, 0)
+    assert "UTF-8" in shown and "\ufffd" not in shown and "⟨c3⟩" in shown
+    assert "\ufffd" not in "".join(tw.render_step_html(trace, k) for k in range(len(trace.steps) + 1))
+    assert trace.names[trace.steps[0].new_id] == "ü"  # the two bytes of ü, merged
 
 
 def test_render_escapes_html():
@@ -72,24 +98,33 @@ def test_render_escapes_html():
     assert "<b>" not in html_text and "&lt;b" in html_text
 
 
-def test_stepper_view_clamps_to_the_last_merge():
-    assert tw.stepper_view("aaabdaaabac", 99) == tw.stepper_view("aaabdaaabac", 3)
-    assert "merge 2" in tw.stepper_view("aaabdaaabac", 2, names="letters")
+def test_stepper_view_says_when_the_slider_is_past_the_last_merge():
+    past = tw.stepper_view("aaabdaaabac", 99)
+    assert past.startswith(tw.stepper_view("aaabdaaabac", 3)) and "past the last merge" in past
+    assert "merge 2 of 3" in tw.stepper_view("aaabdaaabac", 2, names="letters")
+    capped = tw.stepper_view("aaabdaaabac", 2, max_merges=2)
+    assert "max_merges reached" in capped and "no pair occurs twice" not in capped
 
 
-def test_merge_stepper_builds_a_widget():
-    box = tw.merge_stepper("hello hello", max_merges=5)
-    text, names, slider, view = box.children
-    assert "merge 1" in view.value
-    slider.value = 2  # observers run synchronously when a value is set in Python
-    assert view.value == tw.stepper_view("hello hello", 2, max_merges=5)
-    text.value = "abab abab"
-    assert view.value == tw.stepper_view("abab abab", 2, max_merges=5)
+def test_merge_stepper_slider_ends_at_the_last_merge():
+    shown = tw.merge_stepper("hello hello", max_merges=5)
+    text, names, slider, _out = shown.widget.children
+    assert shown.values == {"text": "hello hello", "names": "bytes", "merge": 1}
+    assert shown.still == {"text/html": tw.stepper_view("hello hello", 1, max_merges=5)}
+    assert slider.max == tw.count_merges("hello hello", max_merges=5) == 4  # he, hel, hell, hello; then nothing repeats
+    text.value = "abab abab"  # observers run synchronously when a value is set in Python
+    assert slider.max == tw.count_merges("abab abab", max_merges=5)
+    text.value = "aaabdaaabac"
+    names.value = "letters"
+    assert slider.max == 3
+    text.value = "Hello"
+    assert slider.max == 0 and slider.value == 0
 
 
 def test_byte_name():
-    assert tw.byte_name(b" the\n") == "·the⏎"
-    assert tw.byte_name(b"\xe4") == "\ufffd"
+    assert tw.byte_name(b" the\n\t") == "·the⏎→"
+    assert tw.byte_name(b"\xe4") == "⟨e4⟩"
+    assert tw.byte_name("日".encode()[:2] + b"x") == "⟨e6⟩⟨97⟩x"
 
 
 def test_tokens_per_char():
@@ -129,6 +164,7 @@ def test_annotations_are_accurate(typechecked):
     tok = train_bpe("the cat. the hat. " * 4, 270, pattern=None)
     trace = typechecked(tw.merge_steps)("aaabdaaabac", 3)
     assert isinstance(typechecked(tw.render_step_html)(trace, 2), str)
+    assert typechecked(tw.count_merges)("abab") == 1
     assert isinstance(typechecked(tw.stepper_view)("abab", 1), str)
     assert typechecked(tw.pair_starts)([1, 1, 1], (1, 1)) == [0]
     assert typechecked(tw.byte_name)(b"a b") == "a·b"

@@ -32,7 +32,7 @@ import json
 import operator
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from pathlib import Path
 
@@ -54,6 +54,7 @@ PATTERNS = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN}
 _CACHE_LIMIT = 200_000  # pre-tokens remembered by an encoder before its cache is emptied
 _LONG_WORD = 64  # words longer than this get local count updates (pattern=None makes one huge word)
 _LONG_CHUNK = 256  # pre-tokens longer than this are encoded merge by merge in rank order
+_STREAM_BLOCK = 1 << 16  # characters encode_iterable gathers before it looks for a safe cut
 
 
 # ---------------------------------------------------------------------------------------
@@ -126,6 +127,20 @@ def pretokenize(text: str, pattern: str | None) -> list[str]:
     return regex.findall(pat, text)
 
 
+def split_on_specials(text: str, special_tokens: Iterable[str]) -> list[str]:
+    """The pieces of ``text`` between occurrences of the special tokens (the specials dropped).
+
+    Longer specials win where two could match at the same place. Empty pieces are kept.
+
+    >>> split_on_specials("a<|eot|>b<|eot|>", ["<|eot|>"])
+    ['a', 'b', '']
+    """
+    specials = sorted(special_tokens, key=len, reverse=True)
+    if not specials:
+        return [text]
+    return regex.split("|".join(regex.escape(s) for s in specials), text)
+
+
 def train_bpe_naive(text: str, vocab_size: int, pattern: str | None = None) -> list[tuple[int, int]]:
     """The plain trainer: count all pairs, merge the most frequent, repeat.
 
@@ -168,7 +183,9 @@ def train_bpe(
 
     ``pattern`` is ``"gpt4"`` (default), ``"gpt2"``, a regex string, or ``None`` to treat
     the whole text as one word. Among pairs with equal counts the smallest ``(a, b)``
-    wins. Training stops early if no pair is left to merge.
+    wins. Training stops early if no pair is left to merge. The text is first cut at every
+    occurrence of a special token and the specials are dropped, so every learned token is a
+    piece of the text between them (``"<|"`` is never learned from ``"<|endoftext|>"``).
 
     How it is fast (same merges as ``train_bpe_naive``, which the tests check):
 
@@ -196,8 +213,12 @@ def train_bpe(
     pat = resolve_pattern(pattern)
     n_merges = vocab_size - 256 - len(specials)
 
-    # 1. distinct pre-tokens and their frequencies, as strings of byte-valued characters
-    words_freq = Counter(regex.findall(pat, text) if pat is not None else ([text] if text else []))
+    # 1. distinct pre-tokens and their frequencies, as strings of byte-valued characters. The
+    # special tokens are cut out first, so no merge ever sees their bytes: training on text full of
+    # "<|endoftext|>" must not learn "<|" or "|>", pieces of a token that never occurs as text.
+    words_freq: Counter = Counter()
+    for part in split_on_specials(text, specials):
+        words_freq.update(regex.findall(pat, part) if pat is not None else ([part] if part else []))
     words: list[str] = []
     freqs: list[int] = []
     for word, freq in words_freq.items():
@@ -443,17 +464,7 @@ class Tokenizer:
         ([256, 257], [256, 60])
         """
         _check_text(text)
-        if allowed_special == "all":
-            allowed = frozenset(self.special_tokens)
-        elif allowed_special == "none":
-            allowed = frozenset()
-        elif isinstance(allowed_special, (set, frozenset)):
-            unknown = set(allowed_special) - set(self.special_tokens)
-            if unknown:
-                raise ValueError(f"allowed_special names tokens that are not special tokens of this tokenizer: {sorted(unknown)}")
-            allowed = frozenset(allowed_special)
-        else:
-            raise ValueError(f'allowed_special must be "all", "none" or a set of special tokens, got {allowed_special!r}')
+        allowed = self._allowed(allowed_special)
         if not allowed:
             return self.encode_ordinary(text)
         splitter = self._special_regex.get(allowed)
@@ -468,6 +479,69 @@ class Tokenizer:
             elif part:
                 out.extend(self.encode_ordinary(part))
         return out
+
+    def _allowed(self, allowed_special) -> frozenset[str]:
+        """The special tokens that ``allowed_special`` ("all", "none" or a set) turns into ids."""
+        if allowed_special == "all":
+            return frozenset(self.special_tokens)
+        if allowed_special == "none":
+            return frozenset()
+        if isinstance(allowed_special, (set, frozenset)):
+            unknown = set(allowed_special) - set(self.special_tokens)
+            if unknown:
+                raise ValueError(f"allowed_special names tokens that are not special tokens of this tokenizer: {sorted(unknown)}")
+            return frozenset(allowed_special)
+        raise ValueError(f'allowed_special must be "all", "none" or a set of special tokens, got {allowed_special!r}')
+
+    def encode_iterable(
+        self, texts: Iterable[str], allowed_special: str | set[str] | frozenset[str] = "all"
+    ) -> Iterator[int]:
+        r"""Encode a stream of strings (an open text file, say) lazily, in bounded memory.
+
+        The ids are exactly ``encode("".join(texts))``. Encoding each line on its own would not
+        be: GPT-2's pattern makes the ``" \n"`` of ``"a \n"`` one pre-token at the end of a text but
+        two (``" "``, ``"\n"``) when a word follows, and a run of blank lines is one pre-token that a
+        line-by-line encoder cuts.
+        So pieces are gathered into a buffer, and only the text before a *safe cut* is encoded:
+        a place between a letter and a non-letter, or between a non-space and a space or tab,
+        that no allowed special token straddles, far enough from the buffer's end that a special
+        token still arriving could not cover it. At such a place every pre-token of both split
+        patterns ends, and none of them looks back or (before it) at the end of the text, so the
+        text on either side encodes the same alone as together. Open files with ``newline=""``
+        to keep ``"\r\n"`` as it is. Memory holds about ``_STREAM_BLOCK`` characters plus the
+        longest stretch without a safe cut (in ordinary text, a line).
+
+        The argument holds for ``"gpt2"``, ``"gpt4"`` and any pattern whose pre-tokens never run
+        from a letter into a non-letter or from a non-space into a space or tab. ``pattern=None``
+        (the whole text one pre-token) cannot be streamed and raises ``ValueError``.
+
+        >>> tok = Tokenizer([(104, 105)], pattern="gpt2")
+        >>> lines = ["hi  \n", "\n", "  hi"]
+        >>> list(tok.encode_iterable(lines)) == tok.encode("".join(lines))
+        True
+        """
+        if self._regex is None:
+            raise ValueError("encode_iterable needs a split pattern: with pattern=None the whole text is one pre-token")
+        if isinstance(texts, (str, bytes)):
+            raise TypeError("encode_iterable takes an iterable of strings (lines, chunks); for one string use encode")
+        allowed = self._allowed(allowed_special)
+        margin = max((len(token) for token in allowed), default=1)
+        pending: list[str] = []
+        size = 0
+        for piece in texts:
+            _check_text(piece)
+            pending.append(piece)
+            size += len(piece)
+            if size < _STREAM_BLOCK:
+                continue
+            buffer = "".join(pending)
+            cut = _safe_cut(buffer, len(buffer) - margin, allowed)
+            if cut > 0:
+                yield from self.encode(buffer[:cut], allowed)
+                buffer = buffer[cut:]
+            pending, size = [buffer], len(buffer)
+        if size:
+            yield from self.encode("".join(pending), allowed)
 
     # -- decoding ---------------------------------------------------------------------
 
@@ -550,6 +624,30 @@ class Tokenizer:
         """Load GPT-2's published ``encoder.json`` and ``vocab.bpe`` (ids as GPT-2 numbers them)."""
         merges, byte_ids, specials = read_gpt2_files(encoder_json_path, vocab_bpe_path)
         return cls(merges, special_tokens=specials, pattern=GPT2_PATTERN, byte_ids=byte_ids)
+
+
+# Where a stream may be cut: after a letter before a non-letter, or after a non-space before a
+# space or tab. Searched backwards ((?r)), so the first hit is the last such place.
+_CUT = regex.compile(r"(?r)(?<=\p{L})(?=\P{L})|(?<=\S)(?=[ \t])")
+
+
+def _safe_cut(buffer: str, limit: int, specials: Iterable[str]) -> int:
+    """The last safe cut ``c <= limit`` in ``buffer`` that no special token straddles; 0 if none.
+
+    A special token straddles ``c`` when it starts before ``c`` and ends after it. Since
+    ``limit`` leaves room for the longest special after ``c``, any straddling one is in the
+    buffer already, whatever text comes next.
+    """
+    end = limit + 1  # the cut regex looks at buffer[c], so c < end
+    while end > 1:
+        found = _CUT.search(buffer, 0, end)
+        if found is None:
+            return 0
+        c = found.start()
+        if not any(buffer.find(token, max(0, c - len(token) + 1), c + len(token) - 1) >= 0 for token in specials):
+            return c
+        end = c
+    return 0
 
 
 # ---------------------------------------------------------------------------------------

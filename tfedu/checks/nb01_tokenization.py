@@ -1,7 +1,7 @@
 """Checkers for notebooks/01_tokenization.ipynb.
 
-Five exercises: counting adjacent pairs, merging one pair, the BPE training loop, UTF-8 by
-hand, and the GPT-2 pre-tokenization regex. Each checker tries the known mistakes first so
+Six exercises: counting adjacent pairs, merging one pair, the BPE training loop, UTF-8 by
+hand, the GPT-2 pre-tokenization regex, and encoding with learned merges. Each checker tries the known mistakes first so
 its hint names the mistake.
 """
 
@@ -15,8 +15,9 @@ import numpy as np
 import regex
 
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, expect
-from tfedu.tokenizer import GPT2_PATTERN, get_pair_counts, merge_pair, pretokenize
+from tfedu.tokenizer import GPT2_PATTERN, GPT4_PATTERN, Tokenizer, get_pair_counts, merge_pair, pretokenize, train_bpe
 from tfedu.tokenizer import merge_pair as reference_merge_pair
+from tfedu.tokenizer_widgets import letter_ids  # noqa: F401  (the notebook imports it from here)
 
 # The lecture's worked example with a..z = 1..26 (only the 11-letter string fits its numbers).
 DECK_TEXT = "aaabdaaabac"
@@ -25,17 +26,6 @@ DECK_COUNTS = {"aa": 4, "ab": 2, "bd": 1, "da": 1, "ba": 1, "ac": 1}
 DECK_MERGES = [(1, 1), (1, 2), (27, 28)]
 DECK_FINAL = [29, 4, 29, 1, 3]
 DECK_SENTENCE = "Hello world I've learned to loveee! tokenization, I'M NOW THE #1Fan "
-
-
-def letter_ids(text: str) -> list[int]:
-    """a..z -> 1..26, the lecture's toy vocabulary.
-
-    >>> letter_ids("abz")
-    [1, 2, 26]
-    """
-    if not text.isascii() or not text.isalpha() or not text.islower():
-        raise ValueError(f"letter_ids takes lowercase letters a-z, got {text!r}")
-    return [ord(c) - ord("a") + 1 for c in text]
 
 
 def reference_learn_bpe(ids: Sequence[int], n_merges: int, first_id: int) -> tuple[list[tuple[int, int]], list[int]]:
@@ -515,6 +505,162 @@ def check_gpt2_split(gpt2_split) -> None:
         _match(got, expected, what, {})
 
 
+# --- exercise 1.6: encoding with learned merges -----------------------------------------------
+
+
+def reference_bpe_encode(text: str, merges: Sequence[tuple[int, int]]) -> list[int]:
+    """Encode ``text`` with ``merges`` (merge ``r`` makes id ``256 + r``) after GPT-4's split.
+
+    >>> reference_bpe_encode("abc ab", [(97, 98), (256, 99)])
+    [257, 32, 256]
+    """
+    return Tokenizer([tuple(m) for m in merges], pattern="gpt4").encode_ordinary(text)
+
+
+def tiktoken_encode(text: str, merges: Sequence[tuple[int, int]]) -> list[int] | None:
+    """The same ids from tiktoken, built offline from these merges' ranks; None if tiktoken is missing."""
+    try:
+        import tiktoken
+    except ImportError:
+        return None
+    ranks = Tokenizer([tuple(m) for m in merges]).mergeable_ranks()
+    return tiktoken.Encoding("learner-merges", pat_str=GPT4_PATTERN, mergeable_ranks=ranks, special_tokens={}).encode_ordinary(text)
+
+
+def _encode_words(text, merges, encode_word, *, split=True, start=lambda w: list(w.encode("utf-8"))):
+    words = regex.findall(GPT4_PATTERN, text) if split else ([text] if text else [])
+    ranks = {tuple(pair): rank for rank, pair in enumerate(merges)}
+    return [i for w in words for i in encode_word(start(w), ranks)]
+
+
+def _by_rank(ids, ranks, *, offset=256):
+    while len(ids) > 1:
+        present = [p for p in zip(ids, ids[1:]) if p in ranks]
+        if not present:
+            break
+        pair = min(present, key=ranks.get)
+        ids = reference_merge_pair(ids, pair, offset + ranks[pair])
+    return ids
+
+
+def _by_frequency(ids, ranks):  # the most frequent mergeable pair first (ties: lower rank)
+    while len(ids) > 1:
+        counts = Counter(p for p in zip(ids, ids[1:]) if p in ranks)
+        if not counts:
+            break
+        pair = min(counts, key=lambda p: (-counts[p], ranks[p]))
+        ids = reference_merge_pair(ids, pair, 256 + ranks[pair])
+    return ids
+
+
+def _left_to_right(ids, ranks):  # passes over the ids merging any known pair as it is met
+    while True:
+        out, i, changed = [], 0, False
+        while i < len(ids):
+            if i + 1 < len(ids) and (ids[i], ids[i + 1]) in ranks:
+                out.append(256 + ranks[(ids[i], ids[i + 1])])
+                i += 2
+                changed = True
+            else:
+                out.append(ids[i])
+                i += 1
+        ids = out
+        if not changed:
+            return ids
+
+
+def _one_merge(ids, ranks):  # the lowest-rank pair merged once, and no loop
+    present = [p for p in zip(ids, ids[1:]) if p in ranks]
+    return reference_merge_pair(ids, min(present, key=ranks.get), 256 + ranks[min(present, key=ranks.get)]) if present else ids
+
+
+def _first_occurrence(ids, ranks):  # one scan over the merges in learned order, each merging one occurrence
+    for pair, rank in ranks.items():
+        pairs = list(zip(ids, ids[1:]))
+        if pair in pairs:
+            i = pairs.index(pair)
+            ids = ids[:i] + [256 + rank] + ids[i + 2:]
+    return ids
+
+
+def in_learned_order(ids: list[int], merges: Sequence[tuple[int, int]]) -> list[int]:
+    """Each merge once, in the order learned, on every occurrence: equal to lowest-rank-first.
+
+    Merge ``r`` can only create pairs that hold its new id, and a merge using that id was learned
+    after ``r``; so once the merges up to ``r`` are done, no pair of rank ``<= r`` can come back.
+
+    >>> in_learned_order([97, 98, 99], [(98, 99), (97, 98)])
+    [97, 256]
+    """
+    for rank, pair in enumerate(merges):
+        ids = reference_merge_pair(ids, tuple(pair), 256 + rank)
+    return ids
+
+
+ENCODE_MISTAKES = {
+    "you merged the most frequent pair first; when encoding, frequencies no longer matter: merge the pair "
+    "learned earliest (the lowest rank) first, as training did": lambda t, m: _encode_words(t, m, _by_frequency),
+    "you merged pairs left to right as you met them; a pair on the left may have been learned later than "
+    "one on its right, so always merge the lowest-rank pair present first":
+        lambda t, m: _encode_words(t, m, _left_to_right),
+    "you made one merge and stopped; keep merging (lowest rank first) until no learned pair is left":
+        lambda t, m: _encode_words(t, m, _one_merge),
+    "you merged one occurrence per learned pair; a pair can occur several times in a pre-token: replace "
+    "every occurrence, as merge_pair does": lambda t, m: _encode_words(t, m, _first_occurrence),
+    "you merged across pre-token boundaries; split the text with the GPT-4 pattern first and encode "
+    "each pre-token on its own, as training did": lambda t, m: _encode_words(t, m, _by_rank, split=False),
+    "you started from code points (ord(c)); start from the UTF-8 bytes, so any character falls back to "
+    "its bytes (ü is [195, 188])": lambda t, m: _encode_words(t, m, _by_rank, start=lambda w: [ord(c) for c in w]),
+    "the new ids are off: merge number r (counting from 0) makes id 256 + r": lambda t, m: _encode_words(
+        t, m, lambda ids, r: _by_rank(ids, r, offset=0)),
+}
+
+# Small cases, each made so that one of the mistakes above gives a different answer.
+ENCODE_CASES = [
+    ("bccc bc", [(98, 99), (99, 99)]),  # cc is more frequent, bc has the lower rank
+    ("abc abc", [(98, 99), (97, 98)]),  # bc was learned before ab
+    ("abc", [(97, 98), (256, 99)]),  # two merges in a row
+    ("bcbc", [(98, 99)]),  # one pair, twice
+    ("1234", [(49, 50), (51, 52), (256, 51)]),  # GPT-4 splits 123|4
+    ("üü", [(195, 188)]),  # a character of two bytes
+]
+
+
+def _trained_merges() -> list[tuple[int, int]]:
+    text = ("the cat sat on the mat; the cat ate the rat. 1234 + 5678 = 6912\n" * 3
+            + "Grüße aus Köln, 日本語のテキスト  \n    indented code(x) ")
+    return train_bpe(text, 256 + 80, pattern="gpt4").merges
+
+
+ENCODE_TEXTS = ["the cat sat on the rat", "1234567 + 89 = 99999", "Grüße, 日本語!  \n  code(x)", "", "zzz"]
+
+
+@checker("encoding with learned merges")
+def check_bpe_encode(bpe_encode, my_merges: Sequence[tuple[int, int]] | None = None) -> None:
+    """Check ``bpe_encode(text, merges) -> ids`` on small cases, trained merges and ``my_merges``.
+
+    Every answer is compared with tiktoken built from the same merges (and with tfedu's reference
+    when tiktoken is not installed): tiktoken is an independent, production BPE encoder.
+    """
+    cases = list(ENCODE_CASES) + [(text, _trained_merges()) for text in ENCODE_TEXTS]
+    if my_merges is not None:
+        try:
+            merges = [(int(a), int(b)) for a, b in my_merges]
+            Tokenizer(merges)
+        except (TypeError, ValueError) as err:
+            raise CheckFailure(f"my_merges should be a list of (a, b) pairs, each using ids made before it: {err}") from None
+        cases += [(text, merges) for text in ENCODE_TEXTS]
+    for text, merges in cases:
+        short = merges if len(merges) <= 3 else f"<{len(merges)} merges>"
+        what = f"bpe_encode({text!r}, {short})"
+        got = _as_int_list(call_learner(bpe_encode, text, [tuple(m) for m in merges], name="bpe_encode"), what)
+        expected = reference_bpe_encode(text, merges)
+        oracle = tiktoken_encode(text, merges)
+        if oracle is not None and oracle != expected:  # cannot happen for merges BPE learned; guards the checker
+            raise CheckFailure(f"{what}: tiktoken and the reference disagree on these merges ({oracle} vs {expected})")
+        _match(got, expected, what, {hint: fn(text, merges) for hint, fn in ENCODE_MISTAKES.items()})
+
+
 # --- probes for the autograder --------------------------------------------------------------
 
 
@@ -561,7 +707,23 @@ def _split_inputs(rng: np.random.Generator) -> dict:
     return {"text": "".join(rng.choice(_SPLIT_WORDS, int(rng.integers(1, 25))))}
 
 
+def _encode_inputs(rng: np.random.Generator) -> dict:
+    words = rng.choice(_SPLIT_WORDS + ["the", " cat", " sat", "123456", "ab", "ba", "abab"], int(rng.integers(5, 40)))
+    training = "".join(words)
+    merges = train_bpe(training, 256 + int(rng.integers(1, 40)), pattern="gpt4").merges
+    text = "".join(rng.choice(words, int(rng.integers(0, 20))))
+    return {"text": text, "merges": [[a, b] for a, b in merges]}
+
+
 PROBES = {
+    "check_bpe_encode": Probe(
+        exercise="ex_bpe_encode",
+        make_inputs=_encode_inputs,
+        run="outputs = {'ids': [int(i) for i in bpe_encode(inputs['text'], [tuple(m) for m in inputs['merges']])]}",
+        reference=lambda inputs: {"ids": reference_bpe_encode(inputs["text"], [tuple(m) for m in inputs["merges"]])},
+        forbidden=("tfedu.tokenizer",),
+        compare=_equal,
+    ),
     "check_get_pair_counts": Probe(
         exercise="ex_get_pair_counts",
         make_inputs=_ids_inputs,
