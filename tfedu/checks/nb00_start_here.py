@@ -91,8 +91,8 @@ def _slip_hint(kind: str | None, shift_dim: int | str | None, sum_dim: int | str
     if shift_dim == last:
         return (f"you subtracted {shift} but summed {summed}: the sum must run along the same dim as the max, "
                 f"the last one (dim=-1){not_max}")
-    not_max = "" if kind == "max" else f"; and shift by the max, not the {'first entry' if kind == 'first' else kind}"
-    return f"you subtracted {shift} and summed {summed}: both belong on the last dim, dim=-1{not_max}"
+    also = "" if kind == "max" else f"; and shift by the max, not the {'first entry' if kind == 'first' else kind}"
+    return f"you subtracted {shift} and summed {summed}: both belong on the last dim, dim=-1{also}"
 
 
 def softmax_slips(x: torch.Tensor) -> dict[str, torch.Tensor]:
