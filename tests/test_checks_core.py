@@ -10,6 +10,7 @@ from tfedu.checks.core import (
     expect,
     is_close,
     seeded_randn,
+    without_hidden_tail,
 )
 
 
@@ -121,3 +122,65 @@ def test_unexpected_error_inside_a_checker_is_still_a_hint():
 
     with pytest.raises(CheckFailure, match="fragile: checking failed with KeyError"):
         check_fragile(lambda: None)
+
+
+def test_outside_ipython_the_failure_is_a_plain_assertion_with_the_whole_hint():
+    with pytest.raises(AssertionError) as info:
+        check_double(lambda x: x * x)
+    assert str(info.value) == "double: you squared instead of doubling"
+    # With no IPython shell, the IPython rendering falls back to the hint alone.
+    assert info.value._render_traceback_() == ["CheckFailure: double: you squared instead of doubling"]
+
+
+def test_without_hidden_tail_cuts_only_trailing_hidden_frames():
+    def hidden():
+        __tracebackhide__ = True
+        raise CheckFailure("hint")
+
+    def visible():
+        hidden()
+
+    try:
+        visible()
+    except CheckFailure as err:
+        tb = err.__traceback__
+    names = []
+    entry = without_hidden_tail(tb)
+    while entry is not None:
+        names.append(entry.tb_frame.f_code.co_name)
+        entry = entry.tb_next
+    assert names == ["test_without_hidden_tail_cuts_only_trailing_hidden_frames", "visible"]
+
+
+def test_in_a_kernel_a_failing_check_shows_the_cell_and_the_hint_not_the_checker(tmp_path):
+    """Run a tiny notebook in a real IPython kernel, as Jupyter does, and read the tracebacks."""
+    import re
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    setup = (
+        "from tfedu.checks.core import call_learner, checker, compare, seeded_randn\n"
+        "@checker('double')\n"
+        "def check_double(fn):\n"
+        "    x = seeded_randn(0, 5)\n"
+        "    compare(call_learner(fn, x, name='double'), 2 * x, what='double(x)',\n"
+        "            mistakes={'you squared instead of doubling': x * x})\n"
+    )
+    run_on = {"tags": ["raises-exception"]}
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell(setup),
+        nbformat.v4.new_code_cell("check_double(lambda x: x * x)", metadata=run_on),
+        nbformat.v4.new_code_cell("def todo(x):\n    raise NotImplementedError\ncheck_double(todo)", metadata=run_on),
+        nbformat.v4.new_code_cell("check_double(lambda x: x + x)"),
+    ])
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    expected = [("CheckFailure", "double: you squared instead of doubling"),
+                ("ExerciseNotDone", "double: this exercise is not done yet")]
+    for cell, (ename, hint) in zip(nb.cells[1:3], expected):
+        [error] = [o for o in cell.outputs if o.output_type == "error"]
+        shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(error.traceback))
+        assert error.ename == ename and hint in shown
+        assert "core.py" not in shown and "skipping hidden" not in shown, shown
+        assert "Cell In[" in shown  # the learner's own line is still pointed at
+    assert nb.cells[3].outputs[0].text == "\N{CHECK MARK} double: all checks passed\n"

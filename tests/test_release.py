@@ -1,12 +1,18 @@
 """`tfedu release`: what a student version hides and keeps, checked on every notebook.
 
 For each notebook in notebooks/ (a glob, so new notebooks are covered as they land):
-- the released version runs top to bottom with nbclient, and the only errors are the check
-  cells' ExerciseNotDone ("this exercise is not done yet"), one per check cell;
+- the released version runs top to bottom with nbclient WITHOUT ``allow_errors`` (as JupyterLab's
+  Run All does): every check cell carries the ``raises-exception`` tag, shows one
+  ExerciseNotDone ("this exercise is not done yet") whose traceback is the hint without the
+  checker's frames, and no other cell errors;
 - nbgrader's own student-version preprocessors (ClearSolutions, ClearHiddenTests, LockCells,
-  ClearOutput, run through nbconvert without a database) produce the same notebook;
-- the source's nbgrader metadata is valid for nbgrader's schema (version 3).
+  ClearOutput, run through nbconvert without a database) produce the same notebook, except for
+  that one tag, which nbgrader does not add;
+- the source's nbgrader metadata is valid for nbgrader's schema (version 3), and no source cell
+  carries the tag (nbval must fail on a source check that fails).
 """
+
+import re
 
 from pathlib import Path
 
@@ -14,7 +20,7 @@ import nbformat
 import pytest
 
 from tfedu import cli, nbtools
-from tfedu.grading.release import CODE_STUB, ReleaseError, release, student_version
+from tfedu.grading.release import CODE_STUB, RUN_ON_TAG, ReleaseError, is_check, release, student_version
 
 NOTEBOOKS = sorted(Path(__file__).resolve().parents[1].joinpath("notebooks").glob("[0-9][0-9]_*.ipynb"))
 IDS = [p.stem for p in NOTEBOOKS]
@@ -82,11 +88,22 @@ def test_hidden_tests_are_removed_check_cells_locked_and_outputs_cleared():
     assert check.metadata["nbgrader"]["locked"] is True
     assert check.metadata["nbgrader"]["points"] == 3
     assert check.metadata["editable"] is False and check.metadata["deletable"] is False
+    assert check.metadata["tags"] == ["raises-exception"]
+    assert all("tags" not in c.metadata for i, c in enumerate(released.cells) if i != 2)
+    assert "tags" not in source_nb.cells[2].metadata
     assert released.cells[1].metadata["deletable"] is False
     assert released.cells[3].outputs == [] and released.cells[3].execution_count is None
     assert released.cells[3].source == "print('demo')"
     # the source notebook is untouched
     assert "### BEGIN HIDDEN TESTS" in source_nb.cells[2].source and source_nb.cells[3].outputs
+
+
+def test_the_run_on_tag_keeps_existing_tags_and_is_not_doubled():
+    nb = toy_notebook()
+    nb.cells[2].metadata["tags"] = ["keep-me"]
+    assert student_version(nb).cells[2].metadata["tags"] == ["keep-me", RUN_ON_TAG]
+    nb.cells[2].metadata["tags"] = [RUN_ON_TAG, "keep-me"]
+    assert student_version(nb).cells[2].metadata["tags"] == [RUN_ON_TAG, "keep-me"]
 
 
 @pytest.mark.parametrize("source, problem", [
@@ -127,6 +144,8 @@ def test_source_nbgrader_metadata_is_valid_for_nbgrader(path):
     MetadataValidator().validate_nb(nb)
     graded = [nbtools.nbgrader_meta(c) for c in nb.cells if nbtools.nbgrader_meta(c)]
     assert graded, f"{path.name} has no exercises"
+    tagged = [i for i, c in enumerate(nb.cells) if RUN_ON_TAG in c.metadata.get("tags", [])]
+    assert not tagged, f"{path.name}: source cells {tagged} carry {RUN_ON_TAG!r}; nbval would let them fail unseen"
 
 
 def nbgrader_student_version(nb):
@@ -152,31 +171,45 @@ def test_nbgrader_agrees_with_tfedu_release(path):
         where = f"cell {index}"
         assert a.cell_type == b.cell_type, where
         assert a.source == b.source, where
-        assert a.metadata.get("nbgrader") == b.metadata.get("nbgrader"), where
-        assert a.metadata.get("editable", True) == b.metadata.get("editable", True), where
-        assert a.metadata.get("deletable", True) == b.metadata.get("deletable", True), where
+        # The one documented difference: tfedu tags check cells so that Run All goes on past them.
+        ours_meta = dict(a.metadata)
+        if is_check(a):
+            tags = list(ours_meta.pop("tags"))
+            assert tags.count(RUN_ON_TAG) == 1 and RUN_ON_TAG not in b.metadata.get("tags", []), where
+            tags.remove(RUN_ON_TAG)
+            if tags:
+                ours_meta["tags"] = tags
+        assert ours_meta == dict(b.metadata), where
         if a.cell_type == "code":
             assert a.outputs == b.outputs == [] and a.execution_count is None and b.execution_count is None
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_released_notebook_runs_and_only_check_cells_report_not_done(path, tmp_path):
+def test_released_notebook_runs_to_the_end_without_allow_errors(path, tmp_path):
+    """What JupyterLab's Run All does with a fresh student version: every cell runs, checks fail visibly."""
     from nbclient import NotebookClient
 
     [released_path] = release([path], tmp_path)
     nb = nbtools.read(released_path)
     text = released_path.read_text()
     assert "### BEGIN SOLUTION" not in text and "### BEGIN HIDDEN TESTS" not in text
-    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
-    checks = [i for i, c in enumerate(nb.cells) if (nbtools.nbgrader_meta(c) or {}).get("grade")]
+    # No allow_errors: an error in any cell without the tag raises CellExecutionError here.
+    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    checks = [i for i, c in enumerate(nb.cells) if is_check(c)]
     assert checks, f"{path.name} has no check cells"
-    for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
+    code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    assert all(nb.cells[i].execution_count is not None for i in code_cells), "some cells never ran"
+    for index in code_cells:
+        cell = nb.cells[index]
         errors = [o for o in cell.outputs if o.output_type == "error"]
         if index in checks:
+            assert RUN_ON_TAG in cell.metadata["tags"]
             assert len(errors) == 1 and errors[0].ename == "ExerciseNotDone", (index, cell.source, errors)
             assert "not done yet" in errors[0].evalue
+            shown = ANSI.sub("", "\n".join(errors[0].traceback))
+            assert "not done yet" in shown and "core.py" not in shown, shown
         else:
             assert not errors, f"{path.name} cell {index} errors in the student version: {errors[0].ename}: {errors[0].evalue}"

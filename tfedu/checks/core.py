@@ -21,6 +21,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,44 @@ TICK = "\N{CHECK MARK}"
 
 
 class CheckFailure(AssertionError):
-    """A check failed; the message is a hint the learner can act on."""
+    """A check failed; the message is a hint the learner can act on.
+
+    In IPython (Jupyter) the traceback shows the learner's cell and the hint, and none of the
+    checker's own frames: those set ``__tracebackhide__ = True`` in their locals. IPython skips
+    such frames itself, except the last one, where the error was raised (IPython 8.12,
+    ``ultratb``: ``i != lastrecord``); for a checker that is always the ``run`` wrapper made by
+    :func:`checker`, so :meth:`_render_traceback_` cuts it. Outside IPython (pytest, a script)
+    the error is an ordinary ``AssertionError`` with the same hint (pytest hides the frame too).
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        """IPython's own traceback for this failure, hidden frames left out (IPython calls this)."""
+        try:
+            from IPython import get_ipython
+
+            shell = get_ipython()
+            lines = shell.InteractiveTB.structured_traceback(type(self), self, without_hidden_tail(self.__traceback__))
+            return list(lines)
+        except Exception:  # never lose the hint because formatting failed
+            return [f"{type(self).__name__}: {self}"]
+
+
+def without_hidden_tail(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback ``tb`` cut before its trailing run of frames that set ``__tracebackhide__``.
+
+    IPython already skips hidden frames in the middle of a traceback (its own ``run_code`` frame
+    among them), so only the tail, which it always shows, needs cutting here.
+    """
+    kept = []
+    while tb is not None:
+        kept.append(tb)
+        tb = tb.tb_next
+    while kept and kept[-1].tb_frame.f_locals.get("__tracebackhide__", False):
+        kept.pop()
+    rebuilt = None
+    for entry in reversed(kept):
+        rebuilt = TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    return rebuilt
 
 
 class ExerciseNotDone(CheckFailure):
@@ -51,6 +89,7 @@ def checker(title: str) -> Callable[[Callable[..., Any]], Callable[..., None]]:
     def decorate(body: Callable[..., Any]) -> Callable[..., None]:
         @functools.wraps(body)
         def run(*args: Any, **kwargs: Any) -> None:
+            __tracebackhide__ = True  # the learner sees their cell and the hint, not this wrapper
             try:
                 body(*args, **kwargs)
             except CheckFailure as failure:

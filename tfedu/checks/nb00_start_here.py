@@ -39,25 +39,103 @@ def learner_softmax(softmax, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _where(d: int | str, ndim: int, *, columns: str = "one per column") -> str:
+    """Words for the dim a max, min, mean or sum ran over."""
+    if d == "all":
+        return "of the whole tensor"
+    if d == ndim - 1:
+        return "over the last dim"
+    return f"over dim 0 ({columns})" if ndim == 2 else f"over dim {d}"
+
+
+def _shift_words(kind: str, d: int | str, ndim: int) -> str:
+    if d == ndim - 1:
+        return f"each row's {'first entry' if kind == 'first' else kind}"
+    if kind == "first":
+        return "the first row (one number per column)" if ndim == 2 else f"the first entry along dim {d}"
+    return f"the {kind} {_where(d, ndim)}"
+
+
+def _slip_hint(kind: str | None, shift_dim: int | str | None, sum_dim: int | str | None, ndim: int) -> str | None:
+    """The hint for a softmax built as exp(x - shift) / sum with the shift or the sum on a wrong dim.
+
+    ``kind`` is "max", "min", "mean", "first" or None (no shift); ``shift_dim`` and ``sum_dim``
+    are a dim, "all", or None (no shift, no division). None for the mixes that equal the softmax
+    on small logits (a shift that is constant along each row, then the row sum): the large-logit
+    test names those. Mixes that return the same numbers get the same hint.
+    """
+    last = ndim - 1
+    row_max = (kind, shift_dim) == ("max", last)
+    constant_per_row = kind is None or shift_dim in (last, "all")  # cancels against a row sum
+    shift = None if kind is None else _shift_words(kind, shift_dim, ndim)
+    not_max = "" if row_max else f"; and subtract each row's max, not {shift}"
+    if sum_dim is None:
+        exponent = "x" if kind is None else "x - max" if row_max else f"x - {shift}"
+        return f"you returned exp({exponent}) without dividing by the row sum"
+    if sum_dim == "all":
+        if kind is None or shift_dim == "all":
+            return ("rows do not sum to one: divide exp(x) by the sum of exp(x) along the same dim (keepdim=True), "
+                    "not the sum of everything")
+        if row_max:
+            return ("rows do not sum to one: after subtracting the max, divide by the sum along dim=-1 "
+                    "(keepdim=True), not the sum of everything")
+        return f"rows do not sum to one: divide by the sum along dim=-1 (keepdim=True), not the sum of everything{not_max}"
+    if sum_dim == last:
+        if constant_per_row:
+            return None
+        return (f"you subtracted {shift} but summed over the last dim: a shift cancels between numerator and "
+                "denominator only when it is one number per row, so subtract each row's max (over dim=-1)")
+    summed = _where(sum_dim, ndim, columns="down the columns")
+    if kind is None or shift_dim in (sum_dim, "all"):
+        return f"you normalised {summed}; a softmax over logits normalises the last dim, dim=-1"
+    if shift_dim == last:
+        return (f"you subtracted {shift} but summed {summed}: the sum must run along the same dim as the max, "
+                f"the last one (dim=-1){not_max}")
+    also = "" if kind == "max" else f"; and shift by the max, not the {'first entry' if kind == 'first' else kind}"
+    return f"you subtracted {shift} and summed {summed}: both belong on the last dim, dim=-1{also}"
+
+
+def softmax_slips(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """What each mix of the usual slips returns on ``x``, keyed by its hint.
+
+    Every shift (none; the max, min or mean over any dim or of the whole tensor; the first entry
+    along any dim) meets every normalisation (the sum over any dim or of everything; no division),
+    and two slips of their own: dividing by the sum of the shifted logits instead of their
+    exponentials, and exponentiating the sum. Mixes that equal the softmax on small logits
+    (shifting each row by its min, say) are left to the large-logit test, which names them.
+    """
+    shifts: dict[tuple, torch.Tensor] = {(None, None): torch.zeros(())}
+    for d in range(x.dim()):
+        shifts[("max", d)] = x.amax(dim=d, keepdim=True)
+        shifts[("min", d)] = x.amin(dim=d, keepdim=True)
+        shifts[("mean", d)] = x.mean(dim=d, keepdim=True)
+        shifts[("first", d)] = x.narrow(d, 0, 1)
+    shifts[("max", "all")] = x.max()
+    slips: dict[str, torch.Tensor] = {}
+    for (kind, shift_dim), m in shifts.items():
+        e = (x - m).exp()
+        sums = {d: e.sum(dim=d, keepdim=True) for d in range(x.dim())}
+        sums.update({"all": e.sum(), None: torch.ones(())})
+        for sum_dim, total in sums.items():
+            hint = _slip_hint(kind, shift_dim, sum_dim, x.dim())
+            if hint is not None:
+                slips.setdefault(hint, e / total)
+    shifted = x - x.amax(dim=-1, keepdim=True)
+    slips["divide by the sum of the exponentials, exp(x - max), not the sum of the shifted logits"] = (
+        shifted.exp() / shifted.sum(dim=-1, keepdim=True))
+    slips["your denominator is exp of the summed logits; sum the exponentials instead (exp of a sum is not a sum of exps)"] = (
+        shifted.exp() / shifted.sum(dim=-1, keepdim=True).exp())
+    return slips
+
+
 @checker("stable softmax")
 def check_softmax(softmax) -> None:
     """Check a learner's ``softmax(x)`` over the last dimension."""
     x = seeded_randn(0, 4, 7)
-    shifted = (x - x.amax(dim=-1, keepdim=True)).exp()
-    compare(
-        learner_softmax(softmax, x),
-        reference_softmax(x),
-        what="softmax(x)",
-        mistakes={
-            "you normalised over dim 0 (down the columns); a softmax over logits normalises the last dim, dim=-1": reference_softmax(x, dim=0),
-            "rows do not sum to one: divide exp(x) by the sum of exp(x) along the same dim (keepdim=True), not the sum of everything": x.exp() / x.exp().sum(),
-            "rows do not sum to one: after subtracting the max, divide by the sum along dim=-1 (keepdim=True), not the sum of everything": shifted / shifted.sum(),
-            "you returned exp(x) without dividing by the row sum": x.exp(),
-            "you returned exp(x - max) without dividing by the row sum": shifted,
-        },
-    )
-    # Large logits overflow exp; rows with a wide spread catch shifts by anything but the max
-    # (the min, the mean or the first entry all leave exp(1000) in the row).
+    compare(learner_softmax(softmax, x), reference_softmax(x), what="softmax(x)", mistakes=softmax_slips(x))
+    # Large logits overflow exp; rows with a wide spread catch shifts by anything but the row max
+    # (the min, the mean, the first entry or the max of the whole tensor all overflow or underflow
+    # to 0 / 0 in some row).
     big = torch.tensor([[1000.0, 1001.0, 1002.0], [-1000.0, -1000.0, -999.0], [0.0, 500.0, 1000.0], [-1000.0, 0.0, 3.0]])
     compare(
         learner_softmax(softmax, big),
@@ -66,12 +144,12 @@ def check_softmax(softmax) -> None:
         nan_hint=(
             "NaN or Inf for large logits like [1000, 1001, 1002] or [0, 500, 1000]: exp(1000) overflows float32. "
             "Subtract the row max (x - x.max(dim=-1, keepdim=True).values) before exp: "
-            "not the min, the mean or the first entry"
+            "not the min, the mean, the first entry or the max of the whole tensor"
         ),
     )
     batched = seeded_randn(1, 2, 3, 5)
     compare(learner_softmax(softmax, batched), reference_softmax(batched), what="softmax of a (2, 3, 5) batch",
-            mistakes={"wrong axis on a 3-D batch: normalise dim=-1, not dim=1": reference_softmax(batched, dim=1)})
+            mistakes={f"on a (2, 3, 5) batch: {hint}": wrong for hint, wrong in softmax_slips(batched).items()})
 
 
 def _softmax_inputs(rng: np.random.Generator) -> dict:

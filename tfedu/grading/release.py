@@ -12,9 +12,27 @@ tests/test_release.py checks the two agree on every notebook):
   markers included;
 - outputs, execution counts and widget state are cleared;
 - check cells (nbgrader ``grade: true``) are kept, marked ``locked`` and made non-deletable
-  and non-editable; answer cells are made non-deletable (nbgrader's ``LockCells``).
+  and non-editable; answer cells are made non-deletable (nbgrader's ``LockCells``);
+- check cells also get the ``raises-exception`` cell tag (:data:`RUN_ON_TAG`, added to any tags
+  already there). This is the one thing nbgrader's student version does not do.
 
 Everything else (markdown, set-up and demonstration cells, metadata) is kept as it is.
+
+Why the tag. In a fresh student version every check cell fails with ``ExerciseNotDone``. Without
+the tag, JupyterLab's Run All stops at the first of them: it sends every cell to the kernel at
+once, each request carrying ``stop_on_error: true``, and the kernel aborts everything queued behind
+a cell that raised. For a cell tagged ``raises-exception`` JupyterLab sends
+``stop_on_error: false`` (``OutputArea.execute`` in @jupyterlab/outputarea, JupyterLab 4.6), so
+the kernel goes on with the next cell; nbclient does the same. The failure stays visible: the
+cell still shows its hint, only the run goes on (a wrong answer's ``CheckFailure`` too).
+Demonstration cells never call the learner's functions, so the rest of the notebook runs with
+the references. ``tfedu grade`` ignores a submission's cell metadata, so the tag changes nothing
+in grading.
+
+Source notebooks do not carry the tag. There every check must pass, and the tests run them
+under nbval, which lets a cell tagged ``raises-exception`` fail without failing the test
+(nbval 0.11 maps the tag to ``check_exception``): a broken solution or checker would pass
+unseen. A source check that fails must fail the build.
 """
 
 from __future__ import annotations
@@ -29,6 +47,7 @@ from tfedu import nbtools
 
 CODE_STUB = '# YOUR CODE HERE\nraise NotImplementedError("replace this line with your code")'
 TEXT_STUB = "YOUR ANSWER HERE"
+RUN_ON_TAG = "raises-exception"  # JupyterLab's Run All and nbclient go past a failing cell with this tag
 
 
 class ReleaseError(ValueError):
@@ -91,6 +110,9 @@ def student_version(nb: nbformat.NotebookNode, name: str = "notebook") -> nbform
             meta["locked"] = True
             cell.metadata["deletable"] = False
             cell.metadata["editable"] = False
+        if is_check(cell):
+            tags = list(cell.metadata.get("tags", []))
+            cell.metadata["tags"] = tags if RUN_ON_TAG in tags else [*tags, RUN_ON_TAG]
     nbformat.validate(nb)
     return nb
 
