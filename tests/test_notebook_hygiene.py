@@ -91,3 +91,28 @@ def test_unlocked_or_pointless_check_cell_is_caught(start_here):
     check.metadata["nbgrader"]["points"] = 0
     problems = nbtools.hygiene_problems(start_here, "00_start_here.ipynb")
     assert any("locked" in p for p in problems) and any("points" in p for p in problems)
+
+
+def _exercise_header_cell(nb):
+    return next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and "### Exercise 0.1" in c.source)
+
+
+def test_exercise_header_must_state_its_points(start_here):
+    i = _exercise_header_cell(start_here)
+    start_here.cells[i].source = start_here.cells[i].source.replace(", 2 points)", ")")
+    problems = nbtools.hygiene_problems(start_here, "00_start_here.ipynb")
+    assert any("must read '### Exercise N.M" in p for p in problems)
+
+
+def test_exercise_header_points_must_match_its_check_cells(start_here):
+    i = _exercise_header_cell(start_here)
+    start_here.cells[i].source = start_here.cells[i].source.replace(", 2 points)", ", 5 points)")
+    problems = nbtools.hygiene_problems(start_here, "00_start_here.ipynb")
+    assert any("exercise 0.1 states 5 points, its check cells carry 2" in p for p in problems)
+
+
+def test_check_cell_before_any_exercise_header_is_caught(start_here):
+    i = _exercise_header_cell(start_here)
+    start_here.cells[i].source = start_here.cells[i].source.replace("### Exercise 0.1", "### Warm-up 0.1")
+    problems = nbtools.hygiene_problems(start_here, "00_start_here.ipynb")
+    assert any("check cell before any exercise header" in p for p in problems)

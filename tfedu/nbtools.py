@@ -12,6 +12,8 @@ them, ``tfedu clean`` fixes the mechanical ones):
    Check cells carry ``grade: true, locked: true``, a unique ``grade_id`` (``check_<name>``)
    and points.
 4. Committed notebooks have no outputs, execution counts or widget state.
+5. Each exercise header reads ``### Exercise N.M: title (difficulty, about K minutes, P points)``,
+   and P is the sum of the points of the check cells between it and the next header.
 """
 
 from __future__ import annotations
@@ -129,6 +131,48 @@ def nbgrader_meta(cell: nbformat.NotebookNode) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
+EXERCISE_HEADER = re.compile(
+    r"^#{2,4} Exercise (?P<number>\d+\.\d+[a-z]?): .+ \((?P<detail>[^()]*\babout \d+(?:[-–]\d+)? minutes?, "
+    r"(?P<points>\d+(?:\.\d+)?) points?)\)\s*$",
+    re.MULTILINE,
+)
+
+
+def exercise_point_problems(nb: nbformat.NotebookNode) -> list[str]:
+    """Each exercise header states difficulty, minutes and points; the points are its check cells' sum.
+
+    A header looks like ``### Exercise 4.1: scaled dot-product attention (easy, about 10 minutes,
+    2 points)``; the check cells between it and the next header carry those points in nbgrader.
+    """
+    problems: list[str] = []
+    current: tuple[int, str, float] | None = None  # (cell index, exercise number, stated points)
+    counted = 0.0
+
+    def close() -> None:
+        if current is not None and abs(counted - current[2]) > 1e-9:
+            problems.append(f"cell {current[0]}: exercise {current[1]} states {current[2]:g} points, "
+                            f"its check cells carry {counted:g}")
+
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if re.match(r"#{2,4} Exercise\b", line):
+                    match = EXERCISE_HEADER.match(line)
+                    if match is None:
+                        problems.append(f"cell {i}: exercise header {line!r} must read "
+                                        "'### Exercise N.M: title (difficulty, about K minutes, P points)'")
+                        continue
+                    close()
+                    current, counted = (i, match["number"], float(match["points"])), 0.0
+        meta = nbgrader_meta(cell) or {}
+        if meta.get("grade") and not meta.get("solution"):
+            if current is None:
+                problems.append(f"cell {i}: a check cell before any exercise header")
+            counted += float(meta.get("points") or 0)
+    close()
+    return problems
+
+
 def hygiene_problems(nb: nbformat.NotebookNode, name: str) -> list[str]:
     """Everything wrong with a notebook as committed; empty when it follows the conventions."""
     problems = []
@@ -180,4 +224,5 @@ def hygiene_problems(nb: nbformat.NotebookNode, name: str) -> list[str]:
                 problems.append(f"cell {i}: check cells must be locked")
             if not isinstance(meta.get("points"), (int, float)) or meta["points"] <= 0:
                 problems.append(f"cell {i}: check cells need positive points")
+    problems.extend(exercise_point_problems(nb))
     return problems
