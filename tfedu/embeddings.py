@@ -324,6 +324,17 @@ def sgns_loss(
     return per_example.mean()
 
 
+def _word2vec_tables(d_vocab: int, d_model: int, generator: torch.Generator | None) -> tuple[nn.Embedding, nn.Embedding]:
+    """word2vec's two tables: input vectors uniform in +-0.5/d_model, output vectors at zero."""
+    _expect_positive_int(d_vocab, "d_vocab")
+    _expect_positive_int(d_model, "d_model")
+    inputs, outputs = nn.Embedding(d_vocab, d_model), nn.Embedding(d_vocab, d_model)
+    with torch.no_grad():
+        inputs.weight.uniform_(-0.5 / d_model, 0.5 / d_model, generator=generator)
+        outputs.weight.zero_()
+    return inputs, outputs
+
+
 class SkipGram(nn.Module):
     """Two vectors per word: ``center`` (v_w, the word as a center word; the vectors we keep) and
     ``context`` (u_w, the word as someone else's context).
@@ -341,14 +352,8 @@ class SkipGram(nn.Module):
         self, d_vocab: int, d_model: int, *, generator: torch.Generator | None = None, loss_fn: Callable[..., Tensor] | None = None
     ) -> None:
         super().__init__()
-        _expect_positive_int(d_vocab, "d_vocab")
-        _expect_positive_int(d_model, "d_model")
-        self.center = nn.Embedding(d_vocab, d_model)
-        self.context = nn.Embedding(d_vocab, d_model)
+        self.center, self.context = _word2vec_tables(d_vocab, d_model, generator)
         self.loss_fn = loss_fn if loss_fn is not None else sgns_loss
-        with torch.no_grad():
-            self.center.weight.uniform_(-0.5 / d_model, 0.5 / d_model, generator=generator)
-            self.context.weight.zero_()
 
     @property
     def d_vocab(self) -> int:
@@ -575,14 +580,8 @@ class CBOW(nn.Module):
         self, d_vocab: int, d_model: int, *, generator: torch.Generator | None = None, loss_fn: Callable[..., Tensor] | None = None
     ) -> None:
         super().__init__()
-        _expect_positive_int(d_vocab, "d_vocab")
-        _expect_positive_int(d_model, "d_model")
-        self.input = nn.Embedding(d_vocab, d_model)
-        self.output = nn.Embedding(d_vocab, d_model)
+        self.input, self.output = _word2vec_tables(d_vocab, d_model, generator)
         self.loss_fn = loss_fn if loss_fn is not None else cbow_loss
-        with torch.no_grad():
-            self.input.weight.uniform_(-0.5 / d_model, 0.5 / d_model, generator=generator)
-            self.output.weight.zero_()
 
     @property
     def d_vocab(self) -> int:
