@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from tfedu import rnn
+from tfedu import rnn, toy_tasks
 from tfedu.checks import nb03_rnns_to_attention as nb03
 from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
 
@@ -239,6 +239,12 @@ def additive_score(query, keys, W_q, W_k, v):
     return torch.tanh((query @ W_q.T)[:, None, :] + keys @ W_k.T) @ v
 
 
+def attention_weights_matmul_keys(query, keys, W_q, W_k, v):
+    """The natural slip: (batch, key_pos) @ (batch, key_pos, d_key) broadcasts to (batch, batch, d_key)."""
+    weights = torch.softmax(additive_score(query, keys, W_q, W_k, v), dim=-1)
+    return weights @ keys, weights
+
+
 attention_mean_context = attention_from(additive_score, pool=lambda wk: wk.mean(1))
 attention_keepdim_context = attention_from(additive_score, pool=lambda wk: wk.sum(1, keepdim=True))
 attention_sigmoid_weights = attention_from(additive_score, normalise=torch.sigmoid)
@@ -268,6 +274,7 @@ attention_no_key_axis = attention_from(lambda q, k, W_q, W_k, v: torch.tanh(q @ 
         (attention_tanh_after_v, "the tanh goes before v"),
         (attention_tanh_per_term, "one tanh over the sum"),
         (attention_no_key_axis, "(query @ W_q.T)[:, None, :]"),
+        (attention_weights_matmul_keys, "(batch, 1, key_pos) with (batch, key_pos, d_key)"),
     ],
 )
 def test_attention_mistakes_are_named(buggy, hint):
@@ -418,3 +425,42 @@ def test_lstm_probe_catches_mistakes(buggy):
     probe = nb03.PROBES["check_lstm_cell"]
     outputs, expected = run_probe(probe, {"lstm_cell": buggy}, 0)
     assert not all(np.allclose(outputs[k], expected[k], rtol=probe.rtol, atol=probe.atol) for k in expected)
+
+
+# ---- the USE_MY_ATTENTION switch really routes the experiment through the learner's function ----
+
+
+def uniform_attention(query, keys, W_q, W_k, v):
+    """A deliberately broken attention: every source position gets the same weight."""
+    weights = torch.full(keys.shape[:2], 1 / keys.shape[1])
+    return (weights[..., None] * keys).sum(1), weights
+
+
+def notebook_train_model(use_my_attention: bool, additive_attention, steps: int):
+    """The notebook's own train_model, defined from its cell with the switch set as given."""
+    import time
+    from pathlib import Path
+
+    from tfedu import nbtools
+
+    cell = next(c.source for c in nbtools.read(Path(__file__).parents[1] / "notebooks/03_rnns_to_attention.ipynb").cells
+                if c.cell_type == "code" and "def train_model" in c.source)
+    definitions = cell.split("\nmodels, losses = {}, {}")[0]  # everything above the training loop
+    namespace = {"torch": torch, "tfr": rnn, "toy_tasks": toy_tasks, "time": time,
+                 "USE_MY_ATTENTION": use_my_attention, "additive_attention": additive_attention}
+    exec(definitions, namespace)
+    namespace["TRAIN_STEPS"], namespace["BATCH"] = steps, 32  # a short run is enough to tell them apart
+    return namespace["train_model"]
+
+
+def test_use_my_attention_switch_changes_the_experiment():
+    reference_model, reference_losses = notebook_train_model(False, uniform_attention, steps=5)("luong")
+    mine_model, mine_losses = notebook_train_model(True, uniform_attention, steps=5)("luong")
+    _, right_model_losses = notebook_train_model(True, plain_attention, steps=5)("luong")
+    assert right_model_losses == pytest.approx(reference_losses, rel=1e-5)  # a correct function: same training
+    assert mine_losses != pytest.approx(reference_losses, rel=1e-5)  # the broken one: a different run ...
+    src, _ = toy_tasks.make_digit_batch(2, 6, torch.Generator().manual_seed(0))
+    _, align = mine_model.greedy_decode(src, 6)
+    assert torch.allclose(align, torch.full_like(align, 1 / 6))  # ... whose alignments are the uniform ones
+    _, align = reference_model.greedy_decode(src, 6)
+    assert not torch.allclose(align, torch.full_like(align, 1 / 6))

@@ -235,6 +235,10 @@ def attention_mistakes(query, keys, W_q, W_k, v) -> dict[str, dict[str, torch.Te
             "context": (weights[:, :, None] * keys).sum(dim=-1)},
         "the weights already sum to one: the context is their weighted sum over positions (.sum(dim=1)), not the mean": {
             "context": (weights[:, :, None] * keys).mean(dim=1)},
+        "weights @ keys multiplies a (batch, key_pos) matrix with every batch's keys, crossing the batches: give "
+        "the weights a key axis so each row multiplies its own keys, a batched product of (batch, 1, key_pos) "
+        "with (batch, key_pos, d_key), or take the weighted sum of the keys over key_pos": {
+            "context": weights @ keys},
         "drop the summed axis: the context has shape (batch, d_key), so no keepdim=True": {
             "context": (weights[:, :, None] * keys).sum(dim=1, keepdim=True)},
         "the tanh goes before v: score_j = v^T tanh(W_q s + W_k h_j), not tanh(v^T (W_q s + W_k h_j))": {
