@@ -1,6 +1,7 @@
 """The notebook-04 checkers pass correct answers and name the usual mistakes; the probes agree."""
 
 import math
+import re
 from pathlib import Path
 import subprocess
 import sys
@@ -317,7 +318,7 @@ def notebook_self_attention(attention_cell, self_attention_cell):
     return kernel["self_attention"]
 
 
-@pytest.mark.parametrize("impl", [self_attention_right, self_attention_pair, self_attention_reference])
+@pytest.mark.parametrize("impl", [self_attention_right, self_attention_reference])
 def test_self_attention_checker_passes(impl, capsys):
     nb04.check_self_attention(impl)
     assert "\N{CHECK MARK}" in capsys.readouterr().out
@@ -340,6 +341,34 @@ def test_self_attention_checker_names_the_mistake(impl, hint):
         nb04.check_self_attention(impl)
     assert hint in str(info.value)
     assert "exercise 4.1" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "impl, hint",
+    [
+        (self_attention_pair, "you returned the (output, weights) pair from attention; return only the output"),
+        (lambda x, W_Q, W_K, W_V: list(correct(x @ W_Q, x @ W_K, x @ W_V)), "return only the output"),
+        (lambda x, W_Q, W_K, W_V: correct(x @ W_Q, x @ W_K, x @ W_V)[0].numpy(), "should return one torch.Tensor (batch, pos, d_v), got array"),
+        (lambda x, W_Q, W_K, W_V: correct(x @ W_Q, x @ W_K, x @ W_V)[0].tolist(), "should return one torch.Tensor"),
+    ],
+)
+def test_self_attention_must_return_exactly_the_output_tensor(impl, hint):
+    """The exercise says self_attention returns the output (batch, pos, d_v); a pair or an array is not that."""
+    with pytest.raises(CheckFailure, match=re.escape(hint)):
+        nb04.check_self_attention(impl)
+
+
+@pytest.mark.parametrize(
+    "impl, hint",
+    [
+        (lambda q, k, v: list(correct(q, k, v)), "you returned a list: make it a tuple"),
+        (lambda q, k, v: tuple(t.numpy() for t in correct(q, k, v)), "should be a torch.Tensor, got array"),
+        (lambda q, k, v: (correct(q, k, v)[0], correct(q, k, v)[1].numpy()), "the weights of attention"),
+    ],
+)
+def test_attention_must_return_a_tuple_of_two_tensors(impl, hint):
+    with pytest.raises(CheckFailure, match=re.escape(hint)):
+        nb04.check_attention(impl)
 
 
 def test_transposed_weights_hint_only_when_the_shapes_point_to_it():
@@ -428,16 +457,14 @@ def test_self_attention_checker_says_not_done():
 
 def assert_same(outputs, expected, probe):
     assert outputs.keys() == expected.keys()
-    for key in expected:
+    assert outputs["returned"] == expected["returned"]
+    for key in set(expected) - {"returned"}:
         np.testing.assert_allclose(outputs[key], expected[key], rtol=probe.rtol, atol=probe.atol)
+    assert probe.compare(outputs, expected) is None
 
 
 def differs(outputs, expected, probe):
-    return any(
-        outputs[key].shape != expected[key].shape
-        or not np.allclose(outputs[key], expected[key], rtol=probe.rtol, atol=probe.atol)
-        for key in expected
-    )
+    return probe.compare(outputs, expected) is not None
 
 
 def test_every_check_cell_has_a_probe():
@@ -466,8 +493,8 @@ def test_attention_probe_agrees_with_the_reference(seed, impl):
     probe = nb04.PROBES["check_attention"]
     outputs, expected = run_probe(probe, {"attention": impl}, seed)
     assert_same(outputs, expected, probe)
-    for key, value in outputs.items():  # plain data only
-        assert isinstance(value, np.ndarray), key
+    for key, value in outputs.items():  # plain data only: the arrays, and a word for what came back
+        assert isinstance(value, str if key == "returned" else np.ndarray), key
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -483,7 +510,7 @@ def test_attention_probe_catches_mistakes(seed, buggy):
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("impl", [self_attention_right, self_attention_pair, self_attention_reference])
+@pytest.mark.parametrize("impl", [self_attention_right, self_attention_reference])
 def test_self_attention_probe_agrees_with_the_reference(seed, impl):
     probe = nb04.PROBES["check_self_attention"]
     outputs, expected = run_probe(probe, {"self_attention": impl}, seed)
@@ -498,6 +525,24 @@ def test_self_attention_probe_catches_mistakes(seed, buggy):
     probe = nb04.PROBES["check_self_attention"]
     outputs, expected = run_probe(probe, {"self_attention": buggy}, seed)
     assert differs(outputs, expected, probe)
+
+
+@pytest.mark.parametrize(
+    "grade_id, namespace, message",
+    [
+        ("check_self_attention", {"self_attention": self_attention_pair}, "return only the output tensor"),
+        ("check_self_attention", {"self_attention": lambda *a: self_attention_right(*a).numpy()},
+         "should return tensor, it returned ndarray"),
+        ("check_attention", {"attention": lambda q, k, v: list(correct(q, k, v))},
+         "should return a tuple of two tensors, it returned list of Tensor, Tensor"),
+        ("check_attention", {"attention": lambda q, k, v: tuple(t.numpy() for t in correct(q, k, v))},
+         "it returned tuple of ndarray, ndarray"),
+    ],
+)
+def test_probes_demand_the_return_type_the_exercise_states(grade_id, namespace, message):
+    probe = nb04.PROBES[grade_id]
+    outputs, expected = run_probe(probe, namespace, seed=0)
+    assert message in probe.compare(outputs, expected)
 
 
 def test_probe_code_leaves_no_helper_names_behind():

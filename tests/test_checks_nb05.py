@@ -156,6 +156,18 @@ def test_masked_attention_must_return_a_pair():
         nb05.check_masked_attention(lambda q, k, v, mask: make_masked_attention()(q, k, v, mask)[0])
 
 
+@pytest.mark.parametrize(
+    "returns, match",
+    [
+        (lambda pair: list(pair), "you returned a list: make it a tuple"),
+        (lambda pair: tuple(t.numpy() for t in pair), "the output of .* should be a torch.Tensor, got array"),
+    ],
+)
+def test_masked_attention_must_return_a_tuple_of_two_tensors(returns, match):
+    with pytest.raises(CheckFailure, match=match):
+        nb05.check_masked_attention(lambda q, k, v, mask: returns(make_masked_attention()(q, k, v, mask)))
+
+
 # ----------------------------------------------------------------------------- multi-head attention
 
 
@@ -177,7 +189,7 @@ def make_mha(bug=None):
                 return einops.rearrange(t, "b p (h d) -> b p h d", h=self.n_heads)
             if bug == "view-split":
                 return t.view(b, self.n_heads, p, self.d_head)
-            if bug == "interleaved":
+            if bug in ("interleaved", "interleaved-split"):
                 return einops.rearrange(t, "b p (d h) -> b h p d", h=self.n_heads)
             if bug == "pos-split":
                 return einops.rearrange(t, "b (h p) d -> b h p d", h=self.n_heads)
@@ -222,6 +234,8 @@ def make_mha(bug=None):
             z = self.merge(pattern @ v)
             if bug == "tuple":
                 return self.W_O(z), pattern
+            if bug == "ndarray":
+                return self.W_O(z).detach().numpy()
             return z if bug == "no-W_O" else self.W_O(z)
 
     return MultiHeadAttention
@@ -238,7 +252,8 @@ def test_mha_reference_and_learner_solution_pass(capsys):
     [
         ("view-split", r"\.view\(batch, n_heads, pos, d_head\)"),
         ("view-merge", "concatenation wrong"),
-        ("interleaved", "concatenation order wrong"),
+        ("interleaved", "heads split along the wrong axis: '\\(d_head n_heads\\)'.*both times"),
+        ("interleaved-split", "heads split along the wrong axis: '\\(d_head n_heads\\)'"),
         ("interleaved-merge", "concatenation order wrong"),
         ("pos-split", "you cut the pos axis"),
         ("no-W_O", "missing W_O"),
@@ -250,6 +265,7 @@ def test_mha_reference_and_learner_solution_pass(capsys):
         ("mask-ignored", "the mask had no effect"),
         ("keys-from-x", "come from `context`"),
         ("tuple", "return only the output"),
+        ("ndarray", "return only the output tensor.*returned array"),
         ("scale-no-sqrt", "you divided the scores by d_head; the scale is 1/sqrt\\(d_head\\)"),
         ("heads-not-moved", "your attention ran across the heads"),
         ("mask-unsqueeze", "raised RuntimeError.*the mask arrives already broadcastable to the scores"),
@@ -372,8 +388,26 @@ def test_probe_agrees_with_reference(grade_id, seed):
     probe = nb05.PROBES[grade_id]
     outputs, expected = run_probe(probe, GOOD[grade_id], seed)
     assert agree(probe, outputs, expected), grade_id
+    assert outputs["returned"] == expected["returned"]
     for key, value in expected.items():
-        assert isinstance(value, np.ndarray) and isinstance(outputs[key], np.ndarray)
+        if key != "returned":
+            assert isinstance(value, np.ndarray) and isinstance(outputs[key], np.ndarray)
+
+
+@pytest.mark.parametrize(
+    "grade_id, namespace, message",
+    [
+        ("check_causal_mask", {"causal_mask": lambda n: good_causal_mask(n).numpy()}, "should return a torch.Tensor, it returned ndarray"),
+        ("check_masked_attention", {"masked_attention": lambda *a: list(make_masked_attention()(*a))},
+         "should return a tuple of two tensors, it returned list of Tensor, Tensor"),
+        ("check_multi_head_attention", {"MultiHeadAttention": make_mha("tuple")}, "should return tensor, it returned tuple"),
+        ("check_multi_head_attention", {"MultiHeadAttention": make_mha("ndarray")}, "should return tensor, it returned ndarray"),
+    ],
+)
+def test_probes_demand_the_return_type_the_exercise_states(grade_id, namespace, message):
+    probe = nb05.PROBES[grade_id]
+    outputs, expected = run_probe(probe, namespace, seed=0)
+    assert message in probe.compare(outputs, expected)
 
 
 def test_probe_inputs_are_plain_data():

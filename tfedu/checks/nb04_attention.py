@@ -135,7 +135,10 @@ def _check_pair(result: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
             raise CheckFailure(HINT_NO_V)
         raise CheckFailure(f"{HINT_TUPLE}; you returned a single {describe(result)}")
     expect(isinstance(result, (tuple, list)) and len(result) == 2, f"{HINT_TUPLE}; you returned {describe(result)}")
+    expect(isinstance(result, tuple), f"{HINT_TUPLE}; you returned a {type(result).__name__}: make it a tuple, return output, weights")
     output, weights = result
+    for name, part in (("output", output), ("weights", weights)):
+        expect(isinstance(part, torch.Tensor), f"the {name} of {what} should be a torch.Tensor, got {describe(part)}")
     if (
         expected_out.shape != expected_w.shape
         and isinstance(output, torch.Tensor)
@@ -303,9 +306,17 @@ def _self_attention_case(seed: int, d_model: int, d_k: int, d_v: int) -> tuple[t
     return x, W_Q, W_K, W_V
 
 
-def _as_output(got: Any) -> Any:
-    if isinstance(got, (tuple, list)) and len(got) == 2:
-        return got[0]  # (output, weights) is fine too
+HINT_RETURNED_PAIR = (
+    "you returned the (output, weights) pair from attention; return only the output, a tensor of shape "
+    "(batch, pos, d_v)"
+)
+
+
+def _as_output(got: Any) -> torch.Tensor:
+    """The learner's answer, which must be exactly one tensor (batch, pos, d_v), or a CheckFailure naming what it is."""
+    if isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got):
+        raise CheckFailure(HINT_RETURNED_PAIR)
+    expect(isinstance(got, torch.Tensor), f"self_attention should return one torch.Tensor (batch, pos, d_v), got {describe(got)}")
     return got
 
 
@@ -416,7 +427,39 @@ def _attention_inputs(rng: np.random.Generator) -> dict:
 
 def _attention_reference(inputs: dict) -> dict:
     out, weights = reference_attention(*(torch.from_numpy(inputs[name]) for name in ("q", "k", "v")))
-    return {"output": out.numpy(), "weights": weights.numpy()}
+    return {"returned": PAIR, "output": out.numpy(), "weights": weights.numpy()}
+
+
+# The hidden tests demand the return type the exercise states, as the checkers do: the run code
+# records what came back (a word, plain data) and keeps the numbers only when it is the right kind.
+PAIR = "a tuple of two tensors"
+PAIR_OUTPUTS = (
+    "_pair = isinstance(_result, tuple) and len(_result) == 2 and all(isinstance(_t, torch.Tensor) for _t in _result)\n"
+    "outputs = {'returned': 'a tuple of two tensors' if _pair else type(_result).__name__ + (' of ' + ', '.join("
+    "type(_t).__name__ for _t in _result) if isinstance(_result, (tuple, list)) else '')}\n"
+    "if _pair:\n"
+    "    outputs['output'], outputs['weights'] = (_t.detach().cpu().float().numpy() for _t in _result)\n"
+    "del _result, _pair\n"
+)
+
+
+def compare_returned(outputs: dict, expected: dict, *, function: str, rtol: float = 1e-4, atol: float = 1e-5) -> str | None:
+    """A hidden test's outputs against the reference: first the kind of object returned, then the numbers."""
+    from tfedu.grading.grade import compare_plain  # here, not at the top: grading imports the checkers
+
+    if outputs.get("returned") != expected["returned"]:
+        return f"{function} should return {expected['returned']}, it returned {outputs.get('returned')}"
+    return compare_plain(outputs, expected, rtol, atol)
+
+
+def _compare_pair(outputs: dict, expected: dict) -> str | None:
+    return compare_returned(outputs, expected, function="attention")
+
+
+def _compare_self_attention(outputs: dict, expected: dict) -> str | None:
+    if outputs.get("returned") == "tuple":
+        return "self_attention returned a tuple (the (output, weights) pair from attention?); return only the output tensor"
+    return compare_returned(outputs, expected, function="self_attention")
 
 
 def _self_attention_inputs(rng: np.random.Generator) -> dict:
@@ -433,7 +476,7 @@ def _self_attention_inputs(rng: np.random.Generator) -> dict:
 
 def _self_attention_reference(inputs: dict) -> dict:
     x, W_Q, W_K, W_V = (torch.from_numpy(inputs[name]) for name in ("x", "W_Q", "W_K", "W_V"))
-    return {"output": reference_attention(x @ W_Q, x @ W_K, x @ W_V)[0].numpy()}
+    return {"returned": "tensor", "output": reference_attention(x @ W_Q, x @ W_K, x @ W_V)[0].numpy()}
 
 
 PROBES = {
@@ -442,10 +485,10 @@ PROBES = {
         make_inputs=_attention_inputs,
         run=(
             "_result = attention(torch.from_numpy(inputs['q']), torch.from_numpy(inputs['k']), torch.from_numpy(inputs['v']))\n"
-            "outputs = {'output': _result[0].detach().cpu().float().numpy(), 'weights': _result[1].detach().cpu().float().numpy()}\n"
-            "del _result\n"
+            + PAIR_OUTPUTS
         ),
         reference=_attention_reference,
+        compare=_compare_pair,
         forbidden=("tfedu.attention",),
     ),
     "check_self_attention": Probe(
@@ -454,11 +497,13 @@ PROBES = {
         run=(
             "_result = self_attention(torch.from_numpy(inputs['x']), torch.from_numpy(inputs['W_Q']), "
             "torch.from_numpy(inputs['W_K']), torch.from_numpy(inputs['W_V']))\n"
-            "_result = _result[0] if isinstance(_result, (tuple, list)) else _result\n"
-            "outputs = {'output': _result.detach().cpu().float().numpy()}\n"
+            "outputs = {'returned': 'tensor' if isinstance(_result, torch.Tensor) else type(_result).__name__}\n"
+            "if isinstance(_result, torch.Tensor):\n"
+            "    outputs['output'] = _result.detach().cpu().float().numpy()\n"
             "del _result\n"
         ),
         reference=_self_attention_reference,
+        compare=_compare_self_attention,
         # Exercise 4.2 is about the projections; attention itself was graded in 4.1. The answer may
         # call the learner's attention or the reference tfa.scaled_dot_product_attention, so a
         # learner stuck on 4.1 can still earn 4.2: nothing in tfedu computes the projections for them.

@@ -13,6 +13,7 @@ from torch import nn
 
 from tfedu import attention as reference
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, describe, expect, seeded_randn
+from tfedu.checks.nb04_attention import PAIR, PAIR_OUTPUTS, compare_returned
 
 # ----------------------------------------------------------------------------- the causal mask
 
@@ -142,7 +143,10 @@ def _masked_weight_mistakes(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor
 def _check_masked_pair(result: Any, q, k, v, mask, what: str) -> None:
     expected_out, expected_w = reference.scaled_dot_product_attention(q, k, v, mask)
     expect(isinstance(result, (tuple, list)) and len(result) == 2, f"{HINT_PAIR}; you returned {describe(result)}")
+    expect(isinstance(result, tuple), f"{HINT_PAIR}; you returned a {type(result).__name__}: make it a tuple, return output, weights")
     output, weights = result
+    for name, part in (("output", output), ("weights", weights)):
+        expect(isinstance(part, torch.Tensor), f"the {name} of {what} should be a torch.Tensor, got {describe(part)}")
     if (
         isinstance(output, torch.Tensor) and isinstance(weights, torch.Tensor)
         and output.shape == expected_w.shape and weights.shape == expected_out.shape != expected_w.shape
@@ -236,6 +240,16 @@ HINT_INTERLEAVED = (
     "concatenation order wrong: you used '(d_head n_heads)', which interleaves the heads' features. Head h "
     "owns the contiguous block of features h*d_head:(h+1)*d_head (the layout of W_Q's rows and of "
     "nn.MultiheadAttention): use '(n_heads d_head)' when splitting and when concatenating"
+)
+HINT_INTERLEAVED_SPLIT = (
+    "heads split along the wrong axis: '(d_head n_heads)' deals the features out to the heads in turn "
+    "(feature j goes to head j % n_heads), so each head gets a strided set of features. Head h owns the "
+    "contiguous block h*d_head:(h+1)*d_head (the layout of W_Q's rows and of nn.MultiheadAttention): split "
+    "with 'batch pos (n_heads d_head) -> batch n_heads pos d_head'"
+)
+HINT_INTERLEAVED_BOTH = (
+    f"{HINT_INTERLEAVED_SPLIT}, and concatenate with the same '(n_heads d_head)' (you used '(d_head n_heads)' "
+    "both times)"
 )
 HINT_NO_W_O = "missing W_O: after concatenating the heads, apply the output projection self.W_O"
 HINT_SCALE_D_MODEL = (
@@ -368,7 +382,8 @@ def _mha_mistakes(layer, x, context=None, mask=None) -> dict[str, torch.Tensor]:
     mistakes = {
         HINT_VIEW_SPLIT: variant(split="view", merge="view"),
         HINT_VIEW_MERGE: variant(merge="view"),
-        HINT_INTERLEAVED: variant(split="interleaved", merge="interleaved"),
+        HINT_INTERLEAVED_BOTH: variant(split="interleaved", merge="interleaved"),
+        HINT_INTERLEAVED_SPLIT: variant(split="interleaved"),
         HINT_NO_W_O: variant(use_W_O=False),
         HINT_SCALE_D_MODEL: variant(scale="d_model"),
         HINT_MHA_NO_SCALE: variant(scale="none"),
@@ -376,7 +391,7 @@ def _mha_mistakes(layer, x, context=None, mask=None) -> dict[str, torch.Tensor]:
         HINT_MHA_QUERY_AXIS: variant(softmax_dim=-2),
     }
     mistakes[HINT_VIEW_SPLIT + " (and merge back with a transpose)"] = variant(split="view")
-    mistakes[HINT_INTERLEAVED + " (your concatenation)"] = variant(merge="interleaved")
+    mistakes[HINT_INTERLEAVED] = variant(merge="interleaved")
     q_len = x.shape[1]
     k_len = q_len if context is None else context.shape[1]
     if mask is None and q_len == k_len:
@@ -406,6 +421,7 @@ def _check_layer(learner: Any, layer, x, context=None, mask=None, *, what: str) 
     got = call_on_copies(learner, named, name="MultiHeadAttention.forward", error_hint=error_hint)
     if isinstance(got, (tuple, list)):
         raise CheckFailure(f"{HINT_RETURNS_TUPLE}; {what} returned a {type(got).__name__} of {len(got)}")
+    expect(isinstance(got, torch.Tensor), f"{HINT_RETURNS_TUPLE}; {what} returned {describe(got)}")
     mistakes = _mha_mistakes(layer, x, context, mask)
     name_mistake_with_nans(got, mistakes)
     compare(got, layer(x, context, mask=mask), what=what, mistakes=mistakes, nan_hint=HINT_NAN)
@@ -468,8 +484,8 @@ def check_against_torch(MultiHeadAttention, d_model: int = 16, n_heads: int = 4,
 
 def _compare_masks(outputs: dict, expected: dict) -> str | None:
     got = outputs.get("mask")
-    if not isinstance(got, np.ndarray):
-        return f"causal_mask should give a tensor, got {type(got).__name__}"
+    if outputs.get("returned") != "tensor" or not isinstance(got, np.ndarray):
+        return f"causal_mask should return a torch.Tensor, it returned {outputs.get('returned')}"
     if got.dtype != np.bool_:
         return f"causal_mask should be boolean (True = may attend), got dtype {got.dtype}"
     if got.shape != expected["mask"].shape:
@@ -499,7 +515,7 @@ def _masked_attention_inputs(rng: np.random.Generator) -> dict:
 def _masked_attention_reference(inputs: dict) -> dict:
     q, k, v, mask = (torch.from_numpy(inputs[name]) for name in ("q", "k", "v", "mask"))
     out, weights = reference.scaled_dot_product_attention(q, k, v, mask)
-    return {"output": out.numpy(), "weights": weights.numpy()}
+    return {"returned": PAIR, "output": out.numpy(), "weights": weights.numpy()}
 
 
 def _mha_inputs(rng: np.random.Generator) -> dict:
@@ -526,6 +542,7 @@ def _mha_reference(inputs: dict) -> dict:
             getattr(layer, name).bias.copy_(torch.from_numpy(inputs[f"{name}_bias"]))
         x, context = torch.from_numpy(inputs["x"]), torch.from_numpy(inputs["context"])
         return {
+            "returned": "tensor",
             "self": layer(x).numpy(),
             "causal": layer(x, mask=torch.from_numpy(inputs["causal"])).numpy(),
             "cross": layer(x, context, mask=torch.from_numpy(inputs["padding"])).numpy(),
@@ -539,20 +556,30 @@ with torch.no_grad():
         getattr(_mha, _name).weight.copy_(torch.from_numpy(inputs[_name + '_weight']))
         getattr(_mha, _name).bias.copy_(torch.from_numpy(inputs[_name + '_bias']))
     _x, _context = torch.from_numpy(inputs['x']), torch.from_numpy(inputs['context'])
-    outputs = {
-        'self': _mha(_x).detach().cpu().float().numpy(),
-        'causal': _mha(_x, mask=torch.from_numpy(inputs['causal'])).detach().cpu().float().numpy(),
-        'cross': _mha(_x, _context, mask=torch.from_numpy(inputs['padding'])).detach().cpu().float().numpy(),
+    _results = {
+        'self': _mha(_x),
+        'causal': _mha(_x, mask=torch.from_numpy(inputs['causal'])),
+        'cross': _mha(_x, _context, mask=torch.from_numpy(inputs['padding'])),
     }
-del _mha, _name, _x, _context
+_wrong = [type(_r).__name__ for _r in _results.values() if not isinstance(_r, torch.Tensor)]
+outputs = {'returned': _wrong[0] if _wrong else 'tensor'}
+if not _wrong:
+    outputs.update({_key: _r.detach().cpu().float().numpy() for _key, _r in _results.items()})
+del _mha, _name, _x, _context, _results, _wrong
 """
 
 PROBES = {
     "check_causal_mask": Probe(
         exercise="ex_causal_mask",
         make_inputs=_mask_inputs,
-        run="outputs = {'mask': causal_mask(inputs['n']).detach().cpu().numpy()}",
-        reference=lambda inputs: {"mask": reference.causal_mask(inputs["n"], inputs["n"]).numpy()},
+        run=(
+            "_result = causal_mask(inputs['n'])\n"
+            "outputs = {'returned': 'tensor' if isinstance(_result, torch.Tensor) else type(_result).__name__}\n"
+            "if isinstance(_result, torch.Tensor):\n"
+            "    outputs['mask'] = _result.detach().cpu().numpy()\n"
+            "del _result\n"
+        ),
+        reference=lambda inputs: {"returned": "tensor", "mask": reference.causal_mask(inputs["n"], inputs["n"]).numpy()},
         forbidden=("tfedu.attention",),
         compare=_compare_masks,
     ),
@@ -562,10 +589,10 @@ PROBES = {
         run=(
             "_result = masked_attention(torch.from_numpy(inputs['q']), torch.from_numpy(inputs['k']), "
             "torch.from_numpy(inputs['v']), torch.from_numpy(inputs['mask']))\n"
-            "outputs = {'output': _result[0].detach().cpu().float().numpy(), 'weights': _result[1].detach().cpu().float().numpy()}\n"
-            "del _result\n"
+            + PAIR_OUTPUTS
         ),
         reference=_masked_attention_reference,
+        compare=lambda outputs, expected: compare_returned(outputs, expected, function="masked_attention"),
         forbidden=("tfedu.attention",),
     ),
     "check_multi_head_attention": Probe(
@@ -573,6 +600,7 @@ PROBES = {
         make_inputs=_mha_inputs,
         run=MHA_RUN,
         reference=_mha_reference,
+        compare=lambda outputs, expected: compare_returned(outputs, expected, function="MultiHeadAttention.forward"),
         forbidden=("tfedu.attention",),
     ),
 }
