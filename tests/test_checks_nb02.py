@@ -569,3 +569,15 @@ def test_learner_losses_can_drive_the_notebook_training_runs():
         assert len(ours.losses) == len(theirs.losses)
         torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(theirs.losses), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(ours.vectors, theirs.vectors, rtol=1e-3, atol=1e-4)
+
+
+def test_switch_falls_back_to_the_reference_and_names_the_cause(capsys):
+    """A wrong sgns_loss with USE_MY_SGNS_LOSS = True: the training cell runs the reference, and says why."""
+    from tfedu.checks.switch import pick
+
+    chosen = pick("USE_MY_SGNS_LOSS", True, loss_mean_over_negatives, E.sgns_loss, nb02.check_sgns_loss, exercise="2.2")
+    out = capsys.readouterr().out
+    assert chosen is E.sgns_loss
+    assert "USE_MY_SGNS_LOSS = True, but your sgns_loss does not pass exercise 2.2" in out and nb02.NEG_MEAN_HINT in out
+    assert pick("USE_MY_SGNS_LOSS", True, loss_correct, E.sgns_loss, nb02.check_sgns_loss, exercise="2.2") is loss_correct
+    assert pick("USE_MY_CBOW_LOSS", True, cbow_sum, E.cbow_loss, nb02.check_cbow_loss, exercise="2.4") is E.cbow_loss
