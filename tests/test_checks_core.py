@@ -79,6 +79,12 @@ def test_compare_reports_type_shape_dtype_nan_and_values():
         compare(wrong, ref, what="y")
 
 
+def test_compare_of_one_number_names_no_index():
+    with pytest.raises(CheckFailure, match=r"^loss differs from the reference: got 2, expected 1\.5$") as info:
+        compare(torch.tensor(2.0), torch.tensor(1.5), what="loss")
+    assert "index" not in str(info.value)
+
+
 def test_compare_sees_through_tensor_subclasses_that_lie():
     class AlwaysEqual(torch.Tensor):
         def __eq__(self, other):

@@ -322,6 +322,8 @@ def test_split_mistakes():
     no_space = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d|\p{L}+|\p{N}+|[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
     fails_with(nb01.check_gpt2_split, no_space.findall, hint="optional leading space")
     fails_with(nb01.check_gpt2_split, str.split, hint="split on whitespace")
+    slide_typo = regex.compile(GPT2_PATTERN.replace(r"[^\s\p{L}", r"[^s\p{L}"))  # the deck's missing backslash
+    fails_with(nb01.check_gpt2_split, slide_typo.findall, hint="lost a backslash")
     for run in (r" ?\p{L}+", r" ?\p{N}+", r" ?[^\s\p{L}\p{N}]+"):  # one character where a run belongs
         one_char = regex.compile(GPT2_PATTERN.replace(run, run.removesuffix("+"), 1))
         fails_with(nb01.check_gpt2_split, one_char.findall, hint="a `+` is missing")
@@ -481,6 +483,24 @@ def test_bpe_encode_other_failures():
     fails_with(nb01.check_bpe_encode, lambda t, m: [bpe_encode(w, m) for w in regex.findall(GPT4_SPLIT, t)],
                hint="list of ints")
     fails_with(nb01.check_bpe_encode, bpe_encode, [(1, 999)], hint="using ids made before it")
+
+
+def encode_until_min_fails(text, merges):  # `while True` around min(pairs): a one-id pre-token has no pairs
+    ranks = {pair: 256 + rank for rank, pair in enumerate(merges)}
+    out = []
+    for piece in regex.findall(GPT4_SPLIT, text):
+        ids = list(piece.encode("utf-8"))
+        while True:
+            pair = min(zip(ids, ids[1:]), key=lambda p: ranks.get(p, float("inf")))
+            if pair not in ranks:
+                break
+            ids = nb01.reference_merge_pair(ids, pair, ranks[pair])
+        out += ids
+    return out
+
+
+def test_bpe_encode_names_a_loop_that_runs_out_of_pairs():
+    fails_with(nb01.check_bpe_encode, encode_until_min_fails, hint="no pair is left")
 
 
 @settings(max_examples=60, deadline=None)

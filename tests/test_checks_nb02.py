@@ -150,7 +150,23 @@ def loss_per_example(center, context, negatives):
 
 def loss_log_of_sigmoid(center, context, negatives):  # right maths, underflows for large scores
     pos, neg = scores(center, context, negatives)
-    return -(torch.log(torch.sigmoid(pos)) + torch.log(1 - torch.sigmoid(neg)).sum(-1)).mean()
+    return -(torch.log(torch.sigmoid(pos)) + torch.log(torch.sigmoid(-neg)).sum(-1)).mean()
+
+
+def loss_log_one_minus_sigmoid(center, context, negatives):  # right maths, 1 - sigma(x) rounds to 0 above x ~ 17
+    pos, neg = scores(center, context, negatives)
+    return -(F.logsigmoid(pos) + torch.log(1 - torch.sigmoid(neg)).sum(-1)).mean()
+
+
+def loss_outer_product(center, context, negatives):  # every center against every context, then a mean
+    pos = F.logsigmoid(center @ context.T).mean(-1)
+    neg = F.logsigmoid(-(negatives @ center.unsqueeze(-1)).squeeze(-1)).sum(-1)
+    return -(pos + neg).mean()
+
+
+def loss_outer_product_broadcast(center, context, negatives):  # (batch, batch) + (batch,), then one mean
+    pos, neg = center @ context.T, scores(center, context, negatives)[1]
+    return -(F.logsigmoid(pos) + F.logsigmoid(-neg).sum(-1)).mean()
 
 
 def loss_item(center, context, negatives):
@@ -210,6 +226,9 @@ def test_loss_checker_passes_correct_versions(impl, capsys):
         (loss_no_negatives, nb02.NO_NEG_HINT),
         (loss_per_example, "return one number"),
         (loss_log_of_sigmoid, nb02.STABILITY_HINT),
+        (loss_log_one_minus_sigmoid, nb02.ONE_MINUS_HINT),
+        (loss_outer_product, nb02.OUTER_PRODUCT_HINT),
+        (loss_outer_product_broadcast, nb02.OUTER_PRODUCT_HINT),
         (loss_item, "no gradient flows"),
         (loss_bce_default_mean, "reduction='sum'"),
         (loss_mean_of_all_terms, nb02.MEAN_OF_TERMS_HINT),
@@ -223,6 +242,12 @@ def test_loss_checker_names_the_mistake(impl, hint):
     with pytest.raises(CheckFailure) as info:
         nb02.check_sgns_loss(impl)
     assert hint in str(info.value)
+
+
+def test_one_minus_sigmoid_hint_quotes_what_the_learner_wrote():
+    with pytest.raises(CheckFailure) as info:
+        nb02.check_sgns_loss(loss_log_one_minus_sigmoid)
+    assert "log(1 - sigma(x))" in str(info.value) and "log(sigma(x))" not in str(info.value)
 
 
 def test_loss_unfinished():
@@ -350,6 +375,22 @@ def cbow_mean_over_d_model(context, center, negatives):
     return loss_correct(context.mean(-1), center, negatives)
 
 
+def cbow_mean_over_d_model_broadcast(context, center, negatives):  # one number per word, first word, broadcast
+    return loss_correct(context.mean(-1, keepdim=True).expand_as(context)[:, 0], center, negatives)
+
+
+def cbow_mean_over_d_model_then_words(context, center, negatives):
+    return loss_correct(context.mean(-1, keepdim=True).mean(1).expand_as(center), center, negatives)
+
+
+def cbow_mean_over_everything(context, center, negatives):
+    return loss_correct(context.mean().expand_as(center), center, negatives)
+
+
+def cbow_first_word_only(context, center, negatives):
+    return loss_correct(context[:, 0], center, negatives)
+
+
 def cbow_average_of_losses(context, center, negatives):  # skip-gram with the roles swapped
     return torch.stack([loss_correct(context[:, j], center, negatives) for j in range(context.shape[1])]).mean()
 
@@ -377,6 +418,10 @@ def cbow_log_of_sigmoid(context, center, negatives):
     return loss_log_of_sigmoid(context.mean(1), center, negatives)
 
 
+def cbow_log_one_minus_sigmoid(context, center, negatives):
+    return loss_log_one_minus_sigmoid(context.mean(1), center, negatives)
+
+
 def cbow_python_float(context, center, negatives):
     return cbow_correct(context, center, negatives).item()
 
@@ -396,13 +441,18 @@ def test_cbow_checker_passes_correct_versions(impl, capsys):
     [
         (cbow_sum, nb02.CBOW_SUM_HINT),
         (cbow_mean_over_batch, nb02.CBOW_BATCH_AXIS_HINT),
-        (cbow_mean_over_d_model, nb02.CBOW_AXIS_HINT),
+        (cbow_mean_over_d_model, "over dim -1 (d_model) gives shape (batch, 2m)"),
+        (cbow_mean_over_d_model_broadcast, nb02.CBOW_DMODEL_AXIS_HINT),
+        (cbow_mean_over_d_model_then_words, nb02.CBOW_DMODEL_AXIS_HINT),
+        (cbow_mean_over_everything, nb02.CBOW_ALL_AXES_HINT),
+        (cbow_first_word_only, nb02.CBOW_FIRST_WORD_HINT),
         (cbow_average_of_losses, nb02.CBOW_LOSS_PER_WORD_HINT),
         (cbow_sum_of_losses, nb02.CBOW_SUM_OF_LOSSES_HINT),
         (cbow_negatives_against_center, nb02.CBOW_NEG_CENTER_HINT),
         (cbow_missing_minus, nb02.MISSING_MINUS_HINT),
         (cbow_per_example, nb02.CBOW_PER_EXAMPLE_HINT),
         (cbow_log_of_sigmoid, nb02.STABILITY_HINT),
+        (cbow_log_one_minus_sigmoid, nb02.ONE_MINUS_HINT),
         (cbow_python_float, nb02.LOSS_NUMBER_HINT),
     ],
 )
@@ -519,3 +569,15 @@ def test_learner_losses_can_drive_the_notebook_training_runs():
         assert len(ours.losses) == len(theirs.losses)
         torch.testing.assert_close(torch.tensor(ours.losses), torch.tensor(theirs.losses), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(ours.vectors, theirs.vectors, rtol=1e-3, atol=1e-4)
+
+
+def test_switch_falls_back_to_the_reference_and_names_the_cause(capsys):
+    """A wrong sgns_loss with USE_MY_SGNS_LOSS = True: the training cell runs the reference, and says why."""
+    from tfedu.checks.switch import pick
+
+    chosen = pick("USE_MY_SGNS_LOSS", True, loss_mean_over_negatives, E.sgns_loss, nb02.check_sgns_loss, exercise="2.2")
+    out = capsys.readouterr().out
+    assert chosen is E.sgns_loss
+    assert "USE_MY_SGNS_LOSS = True, but your sgns_loss does not pass exercise 2.2" in out and nb02.NEG_MEAN_HINT in out
+    assert pick("USE_MY_SGNS_LOSS", True, loss_correct, E.sgns_loss, nb02.check_sgns_loss, exercise="2.2") is loss_correct
+    assert pick("USE_MY_CBOW_LOSS", True, cbow_sum, E.cbow_loss, nb02.check_cbow_loss, exercise="2.4") is E.cbow_loss

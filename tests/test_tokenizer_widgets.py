@@ -170,3 +170,10 @@ def test_annotations_are_accurate(typechecked):
     assert typechecked(tw.byte_name)(b"a b") == "a·b"
     assert isinstance(typechecked(tw.tokens_per_char)(tok, "the cat"), float)
     assert all(isinstance(t, bytes) for t in typechecked(tw.cross_boundary_tokens)(tok, "gpt4"))
+
+
+def test_merge_stepper_text_box_is_wide_enough_for_its_sentence():
+    shown = tw.merge_stepper()
+    text = shown.widget.children[0]
+    assert text.layout.width == "95%" and text.layout.max_width == "60em"
+    assert len(text.value) <= 60  # an em holds at least one character of the box's font

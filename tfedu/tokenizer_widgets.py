@@ -262,7 +262,9 @@ def merge_stepper(text: str = "aaabdaaabac", *, start: int = 1, max_merges: int 
     from tfedu.widgets import interactive_figure
 
     n = count_merges(text, max_merges=max_merges)
-    box = widgets.Text(value=text, description="text", continuous_update=False)
+    # wide enough for the default sentence and the deck's example; it shrinks with a narrow notebook
+    box = widgets.Text(value=text, description="text", continuous_update=False,
+                       layout=widgets.Layout(width="95%", max_width="60em"))
     view = widgets.ToggleButtons(options=list(VIEWS), value="bytes", description="ids")
     slider = widgets.IntSlider(value=min(start, n), min=0, max=n, description="merge")
 

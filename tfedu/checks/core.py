@@ -213,10 +213,13 @@ def compare(
     if not is_close(actual, expected, rtol=rtol, atol=atol):
         diff = (actual.detach().double().cpu() - expected.detach().double().cpu()).abs()
         worst = int(diff.argmax())
-        index = tuple(int(i) for i in np.unravel_index(worst, tuple(diff.shape))) if diff.dim() else ()
+        got, want = actual.flatten()[worst].item(), expected.flatten()[worst].item()
+        if not diff.dim():  # one number: no index to name
+            raise CheckFailure(f"{what} differs from the reference: got {got:.6g}, expected {want:.6g}")
+        index = tuple(int(i) for i in np.unravel_index(worst, tuple(diff.shape)))
         raise CheckFailure(
             f"{what} differs from the reference: largest error {diff.max().item():.3g} at index {index}"
-            f" (got {actual.flatten()[worst].item():.6g}, expected {expected.flatten()[worst].item():.6g})"
+            f" (got {got:.6g}, expected {want:.6g})"
         )
 
 

@@ -473,6 +473,9 @@ SPLIT_MISTAKES = {
     "a `+` is missing: letters, numbers and other symbols each match a run (one or more), so "
     "'loveee' and '...' are one piece each, not one per character": tuple(
         _without_plus(branch) for branch in ("letters", "numbers", "other")),
+    "`[^s\\p{L}\\p{N}]` has lost a backslash (a typo in the deck's slide): `s` there is the letter s, so "
+    "this branch now also swallows spaces and newlines; write `[^\\s\\p{L}\\p{N}]`, not whitespace, "
+    "not a letter, not a number": regex.compile(GPT2_PATTERN.replace(r"[^\s\p{L}", r"[^s\p{L}")).findall,
     "you split on whitespace and dropped it; the pieces must join back to the exact text (''.join(pieces) == text)":
         str.split,
 }
@@ -615,6 +618,11 @@ ENCODE_MISTAKES = {
         t, m, lambda ids, r: _by_rank(ids, r, offset=0)),
 }
 
+EMPTY_PAIRS_HINT = (
+    "a pre-token that has merged down to one id has no pairs left, and min() of no pairs fails: stop the "
+    "loop when no pair is left (while len(ids) >= 2) or when none of the pairs is a learned merge"
+)
+
 # Small cases, each made so that one of the mistakes above gives a different answer.
 ENCODE_CASES = [
     ("bccc bc", [(98, 99), (99, 99)]),  # cc is more frequent, bc has the lower rank
@@ -653,7 +661,13 @@ def check_bpe_encode(bpe_encode, my_merges: Sequence[tuple[int, int]] | None = N
     for text, merges in cases:
         short = merges if len(merges) <= 3 else f"<{len(merges)} merges>"
         what = f"bpe_encode({text!r}, {short})"
-        got = _as_int_list(call_learner(bpe_encode, text, [tuple(m) for m in merges], name="bpe_encode"), what)
+        try:
+            got = call_learner(bpe_encode, text, [tuple(m) for m in merges], name="bpe_encode")
+        except CheckFailure as failure:
+            if "empty sequence" in str(failure):
+                raise CheckFailure(f"{failure} ({EMPTY_PAIRS_HINT})") from None
+            raise
+        got = _as_int_list(got, what)
         expected = reference_bpe_encode(text, merges)
         oracle = tiktoken_encode(text, merges)
         if oracle is not None and oracle != expected:  # cannot happen for merges BPE learned; guards the checker

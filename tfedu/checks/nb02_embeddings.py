@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, expect, seeded_randn
+from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, expect, is_close, seeded_randn
 from tfedu.embeddings import SkipGram, cbow_loss, sgns_loss, sgns_step
 
 # --------------------------------------------------------------------------- exercise 2.1: one-hot @ W_E
@@ -127,8 +127,19 @@ LOSS_NUMBER_HINT = (
     "training needs to call .backward() on it"
 )
 STABILITY_HINT = (
-    "NaN or Inf for large scores: torch.log(torch.sigmoid(x)) underflows to log(0) = -inf once x is "
-    "below about -100 (float32); F.logsigmoid(x) computes the same thing without underflow"
+    "NaN or Inf for large scores: the log of a sigmoid computed in two steps, log(sigma(x)), underflows "
+    "to log(0) = -inf once x is below about -100 (float32); F.logsigmoid(x) computes the same thing "
+    "without underflow"
+)
+ONE_MINUS_HINT = (
+    "NaN or Inf for large scores: you wrote log(1 - sigma(x)) for a negative's term; that is log sigma(-x), "
+    "but in float32 sigma(x) rounds to exactly 1 once x is above about 17, so 1 - sigma(x) is 0 and its log "
+    "is -inf; F.logsigmoid(-x) computes the same thing without that rounding"
+)
+OUTER_PRODUCT_HINT = (
+    "center @ context.T is a (batch, batch) matrix that scores every center against every context; the "
+    "positive score is one dot product per pair, u_o . v_c for row i of each: multiply elementwise and "
+    "sum over d_model, giving shape (batch,)"
 )
 
 
@@ -142,7 +153,7 @@ def sgns_loss_mistakes(center: torch.Tensor, context: torch.Tensor, negatives: t
     """What each known mistake returns on these inputs, keyed by its hint."""
     pos, neg = _sgns_parts(center, context, negatives)
     ls = F.logsigmoid
-    return {
+    mistakes: dict[str, Any] = {
         MISSING_MINUS_HINT: (-ls(pos) - ls(neg).sum(-1)).mean(),
         SIGMOID_HINT: (-torch.sigmoid(pos) - torch.sigmoid(-neg).sum(-1)).mean(),
         BATCH_SUM_HINT: (-ls(pos) - ls(-neg).sum(-1)).sum(),
@@ -154,6 +165,33 @@ def sgns_loss_mistakes(center: torch.Tensor, context: torch.Tensor, negatives: t
         NEG_AXIS_HINT: (-ls(pos) - ls(-(negatives * center[:, None, :]).sum(1)).sum(-1)).mean(),
         NEG_CONTEXT_HINT: (-ls(pos) - ls(-_sgns_parts(context, context, negatives)[1]).sum(-1)).mean(),
     }
+    return mistakes
+
+
+def outer_product_variants(center: torch.Tensor, context: torch.Tensor, negatives: torch.Tensor) -> list[torch.Tensor]:
+    """Losses made with center @ context.T, a (batch, batch) matrix, as the positive score."""
+    _, neg = _sgns_parts(center, context, negatives)
+    outer, neg_term = F.logsigmoid(center @ context.T), F.logsigmoid(-neg).sum(-1)  # batch batch; batch
+    return [(-outer.mean(-1) - neg_term).mean(), (-outer.sum(-1) - neg_term).mean(),
+            (-outer - neg_term).mean(), (-outer - neg_term[:, None]).mean()]
+
+
+def _name_variants(got: Any, variants: list[torch.Tensor], expected: torch.Tensor, hint: str) -> None:
+    """Fail with ``hint`` when ``got`` matches one of several outputs of one mistake."""
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape and not is_close(got, expected):
+        if any(is_close(got, wrong) and not is_close(wrong, expected) for wrong in variants):
+            raise CheckFailure(hint)
+
+
+def _stability_hint(loss_at: Any) -> str:
+    """Which two-step log-sigmoid the learner wrote; ``loss_at(s)`` is their loss with scores of +-144 s."""
+    try:
+        moderate = loss_at(25.0 / 144.0)
+    except Exception:
+        return STABILITY_HINT
+    if isinstance(moderate, torch.Tensor) and not torch.isfinite(moderate).all():
+        return ONE_MINUS_HINT  # log(sigma(x)) is still finite at x = -25; log(1 - sigma(25)) is not
+    return STABILITY_HINT
 
 
 def _sgns_inputs(seed: int, batch: int = 4, k: int = 5, d_model: int = 3) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -169,7 +207,9 @@ def check_sgns_loss(sgns_loss_fn) -> None:
         raise CheckFailure(LOSS_NUMBER_HINT)
     if isinstance(got, torch.Tensor) and got.shape == (center.shape[0],):
         raise CheckFailure("return one number, a 0-d tensor: the mean over the batch of the per-example losses")
-    compare(got, sgns_loss(center, context, negatives), what="sgns_loss(center, context, negatives)",
+    expected = sgns_loss(center, context, negatives)
+    _name_variants(got, outer_product_variants(center, context, negatives), expected, OUTER_PRODUCT_HINT)
+    compare(got, expected, what="sgns_loss(center, context, negatives)",
             mistakes=sgns_loss_mistakes(center, context, negatives))
     # Another batch size, k and d_model, with gradients.
     center, context, negatives = (t.double().requires_grad_(True) for t in _sgns_inputs(10, batch=3, k=2, d_model=5))
@@ -186,8 +226,11 @@ def check_sgns_loss(sgns_loss_fn) -> None:
     v = torch.tensor([[12.0, 0.0], [0.0, 12.0]])
     u = torch.tensor([[12.0, 0.0], [0.0, -12.0]])
     negs = torch.stack([-u, u], dim=1)  # 2 2 2
-    compare(call_learner(sgns_loss_fn, v, u, negs, name="sgns_loss"), sgns_loss(v, u, negs),
-            what="sgns_loss with scores of +-144", nan_hint=STABILITY_HINT, rtol=1e-4, atol=1e-3)
+    got = call_learner(sgns_loss_fn, v, u, negs, name="sgns_loss")
+    hint = None
+    if isinstance(got, torch.Tensor) and got.is_floating_point() and not torch.isfinite(got).all():
+        hint = _stability_hint(lambda scale: sgns_loss_fn(v, u * scale, negs * scale))
+    compare(got, sgns_loss(v, u, negs), what="sgns_loss with scores of +-144", nan_hint=hint, rtol=1e-4, atol=1e-3)
 
 
 # --------------------------------------------------------------------------- exercise 2.3: one training step
@@ -266,7 +309,22 @@ CBOW_BATCH_AXIS_HINT = (
     "you averaged over the batch axis: h should be one vector per example, the mean over that "
     "example's context words (the middle axis of context)"
 )
-CBOW_AXIS_HINT = "h should have shape (batch, d_model): average over the context words, the middle axis of context"
+CBOW_AXIS_HINT = (
+    "h should have shape (batch, d_model): average over the context words, the middle axis of context "
+    "(dim 1); averaging over dim 0 (the batch) gives shape (2m, d_model) and over dim -1 (d_model) "
+    "gives shape (batch, 2m)"
+)
+CBOW_DMODEL_AXIS_HINT = (
+    "you averaged over d_model, the last axis of context: that turns each context vector into one number; "
+    "average over the context words instead (dim 1), which keeps d_model"
+)
+CBOW_ALL_AXES_HINT = (
+    "you averaged over every axis of context at once (context.mean() with no dim): h should be one "
+    "vector per example, the mean over that example's context words (dim 1)"
+)
+CBOW_FIRST_WORD_HINT = (
+    "h used only the first context word (context[:, 0]); average all 2m context words (dim 1)"
+)
 CBOW_LOSS_PER_WORD_HINT = (
     "you averaged the losses of the context words, each scored on its own (that is skip-gram); CBOW first "
     "averages their vectors into one h, then scores h once"
@@ -295,9 +353,20 @@ def cbow_loss_mistakes(context: torch.Tensor, center: torch.Tensor, negatives: t
     }
     if context.shape[0] == context.shape[1]:  # averaging over the batch axis gives a same-shaped h
         mistakes[CBOW_BATCH_AXIS_HINT] = sgns_loss(context.mean(0), center, negatives)
+    if context.shape[1] == context.shape[2]:  # so does averaging over d_model
+        mistakes[CBOW_DMODEL_AXIS_HINT] = sgns_loss(context.mean(-1), center, negatives)
+    mistakes[CBOW_ALL_AXES_HINT] = sgns_loss(context.mean().expand_as(center), center, negatives)
+    mistakes[CBOW_FIRST_WORD_HINT] = sgns_loss(context[:, 0], center, negatives)
     for hint, wrong in sgns_loss_mistakes(h, center, negatives).items():
         mistakes.setdefault(hint, wrong)  # the SGNS slips, made after a correct average
     return mistakes
+
+
+def cbow_axis_variants(context: torch.Tensor, center: torch.Tensor, negatives: torch.Tensor) -> list[torch.Tensor]:
+    """Losses whose h averaged over d_model and was then broadcast back to shape (batch, d_model)."""
+    per_word = context.mean(-1, keepdim=True)  # batch 2m 1: one number per context vector
+    return [sgns_loss(per_word.mean(1).expand_as(center), center, negatives),
+            sgns_loss(per_word[:, 0].expand_as(center), center, negatives)]
 
 
 @checker("CBOW loss")
@@ -310,8 +379,9 @@ def check_cbow_loss(cbow_loss_fn) -> None:
         raise CheckFailure(LOSS_NUMBER_HINT)
     if isinstance(got, torch.Tensor) and got.shape == (context.shape[0],):
         raise CheckFailure(CBOW_PER_EXAMPLE_HINT)
-    compare(got, cbow_loss(context, center, negatives), what="cbow_loss(context, center, negatives)",
-            mistakes=cbow_loss_mistakes(context, center, negatives))
+    expected = cbow_loss(context, center, negatives)
+    _name_variants(got, cbow_axis_variants(context, center, negatives), expected, CBOW_DMODEL_AXIS_HINT)
+    compare(got, expected, what="cbow_loss(context, center, negatives)", mistakes=cbow_loss_mistakes(context, center, negatives))
     # Another shape, float64, with gradients.
     context, center, negatives = (t.double().requires_grad_(True)
                                   for t in (seeded_randn(30, 3, 2, 5), seeded_randn(31, 3, 5), seeded_randn(32, 3, 2, 5)))
@@ -329,8 +399,12 @@ def check_cbow_loss(cbow_loss_fn) -> None:
     context = torch.tensor([[[12.0, 0.0], [12.0, 0.0]], [[0.0, 12.0], [0.0, 12.0]]])
     center = torch.tensor([[12.0, 0.0], [0.0, -12.0]])
     negatives = torch.stack([-center, center], dim=1)
-    compare(call_learner(cbow_loss_fn, context, center, negatives, name="cbow_loss"), cbow_loss(context, center, negatives),
-            what="cbow_loss with scores of +-144", nan_hint=STABILITY_HINT, rtol=1e-4, atol=1e-3)
+    got = call_learner(cbow_loss_fn, context, center, negatives, name="cbow_loss")
+    hint = None
+    if isinstance(got, torch.Tensor) and got.is_floating_point() and not torch.isfinite(got).all():
+        hint = _stability_hint(lambda scale: cbow_loss_fn(context, center * scale, negatives * scale))
+    compare(got, cbow_loss(context, center, negatives), what="cbow_loss with scores of +-144", nan_hint=hint,
+            rtol=1e-4, atol=1e-3)
 
 
 # --------------------------------------------------------------------------- probes for the autograder

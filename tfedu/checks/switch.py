@@ -1,0 +1,48 @@
+"""Switch cells: run an experiment with the learner's function only when it passes its check.
+
+A notebook's switch cell (``USE_MY_SGNS_LOSS = True``) asks an experiment to run the learner's
+function. If that function is wrong, the experiment would fail far from the cause, with a bare
+assert. :func:`pick` runs the exercise's checker first; when it fails, it prints why and hands back
+the reference, so the rest of the notebook still runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Callable
+from typing import Any
+
+from tfedu.checks.core import TICK
+
+WARNING = "\N{WARNING SIGN}"
+
+
+def pick(switch: str, on: bool, mine: Any, reference: Any, check: Callable[..., None], *check_args: Any,
+         exercise: str, name: str | None = None) -> Any:
+    """``mine`` when the switch is on and ``check(mine, *check_args)`` passes; otherwise ``reference``.
+
+    Built for the switch cells of notebooks/01_tokenization.ipynb and notebooks/02_embeddings.ipynb.
+
+    >>> from tfedu.checks.nb00_start_here import check_softmax
+    >>> from tfedu.softmax import softmax
+    >>> pick("USE_MY_SOFTMAX", False, None, softmax, check_softmax, exercise="0.1") is softmax
+    True
+    >>> wrong = lambda x: x
+    >>> pick("USE_MY_SOFTMAX", True, wrong, softmax, check_softmax, exercise="0.1") is softmax  # doctest: +ELLIPSIS
+    ⚠ USE_MY_SOFTMAX = True, but your softmax does not pass exercise 0.1's check: ...
+    True
+    """
+    label = name or getattr(reference, "__name__", "function")
+    if not on:
+        return reference
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            check(mine, *check_args)
+    except AssertionError as failure:  # CheckFailure and ExerciseNotDone are AssertionErrors
+        print(f"{WARNING} {switch} = True, but your {label} does not pass exercise {exercise}'s check: {failure}\n"
+              f"  The cell below runs the reference {label} instead, so the rest of the notebook still runs; "
+              f"fix exercise {exercise}, or set {switch} = False.")
+        return reference
+    print(f"{TICK} {switch} = True: running your {label} (it passes exercise {exercise}'s check)")
+    return mine
