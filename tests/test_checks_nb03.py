@@ -453,14 +453,23 @@ def notebook_train_model(use_my_attention: bool, additive_attention, steps: int)
     return namespace["train_model"]
 
 
-def test_use_my_attention_switch_changes_the_experiment():
+def test_use_my_attention_switch_runs_a_passing_function_and_falls_back_from_a_wrong_one(capsys):
     reference_model, reference_losses = notebook_train_model(False, uniform_attention, steps=5)("luong")
-    mine_model, mine_losses = notebook_train_model(True, uniform_attention, steps=5)("luong")
-    _, right_model_losses = notebook_train_model(True, plain_attention, steps=5)("luong")
+    calls = []
+
+    def counted_attention(*args):
+        calls.append(args[1].shape)
+        return plain_attention(*args)
+
+    _, right_model_losses = notebook_train_model(True, counted_attention, steps=5)("luong")
+    assert any(shape[0] == 32 for shape in calls)  # the training batches went through the learner's function
     assert right_model_losses == pytest.approx(reference_losses, rel=1e-5)  # a correct function: same training
-    assert mine_losses != pytest.approx(reference_losses, rel=1e-5)  # the broken one: a different run ...
+    assert "running your additive_attention" in capsys.readouterr().out
+
+    wrong_model, wrong_losses = notebook_train_model(True, uniform_attention, steps=5)("luong")
+    out = capsys.readouterr().out
+    assert "does not pass exercise 3.3's check" in out and "USE_MY_ATTENTION = False" in out
+    assert wrong_losses == pytest.approx(reference_losses, rel=1e-5)  # the wrong one is replaced by the reference
     src, _ = toy_tasks.make_digit_batch(2, 6, torch.Generator().manual_seed(0))
-    _, align = mine_model.greedy_decode(src, 6)
-    assert torch.allclose(align, torch.full_like(align, 1 / 6))  # ... whose alignments are the uniform ones
-    _, align = reference_model.greedy_decode(src, 6)
-    assert not torch.allclose(align, torch.full_like(align, 1 / 6))
+    _, align = wrong_model.greedy_decode(src, 6)
+    assert not torch.allclose(align, torch.full_like(align, 1 / 6))  # so its alignments are not the uniform ones

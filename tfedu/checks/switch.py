@@ -22,7 +22,7 @@ def pick(switch: str, on: bool, mine: Any, reference: Any, check: Callable[..., 
          exercise: str, name: str | None = None) -> Any:
     """``mine`` when the switch is on and ``check(mine, *check_args)`` passes; otherwise ``reference``.
 
-    Built for the switch cells of notebooks/01_tokenization.ipynb and notebooks/02_embeddings.ipynb.
+    Used by every switch cell (notebooks 01 to 05), so a wrong answer never breaks the experiment after it.
 
     >>> from tfedu.checks.nb00_start_here import check_softmax
     >>> from tfedu.softmax import softmax
