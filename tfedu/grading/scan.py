@@ -263,7 +263,7 @@ def _scan(source: str, context: tuple[str, ...], forbidden: tuple[str, ...], dea
     problems: dict[str, None] = {}  # an ordered set: `in` on a list made many distinct problems quadratic
 
     def flag(message: str) -> None:
-        problems.setdefault(message[:500])
+        problems.setdefault(message if len(message) <= 500 else message[:500] + "...")
 
     reported: set[str] = set()
 
