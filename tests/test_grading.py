@@ -14,7 +14,7 @@ import pytest
 from tfedu import cli, nbtools
 from tfedu.grading.grade import ConfigError, Limits, SubmissionError, compare_plain, grade, read_answers
 from tfedu.grading.release import student_version
-from tfedu.grading.scan import scan_answer
+from tfedu.grading.scan import MAX_ANSWER_CHARS, MAX_PROBLEMS, scan_answer
 
 ROOT = Path(__file__).resolve().parents[1]
 TAMPER = Path(__file__).resolve().parent / "tamper"
@@ -203,6 +203,57 @@ def test_the_scan_does_not_confuse_a_shadowing_definition_with_the_reference():
     context = ["from tfedu.softmax import softmax"]
     answer = "def softmax(x):\n    '''A softmax (see tfedu's notes).'''\n    return softmax_helper(x)\n\ndef softmax_helper(x):\n    return x"
     assert scan_answer(answer, context=context, forbidden=("tfedu.softmax",)) == []
+
+
+def test_the_scan_refuses_a_cell_over_the_size_limit_without_parsing_it():
+    assert scan_answer("x = 1\n" * (MAX_ANSWER_CHARS // 6)) == []
+    big = "x = 1\n" * (MAX_ANSWER_CHARS // 6 + 1)
+    assert scan_answer(big) == [f"the answer cell is {len(big):,} characters, over the limit of {MAX_ANSWER_CHARS:,}; nothing was run"]
+
+
+def test_the_scan_stops_at_its_time_limit():
+    bomb = "\n".join(f"!echo {i}" for i in range(450))  # 450 transform steps, each re-tokenising the cell
+    start = time.monotonic()
+    problems = scan_answer(bomb, time_limit=0.2)
+    assert time.monotonic() - start < 2.0
+    assert problems == ["the static scan of the answer cell ran past its limit of 0.2 s (too many IPython `!`/`%` lines, "
+                        "or code nested too deep?); nothing was run"]
+    assert any("get_ipython" in p for p in scan_answer("!echo hi\n%env X=1"))  # a few escape lines: flagged as before
+
+
+def test_the_scan_is_linear_in_the_depth_of_an_attribute_chain():
+    def seconds(depth):
+        source = "y = torch" + ".link" * depth
+        start = time.monotonic()
+        assert scan_answer(source) == []
+        return time.monotonic() - start
+
+    seconds(100)  # warm up IPython's transformer
+    assert seconds(3000) < 1.5  # quadratic, this took about 1.5 s here, and 5 s at depth 8000
+
+
+def test_the_scan_reports_a_bounded_number_of_short_problems():
+    source = "\n".join(f"y{i} = torch._hidden{i}" + ".link" * 60 for i in range(40))
+    problems = scan_answer(source, context=["import torch"])
+    assert len(problems) == MAX_PROBLEMS + 1 and problems[-1] == f"and {40 - MAX_PROBLEMS} more problems"
+    assert all(len(p) <= 503 for p in problems)
+
+
+@pytest.mark.parametrize("text, clean", [
+    ("\x1b[2K\r\x1b[32m\u2714 passed\x1b[0m", "\u2714 passed"),  # CSI: erase line, colours; carriage return
+    ("\x1b]0;title\x07ok \x1b]8;;http://x\x1b\\link\x1b]8;;\x1b\\", "ok link"),  # OSC: title, hyperlink
+    ("\x9b31mred\x85", "red"),  # C1 controls: one-byte CSI, NEL
+    ("ab\x08\x08cd\x00\x7f", "abcd"),  # backspace, NUL, DEL
+    ("x \x1bc \x1b", "x  "),  # bare ESC and two-byte ESC sequences
+    ("safe\u202eevil\u2066\u200b", "safeevil"),  # bidi override and isolate, zero-width space
+    ("lone \ud800surrogate", "lone surrogate"),  # would break writing the CSV as UTF-8
+    ("\u00e9\u4e2d \u2714 (x, y)\n\tnext", "\u00e9\u4e2d \u2714 (x, y)\n next"),  # text, newlines and tabs kept readable
+])
+def test_clean_text_strips_escapes_and_control_characters(text, clean):
+    from tfedu.grading.grade import clean_text
+
+    assert clean_text(text) == clean
+    assert "\n" not in clean_text(text, one_line=True)
 
 
 def test_compare_plain_accepts_close_numbers_and_names_the_difference():

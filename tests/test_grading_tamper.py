@@ -20,6 +20,7 @@ import pytest
 from tfedu import nbtools
 from tfedu.grading.grade import Limits, grade
 from tfedu.grading.release import student_version
+from tfedu.grading.scan import MAX_ANSWER_CHARS, SCAN_SECONDS
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "notebooks" / "00_start_here.ipynb"
@@ -137,6 +138,21 @@ def correct_with_kernelspec_changed():
     return nb
 
 
+def scan_bomb_of_escape_lines():
+    """Hundreds of `!` and `%` lines: IPython's transformer re-tokenises the whole cell for each one."""
+    return with_answer(STUB + "".join(f"\n!echo {i}\n%env X{i}=1" for i in range(400)))
+
+
+def deep_attribute_chain():
+    """Chains hundreds of links deep: checked at every link, the scan was quadratic in their depth."""
+    return with_answer(STUB + "".join(f"\nvalue_{i} = torch._hidden" + ".link" * 450 for i in range(4)))
+
+
+def oversized_answer_cell():
+    """A correct answer padded past the size limit: the size alone scores zero, nothing runs."""
+    return with_answer(CORRECT + "\n# padding" * (MAX_ANSWER_CHARS // 10 + 1))
+
+
 STRUCTURE = {  # name -> (builder, expected points on check_softmax)
     "zero_edited_check_cell": (edited_check_cell, 0),
     "zero_deleted_check_cell": (deleted_check_cell, 0),
@@ -151,6 +167,9 @@ STRUCTURE = {  # name -> (builder, expected points on check_softmax)
     "full_noisy_student_tests": (correct_with_noisy_student_tests, 2),
     "full_check_cell_deleted": (correct_with_check_cell_deleted, 2),
     "full_kernelspec_changed": (correct_with_kernelspec_changed, 2),
+    "zero_scan_bomb_escape_lines": (scan_bomb_of_escape_lines, 0),
+    "zero_scan_bomb_deep_chain": (deep_attribute_chain, 0),
+    "zero_oversized_answer_cell": (oversized_answer_cell, 0),
 }
 
 MALFORMED = {  # name -> file content (bytes)
@@ -257,6 +276,10 @@ FEEDBACK = {  # the message says why
     "zero_getattr_passed_around": "may only call `getattr` directly",
     "zero_setsid_daemon_via_collect_env": "torch.utils.collect_env",
     "zero_fileio_write": "write",
+    "zero_scan_bomb_escape_lines": "static scan of the answer cell ran past its limit",
+    "zero_scan_bomb_deep_chain": "private internals",
+    "zero_oversized_answer_cell": f"over the limit of {MAX_ANSWER_CHARS:,}; nothing was run",
+    "zero_ansi_forged_report": "ValueError",
 }
 
 
@@ -289,3 +312,45 @@ def test_the_whole_suite_is_graded_in_bounded_time(graded):
     # Every looping case costs at most one cell limit plus a kernel restart; the rest run in parallel.
     print(f"graded {graded['count']} submissions in {graded['elapsed']:.1f} s")
     assert graded["elapsed"] < 240
+
+
+@pytest.mark.parametrize("name", ["zero_scan_bomb_escape_lines", "zero_scan_bomb_deep_chain", "zero_oversized_answer_cell"])
+def test_a_scan_bomb_is_stopped_by_the_scan_limits(graded, name):
+    entry = graded["entries"][name]
+    assert entry["total"] == 0
+    # the scan stops at SCAN_SECONDS; the rest is one kernel running the notebook with the stub
+    assert entry["seconds"] < SCAN_SECONDS + LIMITS.timeout / 2, entry["seconds"]
+    assert len(entry["exercises"][CHECK]["feedback"]) < 2000
+
+
+def control_characters(text):
+    return [c for c in text if (ord(c) < 32 and c != "\n") or 0x7F <= ord(c) < 0xA0 or c in "\u202e\u2066\u2067\u2068\u2069"]
+
+
+def test_an_error_message_cannot_forge_the_report(graded, capsys, monkeypatch):
+    import argparse
+    import importlib
+
+    from tfedu.grading import cli
+
+    grade_module = importlib.import_module("tfedu.grading.grade")  # the package re-exports `grade`, the function
+
+    folder = graded["folder"]
+    entry = graded["entries"]["zero_ansi_forged_report"]
+    feedback = entry["exercises"][CHECK]["feedback"]
+    assert entry["total"] == 0 and "ValueError" in feedback
+    assert not control_characters(feedback), feedback
+    written = json.loads((folder / "results.json").read_text())
+    for e in written["submissions"]:
+        for text in [e["file"], *e["notes"], *(x["feedback"] for x in e["exercises"].values())]:
+            assert not control_characters(text), text
+    assert not control_characters((folder / "results.csv").read_text().replace("\r\n", "\n"))
+    # the console report: one line per exercise, nothing that moves the cursor or erases a line
+    monkeypatch.setattr(grade_module, "grade", lambda *a, **k: {"submissions": [entry]})
+    args = argparse.Namespace(submissions=[], out=str(folder / "x.json"), source=None, notebooks_dir=None, checks=None,
+                              jobs=1, timeout=1.0, cell_timeout=1.0, memory_gib=1.0)
+    cli._grade(args)
+    printed = capsys.readouterr().out
+    assert not control_characters(printed), printed
+    assert [line for line in printed.splitlines() if CHECK in line] == [
+        line for line in printed.splitlines() if line.startswith(f"  {CHECK}: 0 / 2")]

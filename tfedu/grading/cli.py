@@ -23,24 +23,25 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
-    from tfedu.grading.grade import ConfigError, Limits, grade
+    from tfedu.grading.grade import ConfigError, Limits, clean_text, grade
 
     limits = Limits(cell_timeout=args.cell_timeout, timeout=args.timeout, memory_gib=args.memory_gib)
     try:
         results = grade(args.submissions, out=args.out, source=args.source, notebooks_dir=args.notebooks_dir,
                         limits=limits, jobs=args.jobs, checks=args.checks)
     except ConfigError as err:
-        print(f"tfedu grade: {err}", file=sys.stderr)
+        print(f"tfedu grade: {clean_text(err)}", file=sys.stderr)
         return 2
+    # Entries are plain text already (grade cleans them); one_line keeps one report line per exercise.
     unmatched = 0
     for entry in results["submissions"]:
         if entry["source"] is None:
             unmatched += 1
-            print(f"{entry['file']}: NOT GRADED: {entry['notes'][0]}", file=sys.stderr)
+            print(f"{entry['file']}: NOT GRADED: {clean_text(entry['notes'][0], one_line=True)}", file=sys.stderr)
             continue
         print(f"{entry['file']}: {entry['total']:g} / {entry['max']:g}")
         for grade_id, ex in entry["exercises"].items():
-            print(f"  {grade_id}: {ex['points']:g} / {ex['max']:g}  {ex['feedback']}")
+            print(f"  {clean_text(grade_id)}: {ex['points']:g} / {ex['max']:g}  {clean_text(ex['feedback'], one_line=True)}")
     print(f"wrote {args.out} and {args.out.rsplit('.', 1)[0]}.csv")
     return 1 if unmatched else 0
 

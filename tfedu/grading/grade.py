@@ -12,6 +12,8 @@ How one submission is graded:
    each exercise's own answer for its ``Probe.forbidden`` reference (earlier answers serve as
    context for aliases; indirect calls are left to the run-time tripwire). A flagged
    answer scores zero with the reason, and it is replaced by the release stub before running.
+   The scan has its own limits (an answer over ``scan.MAX_ANSWER_CHARS`` characters, or whose
+   scan runs past ``scan.SCAN_SECONDS``, scores zero), so no answer can stall the grader here.
 3. **Run** (:mod:`tfedu.grading.kernel`): a fresh kernel in its own session, in an empty
    temporary folder, with memory and file-size limits, no stdin, a per-cell and a total time
    limit. After each check cell a harness cell (:mod:`tfedu.grading.harness`) runs the check's
@@ -27,6 +29,9 @@ How one submission is graded:
    the reason), replaced by its stub, and a fresh kernel replays the notebook from the top and
    carries on. Past the total limit, whatever is not graded yet scores zero. Submissions are
    independent (``jobs`` of them run at once, each in its own kernel).
+6. **Plain-text report.** Everything the grader reports (feedback, notes, file names) goes
+   through :func:`clean_text` before it is returned, printed or written to the JSON and CSV: an
+   error message is the student's text, and terminal escapes in it could forge the report.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import secrets
 import shutil
 import tempfile
 import time
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,7 +60,45 @@ from tfedu.grading.release import CODE_STUB, _replace_regions, is_check, is_solu
 from tfedu.grading.scan import scan_answer
 
 MAX_SUBMISSION_BYTES = 20 << 20
-MAX_ANSWER_CHARS = 100_000
+
+# Terminal escape sequences, removed whole so that their parameters do not stay behind as text:
+# OSC (ESC ] ... BEL or ST, window titles and hyperlinks), CSI (ESC [ ... final byte, colours,
+# cursor moves, line erasing; 0x9b is its one-byte C1 form), then any other two-byte ESC sequence.
+_ESCAPES = re.compile(r"\x1b\][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+                      r"|(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+                      r"|\x1b[ -~]?")
+
+
+def clean_text(text: str, *, one_line: bool = False) -> str:
+    r"""Student-controlled text made safe to print and to store: terminal escape sequences removed,
+    control and format characters (carriage return, backspace, C1, bidi overrides such as U+202E,
+    lone surrogates) dropped, tabs made spaces. Newlines stay, or become `` | `` with ``one_line``
+    (a report line per exercise must not be forged by a newline in an error message).
+
+    >>> clean_text("\x1b[2K\r\u2714 all checks passed\u202e")
+    '\u2714 all checks passed'
+    >>> clean_text("a\nb\tc", one_line=True)
+    'a | b c'
+    """
+    text = _ESCAPES.sub("", str(text))
+    kept = []
+    for char in text:
+        if char in "\n\u2028\u2029":
+            kept.append(" | " if one_line else "\n")
+        elif char == "\t":
+            kept.append(" ")
+        elif unicodedata.category(char) not in ("Cc", "Cf", "Cs"):
+            kept.append(char)
+    return "".join(kept)
+
+
+def _clean_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """The one place a submission's results are made plain text before leaving the grader."""
+    entry["file"] = clean_text(entry["file"])
+    entry["notes"] = [clean_text(note) for note in entry["notes"]]
+    for exercise in entry["exercises"].values():
+        exercise["feedback"] = clean_text(exercise["feedback"])
+    return entry
 
 
 class ConfigError(RuntimeError):
@@ -299,10 +343,7 @@ def static_phase(run: Run) -> None:
                     run.zero(check, run.stubbed[gid])
                 continue
             source = run.answers[gid]
-            if len(source) > MAX_ANSWER_CHARS:
-                problems = [f"the answer cell is longer than {MAX_ANSWER_CHARS:,} characters"]
-            else:
-                problems = scan_answer(source, context=context)
+            problems = scan_answer(source, context=context)  # over the size or time limit: one problem saying so
             if problems:
                 run.stubbed[gid] = "; ".join(problems)
                 for check in run.checks_of(gid):
@@ -454,7 +495,7 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
         entry["exercises"][check] = {"points": got, "max": points, "feedback": feedback}
     entry["total"] = float(sum(e["points"] for e in entry["exercises"].values()))
     entry["seconds"] = round(time.monotonic() - started, 2)
-    return entry
+    return _clean_entry(entry)
 
 
 def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str | Path | None = None,
@@ -475,7 +516,8 @@ def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str
 
     def one(path: str | Path) -> dict[str, Any]:
         if str(path) in unmatched:
-            return {"file": str(path), "source": None, "total": 0.0, "max": 0.0, "exercises": {}, "notes": [unmatched[str(path)]]}
+            return _clean_entry({"file": str(path), "source": None, "total": 0.0, "max": 0.0, "exercises": {},
+                                 "notes": [unmatched[str(path)]]})
         return grade_submission(path, source=source, notebooks_dir=notebooks_dir, limits=limits, checks=checks)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:

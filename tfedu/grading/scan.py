@@ -24,13 +24,29 @@ before the notebook runs, so it cannot disturb the rest of the submission):
 
 The cell is first turned into plain Python with IPython's own input transformer, exactly as the
 kernel would, so magics cannot hide from the scan; a cell that does not parse scores zero.
+
+The scan is itself bounded, so an answer cannot turn it against the grader: a cell longer than
+:data:`MAX_ANSWER_CHARS` is not scanned at all, and one scan stops at :data:`SCAN_SECONDS`
+(checked between IPython's transform steps, which re-tokenise the whole cell for every ``!``/``%``
+line, and every few hundred AST nodes). Either way the answer scores zero with the reason and
+nothing of it runs. The walk itself is linear: an attribute chain is resolved once, at its
+outermost node, not again at each of its links.
 A runtime tripwire inside the kernel (see :mod:`tfedu.grading.harness`) backs this scan up.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import time
 from collections.abc import Iterable
+
+# The course's longest answer is about 2,000 characters: ten times that is still an honest answer.
+MAX_ANSWER_CHARS = 20_000
+# One scan of one answer cell; the course's answers take well under 0.1 s.
+SCAN_SECONDS = 5.0
+# Reported problems per answer, so a cell of a thousand distinct tricks gives a readable reason.
+MAX_PROBLEMS = 10
 
 BANNED_CALLS = {
     "exec": "runs code the grader cannot see",
@@ -98,37 +114,77 @@ SUSPECT_IN_STRINGS = tuple(sorted({a for a in BANNED_ATTRIBUTES if a.startswith(
 READ_MODES = {"r", "rb", "rt", "br", "tr"}
 
 
-def to_python(source: str) -> str:
-    """The plain Python the kernel would run for this cell (magics and ``!`` lines included)."""
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    return TransformerManager().transform_cell(source)
+class ScanLimitExceeded(Exception):
+    """The scan of one answer ran past :data:`SCAN_SECONDS`."""
 
 
-def parse(source: str) -> ast.Module:
-    return compile(to_python(source), "<answer>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+def _check_deadline(deadline: float | None) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise ScanLimitExceeded
+
+
+def to_python(source: str, deadline: float | None = None) -> str:
+    r"""The plain Python the kernel would run for this cell (magics and ``!`` lines included).
+
+    IPython's ``TransformerManager.transform_cell``, with ``deadline`` checked between its token
+    transforms: each one re-tokenises the whole cell, so a cell of many escape lines costs
+    (lines x size), minutes for 100 kB.
+
+    >>> to_python("!ls")
+    "get_ipython().system('ls')\n"
+    """
+    from IPython.core.inputtransformer2 import TRANSFORM_LOOP_LIMIT, TransformerManager
+
+    manager = TransformerManager()
+    lines = (source if source.endswith("\n") else source + "\n").splitlines(keepends=True)
+    for transform in manager.cleanup_transforms + manager.line_transforms:
+        lines = transform(lines)
+    for _ in range(TRANSFORM_LOOP_LIMIT):
+        _check_deadline(deadline)
+        changed, lines = manager.do_one_token_transform(lines)
+        if not changed:
+            return "".join(lines)
+    raise RuntimeError(f"IPython's input transformation was still changing after {TRANSFORM_LOOP_LIMIT} steps")
+
+
+def parse(source: str, deadline: float | None = None) -> ast.Module:
+    return compile(to_python(source, deadline), "<answer>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT,
+                   dont_inherit=True)
 
 
 def import_aliases(sources: Iterable[str]) -> dict[str, str]:
     """Names bound by imports in ``sources`` -> the dotted name they stand for (best effort)."""
     aliases: dict[str, str] = {}
     for source in sources:
-        try:
-            tree = parse(source)
-        except Exception:
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                for alias in node.names:
-                    if alias.asname:
-                        aliases[alias.asname] = alias.name
-                    else:
-                        top = alias.name.split(".")[0]
-                        aliases[top] = top
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                for alias in node.names:
-                    if alias.name != "*":
-                        aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+        aliases.update(_aliases_of(source))
+    return aliases
+
+
+@functools.lru_cache(maxsize=512)
+def _aliases_of(source: str) -> tuple[tuple[str, str], ...]:
+    """The imports of one cell. Cached: every answer is scanned with all the cells before it as context,
+    and these (the instructor's cells and answers that already passed the scan) repeat."""
+    try:
+        tree = parse(source)
+    except Exception:
+        return ()
+    return tuple(_aliases_in(tree).items())
+
+
+def _aliases_in(tree: ast.AST) -> dict[str, str]:
+    aliases: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    aliases[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    aliases[top] = top
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                if alias.name != "*":
+                    aliases[alias.asname or alias.name] = f"{node.module}.{alias.name}"
     return aliases
 
 
@@ -172,24 +228,42 @@ def _matches(dotted: str, names: Iterable[str]) -> str | None:
     return None
 
 
-def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable[str] = ()) -> list[str]:
+def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable[str] = (),
+                time_limit: float = SCAN_SECONDS) -> list[str]:
     """Problems with one answer cell, as sentences a student can act on; empty when clean.
 
     ``context`` holds the sources of the cells that run before it (to know what names such as
     ``F`` or ``reference_softmax`` stand for); ``forbidden`` the exercise's ``Probe.forbidden``.
+    A cell over :data:`MAX_ANSWER_CHARS`, or whose scan runs past ``time_limit`` seconds, has
+    one problem saying so.
+
+    >>> scan_answer("x = 1" + " " * MAX_ANSWER_CHARS)
+    ['the answer cell is 20,005 characters, over the limit of 20,000; nothing was run']
     """
-    forbidden = tuple(forbidden)
+    if len(source) > MAX_ANSWER_CHARS:
+        return [f"the answer cell is {len(source):,} characters, over the limit of {MAX_ANSWER_CHARS:,}; nothing was run"]
     try:
-        tree = parse(source)
+        return _scan(source, tuple(context), tuple(forbidden), time.monotonic() + time_limit)
+    except ScanLimitExceeded:
+        return [f"the static scan of the answer cell ran past its limit of {time_limit:g} s (too many IPython "
+                f"`!`/`%` lines, or code nested too deep?); nothing was run"]
+
+
+def _scan(source: str, context: tuple[str, ...], forbidden: tuple[str, ...], deadline: float) -> list[str]:
+    try:
+        tree = parse(source, deadline)
+    except ScanLimitExceeded:
+        raise
     except Exception as err:  # SyntaxError, but also RecursionError/MemoryError on absurdly nested code
         return [f"the answer cell is not valid Python ({type(err).__name__}: {str(err)[:200]}); it was not run"]
-    aliases = {k: v for k, v in import_aliases(context).items() if k not in _bound_names(tree)}
-    aliases.update(import_aliases([source]))
-    problems: list[str] = []
+    _check_deadline(deadline)
+    bound = _bound_names(tree)
+    aliases = {k: v for k, v in import_aliases(context).items() if k not in bound}
+    aliases.update(_aliases_in(tree))
+    problems: dict[str, None] = {}  # an ordered set: `in` on a list made many distinct problems quadratic
 
     def flag(message: str) -> None:
-        if message not in problems:
-            problems.append(message)
+        problems.setdefault(message if len(message) <= 500 else message[:500] + "...")
 
     reported: set[str] = set()
 
@@ -210,7 +284,14 @@ def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable
             flag(f"answers may not use private internals of a library (`{dotted}`)")
 
     called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
-    for node in ast.walk(tree):
+    # Links inside a longer chain (`a.b` in `a.b.c`, `a` in `getattr(a, "b")`): the chain is checked
+    # once at its outermost node, where every prefix is seen, instead of once per link (quadratic).
+    inner = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    inner |= {id(node.args[0]) for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id == "getattr" and len(node.args) >= 2}
+    for count, node in enumerate(ast.walk(tree)):
+        if count % 256 == 0:
+            _check_deadline(deadline)
         if isinstance(node, ast.Name) and node.id in ("getattr", "setattr", "delattr") and id(node) not in called:
             flag(f"answers may only call `{node.id}` directly (passing it around hides which attribute it reaches)")
         if isinstance(node, ast.Import):
@@ -273,8 +354,12 @@ def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable
                             flag(f"answers may only set attributes of `self`, not `{shown}` (that would be monkeypatching a library)")
                         if sub.attr == "__class__":
                             flag("answers may not reassign `__class__`")
-        if isinstance(node, (ast.Attribute, ast.Name, ast.Call)):
+        if isinstance(node, (ast.Attribute, ast.Name, ast.Call)) and id(node) not in inner:
             chain = _chain(node)
             if chain and chain[0] in aliases:
-                check_dotted(".".join([aliases[chain[0]], *chain[1:]]), f"`{'.'.join(chain)}`")
-    return problems
+                shown = ".".join(chain)
+                check_dotted(".".join([aliases[chain[0]], *chain[1:]]), f"`{shown if len(shown) <= 200 else shown[:200] + '...'}`")
+    found = list(problems)
+    if len(found) > MAX_PROBLEMS:
+        found = found[:MAX_PROBLEMS] + [f"and {len(found) - MAX_PROBLEMS} more problems"]
+    return found
