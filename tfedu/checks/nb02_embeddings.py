@@ -68,6 +68,16 @@ def _call_embed(embed_via_one_hot: Any, ids: torch.Tensor, W_E: torch.Tensor) ->
         raise
 
 
+def compare_loss_gradients(got: Any, expected: torch.Tensor, inputs: dict[str, torch.Tensor]) -> None:
+    """The learner's loss keeps its graph, and its gradient for each named input equals the reference's."""
+    expect(isinstance(got, torch.Tensor) and got.requires_grad,
+           "no gradient flows through your loss: keep it a torch tensor (no .item(), .detach() or numpy)")
+    mine = torch.autograd.grad(got, tuple(inputs.values()))
+    theirs = torch.autograd.grad(expected, tuple(inputs.values()))
+    for name, a, b in zip(inputs, mine, theirs):
+        compare(a, b, what=f"the gradient of the loss with respect to {name}")
+
+
 @checker("embedding look-up as one_hot(ids) @ W_E")
 def check_embed_via_one_hot(embed_via_one_hot) -> None:
     """Check ``embed_via_one_hot(ids, W_E)``: values, shapes, gradients, and that it is a product."""
@@ -216,12 +226,7 @@ def check_sgns_loss(sgns_loss_fn) -> None:
     got = call_learner(sgns_loss_fn, center, context, negatives, name="sgns_loss")
     expected = sgns_loss(center, context, negatives)
     compare(got, expected, what="sgns_loss with batch 3, k 2, d_model 5 (float64)", mistakes=sgns_loss_mistakes(center, context, negatives))
-    expect(isinstance(got, torch.Tensor) and got.requires_grad,
-           "no gradient flows through your loss: keep it a torch tensor (no .item(), .detach() or numpy)")
-    mine = torch.autograd.grad(got, (center, context, negatives))
-    theirs = torch.autograd.grad(expected, (center, context, negatives))
-    for name, a, b in zip(("center", "context", "negatives"), mine, theirs):
-        compare(a, b, what=f"the gradient of the loss with respect to {name}")
+    compare_loss_gradients(got, expected, {"center": center, "context": context, "negatives": negatives})
     # Large scores: one confident right answer and one confident wrong one.
     v = torch.tensor([[12.0, 0.0], [0.0, 12.0]])
     u = torch.tensor([[12.0, 0.0], [0.0, -12.0]])
@@ -389,12 +394,7 @@ def check_cbow_loss(cbow_loss_fn) -> None:
     expected = cbow_loss(context, center, negatives)
     compare(got, expected, what="cbow_loss with batch 3, 2m = 2, k 2, d_model 5 (float64)",
             mistakes=cbow_loss_mistakes(context, center, negatives))
-    expect(isinstance(got, torch.Tensor) and got.requires_grad,
-           "no gradient flows through your loss: keep it a torch tensor (no .item(), .detach() or numpy)")
-    mine = torch.autograd.grad(got, (context, center, negatives))
-    theirs = torch.autograd.grad(expected, (context, center, negatives))
-    for name, a, b in zip(("context", "center", "negatives"), mine, theirs):
-        compare(a, b, what=f"the gradient of the loss with respect to {name}")
+    compare_loss_gradients(got, expected, {"context": context, "center": center, "negatives": negatives})
     # Large scores stay finite.
     context = torch.tensor([[[12.0, 0.0], [12.0, 0.0]], [[0.0, 12.0], [0.0, 12.0]]])
     center = torch.tensor([[12.0, 0.0], [0.0, -12.0]])
