@@ -36,12 +36,18 @@ How one submission is graded:
 
 from __future__ import annotations
 
+import base64
 import csv
 import importlib
 import json
+import os
 import re
 import secrets
 import shutil
+import signal
+import site
+import subprocess
+import sys
 import tempfile
 import time
 import unicodedata
@@ -54,12 +60,13 @@ import numpy as np
 
 from tfedu import nbtools
 from tfedu.checks.core import NOT_DONE_MESSAGE, Probe
-from tfedu.grading import harness
-from tfedu.grading.kernel import Kernel
+from tfedu.grading import harness, sandbox
+from tfedu.grading.kernel import clean_environment, kill_session
 from tfedu.grading.release import CODE_STUB, _replace_regions, is_check, is_solution
 from tfedu.grading.scan import scan_answer
 
 MAX_SUBMISSION_BYTES = 20 << 20
+MAX_REPORT_BYTES = 256 << 20  # the runner's report (hidden tests' outputs, base64)
 
 # Terminal escape sequences, removed whole so that their parameters do not stay behind as text:
 # OSC (ESC ] ... BEL or ST, window titles and hyperlinks), CSI (ESC [ ... final byte, colours,
@@ -116,6 +123,8 @@ class Limits:
     memory_gib: float = 4.0  # address-space limit of the kernel and what it starts
     file_mib: float = 256.0  # largest file the kernel may write
     startup_timeout: float = 60.0
+    processes: int = 128  # processes in the sandbox at once (and RLIMIT_NPROC, which counts threads)
+    tmp_mib: float = 512.0  # size of each private tmpfs in the sandbox (/tmp, $HOME, /dev/shm, the exchange)
 
 
 @dataclass
@@ -374,104 +383,185 @@ def static_phase(run: Run) -> None:
                     ctx.append(src)
 
 
-def execute(run: Run) -> None:
-    a, limits = run.assignment, run.limits
-    deadline = time.monotonic() + limits.timeout
-    check_failed: dict[str, str] = {}
-    first_answer = next((k for k, s in enumerate(a.steps) if s.kind == "answer"), len(a.steps))
-    exchange = Path(tempfile.mkdtemp())
-    try:
-        while True:
-            workdir = tempfile.mkdtemp()
-            kernel = Kernel(workdir, memory_bytes=int(limits.memory_gib * (1 << 30)), file_bytes=int(limits.file_mib * (1 << 20)))
+def _runner_environment(home: str, tmp: str, sandboxed: bool) -> dict[str, str]:
+    """The environment of the runner and its kernel: the grader's, minus test-runner variables, with a
+    private home (IPython, Jupyter and matplotlib folders inside it) and temporary folder."""
+    env = clean_environment(home)
+    for key in ("PYTHONSTARTUP", "OLDPWD", "IPYTHONDIR", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
+                "JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
+        env.pop(key, None)
+    env.update(HOME=home, TMPDIR=tmp, IPYTHONDIR=f"{home}/.ipython", JUPYTER_CONFIG_DIR=f"{home}/.jupyter",
+               JUPYTER_DATA_DIR=f"{home}/.local/share/jupyter", JUPYTER_RUNTIME_DIR=f"{home}/.local/share/jupyter/runtime",
+               MPLCONFIGDIR=f"{home}/.config/matplotlib", XDG_CONFIG_HOME=f"{home}/.config", XDG_CACHE_HOME=f"{home}/.cache",
+               PYTHONUSERBASE=site.getuserbase(), PYTHONDONTWRITEBYTECODE="1")
+    if sandboxed:
+        env["PYTHONPATH"] = sandbox.python_path()
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
+    return env
+
+
+def _read_events(handle: Any) -> list[dict[str, Any]]:
+    """The runner's report: JSON objects, one per line, at most MAX_REPORT_BYTES; a torn last line is dropped."""
+    handle.seek(0)
+    data = handle.read(MAX_REPORT_BYTES + 1)[:MAX_REPORT_BYTES]
+    events = []
+    for line in data.split(b"\n"):
+        try:
+            event = json.loads(line.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def _unpack(files: Any, folder: Path) -> None:
+    """A hidden test's exported files, written into a fresh ``folder``/out for :func:`harness.read_result`."""
+    out = folder / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(mode=0o700)
+    if not isinstance(files, dict):
+        return
+    for name, data in list(files.items())[:1000]:
+        if isinstance(name, str) and isinstance(data, str) and re.fullmatch(r"result\.json|[0-9]{1,6}\.npy", name):
             try:
+                (out / name).write_bytes(base64.b64decode(data, validate=True))
+            except ValueError:
+                continue
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End the runner and everything it started. In a sandbox, killing bwrap ends its PID namespace.
+    Without one, SIGTERM first lets the kernel's launcher (a subreaper) kill what its kernel started."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=3)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    kill_session(proc.pid)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path]) -> None:
+    """Run the notebook in a sandbox (``box``; None: without one), then judge what came back.
+
+    The plan (every cell's code, the answers or their stubs, the hidden tests and their inputs'
+    folders) goes in on the runner's stdin; inputs are drawn here first, from OS entropy. The
+    runner's report is read only after the runner, its kernel and everything they started are gone.
+    """
+    a, limits = run.assignment, run.limits
+    exchange = Path(tempfile.mkdtemp(prefix="tfedu-grade-"))
+    home = Path(tempfile.mkdtemp(prefix="tfedu-home-")) if box is None else None
+    drawn: dict[str, tuple[dict[str, Any], str, Path]] = {}
+    plan_probes: dict[str, dict[str, Any]] = {}
+    try:
+        for index, (check, probe) in enumerate(a.probes.items()):
+            if check in run.outcome:
+                continue
+            folder = exchange / str(index)
+            try:
+                inputs = probe.make_inputs(np.random.default_rng(secrets.randbits(128)))
+                folder.mkdir()
+                harness.write_inputs(folder, inputs)
+            except Exception as err:  # the instructor's probe is broken, not the answer
+                run.zero(check, f"internal error in the hidden test, tell your instructor: {type(err).__name__}: {err}")
+                continue
+            nonce = secrets.token_hex(16)
+            drawn[check] = (inputs, nonce, folder)
+            plan_probes[check] = {"exercise": probe.exercise, "folder": str(index), "run": probe.run, "nonce": nonce,
+                                  "forbidden": list(probe.forbidden), "standins": getattr(probe, "standins", "") or ""}
+        if box is not None and box.as_nobody:  # bwrap, running as nobody, must be able to read the inputs
+            for path in [exchange, *exchange.rglob("*")]:
+                path.chmod(0o755 if path.is_dir() else 0o644)
+        plan = {
+            "steps": [{"kind": s.kind, "source": s.source, "cell": s.cell, "grade_id": s.grade_id} for s in a.steps],
+            "answers": {gid: src for gid, src in run.answers.items() if gid in a.stubs},
+            "stubs": a.stubs, "stubbed": sorted(run.stubbed), "done": sorted(run.outcome), "probes": plan_probes,
+            "cell_timeout": limits.cell_timeout, "timeout": limits.timeout, "startup_timeout": limits.startup_timeout,
+            "memory_bytes": int(limits.memory_gib * (1 << 30)), "file_bytes": int(limits.file_mib * (1 << 20)),
+            "processes": limits.processes if box is not None else 0, "sandboxed": box is not None,
+            "not_done": NOT_DONE_MESSAGE,
+        }
+        with tempfile.TemporaryFile() as report, tempfile.TemporaryFile() as errors:
+            if box is not None:
+                argv = [sys.executable, "-m", "tfedu.grading.inside", sandbox.EXCHANGE, str(report.fileno())]
+                env = _runner_environment(sandbox.HOME, "/tmp", True)
+                cmd = sandbox.command(box, argv, env=env, tmp_bytes=int(limits.tmp_mib * (1 << 20)),
+                                      inputs={name: exchange / name / "in" for name in (p["folder"] for p in plan_probes.values())},
+                                      hide=[a.path.parent, *hide])
+                popen_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            else:
+                assert home is not None
+                (home / "tmp").mkdir()
+                cmd = [sys.executable, "-m", "tfedu.grading.inside", str(exchange), str(report.fileno())]
+                env = popen_env = _runner_environment(str(home), str(home / "tmp"), False)
+            who: dict[str, Any] = {}
+            if box is not None and box.as_nobody:
+                os.fchmod(report.fileno(), 0o666)  # the runner, as nobody, writes its report here
+                who = {"user": sandbox.NOBODY, "group": sandbox.NOBODY, "extra_groups": []}
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors,
+                                    pass_fds=(report.fileno(),), start_new_session=True, env=popen_env,
+                                    cwd=str(home) if home is not None else "/", **who)
+            killed = False
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps(plan).encode("utf-8"))
+                proc.stdin.close()
+            except OSError:
+                pass
+            try:  # the runner enforces the total limit itself; this is the backstop if it cannot
+                proc.wait(timeout=limits.timeout + limits.startup_timeout + 15)
+            except subprocess.TimeoutExpired:
+                killed = True
+            _end(proc)
+            events = _read_events(report)
+            errors.seek(0)
+            runner_error = errors.read(4000).decode("utf-8", "replace").strip().splitlines()[-1:]
+        finished = any(e.get("end") is True for e in events)
+        for event in events:
+            check = event.get("zero") or event.get("probe")
+            if not isinstance(check, str) or check not in drawn:
+                continue
+            if "zero" in event:
+                run.zero(check, str(event.get("feedback", ""))[:3000])
+            elif check not in run.outcome:
+                inputs, nonce, folder = drawn[check]
+                _unpack(event.get("files"), folder)
                 try:
-                    kernel.start(min(limits.startup_timeout, max(0.1, deadline - time.monotonic())))
-                except Exception as err:
-                    run.zero_rest(f"grading stopped: a fresh Python kernel could not be started ({err})")
-                    return
-                restart = False
-                for k, step in enumerate(a.steps):
-                    if step.kind in ("check", "probe") and step.grade_id in run.outcome:
-                        continue
-                    if step.kind == "probe" and step.grade_id in check_failed:
-                        run.zero(step.grade_id, check_failed[step.grade_id])
-                        continue
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        run.zero_rest(f"the total time limit for a submission ({limits.timeout:g} s) ran out before this exercise was graded")
-                        return
-                    code, inputs = step.source, None
-                    if step.kind == "answer":
-                        code = a.stubs[step.grade_id] if step.grade_id in run.stubbed else run.answers[step.grade_id]
-                    elif step.kind == "probe":
-                        probe = a.probes[step.grade_id]
-                        try:
-                            inputs = probe.make_inputs(np.random.default_rng(secrets.randbits(128)))
-                            harness.write_inputs(exchange, inputs)
-                        except Exception as err:  # the instructor's probe is broken, not the answer
-                            run.zero(step.grade_id, f"internal error in the hidden test, tell your instructor: {type(err).__name__}: {err}")
-                            continue
-                        nonce = secrets.token_hex(16)
-                        code = harness.harness_source(exchange, probe.run, tuple(probe.forbidden), nonce)
-                    # Cells before the first student answer are the instructor's alone (set-up, imports):
-                    # only the total limit applies to them, so a slow machine does not fail them.
-                    cell_limit = limits.cell_timeout if k >= first_answer else remaining
-                    result = kernel.run(code, min(cell_limit, remaining), silent=step.kind == "probe")
-                    if result.status in ("timeout", "dead"):
-                        out_of_time = time.monotonic() >= deadline - 0.05
-                        what = (f"ran past the {'total' if out_of_time else 'per-cell'} time limit "
-                                f"({limits.timeout if out_of_time else limits.cell_timeout:g} s)" if result.status == "timeout"
-                                else f"stopped the Python kernel (exit code {result.exit_code}; sys.exit, os._exit, a signal, or too much memory)")
-                        culprit = next((s.grade_id for s in reversed(a.steps[: k + 1])
-                                        if s.kind == "answer" and s.grade_id not in run.stubbed), None)
-                        if culprit is None:
-                            run.zero_rest(f"grading stopped: cell {step.cell} of the source notebook {what}; this is not your answer's fault, tell your instructor")
-                            return
-                        run.stubbed[culprit] = f"the answer {what}"
-                        for check in run.checks_of(culprit):
-                            run.zero(check, run.stubbed[culprit])
-                        if out_of_time:
-                            run.zero_rest(f"the total time limit for a submission ({limits.timeout:g} s) ran out before this exercise was graded")
-                            return
-                        if all(check in run.outcome for check in a.probes):
-                            return  # nothing left to grade: no need for a fresh kernel
-                        restart = True
-                        break
-                    if step.kind == "answer" and result.status == "error":
-                        run.answer_errors[step.grade_id] = f"{result.ename}: {result.evalue}"
-                    elif step.kind == "check" and result.status == "error":
-                        hint = result.evalue or result.ename
-                        if result.ename == "ExerciseNotDone" or NOT_DONE_MESSAGE in hint:
-                            hint = NOT_DONE_MESSAGE
-                        answer = a.probes[step.grade_id].exercise
-                        if answer in run.answer_errors and result.ename != "ExerciseNotDone":
-                            hint += f" (your answer cell itself raised {run.answer_errors[answer][:300]})"
-                        check_failed[step.grade_id] = f"the check cell failed: {hint}"
-                    elif step.kind == "probe":
-                        got = harness.read_result(exchange, nonce)
-                        try:
-                            problem = judge(a.probes[step.grade_id], inputs, got)
-                        except Exception as err:  # probe.reference raised: the instructor's side
-                            problem = f"internal error in the hidden test's reference, tell your instructor: {type(err).__name__}: {err}"
-                        if problem is None:
-                            run.outcome[step.grade_id] = (a.points[step.grade_id], "passed: the check cell and the hidden test on fresh random inputs")
-                        else:
-                            run.zero(step.grade_id, problem)
-                if not restart:
-                    run.zero_rest("this exercise was not reached")
-                    return
-            finally:
-                kernel.stop()
-                shutil.rmtree(workdir, ignore_errors=True)
+                    problem = judge(a.probes[check], inputs, harness.read_result(folder, nonce))
+                except Exception as err:  # probe.reference raised: the instructor's side
+                    problem = f"internal error in the hidden test's reference, tell your instructor: {type(err).__name__}: {err}"
+                if problem is None:
+                    run.outcome[check] = (a.points[check], "passed: the check cell and the hidden test on fresh random inputs")
+                else:
+                    run.zero(check, problem)
+        if killed:
+            run.zero_rest(f"the run was stopped at the total time limit for a submission ({limits.timeout:g} s) before "
+                          "this exercise was graded")
+        elif not finished:
+            why = f": {runner_error[0][:300]}" if runner_error else ""
+            run.zero_rest(f"grading stopped before this exercise was graded (the grader's runner ended early{why})")
     finally:
         shutil.rmtree(exchange, ignore_errors=True)
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def grade_submission(path: str | Path, *, source: str | Path | None = None, notebooks_dir: str | Path | None = None,
-                     limits: Limits = Limits(), checks: str | None = None) -> dict[str, Any]:
-    """Grade one submission; the entry of the results JSON for it. Raises only for instructor errors."""
+                     limits: Limits = Limits(), checks: str | None = None, sandboxed: bool = True,
+                     hide: tuple[str | Path, ...] = ()) -> dict[str, Any]:
+    """Grade one submission; the entry of the results JSON for it. Raises only for instructor errors.
+
+    ``sandboxed=False`` runs it without the operating-system sandbox (see :mod:`tfedu.grading.sandbox`);
+    with it, :class:`sandbox.SandboxUnavailable` is raised where none can be made. ``hide``: more host
+    folders the sandbox must not show, should a folder it binds contain them.
+    """
     path = Path(path)
+    box = sandbox.find() if sandboxed else None
     started = time.monotonic()
     source_path = Path(source) if source else find_source(path, Path(notebooks_dir) if notebooks_dir else default_notebooks_dir())
     assignment = load_assignment(source_path, checks)
@@ -483,7 +573,7 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
         run = Run(assignment, answers, limits)
         static_phase(run)
         if any(check not in run.outcome for check in assignment.probes):
-            execute(run)
+            execute(run, box, [path.resolve().parent, *(Path(h) for h in hide)])
     except SubmissionError as err:
         run = Run(assignment, {}, limits)
         run.zero_rest(f"the submission could not be graded: {err}")
@@ -500,11 +590,17 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
 
 def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str | Path | None = None,
           notebooks_dir: str | Path | None = None, limits: Limits = Limits(), jobs: int = 1,
-          checks: str | None = None) -> dict[str, Any]:
+          checks: str | None = None, sandboxed: bool = True) -> dict[str, Any]:
     """Grade every submission (``jobs`` at a time); write ``out`` (JSON) and a CSV beside it.
 
     ``checks`` names the module with the ``PROBES`` (default: ``tfedu.checks.nb<source stem>``).
+    Each submission runs in its own sandbox; without one (``sandboxed=False``, ``--no-sandbox``)
+    see :mod:`tfedu.grading.sandbox` for what is no longer guaranteed. Raises
+    :class:`sandbox.SandboxUnavailable` before grading anything when a sandbox is asked for and none can be made.
     """
+    if sandboxed:
+        sandbox.find()
+    hide = tuple(str(Path(p).resolve().parent) for p in paths) + ((str(Path(out).resolve().parent),) if out is not None else ())
     unmatched: dict[str, str] = {}
     for path in paths:  # instructor errors first, before any kernel starts
         try:
@@ -518,7 +614,8 @@ def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str
         if str(path) in unmatched:
             return _clean_entry({"file": str(path), "source": None, "total": 0.0, "max": 0.0, "exercises": {},
                                  "notes": [unmatched[str(path)]]})
-        return grade_submission(path, source=source, notebooks_dir=notebooks_dir, limits=limits, checks=checks)
+        return grade_submission(path, source=source, notebooks_dir=notebooks_dir, limits=limits, checks=checks,
+                                sandboxed=sandboxed, hide=hide)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         entries = list(pool.map(one, paths))

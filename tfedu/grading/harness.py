@@ -137,12 +137,17 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
             elif getattr(arg, "__name__", "") in spawners and getattr(arg, "__module__", "") in ("posix", "_posixsubprocess", "os", "nt"):
                 hits.append(f"it started a process ({arg.__name__}) while being tested")
 
-    def others():  # processes in the kernel's session other than the kernel and its launcher
+    def others():  # processes in the kernel's session other than the kernel, its launcher and the grader's runner
         found = []
         try:
             me, launcher, session = os.getpid(), os.getppid(), os.getsid(0)
+            try:
+                with open(f"/proc/{launcher}/stat", "rb") as handle:
+                    runner = int(handle.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                runner = -1
             for entry in os.listdir("/proc"):
-                if entry.isdigit() and int(entry) not in (me, launcher):
+                if entry.isdigit() and int(entry) not in (me, launcher, runner):
                     try:
                         if os.getsid(int(entry)) == session:
                             found.append(int(entry))
@@ -178,6 +183,46 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
         json.dump(result, handle)
 
 '''
+
+
+STANDINS_BODY = r'''
+def swap(source, user_namespace, stash):
+    if source is None:  # put the learner's own objects back
+        names, saved = user_namespace.pop(stash, ((), {}))
+        for name in names:
+            if name in saved:
+                user_namespace[name] = saved[name]
+            else:
+                user_namespace.pop(name, None)
+        return
+    import math
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    given = {"torch": torch, "np": np, "math": math, "F": F}
+    scope = dict(given, __name__="tfedu_standins")
+    exec(compile(source, "<tfedu stand-ins>", "exec"), scope)
+    names = [name for name in scope if not name.startswith("__") and name not in given]
+    user_namespace[stash] = (names, {name: user_namespace[name] for name in names if name in user_namespace})
+    for name in names:
+        user_namespace[name] = scope[name]
+
+'''
+STANDIN_STASH = "_tfedu_learner_objects"
+
+
+def standin_sources(standins: str) -> tuple[str, str]:
+    """Two silent cells: bind the reference stand-ins for earlier exercises in the notebook's globals, and undo it.
+
+    The grader runs the first before an exercise's check cell and the second after its hidden
+    test, so a mistake in an earlier exercise (the stand-ins replace its objects by name) cannot
+    cost this one its marks: one mistake costs one exercise.
+    """
+    def cell(source: str | None) -> str:
+        call = f"swap({source!r}, user_namespace, {STANDIN_STASH!r})"
+        return f"exec({STANDINS_BODY + call!r}, {{'__builtins__': __builtins__, 'user_namespace': globals()}})"
+
+    return cell(standins), cell(None)
 
 
 def harness_source(folder: str | Path, code: str, forbidden: tuple[str, ...], nonce: str) -> str:
