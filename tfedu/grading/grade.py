@@ -14,21 +14,28 @@ How one submission is graded:
    answer scores zero with the reason, and it is replaced by the release stub before running.
    The scan has its own limits (an answer over ``scan.MAX_ANSWER_CHARS`` characters, or whose
    scan runs past ``scan.SCAN_SECONDS``, scores zero), so no answer can stall the grader here.
-3. **Run** (:mod:`tfedu.grading.kernel`): a fresh kernel in its own session, in an empty
-   temporary folder, with memory and file-size limits, no stdin, a per-cell and a total time
-   limit. After each check cell a harness cell (:mod:`tfedu.grading.harness`) runs the check's
-   ``Probe`` on inputs drawn right then from OS entropy and exports plain data; the grader reads
-   it at once, so a later crash cannot take it back.
-4. **Judge in the grader's own process**: ``probe.reference(inputs)`` is computed here and
-   compared with the exported data (``probe.compare`` or ``np.allclose`` with the probe's
-   tolerances). An exercise earns its points only when its check cell ran without error *and*
-   the probe matched *and* the tripwire stayed silent. The check cell's hint is the feedback
-   when it fails.
-5. **Failures stay local.** When a cell runs past its limit or the kernel dies, the whole process
-   session is killed, the most recent student answer at or before that cell is blamed (zero, with
-   the reason), replaced by its stub, and a fresh kernel replays the notebook from the top and
-   carries on. Past the total limit, whatever is not graded yet scores zero. Submissions are
-   independent (``jobs`` of them run at once, each in its own kernel).
+3. **Run in a sandbox** (:mod:`tfedu.grading.sandbox`): the hidden tests' inputs are drawn first,
+   from OS entropy, and bound read-only into a fresh bubblewrap sandbox; the plan (every cell's
+   code, the answers or their stubs) goes in on stdin. Inside, the runner
+   (:mod:`tfedu.grading.inside`) drives a fresh kernel (:mod:`tfedu.grading.kernel`: memory,
+   file-size, CPU and process limits, no stdin, a per-cell and a total time limit). After each
+   check cell a harness cell (:mod:`tfedu.grading.harness`) runs the check's ``Probe`` and exports
+   plain data; the runner appends it to its report, one JSON line at a time, so a later crash
+   cannot take it back. Reference stand-ins for the earlier exercises an exercise builds on are
+   bound while its check cell and hidden test run (``Probe.standins``): one mistake costs one
+   exercise. Past the total limit (plus :data:`BACKSTOP_SECONDS`) the grader kills the sandbox,
+   and with it every process inside.
+4. **Judge in the grader's own process**, after the sandbox has exited: ``probe.reference(inputs)``
+   is computed here and compared with the exported data (``probe.compare`` or ``np.allclose``
+   with the probe's tolerances). An exercise earns its points only when its check cell ran
+   without error *and* the probe matched *and* the tripwire stayed silent. The check cell's hint
+   is the feedback when it fails. The runner can only report zeros and data: no point comes from
+   inside the sandbox.
+5. **Failures stay local.** When a cell runs past its limit or the kernel dies, the runner blames
+   the most recent student answer at or before that cell (zero, with the reason), replaces it by
+   its stub, and a fresh kernel replays the notebook from the top and carries on. Past the total
+   limit, whatever is not graded yet scores zero. Submissions are independent (``jobs`` of them
+   run at once, each in its own sandbox).
 6. **Plain-text report.** Everything the grader reports (feedback, notes, file names) goes
    through :func:`clean_text` before it is returned, printed or written to the JSON and CSV: an
    error message is the student's text, and terminal escapes in it could forge the report.
@@ -67,6 +74,7 @@ from tfedu.grading.scan import scan_answer
 
 MAX_SUBMISSION_BYTES = 20 << 20
 MAX_REPORT_BYTES = 256 << 20  # the runner's report (hidden tests' outputs, base64)
+BACKSTOP_SECONDS = 30.0  # past the total limit, the grader kills the sandbox (the runner stopped or froze)
 
 # Terminal escape sequences, removed whole so that their parameters do not stay behind as text:
 # OSC (ESC ] ... BEL or ST, window titles and hyperlinks), CSI (ESC [ ... final byte, colours,
@@ -514,7 +522,7 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path]) -> None:
             except OSError:
                 pass
             try:  # the runner enforces the total limit itself; this is the backstop if it cannot
-                proc.wait(timeout=limits.timeout + limits.startup_timeout + 15)
+                proc.wait(timeout=limits.timeout + BACKSTOP_SECONDS)
             except subprocess.TimeoutExpired:
                 killed = True
             _end(proc)

@@ -1,4 +1,5 @@
-"""A fresh Jupyter kernel in a child process, boxed in, driven one cell at a time.
+"""A fresh Jupyter kernel in a child process, boxed in, driven one cell at a time (by the grader's
+runner, :mod:`tfedu.grading.inside`, inside the submission's sandbox).
 
 - The kernel (``python -P -m ipykernel_launcher``) starts in its own session and process group
   (``start_new_session``), in the folder it is given (the grader passes an empty temporary one),

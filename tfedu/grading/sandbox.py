@@ -85,7 +85,11 @@ what you can, and a determined one can leave processes behind."""
 
 
 class SandboxUnavailable(RuntimeError):
-    """No sandbox can be made on this machine; the message says how to get one."""
+    """No sandbox can be made on this machine; the message says how to get one, ``why`` why not."""
+
+    def __init__(self, why: str):
+        super().__init__(INSTALL_HINT.format(why=why))
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -195,17 +199,17 @@ def _works(sandbox: Sandbox) -> tuple[bool, str]:
 def find() -> Sandbox:
     """The best sandbox this machine can make (tried once per process); raises SandboxUnavailable."""
     if not sys.platform.startswith("linux"):
-        raise SandboxUnavailable(INSTALL_HINT.format(why=f"{sys.platform} has no Linux namespaces"))
+        raise SandboxUnavailable(f"{sys.platform} has no Linux namespaces")
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        raise SandboxUnavailable(INSTALL_HINT.format(why="bwrap is not installed"))
+        raise SandboxUnavailable("bwrap is not installed")
     why = ""
     for as_nobody in ((True, False) if os.geteuid() == 0 else (False,)):
         sandbox = Sandbox(bwrap, as_nobody)
         ok, why = _works(sandbox)
         if ok:
             return sandbox
-    raise SandboxUnavailable(INSTALL_HINT.format(why=f"bwrap failed: {why}"))
+    raise SandboxUnavailable(f"bwrap failed: {why}")
 
 
 def preexec(sandbox: Sandbox | None):

@@ -1,0 +1,119 @@
+"""What `tfedu grade` promises, stated once and held: the README and `--help` say the same thing,
+grading refuses without a sandbox unless told, and one mistake costs one exercise (reference
+stand-ins for earlier exercises while a later one is graded)."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tfedu import cli, nbtools
+from tfedu.grading import harness, sandbox
+from tfedu.grading.grade import Limits, grade
+from tfedu.grading.release import student_version
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_readme_and_the_help_make_the_same_five_promises(capsys):
+    readme = (ROOT / "README.md").read_text()
+    promises = re.findall(r"^  (\d)\. (.+)$", readme[readme.index("What the grader promises"):], flags=re.M)[:5]
+    assert [n for n, _ in promises] == ["1", "2", "3", "4", "5"]
+    flat = " ".join(sandbox.GUARANTEES.split())
+    for _, promise in promises:
+        assert promise.rstrip(".") in flat, promise
+    with pytest.raises(SystemExit):
+        cli.main(["grade", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert all(promise.rstrip(".") in shown for _, promise in promises)
+    assert "--no-sandbox" in shown and "does not promise" in shown
+
+
+def test_grading_refuses_without_a_sandbox_unless_told(tmp_path, monkeypatch, capsys):
+    source = ROOT / "notebooks" / "00_start_here.ipynb"
+    submission = tmp_path / "00_start_here.ipynb"
+    submission.write_text(nbformat.writes(student_version(nbtools.read(source))))
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    sandbox.find.cache_clear()
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable, match="bubblewrap.*--no-sandbox"):
+            grade([submission], source=source)
+        out = tmp_path / "results.json"
+        assert cli.main(["grade", str(submission), "--source", str(source), "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "apt-get install bubblewrap" in err and "--no-sandbox" in err and not out.exists()
+        assert cli.main(["grade", str(submission), "--source", str(source), "--out", str(out), "--no-sandbox",
+                         "--timeout", "120"]) == 0
+        assert "WITHOUT a sandbox" in capsys.readouterr().err and out.is_file()
+    finally:
+        sandbox.find.cache_clear()
+
+
+def test_stand_in_cells_swap_the_learner_objects_and_put_them_back():
+    learner_double = lambda x: 3 * x  # noqa: E731
+    namespace = {"__builtins__": __builtins__, "double": learner_double}
+    swap_in, swap_out = harness.standin_sources("def double(x):\n    return 2 * x\n\ndef helper():\n    return torch.ones(1)\n")
+    exec(swap_in, namespace)
+    assert namespace["double"](2) == 4 and namespace["helper"]().item() == 1.0
+    exec(swap_out, namespace)
+    assert namespace["double"] is learner_double and "helper" not in namespace
+    assert harness.STANDIN_STASH not in namespace
+
+
+CHECKS_MODULE = '''
+import numpy as np
+from tfedu.checks.core import Probe, checker, expect
+
+@checker("double")
+def check_double(double):
+    expect(double(3) == 6, "double(3) should be 6")
+
+@checker("quadruple")
+def check_quadruple(quadruple):
+    expect(quadruple(3) == 12, "quadruple(3) should be 12")
+
+def _inputs(rng):
+    return {"x": int(rng.integers(-1000, 1000))}
+
+PROBES = {
+    "check_double": Probe(exercise="ex_double", make_inputs=_inputs, run="outputs = {'y': double(inputs['x'])}",
+                          reference=lambda inputs: {"y": 2 * inputs["x"]}),
+    "check_quadruple": Probe(exercise="ex_quadruple", make_inputs=_inputs, run="outputs = {'y': quadruple(inputs['x'])}",
+                             reference=lambda inputs: {"y": 4 * inputs["x"]}, STANDINS),
+}
+'''
+
+
+@pytest.mark.parametrize("with_standins", [True, False], ids=["stand-ins", "control"])
+def test_a_wrong_earlier_exercise_costs_only_itself(tmp_path, monkeypatch, with_standins):
+    """Exercise B calls exercise A's function. With stand-ins a wrong A costs A alone; without
+    them (the control) the same submission also loses B, which was right."""
+    import sys
+
+    name = f"cascade_checks_{with_standins}"
+    standins = 'standins="def double(x):\\n    return 2 * x\\n"' if with_standins else 'standins=""'
+    (tmp_path / f"{name}.py").write_text(CHECKS_MODULE.replace("STANDINS", standins))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    sys.modules.pop(name, None)
+    source = tmp_path / "92_cascade.ipynb"
+    nbtools.write(nbtools.new_notebook([
+        nbtools.exercise("ex_double", "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"),
+        nbtools.check("check_double", f"from {name} import check_double\n\ncheck_double(double)", points=1),
+        nbtools.exercise("ex_quadruple", "def quadruple(x):\n    ### BEGIN SOLUTION\n    return double(double(x))\n    ### END SOLUTION"),
+        nbtools.check("check_quadruple", f"from {name} import check_quadruple\n\ncheck_quadruple(quadruple)", points=2),
+    ]), source)
+    nb = student_version(nbtools.read(source))
+    answers = {"ex_double": "def double(x):\n    return 3 * x", "ex_quadruple": "def quadruple(x):\n    return double(double(x))"}
+    for cell in nb.cells:
+        grade_id = (nbtools.nbgrader_meta(cell) or {}).get("grade_id")
+        if grade_id in answers:
+            cell.source = answers[grade_id]
+    submission = tmp_path / "submitted" / "92_cascade.ipynb"
+    submission.parent.mkdir()
+    submission.write_text(nbformat.writes(nb))
+    [entry] = grade([submission], source=source, checks=name, limits=Limits(cell_timeout=30, timeout=120))["submissions"]
+    points = {k: v["points"] for k, v in entry["exercises"].items()}
+    assert points["check_double"] == 0
+    assert points["check_quadruple"] == (2 if with_standins else 0), entry["exercises"]["check_quadruple"]["feedback"]
