@@ -117,3 +117,21 @@ def test_a_wrong_earlier_exercise_costs_only_itself(tmp_path, monkeypatch, with_
     points = {k: v["points"] for k, v in entry["exercises"].items()}
     assert points["check_double"] == 0
     assert points["check_quadruple"] == (2 if with_standins else 0), entry["exercises"]["check_quadruple"]["feedback"]
+
+
+def test_the_scans_of_one_submission_share_one_time_budget(monkeypatch):
+    """Each answer's scan stops at SCAN_SECONDS; all of a submission's scans together at
+    SUBMISSION_SCAN_SECONDS, so many slow answers cannot add up to a stalled grader."""
+    from tfedu.grading import grade as grade_module
+
+    assignment = grade_module.load_assignment(ROOT / "notebooks" / "05_masks_and_heads.ipynb")
+    answers = dict.fromkeys(assignment.answers, "x = 1")
+    run = grade_module.Run(assignment, answers, Limits())
+    grade_module.static_phase(run)
+    assert not run.stubbed  # a plain answer passes
+    monkeypatch.setattr(grade_module, "SUBMISSION_SCAN_SECONDS", 0.0)
+    run = grade_module.Run(assignment, answers, Limits())
+    grade_module.static_phase(run)
+    assert set(run.stubbed) == set(assignment.answers)
+    assert all("ran past its total limit" in why for why in run.stubbed.values())
+    assert all(points == 0 for points, _ in run.outcome.values()) and set(run.outcome) == set(assignment.probes)

@@ -70,7 +70,7 @@ from tfedu.checks.core import NOT_DONE_MESSAGE, Probe
 from tfedu.grading import harness, sandbox
 from tfedu.grading.kernel import clean_environment, kill_session
 from tfedu.grading.release import CODE_STUB, _replace_regions, is_check, is_solution
-from tfedu.grading.scan import scan_answer
+from tfedu.grading.scan import SCAN_SECONDS, SUBMISSION_SCAN_SECONDS, scan_answer
 
 MAX_SUBMISSION_BYTES = 20 << 20
 MAX_REPORT_BYTES = 256 << 20  # the runner's report (hidden tests' outputs, base64)
@@ -347,6 +347,15 @@ class Run:
 
 def static_phase(run: Run) -> None:
     a = run.assignment
+    budget_end = time.monotonic() + SUBMISSION_SCAN_SECONDS
+
+    def scan(source: str, **kwargs: Any) -> list[str]:  # per answer SCAN_SECONDS, per submission SUBMISSION_SCAN_SECONDS
+        left = budget_end - time.monotonic()
+        if left <= 0:
+            return [f"the static scan of this submission ran past its total limit ({SUBMISSION_SCAN_SECONDS:g} s); "
+                    "this answer was not scanned and nothing of it was run"]
+        return scan_answer(source, time_limit=min(SCAN_SECONDS, left), **kwargs)
+
     context: list[str] = []
     answer_sources: dict[str, str] = {}
     for step in a.steps:
@@ -360,7 +369,7 @@ def static_phase(run: Run) -> None:
                     run.zero(check, run.stubbed[gid])
                 continue
             source = run.answers[gid]
-            problems = scan_answer(source, context=context)  # over the size or time limit: one problem saying so
+            problems = scan(source, context=context)  # over the size or time limit: one problem saying so
             if problems:
                 run.stubbed[gid] = "; ".join(problems)
                 for check in run.checks_of(gid):
@@ -383,8 +392,8 @@ def static_phase(run: Run) -> None:
                     # call into the reference through an earlier answer's function is caught by
                     # the run-time tripwire, so one misuse does not zero the exercises after it.
                     if earlier.grade_id == probe.exercise:
-                        plain = set(scan_answer(src, context=ctx))
-                        hits = [p for p in scan_answer(src, context=ctx, forbidden=probe.forbidden) if p not in plain]
+                        plain = set(scan(src, context=ctx))
+                        hits = [p for p in scan(src, context=ctx, forbidden=probe.forbidden) if p not in plain]
                         if hits:
                             run.zero(step.grade_id, "; ".join(hits))
                             run.stubbed.setdefault(earlier.grade_id, "; ".join(hits))

@@ -45,6 +45,8 @@ from collections.abc import Iterable
 MAX_ANSWER_CHARS = 20_000
 # One scan of one answer cell; the course's answers take well under 0.1 s.
 SCAN_SECONDS = 5.0
+# All the scans of one submission together (each answer is scanned up to three times).
+SUBMISSION_SCAN_SECONDS = 20.0
 # Reported problems per answer, so a cell of a thousand distinct tricks gives a readable reason.
 MAX_PROBLEMS = 10
 
