@@ -132,7 +132,7 @@ class Limits:
     file_mib: float = 256.0  # largest file the kernel may write
     startup_timeout: float = 60.0
     processes: int = 128  # processes in the sandbox at once (and RLIMIT_NPROC, which counts threads)
-    tmp_mib: float = 512.0  # size of each private tmpfs in the sandbox (/tmp, $HOME, /dev/shm, the exchange)
+    tmp_mib: float = 256.0  # size of each private tmpfs in the sandbox (/tmp, $HOME, /dev/shm, the exchange)
 
 
 @dataclass
