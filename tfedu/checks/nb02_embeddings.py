@@ -461,27 +461,31 @@ def _loss_inputs(rng: np.random.Generator) -> dict:
         return (rng.standard_normal(shape) * 1.5).astype(np.float32)
     center, context, negatives = draw(batch, d_model), draw(batch, d_model), draw(batch, k, d_model)
     context[0], negatives[0, 0] = _large_scores(rng, center[0])  # example 0: confident and wrong
-    return {"center": center, "context": context, "negatives": negatives, "upstream": upstream_like(rng, ())}
+    return {"center": center, "context": context, "negatives": negatives, "upstream": float(rng.standard_normal())}
 
 
 LOSS_NAMES = ("center", "context", "negatives")
 
 
+# The loss goes out as a Python float when it is one number (a 0-d array does not survive every
+# exchange format: np.ascontiguousarray makes it 1-d); anything else as an array, whose shape the
+# comparison then names. The upstream gradient is a float too, for the same reason.
 def _loss_run(function: str, names: tuple[str, ...]) -> str:
     return HELPERS + f"""\
 _leaves = {{_name: torch.tensor(inputs[_name], requires_grad=True) for _name in {names!r}}}
 _result = {function}(*(_t.clone() for _t in _leaves.values()))
-outputs = {{'returned': [_kind(_result)], 'loss': _array(_result),
-           'grad': _backward([_result], [torch.from_numpy(inputs['upstream'])], _leaves)}}
-del _leaves, _result
+_scalar = isinstance(_result, torch.Tensor) and _result.dim() == 0 and _result.is_floating_point()
+outputs = {{'returned': [_kind(_result)], 'loss': float(_result.detach()) if _scalar else _array(_result),
+           'grad': _backward([_result], [torch.tensor(float(inputs['upstream']))], _leaves)}}
+del _leaves, _result, _scalar
 """ + CLEANUP
 
 
 def _loss_reference(inputs: dict, loss_fn: Any = sgns_loss, names: tuple[str, ...] = LOSS_NAMES) -> dict:
     leaves = {name: leaf(inputs[name]) for name in names}
     loss = loss_fn(*leaves.values())
-    return {"returned": ["tensor"], "loss": as_array(loss),
-            "grad": backward([loss], [torch.from_numpy(inputs["upstream"])], leaves)}
+    return {"returned": ["tensor"], "loss": loss.item(),
+            "grad": backward([loss], [torch.tensor(float(inputs["upstream"]))], leaves)}
 
 
 def _compare_loss(outputs: dict, expected: dict, *, function: str) -> str | None:
@@ -565,7 +569,7 @@ def _cbow_inputs(rng: np.random.Generator) -> dict:
         return (rng.standard_normal(shape) * 1.5).astype(np.float32)
     context, center, negatives = draw(batch, two_window, d_model), draw(batch, d_model), draw(batch, k, d_model)
     center[0], negatives[0, 0] = _large_scores(rng, context[0].mean(axis=0))  # example 0: confident and wrong
-    return {"context": context, "center": center, "negatives": negatives, "upstream": upstream_like(rng, ())}
+    return {"context": context, "center": center, "negatives": negatives, "upstream": float(rng.standard_normal())}
 
 
 CBOW_NAMES = ("context", "center", "negatives")
