@@ -729,6 +729,30 @@ def _encode_inputs(rng: np.random.Generator) -> dict:
     return {"text": text, "merges": [[a, b] for a, b in merges]}
 
 
+# Exercises 1.3 and 1.6 call the learner's get_pair_counts and merge_pair (1.1, 1.2). While they are
+# graded, these stand-ins take their place, so a wrong 1.2 costs 1.2 alone. Plain Python, no tfedu.
+PAIR_COUNTS_STANDIN = """\
+def get_pair_counts(ids):
+    \"\"\"Stand-in for exercise 1.1: every adjacent pair of ids, counted (overlapping pairs too).\"\"\"
+    counts = {}
+    for pair in zip(ids, ids[1:]):
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+"""
+MERGE_PAIR_STANDIN = """\
+def merge_pair(ids, pair, new_id):
+    \"\"\"Stand-in for exercise 1.2: each occurrence of pair replaced by new_id, left to right, no overlaps.\"\"\"
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+"""
+
 PROBES = {
     "check_bpe_encode": Probe(
         exercise="ex_bpe_encode",
@@ -737,6 +761,7 @@ PROBES = {
         reference=lambda inputs: {"ids": reference_bpe_encode(inputs["text"], [tuple(m) for m in inputs["merges"]])},
         forbidden=("tfedu.tokenizer",),
         compare=_equal,
+        standins=MERGE_PAIR_STANDIN,
     ),
     "check_get_pair_counts": Probe(
         exercise="ex_get_pair_counts",
@@ -768,6 +793,7 @@ PROBES = {
         ),
         forbidden=("tfedu.tokenizer",),
         compare=_equal,
+        standins=PAIR_COUNTS_STANDIN + "\n\n" + MERGE_PAIR_STANDIN,
     ),
     "check_utf8": Probe(
         exercise="ex_utf8",
