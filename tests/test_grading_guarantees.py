@@ -53,9 +53,18 @@ def test_grading_refuses_without_a_sandbox_unless_told(tmp_path, monkeypatch, ca
 def test_stand_in_cells_swap_the_learner_objects_and_put_them_back():
     learner_double = lambda x: 3 * x  # noqa: E731
     namespace = {"__builtins__": __builtins__, "double": learner_double}
-    swap_in, swap_out = harness.standin_sources("def double(x):\n    return 2 * x\n\ndef helper():\n    return torch.ones(1)\n")
+    source = "def _two():\n    return 2\n\ndef double(x):\n    return _two() * x\n\ndef helper():\n    return torch.ones(1)\n"
+    swap_in, swap_out = harness.standin_sources(source)
     exec(swap_in, namespace)
     assert namespace["double"](2) == 4 and namespace["helper"]().item() == 1.0
+    assert "_two" not in namespace and "torch" not in namespace  # private helpers and the given modules stay inside
+    # the kernel-side swap binds exactly what tfedu.checks.core.standin_objects calls the stand-ins
+    from dataclasses import replace
+
+    from tfedu.checks.core import standin_objects
+    from tfedu.checks.nb00_start_here import PROBES
+
+    assert set(standin_objects(replace(PROBES["check_softmax"], standins=source))) == {"double", "helper"}
     exec(swap_out, namespace)
     assert namespace["double"] is learner_double and "helper" not in namespace
     assert harness.STANDIN_STASH not in namespace
@@ -135,3 +144,36 @@ def test_the_scans_of_one_submission_share_one_time_budget(monkeypatch):
     assert set(run.stubbed) == set(assignment.answers)
     assert all("ran past its total limit" in why for why in run.stubbed.values())
     assert all(points == 0 for points, _ in run.outcome.values()) and set(run.outcome) == set(assignment.probes)
+
+
+def test_the_tripwire_sees_fused_kernels_called_as_torch_ops():
+    """`torch.ops.aten._softmax(...)` is a Python call to OpOverloadPacket.__call__: the harness
+    names the op when the probe forbids it, and stays silent for ops it does not forbid."""
+    import json
+    import secrets
+    import tempfile
+
+    import numpy as np
+
+    from tfedu.checks.nb00_start_here import PROBES
+
+    probe = PROBES["check_softmax"]
+    assert "torch.ops.aten._softmax" in probe.forbidden
+    answers = {
+        "torch.ops.aten._softmax": "def softmax(x):\n    return torch.ops.aten._softmax(x, -1, False)",
+        "torch.ops.aten.softmax.int": "def softmax(x):\n    return torch.ops.aten.softmax.int(x, -1)",
+        None: "def softmax(x):\n    e = torch.ops.aten.exp(x - x.amax(-1, keepdim=True))\n    return e / e.sum(-1, keepdim=True)",
+    }
+    for expected, answer in answers.items():
+        namespace = {"__builtins__": __builtins__}
+        exec("import torch\n" + answer, namespace)
+        folder = Path(tempfile.mkdtemp())
+        harness.write_inputs(folder, probe.make_inputs(np.random.default_rng(0)))
+        nonce = secrets.token_hex(4)
+        exec(harness.harness_source(folder, probe.run, probe.forbidden, nonce), {"__builtins__": __builtins__, "globals": lambda: namespace})
+        result = json.loads((folder / "out" / "result.json").read_text())
+        ops = [hit for hit in result["tripwire"] if "torch.ops" in hit]  # (run here, pytest's own processes count too)
+        if expected is None:
+            assert ops == [] and result["error"] is None, result
+        else:
+            assert any(expected in hit for hit in ops), result["tripwire"]

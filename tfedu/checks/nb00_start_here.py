@@ -28,6 +28,9 @@ SOFTMAX_SHORTCUTS = (
     "torch.nn.Softmax", "torch.nn.LogSoftmax", "scipy.special.softmax", "scipy.special.log_softmax",
     # the same kernels by other doors: sparse tensors and the private entry points
     "torch.sparse.softmax", "torch.sparse.log_softmax", "torch._softmax", "torch._log_softmax",
+    # and as operators (the static scan refuses torch.ops; this is what the run-time tripwire watches)
+    "torch.ops.aten._softmax", "torch.ops.aten.softmax", "torch.ops.aten._log_softmax", "torch.ops.aten.log_softmax",
+    "torch.ops.aten._sparse_softmax", "torch.ops.aten._safe_softmax",
 )
 
 

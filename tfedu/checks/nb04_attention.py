@@ -428,6 +428,13 @@ FUSED_ATTENTION = (
     "torch._scaled_dot_product_flash_attention_for_cpu",
     "torch._scaled_dot_product_efficient_attention",
     "torch._fused_sdp_choice",
+    # the same kernels reached as operators (the static scan refuses torch.ops too; this is the run-time watch)
+    "torch.ops.aten.scaled_dot_product_attention",
+    "torch.ops.aten._scaled_dot_product_attention_math",
+    "torch.ops.aten._scaled_dot_product_flash_attention",
+    "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
+    "torch.ops.aten._scaled_dot_product_efficient_attention",
+    "torch.ops.aten._native_multi_head_attention",
 )
 
 HINT_PROBE_OVERFLOW = (
