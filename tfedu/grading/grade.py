@@ -400,10 +400,19 @@ def static_phase(run: Run) -> None:
                     ctx.append(src)
 
 
+# What a sandboxed run gets of the grader's environment: what Python, Jupyter and the course read,
+# never the rest (an instructor's tokens and paths would otherwise reach every submission).
+SANDBOX_ENV = {"LANG", "LANGUAGE", "TZ", "TERM", "MPLBACKEND", "PYTHONHASHSEED", "PYTHONUTF8", "PYTHONIOENCODING",
+               "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TRITON_INTERPRET"}
+SANDBOX_ENV_PREFIXES = ("LC_", "TFEDU_")
+
+
 def _runner_environment(home: str, tmp: str, sandboxed: bool) -> dict[str, str]:
     """The environment of the runner and its kernel: the grader's, minus test-runner variables, with a
     private home (IPython, Jupyter and matplotlib folders inside it) and temporary folder."""
     env = clean_environment(home)
+    if sandboxed:
+        env = {k: v for k, v in env.items() if k in SANDBOX_ENV or k.startswith(SANDBOX_ENV_PREFIXES)}
     for key in ("PYTHONSTARTUP", "OLDPWD", "IPYTHONDIR", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
                 "JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
         env.pop(key, None)
@@ -509,7 +518,7 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path]) -> None:
                 env = _runner_environment(sandbox.HOME, "/tmp", True)
                 cmd = sandbox.command(box, argv, env=env, tmp_bytes=int(limits.tmp_mib * (1 << 20)),
                                       inputs={name: exchange / name / "in" for name in (p["folder"] for p in plan_probes.values())},
-                                      hide=[a.path.parent, *hide])
+                                      hide=[a.path.parent, default_notebooks_dir(), *hide])
                 popen_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
             else:
                 assert home is not None

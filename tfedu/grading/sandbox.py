@@ -14,7 +14,10 @@ kernel it starts, and everything the student's code starts) in its own `bubblewr
   and the folders on ``PYTHONPATH``. Not the source notebooks (their cells come in on the
   runner's stdin, as code), not the other submissions, not the results;
 - **private writable** ``/tmp``, ``$HOME`` (holding the IPython and Jupyter folders) and
-  ``/dev/shm``, each a ``tmpfs`` of bounded size that vanishes with the sandbox;
+  ``/dev/shm``, each a ``tmpfs`` of bounded size that vanishes with the sandbox; everything else,
+  bwrap's own root and ``/dev`` included, is read-only;
+- **a short environment**: of the grader's variables only locale, thread counts, ``MPLBACKEND``,
+  ``TFEDU_*`` and the like (``grade.SANDBOX_ENV``), never an instructor's tokens or paths;
 - **an unprivileged user**: uid 65534 (nobody) inside a user namespace that may not create
   another; when the grader runs as root, bwrap itself runs as the real user ``nobody`` if that
   user can read everything the run needs, otherwise nobody-inside maps to root-outside with
@@ -171,7 +174,9 @@ def command(sandbox: Sandbox, argv: list[str], *, env: dict[str, str], inputs: d
                     args += ["--ro-bind", "/dev/null", str(item)]
     for name, host in inputs.items():
         args += ["--ro-bind", str(host), f"{EXCHANGE}/{name}/in"]
-    args += ["--chdir", HOME, "--", *argv]
+    # bwrap's own root (the parents of the mount points, /etc) and /dev are tmpfs without a size limit:
+    # read-only, so the size-bounded folders above are the only writable places
+    args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", HOME, "--", *argv]
     return args
 
 
