@@ -22,6 +22,7 @@ decoys, of the other submissions, of the results), so an attack knows exactly wh
 import errno
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -237,3 +238,262 @@ def test_a_detached_process_dies_with_the_sandbox():
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
     assert not left, f"processes outlived their sandbox: {left}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Attacks graded for real, all in one `grade` call
+# ---------------------------------------------------------------------------------------------
+
+from tfedu.grading.grade import Limits, grade  # noqa: E402
+from tfedu.grading.scan import scan_answer  # noqa: E402
+
+ATTACKS_DIR = Path(__file__).resolve().parent / "sandbox_attacks"
+SOURCE = ROOT / "notebooks" / "00_start_here.ipynb"
+CHECK, ANSWER = "check_softmax", "ex_softmax"
+# The SIGSTOP attack freezes the runner: only the grader's backstop (timeout + startup_timeout + 15 s) ends it.
+LIMITS = Limits(cell_timeout=8.0, timeout=20.0, memory_gib=2.0, startup_timeout=15.0, tmp_mib=32.0)
+BACKSTOP = LIMITS.timeout + LIMITS.startup_timeout + 15
+ATTACKS = {  # file stem -> what the feedback must say (the attack ran, and why it scored zero)
+    "sigstop_everything": "total time limit",
+    "daemon_kills_runner_rewrites_results": "grading stopped",
+    "raise_next_ipython_startup": "ATTACK[",
+    "leak_proc_and_files": "LEAK[",
+    "leak_runner_memory": "LEAK[",
+    "write_outside": "ATTACK[",
+    "fill_shm_tmp_home": "ATTACK[",
+}
+MARKERS = ("sleep 4712", "tfedu_attack", "tfedu-attack")
+CORRECT = '''def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension, stable for large logits."""
+    shifted = x - x.max(dim=-1, keepdim=True).values
+    exps = shifted.exp()
+    return exps / exps.sum(dim=-1, keepdim=True)
+'''
+STUB = '''def softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax over the last dimension, stable for large logits."""
+    # YOUR CODE HERE
+    raise NotImplementedError("replace this line with your code")
+'''
+
+
+def notebook_context():
+    from tfedu import nbtools
+
+    nb = nbtools.read(SOURCE)
+    context = []
+    for cell in nb.cells:
+        if (nbtools.nbgrader_meta(cell) or {}).get("grade_id") == ANSWER:
+            return context
+        if cell.cell_type == "code":
+            context.append(cell.source)
+    raise AssertionError("no ex_softmax cell")
+
+
+def attack_source(name, values):
+    text = (ATTACKS_DIR / f"{name}.py").read_text()
+    for key, value in values.items():
+        text = text.replace("{{" + key + "}}", repr(value))
+    assert "{{" not in text, f"{name}: a placeholder was not filled"
+    return text
+
+
+def submission(answer):
+    import nbformat
+
+    from tfedu import nbtools
+    from tfedu.grading.release import student_version
+
+    nb = student_version(nbtools.read(SOURCE), SOURCE.name)
+    cell = next(c for c in nb.cells if (nbtools.nbgrader_meta(c) or {}).get("grade_id") == ANSWER)
+    cell.source = answer
+    return nbformat.writes(nb)
+
+
+def snapshot(*paths):
+    """(path, size, mtime) of every file under ``paths``; missing paths are recorded as missing."""
+    seen = {}
+    for path in map(Path, paths):
+        if path.is_dir():
+            for item in sorted(path.rglob("*")):
+                st = item.lstat()
+                seen[str(item)] = (st.st_size, st.st_mtime_ns)
+        elif path.exists() or path.is_symlink():
+            st = path.lstat()
+            seen[str(path)] = (st.st_size, st.st_mtime_ns)
+        else:
+            seen[str(path)] = None
+    return seen
+
+
+def left_behind(token):
+    """Processes that carry this run's environment token or an attack's marker in their command line."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if token.encode() in environ or any(m in cmdline for m in MARKERS):
+            found.append(f"{entry.name}: {cmdline[:200]}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    box_or_skip()
+    token = secrets.token_hex(8)
+    base = tmp_path_factory.mktemp("sandbox-attacks")
+    subs, instructor, results = base / "submissions", base / "instructor", base / "results"
+    for folder in (subs, instructor, results):
+        folder.mkdir()
+    decoy = instructor / "secrets.txt"
+    decoy_secret = f"decoy-instructor-secret-{secrets.token_hex(12)}"
+    decoy.write_text(f"{decoy_secret}\n")
+    (instructor / "solutions.ipynb").write_text(json.dumps({"cells": [{"source": decoy_secret}]}))
+    innocent_tokens = {name: secrets.token_hex(12) for name in ("innocent_stub_first", "innocent_correct", "innocent_stub_last")}
+    innocent_answers = {"innocent_stub_first": STUB, "innocent_correct": CORRECT, "innocent_stub_last": STUB}
+    paths = {name: subs / f"{name}.ipynb" for name in [*ATTACKS, *innocent_tokens]}
+    out = results / "results.json"
+    home = Path(os.path.expanduser("~"))
+    host_markers = [Path("/tmp") / f"tfedu_attack_marker_{token}", home / f"tfedu_attack_marker_{token}",
+                    ROOT / "tfedu" / f"_tfedu_attack_marker_{token}", ROOT / "data" / f"_tfedu_attack_marker_{token}"]
+    startup_folders = [str(home / ".ipython" / f"profile_tfedu_attack_{token}" / "startup"),
+                       str(Path(sys.prefix) / "etc" / "ipython" / f"tfedu_attack_{token}")]
+    import site
+
+    site_files = [str(Path(site.getsitepackages()[0]) / f"zz_tfedu_attack_{token}.pth"),
+                  str(Path(site.getsitepackages()[0]) / f"tfedu_attack_{token}_usercustomize.py")]
+    values = {
+        "TARGETS": [str(decoy), str(instructor / "solutions.ipynb"), str(SOURCE), str(ROOT / "notebooks" / "01_tokenization.ipynb"),
+                    *(str(paths[n]) for n in innocent_tokens), str(out), "/etc/shadow"],
+        "FOLDERS": [str(subs), str(instructor), str(ROOT / "notebooks"), str(results), "/root", "/tmp"],
+        "STARTUP_FOLDERS": startup_folders,
+        "SITE_FILES": site_files,
+        "DAEMON_TARGETS": [str(out), str(out.with_suffix(".csv")), str(paths["innocent_correct"]), str(host_markers[0])],
+        "WRITE_TARGETS": [str(subs / f"tfedu_attack_new_{token}"), str(paths["innocent_correct"]), str(out), str(decoy),
+                          *map(str, host_markers)],
+    }
+    context = notebook_context()
+    sources = {name: attack_source(name, values) for name in ATTACKS}
+    for name, source in sources.items():
+        paths[name].write_text(submission(source))
+    for name, answer in innocent_answers.items():
+        paths[name].write_text(submission(f"# {name} {innocent_tokens[name]}\n{answer}"))
+    watched = [subs, instructor, *host_markers, *startup_folders, *site_files]
+    before = snapshot(*watched)
+    shm_before = set(os.listdir("/dev/shm"))
+    os.environ["TFEDU_ATTACK_RUN"] = token  # every process of this run inherits it, in or out of the sandbox
+    env_secret = f"decoy-env-secret-{secrets.token_hex(12)}"
+    os.environ["INSTRUCTOR_API_TOKEN"] = env_secret  # an instructor's credential in the grader's environment
+    try:
+        start = time.monotonic()
+        graded = grade(list(paths.values()), out=out, source=SOURCE, limits=LIMITS, jobs=3)
+        elapsed = time.monotonic() - start
+    finally:
+        del os.environ["TFEDU_ATTACK_RUN"], os.environ["INSTRUCTOR_API_TOKEN"]
+    written = snapshot(out, out.with_suffix(".csv"))
+    time.sleep(2.5)  # a daemon that outlived its sandbox would strike now
+    after = {
+        "watched": snapshot(*watched),
+        "written": snapshot(out, out.with_suffix(".csv")),
+        "shm": set(os.listdir("/dev/shm")),
+        "processes": left_behind(token),
+    }
+    for path in [*host_markers, *map(Path, site_files)]:  # tidy up should a hole have let one through
+        if path.is_file():
+            path.unlink()
+    return {"entries": {Path(e["file"]).stem: e for e in graded["submissions"]}, "elapsed": elapsed, "sources": sources,
+            "context": context, "before": before, "written": written, "after": after, "shm_before": shm_before,
+            "decoy_secret": decoy_secret, "env_secret": env_secret, "innocent_tokens": innocent_tokens, "out": out, "host_markers": host_markers}
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_each_attack_passes_the_static_scan(attacked, name):
+    # Otherwise it proves nothing about the sandbox: rewrite the attack through another route.
+    assert scan_answer(attacked["sources"][name], context=attacked["context"]) == []
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_each_attack_runs_and_scores_zero(attacked, name):
+    entry = attacked["entries"][name]
+    feedback = entry["exercises"][CHECK]["feedback"]
+    assert entry["total"] == 0 and entry["exercises"][CHECK]["points"] == 0, feedback
+    assert ATTACKS[name] in feedback, feedback
+
+
+def test_innocent_submissions_keep_exactly_their_own_results(attacked):
+    entries = attacked["entries"]
+    assert entries["innocent_correct"]["total"] == 2, entries["innocent_correct"]
+    assert "passed" in entries["innocent_correct"]["exercises"][CHECK]["feedback"]
+    # the last stub is graded after the startup-file attack: nothing planted there may raise it
+    for name in ("innocent_stub_first", "innocent_stub_last"):
+        assert entries[name]["total"] == 0 and "not done yet" in entries[name]["exercises"][CHECK]["feedback"], entries[name]
+
+
+def test_feedback_never_holds_instructor_files_or_other_answers(attacked):
+    text = json.dumps(list(attacked["entries"].values())) + attacked["out"].read_text()
+    assert attacked["decoy_secret"] not in text
+    assert "BEGIN SOLUTION" not in text and "END SOLUTION" not in text
+    for name, token in attacked["innocent_tokens"].items():
+        assert token not in text, f"the answer of {name} came back in the feedback"
+    leak = attacked["entries"]["leak_proc_and_files"]["exercises"][CHECK]["feedback"]
+    assert "pid 1:" in leak  # the attack did look at /proc
+
+
+def test_feedback_never_holds_the_graders_environment(attacked):
+    """The grader's environment (where an instructor may keep a token) must not reach the submission:
+    the kernel gets the grader's variables (``os.environ``), and bwrap, pid 1 of the sandbox, carries
+    them on its command line (``--setenv NAME VALUE``), readable in ``/proc/1/cmdline``."""
+    leak = attacked["entries"]["leak_proc_and_files"]["exercises"][CHECK]["feedback"]
+    assert "env: " in leak  # the attack looked
+    assert attacked["env_secret"] not in leak, leak[:600]
+
+
+def test_leak_attacks_see_only_their_own_sandbox(attacked):
+    leak = attacked["entries"]["leak_proc_and_files"]["exercises"][CHECK]["feedback"]
+    processes = re.findall(r"pid (\d+): ([^;]*)", leak)
+    # bwrap's init (pid 1), the runner, the kernel's launcher, the kernel: nothing of the host
+    assert 2 <= len(processes) <= 6, processes
+    assert all(cmd.startswith(("/usr/bin/bwrap", "/root/", sys.executable, "python", "/bin/sh", "sh ")) for _, cmd in processes), processes
+    # what the instructor's and the other students' files gave: nothing (they are not there)
+    for path in ("secrets.txt", "solutions.ipynb", "00_start_here.ipynb", "innocent_correct.ipynb"):
+        assert re.search(re.escape(path) + r"=(FileNotFoundError|PermissionError)", leak), (path, leak)
+    memory = attacked["entries"]["leak_runner_memory"]["exercises"][CHECK]["feedback"]
+    assert "hits" not in memory or " 0 hits" in memory, memory  # no process's memory could be read
+
+
+def test_the_fill_attack_was_bounded_by_the_tmpfs_size(attacked):
+    feedback = attacked["entries"]["fill_shm_tmp_home"]["exercises"][CHECK]["feedback"]
+    filled = {folder: (int(mib), why) for folder, mib, why in re.findall(r"([/\w]+): (\d+) MiB, ([^;\]]+)", feedback)}
+    assert set(filled) == {"/dev/shm", "/tmp", sandbox.HOME}, feedback
+    for mib, why in filled.values():
+        assert mib <= LIMITS.tmp_mib and why.strip() == f"errno {errno.ENOSPC}", feedback
+
+
+def test_no_file_outside_the_sandbox_changed(attacked):
+    before, after = attacked["before"], attacked["after"]
+    changed = {p: (before.get(p), after["watched"].get(p)) for p in set(before) | set(after["watched"])
+               if before.get(p) != after["watched"].get(p)}
+    assert not changed, changed
+    assert all(not p.exists() for p in attacked["host_markers"])
+    assert attacked["written"] == after["written"], "the results changed after grade returned"
+    assert "HACKED" not in attacked["out"].read_text() + attacked["out"].with_suffix(".csv").read_text()
+    assert after["shm"] <= attacked["shm_before"], after["shm"] - attacked["shm_before"]
+
+
+def test_no_process_is_left_behind(attacked):
+    assert not attacked["after"]["processes"], attacked["after"]["processes"]
+
+
+def test_every_run_ended_within_its_limits(attacked):
+    entries = attacked["entries"]
+    for name, entry in entries.items():
+        bound = BACKSTOP + 10 if name == "sigstop_everything" else LIMITS.timeout + 10
+        assert entry["seconds"] <= bound, (name, entry["seconds"])
+    print(f"graded {len(entries)} submissions in {attacked['elapsed']:.1f} s")
+    for name, entry in entries.items():
+        print(f"{name} ({entry['seconds']} s): {entry['exercises'][CHECK]['feedback'][:1500]}")
+    assert attacked["elapsed"] <= BACKSTOP + 3 * (LIMITS.timeout + 10)
