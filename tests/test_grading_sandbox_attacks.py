@@ -251,7 +251,7 @@ ATTACKS_DIR = Path(__file__).resolve().parent / "sandbox_attacks"
 SOURCE = ROOT / "notebooks" / "00_start_here.ipynb"
 CHECK, ANSWER = "check_softmax", "ex_softmax"
 # The SIGSTOP attack freezes the runner: only the grader's backstop (timeout + startup_timeout + 15 s) ends it.
-LIMITS = Limits(cell_timeout=8.0, timeout=20.0, memory_gib=2.0, startup_timeout=15.0, tmp_mib=32.0)
+LIMITS = Limits(cell_timeout=8.0, timeout=20.0, memory_gib=2.0, startup_timeout=12.0, tmp_mib=32.0)
 BACKSTOP = LIMITS.timeout + LIMITS.startup_timeout + 15
 ATTACKS = {  # file stem -> what the feedback must say (the attack ran, and why it scored zero)
     "sigstop_everything": "total time limit",
@@ -497,3 +497,30 @@ def test_every_run_ended_within_its_limits(attacked):
     for name, entry in entries.items():
         print(f"{name} ({entry['seconds']} s): {entry['exercises'][CHECK]['feedback'][:1500]}")
     assert attacked["elapsed"] <= BACKSTOP + 3 * (LIMITS.timeout + 10)
+
+
+def test_without_the_sandbox_the_safe_attacks_still_score_zero_and_the_grader_survives(tmp_path):
+    """``sandboxed=False``: only the attacks that are safe to run as the grader's own user (reading,
+    and writing into this test's tmp folder; no signals, daemons or writes to the real home). They
+    are not contained here (they may read and write what the grader can), but the grader finishes,
+    they score zero and the innocent submissions keep their own results."""
+    subs, aim = tmp_path / "submissions", tmp_path / "aim"
+    subs.mkdir()
+    aim.mkdir()
+    values = {"TARGETS": [str(aim / "secret.txt")], "FOLDERS": [str(aim)],
+              "WRITE_TARGETS": [str(aim / "new"), str(aim / "other.ipynb")]}
+    (aim / "secret.txt").write_text("readable without a sandbox")
+    answers = {name: attack_source(name, values) for name in ("leak_proc_and_files", "write_outside")}
+    answers.update(innocent_correct=CORRECT)
+    paths = []
+    for name, answer in answers.items():
+        paths.append(subs / f"{name}.ipynb")
+        paths[-1].write_text(submission(answer))
+    results = grade(paths, out=tmp_path / "results.json", source=SOURCE, limits=LIMITS, jobs=3, sandboxed=False)
+    entries = {Path(e["file"]).stem: e for e in results["submissions"]}
+    assert entries["innocent_correct"]["total"] == 2
+    for name in ("leak_proc_and_files", "write_outside"):
+        assert entries[name]["total"] == 0 and ("LEAK[" in entries[name]["exercises"][CHECK]["feedback"]
+                                                or "ATTACK[" in entries[name]["exercises"][CHECK]["feedback"])
+        assert entries[name]["seconds"] <= LIMITS.timeout + 10
+    assert json.loads((tmp_path / "results.json").read_text())["submissions"]
