@@ -223,7 +223,8 @@ def test_hosts_private_folders_and_hidden_folders_are_not_visible(tmp_path):
     visible_root = seen["/root"] if isinstance(seen["/root"], list) else []
     # only the folders bound for Python (pyenv lives in /root on some machines), nothing else of the host's /root
     assert set(visible_root) <= {".pyenv", ".local"} & set(host_root) | ({".pyenv"} if ".pyenv" in host_root else set()), visible_root
-    assert seen[str(notebooks)] == [], "the source notebooks' folder is visible in the sandbox"
+    # empty (PYTHONPATH binds the repository and the folder is covered) or absent (only tfedu/ is bound)
+    assert seen[str(notebooks)] in ([], errno.ENOENT), "the source notebooks' folder is visible in the sandbox"
     assert seen[str(tmp_path)] == errno.ENOENT
     assert seen["shadow"] is False
     assert set(seen["/etc"]) <= set(sandbox.ETC_FILES), seen["/etc"]
