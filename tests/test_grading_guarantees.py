@@ -177,3 +177,70 @@ def test_the_tripwire_sees_fused_kernels_called_as_torch_ops():
             assert ops == [] and result["error"] is None, result
         else:
             assert any(expected in hit for hit in ops), result["tripwire"]
+
+
+HOG_CHECKS = '''
+from tfedu.checks.core import Probe, checker, expect
+
+@checker("double")
+def check_double(double):
+    expect(double(3) == 6, "double(3) should be 6")
+
+PROBES = {"check_double": Probe(exercise="ex_double", make_inputs=lambda rng: {"x": int(rng.integers(0, 99))},
+                                run="outputs = {'y': double(inputs['x'])}", reference=lambda inputs: {"y": 2 * inputs["x"]})}
+'''
+# Trusted cells of the instructor's notebook are not scanned: they stand in for whatever route an answer
+# finds past the scan, so this tests the monitor outside the sandbox, not the scan.
+HOG_HELPERS = '''import os, signal, time
+
+def spin(n):
+    for _ in range(n):
+        if os.fork() == 0:
+            while True:
+                pass
+
+def freeze_runner_then_fork(n):
+    os.kill(-1, signal.SIGSTOP)  # every process of the sandbox but this one: the runner and its watchdog too
+    for _ in range(n):
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+'''
+
+
+@pytest.mark.parametrize("attack,reason", [("spin(8)", "CPU cores"), ("freeze_runner_then_fork(200)", "processes at once")])
+def test_the_monitor_outside_the_sandbox_ends_a_hog(tmp_path, monkeypatch, attack, reason):
+    """A run that takes more than its CPU share (slowing the submissions beside it), or holds too many
+    processes after freezing the runner's own watchdog, is ended from outside; an honest one is not."""
+    import sys
+    import time
+
+    from tfedu.grading import grade as grade_module
+
+    (tmp_path / "hog_checks.py").write_text(HOG_CHECKS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    sys.modules.pop("hog_checks", None)
+    source = tmp_path / "93_hog.ipynb"
+    nbtools.write(nbtools.new_notebook([
+        nbtools.code(HOG_HELPERS),
+        nbtools.exercise("ex_double", "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"),
+        nbtools.check("check_double", "from hog_checks import check_double\n\ncheck_double(double)", points=1),
+    ]), source)
+    entries = {}
+    for name, answer in {"hog": f"{attack}\n\ndef double(x):\n    return 2 * x", "honest": "def double(x):\n    return 2 * x"}.items():
+        nb = student_version(nbtools.read(source))
+        next(c for c in nb.cells if (nbtools.nbgrader_meta(c) or {}).get("grade_id") == "ex_double").source = answer
+        path = tmp_path / name / "93_hog.ipynb"
+        path.parent.mkdir()
+        path.write_text(nbformat.writes(nb))
+        started = time.monotonic()
+        # half a core (1.125 with the slack): eight spinning processes exceed it even on a loaded two-core machine,
+        # an honest run (one busy thread at most) does not
+        entries[name] = grade_module.grade_submission(path, source=source, checks="hog_checks", cpus=0.5,
+                                                      limits=Limits(cell_timeout=60, timeout=60))
+        entries[name]["wall"] = time.monotonic() - started
+    hog, honest = entries["hog"]["exercises"]["check_double"], entries["honest"]["exercises"]["check_double"]
+    assert hog["points"] == 0 and reason in hog["feedback"], hog["feedback"]
+    assert entries["hog"]["wall"] < 45, entries["hog"]["wall"]  # ended by the monitor, long before the time limit
+    assert honest["points"] == 1, honest["feedback"]

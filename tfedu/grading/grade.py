@@ -56,6 +56,7 @@ import site
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
@@ -74,7 +75,8 @@ from tfedu.grading.scan import SCAN_SECONDS, SUBMISSION_SCAN_SECONDS, scan_answe
 
 MAX_SUBMISSION_BYTES = 20 << 20
 MAX_REPORT_BYTES = 256 << 20  # the runner's report (hidden tests' outputs, base64)
-BACKSTOP_SECONDS = 30.0  # past the total limit, the grader kills the sandbox (the runner stopped or froze)
+BACKSTOP_SECONDS = 5.0  # past the total limit, the grader kills the sandbox (the runner stopped or froze)
+CPU_WINDOW_SECONDS = 10.0  # the CPU share is measured over this window
 
 # Terminal escape sequences, removed whole so that their parameters do not stay behind as text:
 # OSC (ESC ] ... BEL or ST, window titles and hyperlinks), CSI (ESC [ ... final byte, colours,
@@ -407,7 +409,7 @@ SANDBOX_ENV = {"LANG", "LANGUAGE", "TZ", "TERM", "MPLBACKEND", "PYTHONHASHSEED",
 SANDBOX_ENV_PREFIXES = ("LC_", "TFEDU_")
 
 
-def _runner_environment(home: str, tmp: str, sandboxed: bool) -> dict[str, str]:
+def _runner_environment(home: str, tmp: str, sandboxed: bool, cpus: float = 1.0) -> dict[str, str]:
     """The environment of the runner and its kernel: the grader's, minus test-runner variables, with a
     private home (IPython, Jupyter and matplotlib folders inside it) and temporary folder."""
     env = clean_environment(home)
@@ -420,6 +422,8 @@ def _runner_environment(home: str, tmp: str, sandboxed: bool) -> dict[str, str]:
                JUPYTER_DATA_DIR=f"{home}/.local/share/jupyter", JUPYTER_RUNTIME_DIR=f"{home}/.local/share/jupyter/runtime",
                MPLCONFIGDIR=f"{home}/.config/matplotlib", XDG_CONFIG_HOME=f"{home}/.config", XDG_CACHE_HOME=f"{home}/.cache",
                PYTHONUSERBASE=site.getuserbase(), PYTHONDONTWRITEBYTECODE="1")
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # torch's threads: the run's CPU share (see Monitor)
+        env.setdefault(key, str(max(1, int(cpus))))
     if sandboxed:
         env["PYTHONPATH"] = sandbox.python_path()
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
@@ -472,7 +476,75 @@ def _end(proc: subprocess.Popen) -> None:
         pass
 
 
-def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path]) -> None:
+def _process_tree(root: int) -> list[int]:
+    """``root`` and every process below it (from the host's /proc: a sandbox's processes are in it too)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo and len(found) < 100_000:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """CPU time of ``pids`` and of the children they have waited for (utime, stime, cutime, cstime)."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            ticks += sum(int(f) for f in fields[11:15])
+        except (OSError, ValueError, IndexError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class Monitor(threading.Thread):
+    """Watches one run from outside its sandbox, where nothing in the sandbox can stop it: ends the run
+    when it holds more than ``limits.processes`` processes, or uses more than its share of the CPU
+    (``cpus`` cores, with some slack, over :data:`CPU_WINDOW_SECONDS`) and so slows down the
+    submissions graded beside it. ``reason`` says why it ended a run."""
+
+    def __init__(self, proc: subprocess.Popen, limits: Limits, cpus: float):
+        super().__init__(daemon=True)
+        self.proc, self.limits, self.allowed = proc, limits, cpus * 1.25 + 0.5
+        self.reason: str | None = None
+        self.done = threading.Event()
+        self.peak = 0.0  # the highest CPU rate seen (cores), for the record
+
+    def run(self) -> None:
+        samples: list[tuple[float, float]] = []
+        while self.proc.poll() is None and not self.done.is_set():
+            pids = _process_tree(self.proc.pid)
+            now, used = time.monotonic(), _cpu_seconds(pids)
+            samples = [s for s in samples if now - s[0] <= CPU_WINDOW_SECONDS] + [(now, used)]
+            span = now - samples[0][0]
+            rate = (used - samples[0][1]) / span if span >= CPU_WINDOW_SECONDS / 2 else 0.0
+            self.peak = max(self.peak, rate)
+            if len(pids) > self.limits.processes + 8:  # bwrap, its init, the runner and the launcher are not the answer's
+                self.reason = f"the run held more than {self.limits.processes} processes at once"
+            elif rate > self.allowed:
+                self.reason = (f"the run used {rate:.1f} CPU cores on average over {CPU_WINDOW_SECONDS:g} s, more than its "
+                               f"share ({self.allowed:.2f}), slowing down the other submissions graded with it")
+            if self.reason:
+                kill_session(self.proc.pid)
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                return
+            self.done.wait(0.5)
+
+
+def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float = 1.0) -> None:
     """Run the notebook in a sandbox (``box``; None: without one), then judge what came back.
 
     The plan (every cell's code, the answers or their stubs, the hidden tests and their inputs'
@@ -515,7 +587,7 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path]) -> None:
         with tempfile.TemporaryFile() as report, tempfile.TemporaryFile() as errors:
             if box is not None:
                 argv = [sys.executable, "-m", "tfedu.grading.inside", sandbox.EXCHANGE, str(report.fileno())]
-                env = _runner_environment(sandbox.HOME, "/tmp", True)
+                env = _runner_environment(sandbox.HOME, "/tmp", True, cpus)
                 cmd = sandbox.command(box, argv, env=env, tmp_bytes=int(limits.tmp_mib * (1 << 20)),
                                       inputs={name: exchange / name / "in" for name in (p["folder"] for p in plan_probes.values())},
                                       hide=[a.path.parent, default_notebooks_dir(), *hide])
@@ -524,7 +596,7 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path]) -> None:
                 assert home is not None
                 (home / "tmp").mkdir()
                 cmd = [sys.executable, "-m", "tfedu.grading.inside", str(exchange), str(report.fileno())]
-                env = popen_env = _runner_environment(str(home), str(home / "tmp"), False)
+                env = popen_env = _runner_environment(str(home), str(home / "tmp"), False, cpus)
             who: dict[str, Any] = {}
             if box is not None and box.as_nobody:
                 os.fchmod(report.fileno(), 0o666)  # the runner, as nobody, writes its report here
@@ -533,6 +605,8 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path]) -> None:
                                     pass_fds=(report.fileno(),), start_new_session=True, env=popen_env,
                                     cwd=str(home) if home is not None else "/", **who)
             killed = False
+            monitor = Monitor(proc, limits, cpus)
+            monitor.start()
             try:
                 assert proc.stdin is not None
                 proc.stdin.write(json.dumps(plan).encode("utf-8"))
@@ -543,6 +617,8 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path]) -> None:
                 proc.wait(timeout=limits.timeout + BACKSTOP_SECONDS)
             except subprocess.TimeoutExpired:
                 killed = True
+            monitor.done.set()
+            monitor.join()
             _end(proc)
             events = _read_events(report)
             errors.seek(0)
@@ -565,7 +641,9 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path]) -> None:
                     run.outcome[check] = (a.points[check], "passed: the check cell and the hidden test on fresh random inputs")
                 else:
                     run.zero(check, problem)
-        if killed:
+        if monitor.reason:
+            run.zero_rest(f"{monitor.reason}; it was stopped before this exercise was graded")
+        elif killed:
             run.zero_rest(f"the run was stopped at the total time limit for a submission ({limits.timeout:g} s) before "
                           "this exercise was graded")
         elif not finished:
@@ -579,7 +657,7 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path]) -> None:
 
 def grade_submission(path: str | Path, *, source: str | Path | None = None, notebooks_dir: str | Path | None = None,
                      limits: Limits = Limits(), checks: str | None = None, sandboxed: bool = True,
-                     hide: tuple[str | Path, ...] = ()) -> dict[str, Any]:
+                     hide: tuple[str | Path, ...] = (), cpus: float | None = None) -> dict[str, Any]:
     """Grade one submission; the entry of the results JSON for it. Raises only for instructor errors.
 
     ``sandboxed=False`` runs it without the operating-system sandbox (see :mod:`tfedu.grading.sandbox`);
@@ -599,7 +677,7 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
         run = Run(assignment, answers, limits)
         static_phase(run)
         if any(check not in run.outcome for check in assignment.probes):
-            execute(run, box, [path.resolve().parent, *(Path(h) for h in hide)])
+            execute(run, box, [path.resolve().parent, *(Path(h) for h in hide)], cpus or float(os.cpu_count() or 1))
     except SubmissionError as err:
         run = Run(assignment, {}, limits)
         run.zero_rest(f"the submission could not be graded: {err}")
@@ -641,7 +719,7 @@ def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str
             return _clean_entry({"file": str(path), "source": None, "total": 0.0, "max": 0.0, "exercises": {},
                                  "notes": [unmatched[str(path)]]})
         return grade_submission(path, source=source, notebooks_dir=notebooks_dir, limits=limits, checks=checks,
-                                sandboxed=sandboxed, hide=hide)
+                                sandboxed=sandboxed, hide=hide, cpus=max(1.0, (os.cpu_count() or 1) / max(1, jobs)))
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         entries = list(pool.map(one, paths))

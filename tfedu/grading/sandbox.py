@@ -114,12 +114,14 @@ def package_root() -> Path:
 def readable_paths(extra: tuple[str, ...] = ()) -> list[Path]:
     """Every folder the run reads: the Python installation and its site folders, tfedu, data/, PYTHONPATH."""
     paths: list[Path] = []
+    package = package_root()
     for value in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
                   *sysconfig.get_paths().values(), *site.getsitepackages(), site.getusersitepackages(),
                   Path(sys.executable).resolve().parent, *os.environ.get("PYTHONPATH", "").split(os.pathsep), *extra):
-        if value and Path(value).is_dir():
+        # The course's own folder (PYTHONPATH=. in a checkout) is not bound whole: its notebooks, .git
+        # (solutions in the history), earlier results. Only tfedu/ and data/ are, below.
+        if value and Path(value).is_dir() and not package.is_relative_to(Path(value).resolve()):
             paths.append(Path(value).resolve())
-    package = package_root()
     paths += [package, package.parent / "data"] if (package.parent / "data").is_dir() else [package]
     kept: list[Path] = []
     for path in sorted(set(paths), key=lambda p: len(p.parts)):
@@ -162,12 +164,13 @@ def command(sandbox: Sandbox, argv: list[str], *, env: dict[str, str], inputs: d
     bound = readable_paths(extra_paths)
     for path in bound:
         args += ["--ro-bind", str(path), str(path)]
+    hide = [*hide, *(b / ".git" for b in bound if (b / ".git").exists())]  # a bound checkout's history
     for path in hide:
         path = path.resolve()
         if not path.is_dir() or not any(path.is_relative_to(b) for b in bound):
             continue
         if not any(b.is_relative_to(path) for b in bound):
-            args += ["--tmpfs", str(path)]  # an empty folder in its place
+            args += ["--tmpfs", str(path), "--remount-ro", str(path)]  # an empty, read-only folder in its place
         else:  # the folder is itself needed (a checks module beside the notebooks): hide its notebooks and results
             for item in sorted(path.iterdir()):
                 if item.suffix in HIDDEN_SUFFIXES and item.is_file() and not item.is_symlink():
