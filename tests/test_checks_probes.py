@@ -194,8 +194,22 @@ def sgns_two_step_log(center, context, negatives):
     return -(torch.log(torch.sigmoid(positive)) + torch.log(torch.sigmoid(-negative)).sum(-1)).mean()
 
 
+def softmax_in_place(x):
+    x -= x.max(dim=-1, keepdim=True).values  # right values, but the caller's tensor is shifted
+    e = x.exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def attention_scaling_q_in_place(q, k, v):
+    q /= q.shape[-1] ** 0.5
+    weights = torch.softmax(q @ k.transpose(-2, -1), dim=-1)
+    return weights @ v, weights
+
+
 MISTAKES = [
     # (notebook, check, name bound, the wrong answer, a fragment of the feedback)
+    ("00_start_here", "check_softmax", "softmax", softmax_in_place, "changed its input in place (argument 1"),
+    ("04_attention", "check_attention", "attention", attention_scaling_q_in_place, "changed its input in place (argument 1"),
     ("00_start_here", "check_softmax", "softmax", nb00.naive_softmax, "NaN or Inf"),
     ("00_start_here", "check_softmax", "softmax", no_grad(lambda x: (x - x.amax(-1, keepdim=True)).softmax(-1)),
      "no gradient flows back through softmax"),

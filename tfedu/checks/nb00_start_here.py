@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, seeded_randn, watch_calls
-from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
+from tfedu.checks.probes import CLEANUP, HELPERS, HINT_MUTATED, as_array, backward, compare_outputs, leaf, upstream_like
 from tfedu.softmax import softmax as reference_softmax
 
 SHAPE_HINT = (
@@ -38,10 +38,13 @@ def learner_softmax(softmax, x: torch.Tensor) -> torch.Tensor:
     """Call the learner's softmax, refusing torch's own (the exercise is to build it)."""
     watched = [(torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"), (torch, "log_softmax"),
                (F, "log_softmax"), (torch.Tensor, "log_softmax"), (torch.special, "softmax"), (torch.special, "log_softmax")]
+    given = x.clone()
     with watch_calls(*watched) as called:
-        out = call_learner(softmax, x, name="softmax", error_hint=SHAPE_HINT)
+        out = call_learner(softmax, given, name="softmax", error_hint=SHAPE_HINT)
     if called:
         raise CheckFailure(f"you called {called[0]}; build the softmax yourself from max, exp and sum")
+    if not torch.equal(given, x):
+        raise CheckFailure(HINT_MUTATED.format(function="softmax", positions="1"))
     return out
 
 
@@ -178,9 +181,10 @@ def _softmax_inputs(rng: np.random.Generator) -> dict:
 SOFTMAX_RUN = HELPERS + """\
 _x = torch.tensor(inputs['x'], requires_grad=True)
 _batched = torch.tensor(inputs['batched'], requires_grad=True)
-_results = [softmax(_x.clone()), softmax(_batched.clone())]
+_results = [_call(softmax, _x), _call(softmax, _batched)]
 outputs = {
     'returned': [_kind(_r) for _r in _results],
+    'mutated': _MUTATED,
     'y': _array(_results[0]),
     'y_batched': _array(_results[1]),
     'grad': _backward(_results, [torch.from_numpy(inputs['upstream']), torch.from_numpy(inputs['upstream_batched'])],

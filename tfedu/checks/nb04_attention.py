@@ -502,9 +502,9 @@ del _q, _k, _v, _result, _big, _pairs
 QKV_LEAVES = "_q, _k, _v = (torch.tensor(inputs[_name], requires_grad=True) for _name in ('q', 'k', 'v'))\n"
 
 ATTENTION_RUN = HELPERS + QKV_LEAVES + """\
-_result = attention(_q.clone(), _k.clone(), _v.clone())
+_result = _call(attention, _q, _k, _v)
 _big = attention(*(torch.tensor(inputs[_name]) for _name in ('q_big', 'k_big', 'v_big')))
-""" + PAIR_EXPORT + CLEANUP
+""" + PAIR_EXPORT + "outputs['mutated'] = _MUTATED\n" + CLEANUP
 
 
 def pair_reference(inputs: dict, attend: Callable[..., tuple[torch.Tensor, torch.Tensor]], masked: bool = False) -> dict:
@@ -566,7 +566,7 @@ def _self_attention_inputs(rng: np.random.Generator) -> dict:
 
 SELF_ATTENTION_RUN = HELPERS + """\
 _leaves = {_name: torch.tensor(inputs[_name], requires_grad=True) for _name in ('x', 'W_Q', 'W_K', 'W_V')}
-_result = self_attention(*(_t.clone() for _t in _leaves.values()))
+_result = _call(self_attention, *_leaves.values())
 _big = self_attention(*(torch.tensor(inputs[_name + '_big']) for _name in ('x', 'W_Q', 'W_K', 'W_V')))
 outputs = {
     'returned': [_kind(_result), _kind(_big)],
@@ -574,6 +574,7 @@ outputs = {
     'output_big': _array(_big),
     'grad': _backward([_result], [torch.from_numpy(inputs['upstream'])], _leaves),
 }
+outputs['mutated'] = _MUTATED
 del _leaves, _result, _big
 """ + CLEANUP
 

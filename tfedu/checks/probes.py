@@ -65,8 +65,22 @@ def _backward(results, upstreams, wrt):
     return {name: "none" if g is None else _array(g) for name, g in zip(wrt, grads)}
 
 
+_MUTATED = []
+
+
+def _call(function, *args):
+    """function(*args) on copies of the tensor arguments; the positions of those it changed in place go to _MUTATED."""
+    copies = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+    kept = [a.detach().clone() if isinstance(a, torch.Tensor) else None for a in copies]
+    result = function(*copies)
+    for position, (now, before) in enumerate(zip(copies, kept)):
+        if before is not None and not (now.shape == before.shape and torch.equal(now.detach(), before)):
+            _MUTATED.append(position)
+    return result
+
+
 '''
-CLEANUP = "del _kind, _array, _backward\n"
+CLEANUP = "del _kind, _array, _backward, _call, _MUTATED\n"
 
 _helpers: dict[str, Any] = {"torch": torch}
 exec(compile(HELPERS, "<probe helpers>", "exec"), _helpers)
@@ -74,6 +88,11 @@ kind_of = _helpers["_kind"]
 as_array = _helpers["_array"]
 backward = _helpers["_backward"]
 
+HINT_MUTATED = (
+    "{function} changed its input in place (argument {positions}: an in-place op such as x -= ..., x /= ... or "
+    "x.masked_fill_(...)), so the caller's tensor is no longer what it passed in: build new tensors instead "
+    "(x = x - ..., masked_fill without the underscore)"
+)
 HINT_GRAD_MISSING = (
     "no gradient flows back through {function}: its result does not require grad. Was it computed "
     "under torch.no_grad(), or cut off with .detach(), .data, .numpy() or .item()? Training backpropagates "
@@ -127,6 +146,8 @@ def compare_outputs(
     labels, nan_hints, kind_hints = labels or {}, nan_hints or {}, kind_hints or {}
     if not isinstance(outputs, dict):
         return f"the hidden test's outputs should be a dict, got {type(outputs).__name__}"
+    if outputs.get("mutated"):  # the run code's _call saw an argument change in place
+        return HINT_MUTATED.format(function=function, positions=", ".join(str(int(p) + 1) for p in sorted(set(outputs["mutated"]))[:5]))
     got_kinds = outputs.get("returned")
     for i, want in enumerate(expected["returned"]):
         got = got_kinds[i] if isinstance(got_kinds, list) and i < len(got_kinds) else None
