@@ -198,6 +198,7 @@ def spin(n):
         if os.fork() == 0:
             while True:
                 pass
+    time.sleep(30)  # long enough for the monitor's window, however slow the machine
 
 def freeze_runner_then_fork(n):
     os.kill(-1, signal.SIGSTOP)  # every process of the sandbox but this one: the runner and its watchdog too

@@ -45,6 +45,18 @@ def box_or_skip():
         pytest.skip(f"no sandbox on this machine: {err}")
 
 
+def in_private_tmp(path):
+    """True for a path that lies in the sandbox's own /tmp (a checkout under /tmp, as CI clones may be):
+    writes there land in the private, size-bounded tmpfs, not on the host."""
+    path = Path(path)
+    return path.is_relative_to("/tmp") and not any(path.is_relative_to(b) for b in sandbox.readable_paths())
+
+
+def mount_point_parents_in_tmp():
+    """The first folder under /tmp of every bound folder that lives there (bwrap makes them to mount on)."""
+    return {b.relative_to("/tmp").parts[0] for b in sandbox.readable_paths() if b.is_relative_to("/tmp")}
+
+
 def in_box(code, *, hide=(), tmp_bytes=4 << 20, timeout=60):
     """Run ``code`` (python) in a fresh sandbox; what it prints as its last line, parsed as JSON."""
     box = box_or_skip()
@@ -161,7 +173,8 @@ def test_tmp_home_and_shm_are_private_and_size_bounded(tmp_path):
         written, error, listing = seen[folder]
         assert error == errno.ENOSPC and written <= 2 << 20, (folder, seen[folder])
         # empty but for what it wrote: nothing of the host
-        assert listing == (["fill", host_marker.name] if folder == "/tmp" else ["fill"]), (folder, listing)
+        expected = {"fill", host_marker.name, *mount_point_parents_in_tmp()} if folder == "/tmp" else {"fill"}
+        assert set(listing) <= expected and "fill" in listing, (folder, listing)
     assert not seen["host_tmp_folder_visible"]
     assert not host_marker.exists(), "a file written to /tmp inside the sandbox appeared on the host"
 
@@ -180,7 +193,8 @@ def test_system_python_and_course_folders_are_read_only():
         print(json.dumps(out))
     """)
     for path in targets:
-        assert seen[path] in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT), (path, seen[path])
+        if not in_private_tmp(path):
+            assert seen[path] in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOENT), (path, seen[path])
         assert not Path(path).exists()
 
 
@@ -201,7 +215,7 @@ def test_nothing_but_the_bounded_tmpfs_folders_is_writable():
                 out[path] = err.errno
         print(json.dumps(out))
     """)
-    assert all(seen[path] != "written" for path in targets), seen
+    assert all(seen[path] != "written" for path in targets if not in_private_tmp(path)), seen
     for path in targets:
         assert not Path(path).exists() or path.startswith("/dev/")
 

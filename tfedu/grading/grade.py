@@ -309,6 +309,10 @@ def judge(probe: Probe, inputs: dict, result: dict | None) -> str | None:
     """None when the exported result matches the reference; else feedback."""
     if result is None:
         return "the hidden test produced no result (did the answer interfere with the notebook or the files around it?)"
+    processes = [t for t in result["tripwire"] if "process" in t and "profiler" not in t]
+    if processes and len(processes) == len(result["tripwire"]):
+        return ("the answer started processes that ran beside the hidden test (" + "; ".join(processes)
+                + "); work that the grader cannot watch scores zero")
     if result["tripwire"]:
         return ("the answer called the reference it is supposed to build (" + "; ".join(result["tripwire"])
                 + "); an answer that uses the reference scores zero")
