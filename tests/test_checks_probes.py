@@ -206,8 +206,45 @@ def attention_scaling_q_in_place(q, k, v):
     return weights @ v, weights
 
 
+def utf8_encode_off_by_one(text):
+    """UTF-8 by the table, with `<` where the table says `<=`: wrong exactly at U+07FF and U+FFFF."""
+    out = []
+    for char in text:
+        cp = ord(char)
+        if cp < 0x80:
+            out.append(cp)
+        elif cp < 0x7FF:
+            out += [0xC0 | cp >> 6, 0x80 | cp & 63]
+        elif cp < 0xFFFF:
+            out += [0xE0 | cp >> 12, 0x80 | cp >> 6 & 63, 0x80 | cp & 63]
+        else:
+            out += [0xF0 | cp >> 18, 0x80 | cp >> 12 & 63, 0x80 | cp >> 6 & 63, 0x80 | cp & 63]
+    return out
+
+
+def utf8_decode_lenient(ids):
+    """Decodes by the lead byte alone: accepts overlong forms, surrogates and code points past U+10FFFF."""
+    out, i = [], 0
+    while i < len(ids):
+        b = ids[i]
+        n = 1 if b < 0x80 else 2 if b >> 5 == 6 else 3 if b >> 4 == 14 else 4 if b >> 3 == 30 else 0
+        if n == 0 or i + n > len(ids):
+            out.append("\ufffd")
+            i += 1
+            continue
+        cp = b if n == 1 else b & (0x7F >> n)
+        for c in ids[i + 1:i + n]:
+            cp = cp << 6 | c & 63
+        out.append(chr(cp) if cp < 0x110000 else "\ufffd")
+        i += n
+    return "".join(out)
+
+
+SPLIT_WITH_RE = __import__("re").compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+").findall
+
 MISTAKES = [
     # (notebook, check, name bound, the wrong answer, a fragment of the feedback)
+    ("01_tokenization", "check_gpt2_split", "gpt2_split", SPLIT_WITH_RE, "pieces"),
     ("00_start_here", "check_softmax", "softmax", softmax_in_place, "changed its input in place (argument 1"),
     ("04_attention", "check_attention", "attention", attention_scaling_q_in_place, "changed its input in place (argument 1"),
     ("00_start_here", "check_softmax", "softmax", nb00.naive_softmax, "NaN or Inf"),
@@ -336,3 +373,15 @@ def test_standins_bound_puts_back_absent_names_too():
         with standins_bound(probe, namespace):
             raise RuntimeError("the answer crashed")
     assert namespace == {"x": 1}
+
+
+@pytest.mark.parametrize("encode, decode, fragment", [
+    (utf8_encode_off_by_one, lambda ids: bytes(ids).decode("utf-8", errors="replace"), "ids"),
+    (lambda text: list(text.encode("utf-8")), utf8_decode_lenient, "text"),
+], ids=["encoder-off-by-one", "decoder-accepts-invalid"])
+def test_hand_written_utf8_mistakes_fail_the_hidden_test(encode, decode, fragment):
+    """Code points at the end of each UTF-8 length and invalid sequences are in every hidden test
+    (an outside reviewer's off-by-one encoder passed 3000 of 3000 draws before)."""
+    for seed in range(4):
+        feedback = verdict(nb01.PROBES["check_utf8"], {"utf8_encode": encode, "utf8_decode": decode}, seed)
+        assert feedback is not None and fragment in feedback, (seed, feedback)

@@ -387,8 +387,17 @@ def check_learn_bpe(learn_bpe) -> None:
 
 # --- exercise 1.4 ---------------------------------------------------------------------------
 
-UTF8_TEXTS = ["G", "ü", "Hello", "naïve café", "日本語", "🙂 ok", "ß∑𝄞", ""]
-UTF8_BYTES = [[71], [195, 188], [128], [104, 105, 255], [226, 130], [240, 159, 153, 130], [0xC0, 0xAF], []]
+# The last code point of each UTF-8 length and the first of the next (U+007F/0080, U+07FF/0800,
+# U+FFFF/10000, U+10FFFF): a hand-written encoder with `<` for `<=` fails exactly there.
+UTF8_BOUNDARIES = "\x7f\x80\u07ff\u0800\uffff\U00010000\U0010ffff"
+UTF8_TEXTS = ["G", "ü", "Hello", "naïve café", "日本語", "🙂 ok", "ß∑𝄞", "", UTF8_BOUNDARIES]
+# Invalid sequences a hand-written decoder must replace, not accept: overlong (E0 80 80, F0 80 80 80,
+# C0 AF), a surrogate (ED A0 80), above U+10FFFF (F4 90 80 80), a byte that never starts a
+# character (F5), a truncated character (E2 82).
+UTF8_INVALID = [[0xE0, 0x80, 0x80], [0xED, 0xA0, 0x80], [0xF0, 0x80, 0x80, 0x80], [0xF4, 0x90, 0x80, 0x80], [0xF5, 0x80],
+                [0xE2, 0x82]]
+UTF8_BYTES = [[71], [195, 188], [128], [104, 105, 255], [226, 130], [240, 159, 153, 130], [0xC0, 0xAF], [],
+              [byte for sequence in UTF8_INVALID for byte in sequence + [65]]]
 
 
 @checker("UTF-8 by hand")
@@ -439,6 +448,7 @@ SPLIT_TEXTS = [
     "    return x  ",
     "Hello world! Hello world.",
     "Ünïcode ok — 東京 42",
+    "x² + H₂O = ½ Ⅻ cafe\u0301",  # numbers that are not digits (\p{N}) and a combining accent
     'Wait... what?! print("ok")  # done',
 ]
 _SPLIT_PIECES = {
@@ -708,17 +718,21 @@ _PROBE_ALPHABET = "aZ09 ü日🙂'\n.,"
 
 
 def _utf8_inputs(rng: np.random.Generator) -> dict:
-    text = "".join(rng.choice(list(_PROBE_ALPHABET), int(rng.integers(0, 30))))
+    letters = list(_PROBE_ALPHABET) + list(UTF8_BOUNDARIES) * 2  # every length's first and last code point, often
+    text = "".join(rng.choice(letters, int(rng.integers(8, 40)))) + "".join(rng.permutation(list(UTF8_BOUNDARIES)))
     ids = rng.integers(0, 256, int(rng.integers(0, 20))).tolist()
-    return {"text": text, "ids": list(text.encode("utf-8")[:5]) + ids}
+    invalid = [byte for k in rng.permutation(len(UTF8_INVALID)) for byte in UTF8_INVALID[k] + [65]]
+    return {"text": text, "ids": list(text.encode("utf-8")[:5]) + ids + invalid}
 
 
 _SPLIT_WORDS = ["I", "'m", "'M", "'s", "'ve", "'LL", "Hello", "WORLD", "1999", "7", " ", "  ", "\n", "#", "!?",
-                "ü", "東京", "x_1", "\t", "don't", "DON'T"]
+                "ü", "東京", "x_1", "\t", "don't", "DON'T", "x²", "H₂O", "½", "Ⅻ", "e\u0301"]
 
 
 def _split_inputs(rng: np.random.Generator) -> dict:
-    return {"text": "".join(rng.choice(_SPLIT_WORDS, int(rng.integers(1, 25))))}
+    # always one number that is not a digit (\p{N} but not \d): a split written for `re` fails on it
+    words = list(rng.choice(_SPLIT_WORDS, int(rng.integers(1, 25)))) + [str(rng.choice(["x²", "H₂O", "½", "Ⅻ"]))]
+    return {"text": "".join(rng.permutation(words))}
 
 
 def _encode_inputs(rng: np.random.Generator) -> dict:
