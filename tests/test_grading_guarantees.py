@@ -200,6 +200,18 @@ def spin(n):
                 pass
     time.sleep(30)  # long enough for the monitor's window, however slow the machine
 
+def threads(n):
+    import threading
+    never = threading.Event()
+    for _ in range(n):
+        threading.Thread(target=never.wait, daemon=True).start()
+    time.sleep(30)
+
+def files(n):
+    for i in range(n):
+        open(f"/dev/shm/f{i}", "w").close()  # empty: bytes are bounded by the tmpfs size, inodes are not
+    time.sleep(30)
+
 def freeze_runner_then_fork(n):
     os.kill(-1, signal.SIGSTOP)  # every process of the sandbox but this one: the runner and its watchdog too
     for _ in range(n):
@@ -209,7 +221,8 @@ def freeze_runner_then_fork(n):
 '''
 
 
-@pytest.mark.parametrize("attack,reason", [("spin(8)", "CPU cores"), ("freeze_runner_then_fork(200)", "processes at once")])
+@pytest.mark.parametrize("attack,reason", [("spin(8)", "CPU cores"), ("freeze_runner_then_fork(200)", "processes at once"),
+                                           ("threads(300)", "threads at once"), ("files(3000)", "files in one of its private")])
 def test_the_monitor_outside_the_sandbox_ends_a_hog(tmp_path, monkeypatch, attack, reason):
     """A run that takes more than its CPU share (slowing the submissions beside it), or holds too many
     processes after freezing the runner's own watchdog, is ended from outside; an honest one is not."""
@@ -239,7 +252,7 @@ def test_the_monitor_outside_the_sandbox_ends_a_hog(tmp_path, monkeypatch, attac
         # half a core (1.125 with the slack): eight spinning processes exceed it even on a loaded two-core machine,
         # an honest run (one busy thread at most) does not
         entries[name] = grade_module.grade_submission(path, source=source, checks="hog_checks", cpus=0.5,
-                                                      limits=Limits(cell_timeout=60, timeout=60))
+                                                      limits=Limits(cell_timeout=60, timeout=60, threads=200, files=2000))
         entries[name]["wall"] = time.monotonic() - started
     hog, honest = entries["hog"]["exercises"]["check_double"], entries["honest"]["exercises"]["check_double"]
     assert hog["points"] == 0 and reason in hog["feedback"], hog["feedback"]

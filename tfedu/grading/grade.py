@@ -134,6 +134,8 @@ class Limits:
     file_mib: float = 256.0  # largest file the kernel may write
     startup_timeout: float = 60.0
     processes: int = 128  # processes in the sandbox at once (and RLIMIT_NPROC, which counts threads)
+    threads: int = 512  # threads of all its processes together (each takes a process ID of the host)
+    files: int = 20_000  # files (inodes) in each private folder: a tmpfs's size does not bound them
     tmp_mib: float = 256.0  # size of each private tmpfs in the sandbox (/tmp, $HOME, /dev/shm, the exchange)
 
 
@@ -498,16 +500,33 @@ def _process_tree(root: int) -> list[int]:
     return found
 
 
-def _cpu_seconds(pids: list[int]) -> float:
-    """CPU time of ``pids`` and of the children they have waited for (utime, stime, cutime, cstime)."""
-    ticks = 0
+def _usage(pids: list[int]) -> tuple[float, int]:
+    """CPU seconds of ``pids`` and of the children they have waited for (utime, stime, cutime,
+    cstime), and their number of threads."""
+    ticks, threads = 0, 0
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
             ticks += sum(int(f) for f in fields[11:15])
+            threads += int(fields[17])
         except (OSError, ValueError, IndexError):
             continue
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return ticks / os.sysconf("SC_CLK_TCK"), threads
+
+
+def _files_in_private_folders(pids: list[int]) -> int:
+    """The most files (inodes) in any of the sandbox's private tmpfs, seen through /proc/PID/root of a
+    process inside it. A tmpfs's --size bounds bytes, not inodes, and each inode costs host kernel memory."""
+    for pid in pids[1:3]:  # bwrap's child (the sandbox's init) and the runner live in the sandbox's mounts
+        try:
+            counts = []
+            for folder in ("tmp", sandbox.HOME.strip("/"), "dev/shm", sandbox.EXCHANGE.strip("/")):
+                info = os.statvfs(f"/proc/{pid}/root/{folder}")
+                counts.append(info.f_files - info.f_ffree)
+            return max(counts)
+        except OSError:
+            continue
+    return 0
 
 
 class Monitor(threading.Thread):
@@ -516,9 +535,9 @@ class Monitor(threading.Thread):
     (``cpus`` cores, with some slack, over :data:`CPU_WINDOW_SECONDS`) and so slows down the
     submissions graded beside it. ``reason`` says why it ended a run."""
 
-    def __init__(self, proc: subprocess.Popen, limits: Limits, cpus: float):
+    def __init__(self, proc: subprocess.Popen, limits: Limits, cpus: float, sandboxed: bool = True):
         super().__init__(daemon=True)
-        self.proc, self.limits, self.allowed = proc, limits, cpus * 1.25 + 0.5
+        self.proc, self.limits, self.allowed, self.sandboxed = proc, limits, cpus * 1.2 + 0.2, sandboxed
         self.reason: str | None = None
         self.done = threading.Event()
         self.peak = 0.0  # the highest CPU rate seen (cores), for the record
@@ -527,13 +546,17 @@ class Monitor(threading.Thread):
         samples: list[tuple[float, float]] = []
         while self.proc.poll() is None and not self.done.is_set():
             pids = _process_tree(self.proc.pid)
-            now, used = time.monotonic(), _cpu_seconds(pids)
+            now, (used, threads) = time.monotonic(), _usage(pids)
             samples = [s for s in samples if now - s[0] <= CPU_WINDOW_SECONDS] + [(now, used)]
             span = now - samples[0][0]
             rate = (used - samples[0][1]) / span if span >= CPU_WINDOW_SECONDS / 2 else 0.0
             self.peak = max(self.peak, rate)
             if len(pids) > self.limits.processes + 8:  # bwrap, its init, the runner and the launcher are not the answer's
                 self.reason = f"the run held more than {self.limits.processes} processes at once"
+            elif threads > self.limits.threads:
+                self.reason = f"the run held more than {self.limits.threads} threads at once"
+            elif self.sandboxed and _files_in_private_folders(pids) > self.limits.files:
+                self.reason = f"the run made more than {self.limits.files} files in one of its private folders"
             elif rate > self.allowed:
                 self.reason = (f"the run used {rate:.1f} CPU cores on average over {CPU_WINDOW_SECONDS:g} s, more than its "
                                f"share ({self.allowed:.2f}), slowing down the other submissions graded with it")
@@ -609,7 +632,7 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
                                     pass_fds=(report.fileno(),), start_new_session=True, env=popen_env,
                                     cwd=str(home) if home is not None else "/", **who)
             killed = False
-            monitor = Monitor(proc, limits, cpus)
+            monitor = Monitor(proc, limits, cpus, sandboxed=box is not None)
             monitor.start()
             try:
                 assert proc.stdin is not None

@@ -26,8 +26,9 @@ kernel it starts, and everything the student's code starts) in its own `bubblewr
   ``RLIMIT_CPU``), ``RLIMIT_NPROC``, and a watchdog in the runner that ends every process of the
   sandbox when it holds more than :attr:`Limits.processes` of them (``RLIMIT_NPROC`` is not
   enforced for a user namespace mapped to root). From outside, where nothing inside can stop it,
-  :class:`tfedu.grading.grade.Monitor` ends a run that holds too many processes or takes more
-  than its share of the CPU, and the wall-clock limit ends it at most ``BACKSTOP_SECONDS`` late.
+  :class:`tfedu.grading.grade.Monitor` ends a run that holds too many processes or threads, makes
+  too many files (inodes) in a private folder, or takes more than its share of the CPU, and the
+  wall-clock limit ends it at most ``BACKSTOP_SECONDS`` late.
   Memory is limited per process, not per sandbox: without a cgroup there is no pooled limit.
 
 The runner reports through one file the grader opened and passed in as a file descriptor (the
@@ -79,8 +80,9 @@ What `tfedu grade` promises, each submission graded in its own sandbox:
      runs stays in its sandbox, and only plain data comes out, judged outside.
   3. No submission can read or change another's result, your files, or the grader: the sandbox
      shows none of them and no folder of this machine is writable from inside it.
-  4. Every run ends within its limits: the wall-clock limit (at most 5 s late), the process count
-     and the CPU share are enforced from outside, and ending a sandbox ends every process in it.
+  4. Every run ends within its limits: the wall-clock limit (at most 5 s late), the process,
+     thread and file counts and the CPU share are enforced from outside, and ending a sandbox
+     ends every process in it.
      Memory is limited per process (--memory-gib), not per sandbox.
   5. Obvious uses of the reference are flagged: a static scan and a run-time tripwire zero an
      answer that imports or calls the reference it is meant to build, and say so.
