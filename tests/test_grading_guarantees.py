@@ -258,3 +258,23 @@ def test_the_monitor_outside_the_sandbox_ends_a_hog(tmp_path, monkeypatch, attac
     assert hog["points"] == 0 and reason in hog["feedback"], hog["feedback"]
     assert entries["hog"]["wall"] < 45, entries["hog"]["wall"]  # ended by the monitor, long before the time limit
     assert honest["points"] == 1, honest["feedback"]
+
+
+def test_the_scan_trusts_self_only_as_a_methods_own_first_parameter():
+    """A computed getattr or an attribute store is allowed on `self` inside a method; a function that
+    merely names its parameter `self` (an outside reviewer's route to os.system) or a rebound `self`
+    is flagged."""
+    from tfedu.grading.scan import scan_answer
+
+    flagged = {
+        "def _get(self, n):\n    return getattr(self, n)\nx = _get(torch, 'sys' + 'tem')": "first parameter of a method",
+        "class A:\n    def m(self, n):\n        self = torch\n        return getattr(self, n)": "assign to the name `self`",
+        "self = torch\nself.softmax = None": "assign to the name `self`",
+        "f = lambda self, n: getattr(self, n)": "first parameter of a method",
+    }
+    for source, reason in flagged.items():
+        assert any(reason in problem for problem in scan_answer("import torch\n" + source)), source
+    method = ("class A(torch.nn.Module):\n    def __init__(self, d):\n        super().__init__()\n"
+              "        self.w = torch.nn.Linear(d, d)\n        setattr(self, 'b' + 'x', 1)\n"
+              "    def forward(self, x):\n        return getattr(self, 'w')(x)")
+    assert scan_answer("import torch\n" + method) == []
