@@ -287,15 +287,20 @@ def _scan(source: str, context: tuple[str, ...], forbidden: tuple[str, ...], dea
 
     # `self` is trusted only where it is a method's own first parameter: inside a function defined
     # directly in a class body. Anywhere else (`def f(self)` at the top, `self = os`) it is just a name.
+    # (A lambda in a class body, `shape = property(lambda self: ...)`, is a method too.)
     in_methods: set[int] = set()
+    first_params: set[int] = set()
     for cls in ast.walk(tree):
-        if isinstance(cls, ast.ClassDef):
-            for method in cls.body:
-                if (isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and method.args.args
-                        and method.args.args[0].arg == "self"):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        methods = [m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        methods += [n for stmt in cls.body if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                    for n in ast.walk(stmt) if isinstance(n, ast.Lambda)]
+        for method in methods:
+            if method.args.args:
+                first_params.add(id(method.args.args[0]))
+                if method.args.args[0].arg == "self":
                     in_methods.update(id(n) for n in ast.walk(method))
-    first_params = {id(method.args.args[0]) for cls in ast.walk(tree) if isinstance(cls, ast.ClassDef) for method in cls.body
-                    if isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) and method.args.args}
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and node.id == "self" and isinstance(node.ctx, (ast.Store, ast.Del)):
             flag("answers may not assign to the name `self` (it is trusted as a method's own object)")
