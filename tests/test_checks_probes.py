@@ -242,8 +242,54 @@ def utf8_decode_lenient(ids):
 
 SPLIT_WITH_RE = __import__("re").compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+").findall
 
+def fill_minus_100_attention(q, k, v, mask=None):
+    """Masked keys filled with -100, not -inf: right until the visible scores are themselves far below -100."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -100.0)
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+
+
+class FillMHA(tfa.MultiHeadAttention):
+    def forward(self, x, context=None, mask=None):
+        context = x if context is None else context
+        q, k, v = (self.split_heads(W(t)) for W, t in ((self.W_Q, x), (self.W_K, context), (self.W_V, context)))
+        return self.W_O(self.merge_heads(fill_minus_100_attention(q, k, v, mask)[0]))
+
+
+def additive_global_max(query, keys, W_q, W_k, v):
+    """Shifted by the maximum of the whole batch, not each row's: underflows where rows differ a lot."""
+    scores = torch.tanh((query @ W_q.T)[:, None, :] + keys @ W_k.T) @ v
+    exps = (scores - scores.max()).exp()
+    weights = exps / exps.sum(dim=-1, keepdim=True)
+    return (weights[:, :, None] * keys).sum(dim=1), weights
+
+
+def learn_bpe_tie_on_first_id(ids, n_merges, first_id):
+    ids, merges = list(ids), []
+    for k in range(n_merges):
+        counts = get_pair_counts(ids)
+        if not counts:
+            break
+        pair = min(counts, key=lambda p: (-counts[p], p[0]))  # the second id never breaks a tie
+        ids = merge_pair(ids, pair, first_id + k)
+        merges.append(pair)
+    return merges, ids
+
+
+SPLIT_ANY_WHITESPACE = regex.compile(r"'s|'t|'re|'ve|'m|'ll|'d|\s?\p{L}+|\s?\p{N}+|\s?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+").findall
+SPLIT_DIGIT_CLASS = regex.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\d]+|\s+(?!\S)|\s+").findall
+
 MISTAKES = [
     # (notebook, check, name bound, the wrong answer, a fragment of the feedback)
+    # found by outside reviewers, each scoring full marks before the hidden tests covered it
+    ("01_tokenization", "check_gpt2_split", "gpt2_split", SPLIT_ANY_WHITESPACE, "pieces"),
+    ("01_tokenization", "check_gpt2_split", "gpt2_split", SPLIT_DIGIT_CLASS, "pieces"),
+    ("01_tokenization", "check_learn_bpe", "learn_bpe", learn_bpe_tie_on_first_id, "tie"),
+    ("03_rnns_to_attention", "check_additive_attention", "additive_attention", additive_global_max, "NaN"),
+    ("05_masks_and_heads", "check_masked_attention", "masked_attention", fill_minus_100_attention, "differs"),
+    ("05_masks_and_heads", "check_multi_head_attention", "MultiHeadAttention", FillMHA, "differs"),
     ("01_tokenization", "check_gpt2_split", "gpt2_split", SPLIT_WITH_RE, "pieces"),
     ("00_start_here", "check_softmax", "softmax", softmax_in_place, "changed its input in place (argument 1"),
     ("04_attention", "check_attention", "attention", attention_scaling_q_in_place, "changed its input in place (argument 1"),

@@ -346,6 +346,7 @@ def _learn_cases(seed: int = 0) -> list[tuple[list[int], int, int]]:
         (rng.integers(0, 3, 30).tolist(), 5, 3),
         (list(b"low lower lowest newer wider"), 6, 256),
         ([1, 2], 3, 27),  # runs out of pairs after one merge
+        ([1, 3, 9, 1, 2], 1, 10),  # four pairs tie at one: the smaller pair, (1, 2), wins on its second id
     ]
 
 
@@ -449,6 +450,8 @@ SPLIT_TEXTS = [
     "Hello world! Hello world.",
     "Ünïcode ok — 東京 42",
     "x² + H₂O = ½ Ⅻ cafe\u0301",  # numbers that are not digits (\p{N}) and a combining accent
+    "!½ #Ⅻ",  # punctuation right before such a number: [^\s\p{L}\d] would take the number too
+    "a\tb\nc\t#",  # a tab or newline before a word is its own piece: ` ?` is a space, not any whitespace
     'Wait... what?! print("ok")  # done',
 ]
 _SPLIT_PIECES = {
@@ -711,7 +714,12 @@ def _merge_inputs(rng: np.random.Generator) -> dict:
 
 def _learn_inputs(rng: np.random.Generator) -> dict:
     ids = rng.integers(0, int(rng.integers(2, 5)), int(rng.integers(20, 60))).tolist()
-    return {"ids": ids, "n_merges": int(rng.integers(1, 8)), "first_id": int(rng.choice([27, 256, 1000]))}
+    # A tie that only the second id breaks: (a, c) comes first, (a, b) is smaller.
+    values = sorted(int(i) for i in rng.choice(np.arange(1, 200), size=4, replace=False))
+    rest = [int(i) for i in rng.permutation(values[1:])]
+    a, (b, c), x = values[0], sorted(rest[:2]), rest[2]  # a the smallest, so (a, .) pairs are the candidates
+    return {"ids": ids, "n_merges": int(rng.integers(1, 8)), "first_id": int(rng.choice([27, 256, 1000])),
+            "tie": [a, c, x, a, b]}
 
 
 _PROBE_ALPHABET = "aZ09 ü日🙂'\n.,"
@@ -730,8 +738,10 @@ _SPLIT_WORDS = ["I", "'m", "'M", "'s", "'ve", "'LL", "Hello", "WORLD", "1999", "
 
 
 def _split_inputs(rng: np.random.Generator) -> dict:
-    # always one number that is not a digit (\p{N} but not \d): a split written for `re` fails on it
-    words = list(rng.choice(_SPLIT_WORDS, int(rng.integers(1, 25)))) + [str(rng.choice(["x²", "H₂O", "½", "Ⅻ"]))]
+    # Always a number that is not a digit (\p{N} but not \d), right after punctuation, and a tab or a
+    # newline right before a word: a split written for `re`, or with \s? for ` ?`, fails on them.
+    words = list(rng.choice(_SPLIT_WORDS, int(rng.integers(1, 25))))
+    words += [str(rng.choice(["x²", "H₂O", "½", "Ⅻ"])), str(rng.choice(["!½", "#Ⅻ", "(²"])), str(rng.choice(["\tx", "\n1", "\t!"]))]
     return {"text": "".join(rng.permutation(words))}
 
 
@@ -801,8 +811,11 @@ PROBES = {
         exercise="ex_learn_bpe",
         make_inputs=_learn_inputs,
         run="_m, _ids = learn_bpe(list(inputs['ids']), inputs['n_merges'], inputs['first_id'])\n"
-            "outputs = {'merges': [[int(a), int(b)] for a, b in _m], 'ids': [int(i) for i in _ids]}",
-        reference=lambda inputs: (lambda m, f: {"merges": [list(p) for p in m], "ids": f})(
+            "_tie = learn_bpe(list(inputs['tie']), 1, 1000)[0]\n"
+            "outputs = {'merges': [[int(a), int(b)] for a, b in _m], 'ids': [int(i) for i in _ids], "
+            "'tie': [[int(a), int(b)] for a, b in _tie]}",
+        reference=lambda inputs: (lambda m, f: {"merges": [list(p) for p in m], "ids": f,
+                                                "tie": [list(p) for p in reference_learn_bpe(inputs["tie"], 1, 1000)[0]]})(
             *reference_learn_bpe(inputs["ids"], inputs["n_merges"], inputs["first_id"])
         ),
         forbidden=("tfedu.tokenizer",),

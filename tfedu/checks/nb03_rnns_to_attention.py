@@ -316,8 +316,9 @@ def _draw(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarr
 
 
 def _probe_rnn_inputs(rng: np.random.Generator) -> dict:
-    # Sequences far longer than the check cell's (up to 40 steps), so a loop over a fixed range shows.
-    batch, n_pos, d_in, d_hidden = (int(rng.integers(lo, hi)) for lo, hi in ((1, 4), (1, 41), (2, 6), (2, 7)))
+    # Sequences far longer than the check cell's (up to 40 steps), so a loop over a fixed range shows;
+    # at least two, so a gradient cut between steps (h.detach()) shows too.
+    batch, n_pos, d_in, d_hidden = (int(rng.integers(lo, hi)) for lo, hi in ((1, 4), (2, 41), (2, 6), (2, 7)))
     return {
         "x": _draw(rng, batch, n_pos, d_in),
         "h0": _draw(rng, batch, d_hidden),
@@ -345,13 +346,17 @@ def _probe_attention_inputs(rng: np.random.Generator) -> dict:
     # Large scores, exact in float32: W_k x 1000 saturates tanh to exactly +-1 and v is integer, so each
     # score is a sum of +-v_i, in the hundreds. Key 0 (a scaled first basis vector, against a first column
     # of W_k of signs sign(v)) scores sum |v_i| >= 400: exp overflows there unless the max is subtracted.
-    batch, n_keys, d_query, d_key, d_attn = (int(rng.integers(lo, hi)) for lo, hi in ((1, 4), (2, 21), (2, 6), (2, 6), (2, 6)))
+    batch, n_keys, d_query, d_key, d_attn = (int(rng.integers(lo, hi)) for lo, hi in ((2, 5), (2, 21), (2, 6), (2, 6), (2, 6)))
     v = (rng.choice([-1, 1], size=d_attn) * rng.integers(200, 401, size=d_attn)).astype(np.float32)
     W_k = _draw(rng, d_attn, d_key, scale=1000.0)
     W_k[:, 0] = np.sign(v) * 1000.0
     keys = _draw(rng, batch, n_keys, d_key)
     keys[:, 0] = 0.0
     keys[:, 0, 0] = 1.0
+    # Row 1's keys all score -sum |v_i| (<= -400), far below row 0's maximum: a softmax shifted by the
+    # maximum of the whole tensor instead of each row's underflows to 0 / 0 there.
+    keys[1] = 0.0
+    keys[1, :, 0] = -1.0
     inputs.update(query_big=_draw(rng, batch, d_query), keys_big=keys, W_q_big=_draw(rng, d_attn, d_query), W_k_big=W_k, v_big=v)
     return inputs
 

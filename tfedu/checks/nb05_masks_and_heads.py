@@ -541,6 +541,10 @@ def _masked_attention_inputs(rng: np.random.Generator) -> dict:
     big_leading = tuple(int(n) for n in rng.integers(1, 4, size=int(rng.integers(1, 3))))
     n_big = int(rng.integers(17, 65))
     q_big, k_big = exact_large_qk(rng, big_leading, n_big, n_big)
+    # Query 1 sees keys 0 and 1 only, both anti-aligned with it: every score it may see is about -1200.
+    # A mask filled with a moderate number (-100, -1e3) instead of -inf then outweighs them all.
+    q_big[..., 1, :] = -k_big[..., 0, :]
+    k_big[..., 1, :] = k_big[..., 0, :]
     return {
         "q": (rng.standard_normal((*leading, n_query, d_head)) * scale).astype(np.float32),
         "k": (rng.standard_normal((*leading, n_key, d_head)) * scale).astype(np.float32),
@@ -584,12 +588,20 @@ def _mha_inputs(rng: np.random.Generator) -> dict:
     inputs["padding"] = (np.arange(key_pos)[None, :] < lengths[:, None])[:, None, None, :]  # (batch, 1, 1, key_pos)
     for name, shape in (("self", (batch, pos, d_model)), ("causal", (batch, pos, d_model)), ("cross", (batch, pos, d_model))):
         inputs[f"upstream_{name}"] = upstream_like(rng, shape)
-    # Large scores, exact in float32: integer x, weights and biases, d_head 4 (sqrt 2), a long causal
-    # sequence. W_K = W_Q, so each token's score with itself, |q|^2 / 2 per head, is in the hundreds.
+    # Large scores, exact in float32: integer x and weights, d_head 4 (sqrt 2), a long causal sequence.
+    # W_Q = diag(+-2), no bias, W_K = -W_Q: the score of token i with token j is -q_i.q_j / 2. Token 0
+    # has entries +-5 (|q_0|^2 = 400 per head) and token 1 = -token 0, so query 1 scores +200 against
+    # key 0 (exp overflows unless the row max is subtracted) and query 0, which sees key 0 alone, scores
+    # -200 there: a mask filled with -100 instead of -inf outweighs it.
     n_heads_big, pos_big = int(rng.integers(1, 5)), int(rng.integers(17, 49))
-    big = {"d_model": 4 * n_heads_big, "n_heads": n_heads_big, **_mha_weights(rng, 4 * n_heads_big, integer=True)}
-    big["W_K_weight"], big["W_K_bias"] = big["W_Q_weight"].copy(), big["W_Q_bias"].copy()
-    big["x"] = rng.integers(-5, 6, size=(int(rng.integers(1, 3)), pos_big, 4 * n_heads_big)).astype(np.float32)
+    d_big = 4 * n_heads_big
+    big = {"d_model": d_big, "n_heads": n_heads_big, **_mha_weights(rng, d_big, integer=True)}
+    big["W_Q_weight"] = np.diag(rng.choice([-2.0, 2.0], size=d_big)).astype(np.float32)
+    big["W_Q_bias"] = np.zeros(d_big, dtype=np.float32)
+    big["W_K_weight"], big["W_K_bias"] = -big["W_Q_weight"], -big["W_Q_bias"]
+    big["x"] = rng.integers(-5, 6, size=(int(rng.integers(1, 3)), pos_big, d_big)).astype(np.float32)
+    big["x"][:, 0] = rng.choice([-5.0, 5.0], size=d_big)
+    big["x"][:, 1] = -big["x"][:, 0]
     big["causal"] = np.tril(np.ones((pos_big, pos_big), dtype=bool))
     inputs["big"] = big
     return inputs

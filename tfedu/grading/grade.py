@@ -74,7 +74,7 @@ from tfedu.grading.release import CODE_STUB, _replace_regions, is_check, is_solu
 from tfedu.grading.scan import SCAN_SECONDS, SUBMISSION_SCAN_SECONDS, scan_answer
 
 MAX_SUBMISSION_BYTES = 20 << 20
-MAX_REPORT_BYTES = 256 << 20  # the runner's report (hidden tests' outputs, base64)
+MAX_REPORT_BYTES = 64 << 20  # the runner's report (hidden tests' outputs, base64), read into the grader
 BACKSTOP_SECONDS = 5.0  # past the total limit, the grader kills the sandbox (the runner stopped or froze)
 CPU_WINDOW_SECONDS = 10.0  # the CPU share is measured over this window
 

@@ -42,7 +42,7 @@ from tfedu.grading.kernel import Kernel
 
 NOT_DONE_NAME = "ExerciseNotDone"
 OUT_NAME = re.compile(r"^(result\.json|[0-9]{1,6}\.npy)$")
-MAX_EXPORT_BYTES = 48 << 20  # one hidden test's exported files, before base64
+MAX_EXPORT_BYTES = 16 << 20  # one hidden test's exported files, before base64
 
 
 class Report:
