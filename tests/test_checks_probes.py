@@ -89,9 +89,9 @@ def test_probe_inputs_are_plain_data_and_the_run_is_quick(stem, grade_id):
     run_probe(probe, namespace, 0)  # warm-up: first calls pay for imports and caches
     for seed in range(3):
         assert is_plain_data(probe.make_inputs(np.random.default_rng(seed)))
-        start = time.perf_counter()
+        start = time.process_time()  # CPU time: a loaded machine (xdist, sandboxes beside) does not inflate it
         outputs, expected = run_probe(probe, namespace, seed)
-        assert time.perf_counter() - start < 1.0, grade_id  # generous: the grader runs many on 2 cores
+        assert time.process_time() - start < 1.0, grade_id  # generous: the grader runs many on 2 cores
         assert is_plain_data(outputs) and is_plain_data(expected)
 
 
