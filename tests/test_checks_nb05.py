@@ -389,9 +389,6 @@ def test_probe_agrees_with_reference(grade_id, seed):
     outputs, expected = run_probe(probe, GOOD[grade_id], seed)
     assert agree(probe, outputs, expected), grade_id
     assert outputs["returned"] == expected["returned"]
-    for key, value in expected.items():
-        if key != "returned":
-            assert isinstance(value, np.ndarray) and isinstance(outputs[key], np.ndarray)
 
 
 @pytest.mark.parametrize(
@@ -400,7 +397,7 @@ def test_probe_agrees_with_reference(grade_id, seed):
         ("check_causal_mask", {"causal_mask": lambda n: good_causal_mask(n).numpy()}, "should return a torch.Tensor, it returned ndarray"),
         ("check_masked_attention", {"masked_attention": lambda *a: list(make_masked_attention()(*a))},
          "should return a tuple of two tensors, it returned list of Tensor, Tensor"),
-        ("check_multi_head_attention", {"MultiHeadAttention": make_mha("tuple")}, "should return tensor, it returned tuple"),
+        ("check_multi_head_attention", {"MultiHeadAttention": make_mha("tuple")}, "should return tensor, it returned a tuple"),
         ("check_multi_head_attention", {"MultiHeadAttention": make_mha("ndarray")}, "should return tensor, it returned ndarray"),
     ],
 )

@@ -280,6 +280,7 @@ FEEDBACK = {  # the message says why
     "zero_scan_bomb_deep_chain": "private internals",
     "zero_oversized_answer_cell": f"over the limit of {MAX_ANSWER_CHARS:,}; nothing was run",
     "zero_ansi_forged_report": "ValueError",
+    "zero_inplace_softmax": "changed its input in place",
 }
 
 

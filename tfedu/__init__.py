@@ -1,6 +1,15 @@
-"""tfedu: the Transformer, built by hand. This file only re-exports."""
+"""tfedu: the Transformer, built by hand. This file only re-exports, lazily (the grader's runner
+imports ``tfedu.grading.inside`` in every sandbox and must not pay for torch there)."""
 
-from tfedu.runtime import device, seed_everything
+from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["device", "seed_everything", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("device", "seed_everything"):
+        from tfedu import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'tfedu' has no attribute {name!r}")

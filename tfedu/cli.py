@@ -51,6 +51,12 @@ def doctor() -> int:
     except Exception as err:  # report, do not crash: doctor exists to diagnose
         failures.append(f"torch/device check failed: {err}")
     print(f"triton      {triton_status()}")
+    try:  # only `tfedu grade` needs it; the course itself does not
+        from tfedu.grading import sandbox
+
+        print(f"sandbox     {sandbox.find().describe()}")
+    except sandbox.SandboxUnavailable as err:
+        print(f"sandbox     none ({err.why}): `tfedu grade` needs bubblewrap, or --no-sandbox (optional)")
     try:
         from tfedu.data import load_corpus
 

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator, Mapping
+import math
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 TICK = "\N{CHECK MARK}"
 
@@ -237,6 +239,12 @@ class Probe:
     lists, dicts), runs the code ``run`` in the student's kernel with those bound to the name
     ``inputs`` (it must bind ``outputs`` to plain data computed with the learner's objects), and
     compares ``outputs`` with ``reference(inputs)`` in its own process.
+
+    ``standins`` is Python source, written by us, defining the functions of *earlier* exercises
+    that this exercise's answer may call, under the names the notebook uses (``attention`` for
+    ``self_attention``). While this exercise's check cell and hidden test run, the grader binds
+    those names in the notebook's globals to the stand-ins and puts the learner's own bindings
+    back afterwards, so one wrong answer costs one exercise. See :func:`standin_objects`.
     """
 
     exercise: str  # grade_id of the solution cell this probe grades
@@ -248,6 +256,54 @@ class Probe:
     atol: float = 1e-5
     compare: Callable[[dict[str, Any], dict[str, Any]], str | None] | None = None  # custom: returns a failure message
     extra: dict[str, Any] = field(default_factory=dict)
+    standins: str = ""  # source defining earlier exercises' functions, bound in place of the learner's (see above)
+
+
+# What the stand-in source finds when it runs: nothing else (no tfedu, whose tripwire would fire).
+STANDIN_GLOBALS = {"torch": torch, "np": np, "math": math, "F": F}
+
+
+def standin_objects(probe: Probe) -> dict[str, Any]:
+    """The stand-ins of ``probe``: every public name its ``standins`` source binds, with its object.
+
+    The source runs in a fresh namespace holding only ``torch``, ``np``, ``math`` and ``F``
+    (``torch.nn.functional``); the names it binds that do not start with an underscore are the
+    stand-ins (names with an underscore are private helpers of the stand-ins). The stand-ins keep
+    that namespace as their globals, so they never see the learner's objects.
+
+    >>> from tfedu.checks.nb04_attention import PROBES
+    >>> sorted(standin_objects(PROBES["check_self_attention"]))
+    ['attention']
+    """
+    if not probe.standins:
+        return {}
+    scope: dict[str, Any] = dict(STANDIN_GLOBALS)
+    exec(compile(probe.standins, f"<stand-ins for {probe.exercise}>", "exec"), scope)
+    return {name: value for name, value in scope.items()
+            if not name.startswith("_") and (name not in STANDIN_GLOBALS or value is not STANDIN_GLOBALS[name])}
+
+
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def standins_bound(probe: Probe, namespace: MutableMapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """Bind ``probe``'s stand-ins in ``namespace`` (the notebook's globals) while the block runs.
+
+    Afterwards every name is as it was: the learner's own object put back, or the name removed
+    when the learner had not defined it. Yields the stand-ins.
+    """
+    replacements = standin_objects(probe)
+    saved = {name: namespace.get(name, _ABSENT) for name in replacements}
+    namespace.update(replacements)
+    try:
+        yield replacements
+    finally:
+        for name, value in saved.items():
+            if value is _ABSENT:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = value
 
 
 PLAIN_TYPES = (np.ndarray, np.generic, bool, int, float, str, type(None))
@@ -262,23 +318,28 @@ def is_plain_data(value: Any) -> bool:
     return isinstance(value, PLAIN_TYPES) and not (isinstance(value, np.ndarray) and value.dtype == object)
 
 
-def run_probe(probe: Probe, namespace: Mapping[str, Any], seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def run_probe(
+    probe: Probe, namespace: MutableMapping[str, Any], seed: int, *, standins: bool = False
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run ``probe`` in this process against the objects in ``namespace``: ``(outputs, expected)``.
 
     The grader does the same in the student's kernel; this is for testing probes and for
-    instructors writing new ones.
+    instructors writing new ones. With ``standins=True`` the probe's stand-ins are bound in
+    ``namespace`` itself while the probe runs, as the grader binds them in the notebook's
+    globals (so functions whose globals are ``namespace`` see them), and unbound afterwards.
 
     >>> from tfedu.checks.nb00_start_here import PROBES
     >>> from tfedu.softmax import softmax
     >>> outputs, expected = run_probe(PROBES["check_softmax"], {"softmax": softmax}, seed=0)
-    >>> bool(np.allclose(outputs["y"], expected["y"]))
+    >>> PROBES["check_softmax"].compare(outputs, expected) is None
     True
     """
     inputs = probe.make_inputs(np.random.default_rng(seed))
     if not is_plain_data(inputs):
         raise TypeError(f"probe for {probe.exercise}: make_inputs must return plain data, got {describe(inputs)}")
-    scope = {**namespace, "inputs": inputs, "np": np, "torch": torch}
-    exec(probe.run, scope)
+    with standins_bound(probe, namespace) if standins else contextlib.nullcontext():
+        scope = {**namespace, "inputs": inputs, "np": np, "torch": torch}
+        exec(probe.run, scope)
     if "outputs" not in scope:
         raise KeyError(f"probe for {probe.exercise}: its run code did not bind `outputs`")
     return scope["outputs"], probe.reference(inputs)

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, seeded_randn, watch_calls
+from tfedu.checks.probes import CLEANUP, HELPERS, HINT_MUTATED, as_array, backward, compare_outputs, leaf, upstream_like
 from tfedu.softmax import softmax as reference_softmax
 
 SHAPE_HINT = (
@@ -25,6 +26,11 @@ SOFTMAX_SHORTCUTS = (
     "tfedu.softmax", "torch.softmax", "torch.Tensor.softmax", "torch.nn.functional.softmax", "torch.special.softmax",
     "torch.log_softmax", "torch.Tensor.log_softmax", "torch.nn.functional.log_softmax", "torch.special.log_softmax",
     "torch.nn.Softmax", "torch.nn.LogSoftmax", "scipy.special.softmax", "scipy.special.log_softmax",
+    # the same kernels by other doors: sparse tensors and the private entry points
+    "torch.sparse.softmax", "torch.sparse.log_softmax", "torch._softmax", "torch._log_softmax",
+    # and as operators (the static scan refuses torch.ops; this is what the run-time tripwire watches)
+    "torch.ops.aten._softmax", "torch.ops.aten.softmax", "torch.ops.aten._log_softmax", "torch.ops.aten.log_softmax",
+    "torch.ops.aten._sparse_softmax", "torch.ops.aten._safe_softmax",
 )
 
 
@@ -32,10 +38,13 @@ def learner_softmax(softmax, x: torch.Tensor) -> torch.Tensor:
     """Call the learner's softmax, refusing torch's own (the exercise is to build it)."""
     watched = [(torch, "softmax"), (F, "softmax"), (torch.Tensor, "softmax"), (torch, "log_softmax"),
                (F, "log_softmax"), (torch.Tensor, "log_softmax"), (torch.special, "softmax"), (torch.special, "log_softmax")]
+    given = x.clone()
     with watch_calls(*watched) as called:
-        out = call_learner(softmax, x, name="softmax", error_hint=SHAPE_HINT)
+        out = call_learner(softmax, given, name="softmax", error_hint=SHAPE_HINT)
     if called:
         raise CheckFailure(f"you called {called[0]}; build the softmax yourself from max, exp and sum")
+    if not torch.equal(given, x):
+        raise CheckFailure(HINT_MUTATED.format(function="softmax", positions="1"))
     return out
 
 
@@ -153,21 +162,69 @@ def check_softmax(softmax) -> None:
 
 
 def _softmax_inputs(rng: np.random.Generator) -> dict:
+    # Rows around 1e3 overflow exp unless the row max is subtracted (kept below 2048, where one
+    # float32 step is 1.2e-4, so any correct shift, the logsumexp's too, stays within tolerance).
     x = rng.standard_normal((4, int(rng.integers(2, 9)))).astype(np.float32) * 5
-    x[0] += 1000.0  # overflow bait
+    x[0] += np.float32(rng.uniform(500.0, 1500.0))  # overflow bait
     x[1, 0] = 1000.0  # a wide spread: only the max shift survives it
     x[2, -1] = -1000.0
     x[3, -1] = 1000.0  # large last entry: a shift by the first entry overflows
-    return {"x": x}
+    # Any number of leading dims (none, two or three), some rows shifted far up or down.
+    leading = tuple(int(n) for n in rng.integers(1, 4, size=int(rng.choice([0, 2, 3]))))
+    batched = (rng.standard_normal((*leading, int(rng.integers(2, 40)))) * 3).astype(np.float32)
+    rows = batched.reshape(-1, batched.shape[-1])  # a view: shifting rows shifts batched
+    rows += (rng.choice([0.0, 1.0, -1.0], size=(rows.shape[0], 1)) * rng.uniform(500.0, 1500.0)).astype(np.float32)
+    return {"x": x, "batched": batched, "upstream": upstream_like(rng, x.shape),
+            "upstream_batched": upstream_like(rng, batched.shape)}
+
+
+SOFTMAX_RUN = HELPERS + """\
+_x = torch.tensor(inputs['x'], requires_grad=True)
+_batched = torch.tensor(inputs['batched'], requires_grad=True)
+_results = [_call(softmax, _x), _call(softmax, _batched)]
+outputs = {
+    'returned': [_kind(_r) for _r in _results],
+    'mutated': _MUTATED,
+    'y': _array(_results[0]),
+    'y_batched': _array(_results[1]),
+    'grad': _backward(_results, [torch.from_numpy(inputs['upstream']), torch.from_numpy(inputs['upstream_batched'])],
+                      {'x': _x, 'x_batched': _batched}),
+}
+del _x, _batched, _results
+""" + CLEANUP
+
+
+def _softmax_reference(inputs: dict) -> dict:
+    x, batched = leaf(inputs["x"]), leaf(inputs["batched"])
+    results = [reference_softmax(x), reference_softmax(batched)]
+    upstreams = [torch.from_numpy(inputs["upstream"]), torch.from_numpy(inputs["upstream_batched"])]
+    return {"returned": ["tensor", "tensor"], "y": as_array(results[0]), "y_batched": as_array(results[1]),
+            "grad": backward(results, upstreams, {"x": x, "x_batched": batched})}
+
+
+HINT_PROBE_OVERFLOW = (
+    "exp overflows for logits around 1e3 (exp(89) is already inf in float32): subtract each row's max "
+    "(x - x.max(dim=-1, keepdim=True).values) before exp"
+)
+
+
+def _compare_softmax(outputs: dict, expected: dict) -> str | None:
+    return compare_outputs(
+        outputs, expected, function="softmax",
+        labels={"y": "softmax(x) of a (4, n) x with rows around 1e3", "y_batched": "softmax(x) of a batch with leading dims"},
+        nan_hints={"y": HINT_PROBE_OVERFLOW, "y_batched": HINT_PROBE_OVERFLOW},
+    )
 
 
 PROBES = {
     "check_softmax": Probe(
         exercise="ex_softmax",
         make_inputs=_softmax_inputs,
-        run="outputs = {'y': softmax(torch.from_numpy(inputs['x'])).detach().cpu().numpy()}",
-        reference=lambda inputs: {"y": reference_softmax(torch.from_numpy(inputs["x"])).numpy()},
+        run=SOFTMAX_RUN,
+        reference=_softmax_reference,
+        compare=_compare_softmax,
         # The exercise is to build the softmax: the reference and torch's own versions are off limits.
+        # (torch.ops.aten.* is refused by the grader's scan for every answer; see tfedu.grading.scan.)
         forbidden=SOFTMAX_SHORTCUTS,
     ),
 }

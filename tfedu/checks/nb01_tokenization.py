@@ -346,6 +346,7 @@ def _learn_cases(seed: int = 0) -> list[tuple[list[int], int, int]]:
         (rng.integers(0, 3, 30).tolist(), 5, 3),
         (list(b"low lower lowest newer wider"), 6, 256),
         ([1, 2], 3, 27),  # runs out of pairs after one merge
+        ([1, 3, 9, 1, 2], 1, 10),  # four pairs tie at one: the smaller pair, (1, 2), wins on its second id
     ]
 
 
@@ -387,8 +388,17 @@ def check_learn_bpe(learn_bpe) -> None:
 
 # --- exercise 1.4 ---------------------------------------------------------------------------
 
-UTF8_TEXTS = ["G", "ü", "Hello", "naïve café", "日本語", "🙂 ok", "ß∑𝄞", ""]
-UTF8_BYTES = [[71], [195, 188], [128], [104, 105, 255], [226, 130], [240, 159, 153, 130], [0xC0, 0xAF], []]
+# The last code point of each UTF-8 length and the first of the next (U+007F/0080, U+07FF/0800,
+# U+FFFF/10000, U+10FFFF): a hand-written encoder with `<` for `<=` fails exactly there.
+UTF8_BOUNDARIES = "\x7f\x80\u07ff\u0800\uffff\U00010000\U0010ffff"
+UTF8_TEXTS = ["G", "ü", "Hello", "naïve café", "日本語", "🙂 ok", "ß∑𝄞", "", UTF8_BOUNDARIES]
+# Invalid sequences a hand-written decoder must replace, not accept: overlong (E0 80 80, F0 80 80 80,
+# C0 AF), a surrogate (ED A0 80), above U+10FFFF (F4 90 80 80), a byte that never starts a
+# character (F5), a truncated character (E2 82).
+UTF8_INVALID = [[0xE0, 0x80, 0x80], [0xED, 0xA0, 0x80], [0xF0, 0x80, 0x80, 0x80], [0xF4, 0x90, 0x80, 0x80], [0xF5, 0x80],
+                [0xE2, 0x82]]
+UTF8_BYTES = [[71], [195, 188], [128], [104, 105, 255], [226, 130], [240, 159, 153, 130], [0xC0, 0xAF], [],
+              [byte for sequence in UTF8_INVALID for byte in sequence + [65]]]
 
 
 @checker("UTF-8 by hand")
@@ -439,6 +449,9 @@ SPLIT_TEXTS = [
     "    return x  ",
     "Hello world! Hello world.",
     "Ünïcode ok — 東京 42",
+    "x² + H₂O = ½ Ⅻ cafe\u0301",  # numbers that are not digits (\p{N}) and a combining accent
+    "!½ #Ⅻ",  # punctuation right before such a number: [^\s\p{L}\d] would take the number too
+    "a\tb\nc\t#",  # a tab or newline before a word is its own piece: ` ?` is a space, not any whitespace
     'Wait... what?! print("ok")  # done',
 ]
 _SPLIT_PIECES = {
@@ -701,24 +714,35 @@ def _merge_inputs(rng: np.random.Generator) -> dict:
 
 def _learn_inputs(rng: np.random.Generator) -> dict:
     ids = rng.integers(0, int(rng.integers(2, 5)), int(rng.integers(20, 60))).tolist()
-    return {"ids": ids, "n_merges": int(rng.integers(1, 8)), "first_id": int(rng.choice([27, 256, 1000]))}
+    # A tie that only the second id breaks: (a, c) comes first, (a, b) is smaller.
+    values = sorted(int(i) for i in rng.choice(np.arange(1, 200), size=4, replace=False))
+    rest = [int(i) for i in rng.permutation(values[1:])]
+    a, (b, c), x = values[0], sorted(rest[:2]), rest[2]  # a the smallest, so (a, .) pairs are the candidates
+    return {"ids": ids, "n_merges": int(rng.integers(1, 8)), "first_id": int(rng.choice([27, 256, 1000])),
+            "tie": [a, c, x, a, b]}
 
 
 _PROBE_ALPHABET = "aZ09 ü日🙂'\n.,"
 
 
 def _utf8_inputs(rng: np.random.Generator) -> dict:
-    text = "".join(rng.choice(list(_PROBE_ALPHABET), int(rng.integers(0, 30))))
+    letters = list(_PROBE_ALPHABET) + list(UTF8_BOUNDARIES) * 2  # every length's first and last code point, often
+    text = "".join(rng.choice(letters, int(rng.integers(8, 40)))) + "".join(rng.permutation(list(UTF8_BOUNDARIES)))
     ids = rng.integers(0, 256, int(rng.integers(0, 20))).tolist()
-    return {"text": text, "ids": list(text.encode("utf-8")[:5]) + ids}
+    invalid = [byte for k in rng.permutation(len(UTF8_INVALID)) for byte in UTF8_INVALID[k] + [65]]
+    return {"text": text, "ids": list(text.encode("utf-8")[:5]) + ids + invalid}
 
 
 _SPLIT_WORDS = ["I", "'m", "'M", "'s", "'ve", "'LL", "Hello", "WORLD", "1999", "7", " ", "  ", "\n", "#", "!?",
-                "ü", "東京", "x_1", "\t", "don't", "DON'T"]
+                "ü", "東京", "x_1", "\t", "don't", "DON'T", "x²", "H₂O", "½", "Ⅻ", "e\u0301"]
 
 
 def _split_inputs(rng: np.random.Generator) -> dict:
-    return {"text": "".join(rng.choice(_SPLIT_WORDS, int(rng.integers(1, 25))))}
+    # Always a number that is not a digit (\p{N} but not \d), right after punctuation, and a tab or a
+    # newline right before a word: a split written for `re`, or with \s? for ` ?`, fails on them.
+    words = list(rng.choice(_SPLIT_WORDS, int(rng.integers(1, 25))))
+    words += [str(rng.choice(["x²", "H₂O", "½", "Ⅻ"])), str(rng.choice(["!½", "#Ⅻ", "(²"])), str(rng.choice(["\tx", "\n1", "\t!"]))]
+    return {"text": "".join(rng.permutation(words))}
 
 
 def _encode_inputs(rng: np.random.Generator) -> dict:
@@ -729,6 +753,30 @@ def _encode_inputs(rng: np.random.Generator) -> dict:
     return {"text": text, "merges": [[a, b] for a, b in merges]}
 
 
+# Exercises 1.3 and 1.6 call the learner's get_pair_counts and merge_pair (1.1, 1.2). While they are
+# graded, these stand-ins take their place, so a wrong 1.2 costs 1.2 alone. Plain Python, no tfedu.
+PAIR_COUNTS_STANDIN = """\
+def get_pair_counts(ids):
+    \"\"\"Stand-in for exercise 1.1: every adjacent pair of ids, counted (overlapping pairs too).\"\"\"
+    counts = {}
+    for pair in zip(ids, ids[1:]):
+        counts[pair] = counts.get(pair, 0) + 1
+    return counts
+"""
+MERGE_PAIR_STANDIN = """\
+def merge_pair(ids, pair, new_id):
+    \"\"\"Stand-in for exercise 1.2: each occurrence of pair replaced by new_id, left to right, no overlaps.\"\"\"
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+"""
+
 PROBES = {
     "check_bpe_encode": Probe(
         exercise="ex_bpe_encode",
@@ -737,6 +785,7 @@ PROBES = {
         reference=lambda inputs: {"ids": reference_bpe_encode(inputs["text"], [tuple(m) for m in inputs["merges"]])},
         forbidden=("tfedu.tokenizer",),
         compare=_equal,
+        standins=MERGE_PAIR_STANDIN,
     ),
     "check_get_pair_counts": Probe(
         exercise="ex_get_pair_counts",
@@ -762,12 +811,16 @@ PROBES = {
         exercise="ex_learn_bpe",
         make_inputs=_learn_inputs,
         run="_m, _ids = learn_bpe(list(inputs['ids']), inputs['n_merges'], inputs['first_id'])\n"
-            "outputs = {'merges': [[int(a), int(b)] for a, b in _m], 'ids': [int(i) for i in _ids]}",
-        reference=lambda inputs: (lambda m, f: {"merges": [list(p) for p in m], "ids": f})(
+            "_tie = learn_bpe(list(inputs['tie']), 1, 1000)[0]\n"
+            "outputs = {'merges': [[int(a), int(b)] for a, b in _m], 'ids': [int(i) for i in _ids], "
+            "'tie': [[int(a), int(b)] for a, b in _tie]}",
+        reference=lambda inputs: (lambda m, f: {"merges": [list(p) for p in m], "ids": f,
+                                                "tie": [list(p) for p in reference_learn_bpe(inputs["tie"], 1, 1000)[0]]})(
             *reference_learn_bpe(inputs["ids"], inputs["n_merges"], inputs["first_id"])
         ),
         forbidden=("tfedu.tokenizer",),
         compare=_equal,
+        standins=PAIR_COUNTS_STANDIN + "\n\n" + MERGE_PAIR_STANDIN,
     ),
     "check_utf8": Probe(
         exercise="ex_utf8",

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, expect, is_close, seeded_randn
+from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 from tfedu.embeddings import SkipGram, cbow_loss, sgns_loss, sgns_step
 
 # --------------------------------------------------------------------------- exercise 2.1: one-hot @ W_E
@@ -412,24 +413,89 @@ def check_cbow_loss(cbow_loss_fn) -> None:
 
 def _embed_inputs(rng: np.random.Generator) -> dict:
     d_vocab, d_model = int(rng.integers(3, 12)), int(rng.integers(2, 7))
-    ids = rng.integers(0, d_vocab, size=(int(rng.integers(1, 4)), int(rng.integers(1, 6)))).astype(np.int64)
-    return {"ids": ids, "W_E": rng.standard_normal((d_vocab, d_model)).astype(np.float32)}
+    ids = rng.integers(0, d_vocab, size=tuple(int(n) for n in rng.integers(1, 6, size=int(rng.integers(1, 4))))).astype(np.int64)
+    return {"ids": ids, "W_E": rng.standard_normal((d_vocab, d_model)).astype(np.float32),
+            "upstream": upstream_like(rng, (*ids.shape, d_model))}
+
+
+EMBED_RUN = HELPERS + """\
+_W_E = torch.tensor(inputs['W_E'], requires_grad=True)
+_result = embed_via_one_hot(torch.tensor(inputs['ids']), _W_E.clone())
+outputs = {
+    'returned': [_kind(_result)], 'y': _array(_result),
+    'graph': type(_result.grad_fn).__name__ if isinstance(_result, torch.Tensor) and _result.grad_fn is not None else '',
+    'grad': _backward([_result], [torch.from_numpy(inputs['upstream'])], {'W_E': _W_E}),
+}
+del _W_E, _result
+""" + CLEANUP
 
 
 def _embed_reference(inputs: dict) -> dict:
-    return {"y": torch.from_numpy(inputs["W_E"])[torch.from_numpy(inputs["ids"])].numpy()}
+    W_E = leaf(inputs["W_E"])
+    y = W_E[torch.from_numpy(inputs["ids"])]
+    return {"returned": ["tensor"], "y": as_array(y), "grad": backward([y], [torch.from_numpy(inputs["upstream"])], {"W_E": W_E})}
+
+
+def _compare_embed(outputs: dict, expected: dict) -> str | None:
+    graph = str(outputs.get("graph", "")) if isinstance(outputs, dict) else ""
+    if "Index" in graph or "Embedding" in graph:
+        return LOOKUP_HINT
+    return compare_outputs(outputs, expected, function="embed_via_one_hot", labels={"y": "embed_via_one_hot(ids, W_E)"},
+                           kind_hints={"ndarray": TENSOR_HINT})
+
+
+def _large_scores(rng: np.random.Generator, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A positive vector and a negative one scoring about -+(200 to 1000) against ``h``.
+
+    log(sigma(x)) in two steps is -inf there (sigma rounds to 0, or 1 - sigma to 0); F.logsigmoid is finite.
+    """
+    norm = float(h @ h) or 1.0
+    positive = -h * np.float32(rng.uniform(200.0, 1000.0) / norm)
+    negative = h * np.float32(rng.uniform(200.0, 1000.0) / norm)
+    return positive.astype(np.float32), negative.astype(np.float32)
 
 
 def _loss_inputs(rng: np.random.Generator) -> dict:
     batch, k, d_model = int(rng.integers(1, 7)), int(rng.integers(1, 8)), int(rng.integers(2, 9))
     def draw(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 1.5).astype(np.float32)
-    return {"center": draw(batch, d_model), "context": draw(batch, d_model), "negatives": draw(batch, k, d_model)}
+    center, context, negatives = draw(batch, d_model), draw(batch, d_model), draw(batch, k, d_model)
+    context[0], negatives[0, 0] = _large_scores(rng, center[0])  # example 0: confident and wrong
+    return {"center": center, "context": context, "negatives": negatives, "upstream": float(rng.standard_normal())}
 
 
-def _loss_reference(inputs: dict) -> dict:
-    tensors = (torch.from_numpy(inputs[name]) for name in ("center", "context", "negatives"))
-    return {"loss": sgns_loss(*tensors).item()}
+LOSS_NAMES = ("center", "context", "negatives")
+
+
+# The loss goes out as a Python float when it is one number (a 0-d array does not survive every
+# exchange format: np.ascontiguousarray makes it 1-d); anything else as an array, whose shape the
+# comparison then names. The upstream gradient is a float too, for the same reason.
+def _loss_run(function: str, names: tuple[str, ...]) -> str:
+    return HELPERS + f"""\
+_leaves = {{_name: torch.tensor(inputs[_name], requires_grad=True) for _name in {names!r}}}
+_result = {function}(*(_t.clone() for _t in _leaves.values()))
+_scalar = isinstance(_result, torch.Tensor) and _result.dim() == 0 and _result.is_floating_point()
+outputs = {{'returned': [_kind(_result)], 'loss': float(_result.detach()) if _scalar else _array(_result),
+           'grad': _backward([_result], [torch.tensor(float(inputs['upstream']))], _leaves)}}
+del _leaves, _result, _scalar
+""" + CLEANUP
+
+
+def _loss_reference(inputs: dict, loss_fn: Any = sgns_loss, names: tuple[str, ...] = LOSS_NAMES) -> dict:
+    leaves = {name: leaf(inputs[name]) for name in names}
+    loss = loss_fn(*leaves.values())
+    return {"returned": ["tensor"], "loss": loss.item(),
+            "grad": backward([loss], [torch.tensor(float(inputs["upstream"]))], leaves)}
+
+
+def _compare_loss(outputs: dict, expected: dict, *, function: str) -> str | None:
+    return compare_outputs(
+        outputs, expected, function=function,
+        labels={"loss": f"the loss of {function} (one number, a 0-d tensor: the mean over the batch)"},
+        nan_hints={"loss": "the hidden test scores some pairs at about +-1e3, where log(sigmoid(x)) in two steps is "
+                           "log(0) = -inf; F.logsigmoid(x) is finite there"},
+        kind_hints={"float": LOSS_NUMBER_HINT},
+    )
 
 
 def _step_inputs(rng: np.random.Generator) -> dict:
@@ -461,12 +527,13 @@ def _step_reference(inputs: dict) -> dict:
         sgns_step(model, optimizer, *(torch.from_numpy(batch[name]) for name in ("centers", "contexts", "negatives")))
         for batch in inputs["batches"]
     ]
-    return {"losses": losses, "center": model.center.weight.detach().numpy(), "context": model.context.weight.detach().numpy()}
+    return {"returned": ["float"] * len(losses), "losses": losses,
+            "center": model.center.weight.detach().numpy(), "context": model.context.weight.detach().numpy()}
 
 
 # The step probe builds its own two-table model in plain torch, so nothing from tfedu.embeddings runs
 # while the learner's code does (the grader's tripwire watches that module).
-STEP_PROBE_RUN = """
+STEP_PROBE_RUN = HELPERS + """
 class _ProbeSkipGram(torch.nn.Module):
     def __init__(self, center, context):
         super().__init__()
@@ -482,46 +549,59 @@ class _ProbeSkipGram(torch.nn.Module):
 
 _probe_model = _ProbeSkipGram(inputs["center"], inputs["context"])
 _probe_opt = torch.optim.SGD(_probe_model.parameters(), lr=float(inputs["lr"]))
-_probe_losses = []
+_probe_losses, _probe_kinds = [], []
 for _probe_batch in inputs["batches"]:
     _probe_ids = [torch.from_numpy(np.asarray(_probe_batch[name], dtype=np.int64)) for name in ("centers", "contexts", "negatives")]
     _probe_loss = sgns_step(_probe_model, _probe_opt, *_probe_ids)
+    _probe_kinds.append(_kind(_probe_loss))
     _probe_losses.append(float(_probe_loss.detach() if isinstance(_probe_loss, torch.Tensor) else _probe_loss))
 outputs = {
+    "returned": _probe_kinds,
     "losses": _probe_losses,
     "center": _probe_model.center.weight.detach().numpy(),
     "context": _probe_model.context.weight.detach().numpy(),
 }
-"""
+""" + CLEANUP
 
 def _cbow_inputs(rng: np.random.Generator) -> dict:
     batch, two_window, k, d_model = int(rng.integers(1, 6)), 2 * int(rng.integers(1, 4)), int(rng.integers(1, 6)), int(rng.integers(2, 7))
     def draw(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 1.5).astype(np.float32)
-    return {"context": draw(batch, two_window, d_model), "center": draw(batch, d_model), "negatives": draw(batch, k, d_model)}
+    context, center, negatives = draw(batch, two_window, d_model), draw(batch, d_model), draw(batch, k, d_model)
+    center[0], negatives[0, 0] = _large_scores(rng, context[0].mean(axis=0))  # example 0: confident and wrong
+    return {"context": context, "center": center, "negatives": negatives, "upstream": float(rng.standard_normal())}
 
 
-def _cbow_reference(inputs: dict) -> dict:
-    tensors = (torch.from_numpy(inputs[name]) for name in ("context", "center", "negatives"))
-    return {"loss": cbow_loss(*tensors).item()}
+CBOW_NAMES = ("context", "center", "negatives")
 
+# Exercise 2.4 may call the learner's sgns_loss from 2.2 ("your sgns_loss may do the second half").
+# While 2.4 is graded this stand-in takes its place, so a wrong 2.2 costs 2.2 alone.
+SGNS_STANDIN = """\
+def sgns_loss(center, context, negatives):
+    \"\"\"Stand-in for exercise 2.2: mean over the batch of -log sigma(u_o . v_c) - sum_i log sigma(-u_wi . v_c).\"\"\"
+    positive = (center * context).sum(-1)
+    negative = (negatives @ center.unsqueeze(-1)).squeeze(-1)
+    return -(F.logsigmoid(positive) + F.logsigmoid(-negative).sum(-1)).mean()
+"""
 
 PROBES = {
     "check_embed_via_one_hot": Probe(
         exercise="ex_embed_via_one_hot",
         make_inputs=_embed_inputs,
-        run="outputs = {'y': embed_via_one_hot(torch.from_numpy(inputs['ids']), torch.from_numpy(inputs['W_E'])).detach().cpu().numpy()}",
+        run=EMBED_RUN,
         reference=_embed_reference,
-        forbidden=("tfedu.embeddings",),
+        compare=_compare_embed,
+        # The exercise rules out the look-up itself (W_E[ids] shows in the autograd graph, see
+        # _compare_embed): F.embedding, and nn.Embedding, a class, through the module it lives in.
+        forbidden=("tfedu.embeddings", "torch.nn.functional.embedding", "torch.embedding", "torch.nn.Embedding",
+                   "torch.nn.modules.sparse"),
     ),
     "check_sgns_loss": Probe(
         exercise="ex_sgns_loss",
         make_inputs=_loss_inputs,
-        run=(
-            "outputs = {'loss': float(sgns_loss(torch.from_numpy(inputs['center']), torch.from_numpy(inputs['context']), "
-            "torch.from_numpy(inputs['negatives'])))}"
-        ),
+        run=_loss_run("sgns_loss", LOSS_NAMES),
         reference=_loss_reference,
+        compare=lambda outputs, expected: _compare_loss(outputs, expected, function="sgns_loss"),
         forbidden=("tfedu.embeddings",),
     ),
     "check_sgns_step": Probe(
@@ -529,16 +609,20 @@ PROBES = {
         make_inputs=_step_inputs,
         run=STEP_PROBE_RUN,
         reference=_step_reference,
+        compare=lambda outputs, expected: compare_outputs(
+            outputs, expected, function="sgns_step", labels={"losses": "the losses sgns_step returned",
+                                                              "center": "the center table after the steps",
+                                                              "context": "the context table after the steps"},
+            kind_hints={"tensor": FLOAT_HINT}),
         forbidden=("tfedu.embeddings",),
     ),
     "check_cbow_loss": Probe(
         exercise="ex_cbow_loss",
         make_inputs=_cbow_inputs,
-        run=(
-            "outputs = {'loss': float(cbow_loss(torch.from_numpy(inputs['context']), torch.from_numpy(inputs['center']), "
-            "torch.from_numpy(inputs['negatives'])))}"
-        ),
-        reference=_cbow_reference,
+        run=_loss_run("cbow_loss", CBOW_NAMES),
+        reference=lambda inputs: _loss_reference(inputs, cbow_loss, CBOW_NAMES),
+        compare=lambda outputs, expected: _compare_loss(outputs, expected, function="cbow_loss"),
         forbidden=("tfedu.embeddings",),
+        standins=SGNS_STANDIN,
     ),
 }

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, expect, is_close, seeded_randn
+from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 from tfedu.rnn import additive_attention as reference_attention
 from tfedu.rnn import lstm_cell as reference_lstm_cell
 from tfedu.rnn import run_rnn as reference_run_rnn
@@ -192,6 +193,7 @@ def check_lstm_cell(lstm_cell) -> None:
         result = call_learner(lstm_cell, *args, name="lstm_cell", error_hint=LSTM_ERROR_HINT)
         expect(isinstance(result, (tuple, list)) and len(result) == 2,
                f"lstm_cell should return a pair (h, c), got {type(result).__name__}")
+        expect(isinstance(result, tuple), "lstm_cell should return a tuple (h, c), got a list: return h, c")
         h, c = result
         want_h, want_c = reference_lstm_cell(*args)
         what = f"lstm_cell on x of shape {(batch, d_in)} with d_hidden={d_hidden}"
@@ -283,6 +285,7 @@ def check_additive_attention(additive_attention) -> None:
             isinstance(result, (tuple, list)) and len(result) == 2,
             f"additive_attention should return a pair (context, weights), got {type(result).__name__}",
         )
+        expect(isinstance(result, tuple), "additive_attention should return a tuple (context, weights), got a list: return context, weights")
         context, weights = result
         want_context, want_weights = reference_attention(*args)
         mistakes = attention_mistakes(*args)
@@ -295,82 +298,170 @@ def check_additive_attention(additive_attention) -> None:
                 mistakes={hint: wrong["context"] for hint, wrong in mistakes.items() if "context" in wrong})
 
 
+# ----------------------------------------------------------------------------- probes
+
+# Exercise 3.1 says "do not call nn.RNN". The class is for the grader's scan; at run time the
+# tripwire watches the module it lives in (a class call is no function call it could see) and
+# the fused kernels nn.RNN runs.
+RNN_SHORTCUTS = ("torch.nn.RNN", "torch.nn.RNNCell", "torch.nn.modules.rnn", "torch.rnn_tanh", "torch.rnn_tanh_cell")
+
+HINT_PROBE_OVERFLOW = (
+    "scores around 1e3 overflow exp (exp(89) is already inf in float32): take torch.softmax(scores, dim=-1), "
+    "or subtract each row's max before exp if you wrote the softmax yourself"
+)
+
+
+def _draw(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
 def _probe_rnn_inputs(rng: np.random.Generator) -> dict:
-    batch, n_pos, d_in, d_hidden = (int(rng.integers(lo, hi)) for lo, hi in ((1, 4), (1, 7), (2, 6), (2, 7)))
-
-    def draw(*shape, scale=1.0):
-        return (rng.standard_normal(shape) * scale).astype(np.float32)
-
+    # Sequences far longer than the check cell's (up to 40 steps), so a loop over a fixed range shows;
+    # at least two, so a gradient cut between steps (h.detach()) shows too.
+    batch, n_pos, d_in, d_hidden = (int(rng.integers(lo, hi)) for lo, hi in ((1, 4), (2, 41), (2, 6), (2, 7)))
     return {
-        "x": draw(batch, n_pos, d_in),
-        "h0": draw(batch, d_hidden),
-        "W_xh": draw(d_hidden, d_in),
-        "b_xh": draw(d_hidden),
-        "W_hh": draw(d_hidden, d_hidden, scale=0.7),
-        "b_hh": draw(d_hidden),
+        "x": _draw(rng, batch, n_pos, d_in),
+        "h0": _draw(rng, batch, d_hidden),
+        "W_xh": _draw(rng, d_hidden, d_in),
+        "b_xh": _draw(rng, d_hidden),
+        "W_hh": _draw(rng, d_hidden, d_hidden, scale=0.7),
+        "b_hh": _draw(rng, d_hidden),
+        "upstream": upstream_like(rng, (batch, n_pos, d_hidden)),
     }
 
 
-def _probe_attention_inputs(rng: np.random.Generator) -> dict:
-    batch, n_keys, d_query, d_key, d_attn = (int(rng.integers(lo, hi)) for lo, hi in ((1, 4), (1, 8), (2, 6), (2, 6), (2, 6)))
-
-    def draw(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    return {"query": draw(batch, d_query), "keys": draw(batch, n_keys, d_key), "W_q": draw(d_attn, d_query),
-            "W_k": draw(d_attn, d_key), "v": draw(d_attn)}
-
-
 def _probe_lstm_inputs(rng: np.random.Generator) -> dict:
-    batch, d_in, d_hidden = (int(rng.integers(lo, hi)) for lo, hi in ((1, 4), (2, 6), (2, 6)))
-
-    def draw(*shape):
-        return rng.standard_normal(shape).astype(np.float32)
-
-    return {"x": draw(batch, d_in), "h_prev": draw(batch, d_hidden), "c_prev": draw(batch, d_hidden),
-            "W_ih": draw(4 * d_hidden, d_in), "b_ih": draw(4 * d_hidden), "W_hh": draw(4 * d_hidden, d_hidden),
-            "b_hh": draw(4 * d_hidden)}
+    batch, d_in, d_hidden = (int(rng.integers(lo, hi)) for lo, hi in ((1, 5), (2, 9), (2, 9)))
+    return {"x": _draw(rng, batch, d_in), "h_prev": _draw(rng, batch, d_hidden), "c_prev": _draw(rng, batch, d_hidden),
+            "W_ih": _draw(rng, 4 * d_hidden, d_in), "b_ih": _draw(rng, 4 * d_hidden),
+            "W_hh": _draw(rng, 4 * d_hidden, d_hidden), "b_hh": _draw(rng, 4 * d_hidden),
+            "upstream_h": upstream_like(rng, (batch, d_hidden)), "upstream_c": upstream_like(rng, (batch, d_hidden))}
 
 
-def _as_tensors(inputs: dict, names: tuple[str, ...]) -> list[torch.Tensor]:
-    return [torch.from_numpy(inputs[name]) for name in names]
+def _probe_attention_inputs(rng: np.random.Generator) -> dict:
+    batch, n_keys, d_query, d_key, d_attn = (int(rng.integers(lo, hi)) for lo, hi in ((1, 4), (1, 21), (2, 6), (2, 6), (2, 6)))
+    inputs = {"query": _draw(rng, batch, d_query), "keys": _draw(rng, batch, n_keys, d_key), "W_q": _draw(rng, d_attn, d_query),
+              "W_k": _draw(rng, d_attn, d_key), "v": _draw(rng, d_attn),
+              "upstream_context": upstream_like(rng, (batch, d_key)), "upstream_weights": upstream_like(rng, (batch, n_keys))}
+    # Large scores, exact in float32: W_k x 1000 saturates tanh to exactly +-1 and v is integer, so each
+    # score is a sum of +-v_i, in the hundreds. Key 0 (a scaled first basis vector, against a first column
+    # of W_k of signs sign(v)) scores sum |v_i| >= 400: exp overflows there unless the max is subtracted.
+    batch, n_keys, d_query, d_key, d_attn = (int(rng.integers(lo, hi)) for lo, hi in ((2, 5), (2, 21), (2, 6), (2, 6), (2, 6)))
+    v = (rng.choice([-1, 1], size=d_attn) * rng.integers(200, 401, size=d_attn)).astype(np.float32)
+    W_k = _draw(rng, d_attn, d_key, scale=1000.0)
+    W_k[:, 0] = np.sign(v) * 1000.0
+    keys = _draw(rng, batch, n_keys, d_key)
+    keys[:, 0] = 0.0
+    keys[:, 0, 0] = 1.0
+    # Row 1's keys all score -sum |v_i| (<= -400), far below row 0's maximum: a softmax shifted by the
+    # maximum of the whole tensor instead of each row's underflows to 0 / 0 there.
+    keys[1] = 0.0
+    keys[1, :, 0] = -1.0
+    inputs.update(query_big=_draw(rng, batch, d_query), keys_big=keys, W_q_big=_draw(rng, d_attn, d_query), W_k_big=W_k, v_big=v)
+    return inputs
+
+
+RNN_RUN = HELPERS + """\
+_leaves = {_name: torch.tensor(inputs[_name], requires_grad=True) for _name in ('x', 'h0', 'W_xh', 'b_xh', 'W_hh', 'b_hh')}
+_result = run_rnn(*(_t.clone() for _t in _leaves.values()))
+outputs = {'returned': [_kind(_result)], 'states': _array(_result),
+           'grad': _backward([_result], [torch.from_numpy(inputs['upstream'])], _leaves)}
+del _leaves, _result
+""" + CLEANUP
+
+
+def _rnn_reference(inputs: dict) -> dict:
+    leaves = {name: leaf(inputs[name]) for name in RNN_ARGS}
+    states = reference_run_rnn(*leaves.values())
+    return {"returned": ["tensor"], "states": as_array(states),
+            "grad": backward([states], [torch.from_numpy(inputs["upstream"])], leaves)}
+
+
+LSTM_RUN = HELPERS + """\
+_leaves = {_name: torch.tensor(inputs[_name], requires_grad=True) for _name in ('x', 'h_prev', 'c_prev', 'W_ih', 'b_ih', 'W_hh', 'b_hh')}
+_result = lstm_cell(*(_t.clone() for _t in _leaves.values()))
+_pair = _result if _kind(_result) == 'a tuple of two tensors' else (None, None)
+outputs = {'returned': [_kind(_result)], 'h': _array(_pair[0]), 'c': _array(_pair[1]),
+           'grad': _backward(list(_pair), [torch.from_numpy(inputs['upstream_h']), torch.from_numpy(inputs['upstream_c'])], _leaves)}
+del _leaves, _result, _pair
+""" + CLEANUP
+
+
+def _lstm_reference(inputs: dict) -> dict:
+    leaves = {name: leaf(inputs[name]) for name in LSTM_ARGS}
+    h, c = reference_lstm_cell(*leaves.values())
+    upstreams = [torch.from_numpy(inputs["upstream_h"]), torch.from_numpy(inputs["upstream_c"])]
+    return {"returned": ["a tuple of two tensors"], "h": as_array(h), "c": as_array(c), "grad": backward([h, c], upstreams, leaves)}
+
+
+ADDITIVE_RUN = HELPERS + """\
+_leaves = {_name: torch.tensor(inputs[_name], requires_grad=True) for _name in ('query', 'keys', 'W_q', 'W_k', 'v')}
+_result = additive_attention(*(_t.clone() for _t in _leaves.values()))
+_big = additive_attention(*(torch.tensor(inputs[_name + '_big']) for _name in ('query', 'keys', 'W_q', 'W_k', 'v')))
+_pairs = [_r if _kind(_r) == 'a tuple of two tensors' else (None, None) for _r in (_result, _big)]
+outputs = {
+    'returned': [_kind(_result), _kind(_big)],
+    'context': _array(_pairs[0][0]), 'weights': _array(_pairs[0][1]),
+    'context_big': _array(_pairs[1][0]), 'weights_big': _array(_pairs[1][1]),
+    'grad': _backward(list(_pairs[0]), [torch.from_numpy(inputs['upstream_context']), torch.from_numpy(inputs['upstream_weights'])],
+                      _leaves),
+}
+del _leaves, _result, _big, _pairs
+""" + CLEANUP
+
+
+def _additive_reference(inputs: dict) -> dict:
+    leaves = {name: leaf(inputs[name]) for name in ATTENTION_ARGS}
+    context, weights = reference_attention(*leaves.values())
+    context_big, weights_big = reference_attention(*(torch.from_numpy(inputs[name + "_big"]) for name in ATTENTION_ARGS))
+    upstreams = [torch.from_numpy(inputs["upstream_context"]), torch.from_numpy(inputs["upstream_weights"])]
+    return {"returned": ["a tuple of two tensors"] * 2, "context": as_array(context), "weights": as_array(weights),
+            "context_big": as_array(context_big), "weights_big": as_array(weights_big),
+            "grad": backward([context, weights], upstreams, leaves)}
+
+
+def _compare_additive(outputs: dict, expected: dict) -> str | None:
+    got_context, got_weights = outputs.get("context"), outputs.get("weights")
+    if (isinstance(got_context, np.ndarray) and isinstance(got_weights, np.ndarray)
+            and got_context.shape == expected["weights"].shape != expected["context"].shape == got_weights.shape):
+        return "additive_attention returned (weights, context); return them in the order (context, weights)"
+    call = "additive_attention(query, keys, W_q, W_k, v)"
+    return compare_outputs(
+        outputs, expected, function="additive_attention",
+        labels={"context": f"the context of {call}", "weights": f"the weights of {call}",
+                "context_big": f"the context of {call} with scores around 1e3",
+                "weights_big": f"the weights of {call} with scores around 1e3"},
+        nan_hints={"context_big": HINT_PROBE_OVERFLOW, "weights_big": HINT_PROBE_OVERFLOW},
+    )
 
 
 PROBES = {
     "check_run_rnn": Probe(
         exercise="ex_run_rnn",
         make_inputs=_probe_rnn_inputs,
-        run=(
-            "outputs = {'states': run_rnn(*[torch.from_numpy(inputs[k]) for k in "
-            "('x', 'h0', 'W_xh', 'b_xh', 'W_hh', 'b_hh')]).detach().cpu().numpy()}"
-        ),
-        reference=lambda inputs: {"states": reference_run_rnn(*_as_tensors(inputs, RNN_ARGS)).numpy()},
-        forbidden=("tfedu.rnn",),
+        run=RNN_RUN,
+        reference=_rnn_reference,
+        compare=lambda outputs, expected: compare_outputs(
+            outputs, expected, function="run_rnn", labels={"states": "run_rnn(x, h0, W_xh, b_xh, W_hh, b_hh)"}),
+        forbidden=("tfedu.rnn", *RNN_SHORTCUTS),
     ),
     "check_lstm_cell": Probe(
         exercise="ex_lstm_cell",
         make_inputs=_probe_lstm_inputs,
-        run=(
-            "_h, _c = lstm_cell(*[torch.from_numpy(inputs[k]) for k in "
-            "('x', 'h_prev', 'c_prev', 'W_ih', 'b_ih', 'W_hh', 'b_hh')])\n"
-            "outputs = {'h': _h.detach().cpu().numpy(), 'c': _c.detach().cpu().numpy()}"
-        ),
-        reference=lambda inputs: dict(
-            zip(("h", "c"), (t.numpy() for t in reference_lstm_cell(*_as_tensors(inputs, LSTM_ARGS))))
-        ),
+        run=LSTM_RUN,
+        reference=_lstm_reference,
+        compare=lambda outputs, expected: compare_outputs(
+            outputs, expected, function="lstm_cell",
+            labels={"h": "the hidden state h of lstm_cell", "c": "the cell state c of lstm_cell"}),
+        # The exercise forbids nothing but the reference (its prose does not rule out nn.LSTMCell).
         forbidden=("tfedu.rnn",),
     ),
     "check_additive_attention": Probe(
         exercise="ex_additive_attention",
         make_inputs=_probe_attention_inputs,
-        run=(
-            "_context, _weights = additive_attention(*[torch.from_numpy(inputs[k]) for k in "
-            "('query', 'keys', 'W_q', 'W_k', 'v')])\n"
-            "outputs = {'context': _context.detach().cpu().numpy(), 'weights': _weights.detach().cpu().numpy()}"
-        ),
-        reference=lambda inputs: dict(
-            zip(("context", "weights"), (t.numpy() for t in reference_attention(*_as_tensors(inputs, ATTENTION_ARGS))))
-        ),
+        run=ADDITIVE_RUN,
+        reference=_additive_reference,
+        compare=_compare_additive,
         forbidden=("tfedu.rnn",),
     ),
 }

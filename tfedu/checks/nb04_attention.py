@@ -25,6 +25,7 @@ from tfedu.checks.core import (
     is_close,
     seeded_randn,
 )
+from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 
 HINT_NO_SCALE = (
     "missing 1/sqrt(d_k) scale: divide the scores q @ k.transpose(-2, -1) by math.sqrt(d_k) "
@@ -412,101 +413,223 @@ def check_self_attention(self_attention) -> None:
 
 # ----------------------------------------------------------------------------- probes
 
-
-def _attention_inputs(rng: np.random.Generator) -> dict:
-    # Four different sizes, so dividing by the sqrt of the wrong one (query_pos, key_pos, d_v) shows.
-    batch = int(rng.integers(1, 4))
-    n_query, n_key, d_head, d_v = (int(size) for size in rng.choice(np.arange(2, 13), size=4, replace=False))
-    scale = float(rng.uniform(0.5, 3.0))  # varied magnitudes: a missing sqrt(d_k) shows at any size
-    return {
-        "q": (rng.standard_normal((batch, n_query, d_head)) * scale).astype(np.float32),
-        "k": (rng.standard_normal((batch, n_key, d_head)) * scale).astype(np.float32),
-        "v": rng.standard_normal((batch, n_key, d_v)).astype(np.float32),
-    }
-
-
-def _attention_reference(inputs: dict) -> dict:
-    out, weights = reference_attention(*(torch.from_numpy(inputs[name]) for name in ("q", "k", "v")))
-    return {"returned": PAIR, "output": out.numpy(), "weights": weights.numpy()}
-
-
-# The hidden tests demand the return type the exercise states, as the checkers do: the run code
-# records what came back (a word, plain data) and keeps the numbers only when it is the right kind.
 PAIR = "a tuple of two tensors"
-PAIR_OUTPUTS = (
-    "_pair = isinstance(_result, tuple) and len(_result) == 2 and all(isinstance(_t, torch.Tensor) for _t in _result)\n"
-    "outputs = {'returned': 'a tuple of two tensors' if _pair else type(_result).__name__ + (' of ' + ', '.join("
-    "type(_t).__name__ for _t in _result) if isinstance(_result, (tuple, list)) else '')}\n"
-    "if _pair:\n"
-    "    outputs['output'], outputs['weights'] = (_t.detach().cpu().float().numpy() for _t in _result)\n"
-    "del _result, _pair\n"
+
+# Exercise 4.1 forbids F.scaled_dot_product_attention; nn.MultiheadAttention gets there through
+# F.multi_head_attention_forward. The private kernels are refused by the grader's scan already
+# (private internals); listed so the run-time tripwire names them too. nn.MultiheadAttention, a
+# class, is for the scan: the tripwire sees the function it calls.
+FUSED_ATTENTION = (
+    "torch.nn.functional.scaled_dot_product_attention",
+    "torch.nn.functional.multi_head_attention_forward",
+    "torch.nn.MultiheadAttention",
+    "torch._scaled_dot_product_attention_math",
+    "torch._scaled_dot_product_flash_attention",
+    "torch._scaled_dot_product_flash_attention_for_cpu",
+    "torch._scaled_dot_product_efficient_attention",
+    "torch._fused_sdp_choice",
+    # the same kernels reached as operators (the static scan refuses torch.ops too; this is the run-time watch)
+    "torch.ops.aten.scaled_dot_product_attention",
+    "torch.ops.aten._scaled_dot_product_attention_math",
+    "torch.ops.aten._scaled_dot_product_flash_attention",
+    "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu",
+    "torch.ops.aten._scaled_dot_product_efficient_attention",
+    "torch.ops.aten._native_multi_head_attention",
+)
+
+HINT_PROBE_OVERFLOW = (
+    "scores around 1e3 overflow exp (exp(89) is already inf in float32): take torch.softmax(scores, dim=-1), "
+    "or subtract each row's max before exp if you wrote the softmax yourself"
 )
 
 
-def compare_returned(outputs: dict, expected: dict, *, function: str, rtol: float = 1e-4, atol: float = 1e-5) -> str | None:
-    """A hidden test's outputs against the reference: first the kind of object returned, then the numbers."""
-    from tfedu.grading.grade import compare_plain  # here, not at the top: grading imports the checkers
-
-    if outputs.get("returned") != expected["returned"]:
-        return f"{function} should return {expected['returned']}, it returned {outputs.get('returned')}"
-    return compare_plain(outputs, expected, rtol, atol)
+def _leading(rng: np.random.Generator, most: int = 2) -> tuple[int, ...]:
+    """None, one or ``most`` leading (batch, heads) dims of random sizes."""
+    return tuple(int(n) for n in rng.integers(1, 4, size=int(rng.integers(0, most + 1))))
 
 
-def _compare_pair(outputs: dict, expected: dict) -> str | None:
-    return compare_returned(outputs, expected, function="attention")
+def exact_large_qk(rng: np.random.Generator, leading: tuple[int, ...], n_query: int, n_key: int) -> tuple[np.ndarray, np.ndarray]:
+    """Queries and keys whose scores q.k / sqrt(d_k) reach about 1e3, exactly representable in float32.
+
+    Integer entries and d_k of 4 or 16 (sqrt(d_k) a power of two) make every score exact whatever
+    the order of the sums, so a correct answer matches the reference to rounding. Query 0 and
+    key 0 are the same vector of +-R entries: score sqrt(d_k) R^2, about 1200, so exp overflows
+    there unless the row max is subtracted first.
+    """
+    d_k = int(rng.choice([4, 16]))
+    q = rng.integers(-30, 31, size=(*leading, n_query, d_k)).astype(np.float32)
+    k = rng.integers(-30, 31, size=(*leading, n_key, d_k)).astype(np.float32)
+    aligned = rng.choice([-1.0, 1.0], size=d_k) * (24.0 if d_k == 4 else 17.0)
+    q[..., 0, :] = aligned
+    k[..., 0, :] = aligned
+    return q, k
 
 
-def _compare_self_attention(outputs: dict, expected: dict) -> str | None:
-    if outputs.get("returned") == "tuple":
-        return "self_attention returned a tuple (the (output, weights) pair from attention?); return only the output tensor"
-    return compare_returned(outputs, expected, function="self_attention")
+def _attention_inputs(rng: np.random.Generator) -> dict:
+    # Four different sizes, so dividing by the sqrt of the wrong one (query_pos, key_pos, d_v) shows;
+    # no, one or two leading dims (the exercise allows any number).
+    leading = _leading(rng)
+    n_query, n_key, d_head, d_v = (int(size) for size in rng.choice(np.arange(2, 13), size=4, replace=False))
+    scale = float(rng.uniform(0.5, 3.0))  # varied magnitudes: a missing sqrt(d_k) shows at any size
+    q = (rng.standard_normal((*leading, n_query, d_head)) * scale).astype(np.float32)
+    k = (rng.standard_normal((*leading, n_key, d_head)) * scale).astype(np.float32)
+    v = rng.standard_normal((*leading, n_key, d_v)).astype(np.float32)
+    big_leading = _leading(rng)
+    n_query_big, n_key_big = int(rng.integers(2, 41)), int(rng.integers(2, 41))
+    q_big, k_big = exact_large_qk(rng, big_leading, n_query_big, n_key_big)
+    return {
+        "q": q, "k": k, "v": v,
+        "upstream_output": upstream_like(rng, (*leading, n_query, d_v)),
+        "upstream_weights": upstream_like(rng, (*leading, n_query, n_key)),
+        "q_big": q_big, "k_big": k_big,
+        "v_big": rng.standard_normal((*big_leading, n_key_big, int(rng.integers(1, 9)))).astype(np.float32),
+    }
+
+
+# Exports a pair-returning function's two calls, `_result` (on leaves `_q`, `_k`, `_v`, with
+# gradients) and `_big` (large scores), for the probes of exercises 4.1 and 5.2.
+PAIR_EXPORT = """\
+_pairs = [_r if _kind(_r) == 'a tuple of two tensors' else (None, None) for _r in (_result, _big)]
+outputs = {
+    'returned': [_kind(_result), _kind(_big)],
+    'output': _array(_pairs[0][0]), 'weights': _array(_pairs[0][1]),
+    'output_big': _array(_pairs[1][0]), 'weights_big': _array(_pairs[1][1]),
+    'grad': _backward(list(_pairs[0]), [torch.from_numpy(inputs['upstream_output']), torch.from_numpy(inputs['upstream_weights'])],
+                      {'q': _q, 'k': _k, 'v': _v}),
+}
+del _q, _k, _v, _result, _big, _pairs
+"""
+QKV_LEAVES = "_q, _k, _v = (torch.tensor(inputs[_name], requires_grad=True) for _name in ('q', 'k', 'v'))\n"
+
+ATTENTION_RUN = HELPERS + QKV_LEAVES + """\
+_result = _call(attention, _q, _k, _v)
+_big = attention(*(torch.tensor(inputs[_name]) for _name in ('q_big', 'k_big', 'v_big')))
+""" + PAIR_EXPORT + "outputs['mutated'] = _MUTATED\n" + CLEANUP
+
+
+def pair_reference(inputs: dict, attend: Callable[..., tuple[torch.Tensor, torch.Tensor]], masked: bool = False) -> dict:
+    """What a correct pair-returning attention exports on ``inputs`` (see :data:`PAIR_EXPORT`)."""
+    q, k, v = (leaf(inputs[name]) for name in ("q", "k", "v"))
+    extra = [torch.from_numpy(inputs["mask"])] if masked else []
+    extra_big = [torch.from_numpy(inputs["mask_big"])] if masked else []
+    output, weights = attend(q, k, v, *extra)
+    output_big, weights_big = attend(*(torch.from_numpy(inputs[name]) for name in ("q_big", "k_big", "v_big")), *extra_big)
+    upstreams = [torch.from_numpy(inputs["upstream_output"]), torch.from_numpy(inputs["upstream_weights"])]
+    return {
+        "returned": [PAIR, PAIR],
+        "output": as_array(output), "weights": as_array(weights),
+        "output_big": as_array(output_big), "weights_big": as_array(weights_big),
+        "grad": backward([output, weights], upstreams, {"q": q, "k": k, "v": v}),
+    }
+
+
+def compare_pair(outputs: dict, expected: dict, *, function: str, call: str) -> str | None:
+    """The hidden test of a function returning ``(output, weights)``: kinds, the order of the pair, values, gradients."""
+    got_out, got_w = outputs.get("output"), outputs.get("weights")
+    if (
+        isinstance(got_out, np.ndarray) and isinstance(got_w, np.ndarray)
+        and expected["output"].shape != expected["weights"].shape
+        and got_out.shape == expected["weights"].shape and got_w.shape == expected["output"].shape
+    ):
+        return f"{function} returned (weights, output); return them the other way round, (output, weights)"
+    return compare_outputs(
+        outputs, expected, function=function,
+        labels={"output": f"the output of {call}", "weights": f"the weights of {call}",
+                "output_big": f"the output of {call} with scores around 1e3",
+                "weights_big": f"the weights of {call} with scores around 1e3"},
+        nan_hints={"output_big": HINT_PROBE_OVERFLOW, "weights_big": HINT_PROBE_OVERFLOW},
+    )
 
 
 def _self_attention_inputs(rng: np.random.Generator) -> dict:
-    batch, pos = int(rng.integers(1, 4)), int(rng.integers(2, 8))
+    batch, pos = int(rng.integers(1, 4)), int(rng.integers(2, 41))
     # Three different widths, so scaling by sqrt(d_model) or sqrt(d_v) instead of sqrt(d_head) shows.
     d_model, d_head, d_v = (int(size) for size in rng.choice(np.arange(2, 13), size=3, replace=False))
-    return {
+    inputs = {
         "x": rng.standard_normal((batch, pos, d_model)).astype(np.float32),
         "W_Q": (rng.standard_normal((d_model, d_head)) / np.sqrt(d_model)).astype(np.float32),
         "W_K": (rng.standard_normal((d_model, d_head)) / np.sqrt(d_model)).astype(np.float32),
         "W_V": (rng.standard_normal((d_model, d_v)) / np.sqrt(d_model)).astype(np.float32),
+        "upstream": upstream_like(rng, (batch, pos, d_v)),
     }
+    # Large scores, exact in float32: integer x and weights, d_head 4 or 16, and W_K = W_Q, so
+    # every token's score with itself is |x W_Q|^2 / sqrt(d_head), in the hundreds or thousands.
+    d_model_big, d_head_big = int(rng.integers(4, 9)), int(rng.choice([4, 16]))
+    W_big = rng.integers(-4, 5, size=(d_model_big, d_head_big)).astype(np.float32)
+    inputs.update(
+        x_big=rng.integers(-5, 6, size=(int(rng.integers(1, 3)), int(rng.integers(2, 41)), d_model_big)).astype(np.float32),
+        W_Q_big=W_big, W_K_big=W_big.copy(),
+        W_V_big=rng.standard_normal((d_model_big, int(rng.integers(1, 7)))).astype(np.float32),
+    )
+    return inputs
+
+
+SELF_ATTENTION_RUN = HELPERS + """\
+_leaves = {_name: torch.tensor(inputs[_name], requires_grad=True) for _name in ('x', 'W_Q', 'W_K', 'W_V')}
+_result = _call(self_attention, *_leaves.values())
+_big = self_attention(*(torch.tensor(inputs[_name + '_big']) for _name in ('x', 'W_Q', 'W_K', 'W_V')))
+outputs = {
+    'returned': [_kind(_result), _kind(_big)],
+    'output': _array(_result),
+    'output_big': _array(_big),
+    'grad': _backward([_result], [torch.from_numpy(inputs['upstream'])], _leaves),
+}
+outputs['mutated'] = _MUTATED
+del _leaves, _result, _big
+""" + CLEANUP
 
 
 def _self_attention_reference(inputs: dict) -> dict:
-    x, W_Q, W_K, W_V = (torch.from_numpy(inputs[name]) for name in ("x", "W_Q", "W_K", "W_V"))
-    return {"returned": "tensor", "output": reference_attention(x @ W_Q, x @ W_K, x @ W_V)[0].numpy()}
+    x, W_Q, W_K, W_V = (leaf(inputs[name]) for name in ("x", "W_Q", "W_K", "W_V"))
+    output = reference_attention(x @ W_Q, x @ W_K, x @ W_V)[0]
+    x_big, Q_big, K_big, V_big = (torch.from_numpy(inputs[name + "_big"]) for name in ("x", "W_Q", "W_K", "W_V"))
+    return {
+        "returned": ["tensor", "tensor"],
+        "output": as_array(output),
+        "output_big": as_array(reference_attention(x_big @ Q_big, x_big @ K_big, x_big @ V_big)[0]),
+        "grad": backward([output], [torch.from_numpy(inputs["upstream"])], {"x": x, "W_Q": W_Q, "W_K": W_K, "W_V": W_V}),
+    }
 
+
+def _compare_self_attention(outputs: dict, expected: dict) -> str | None:
+    return compare_outputs(
+        outputs, expected, function="self_attention",
+        labels={"output": "self_attention(x, W_Q, W_K, W_V)", "output_big": "self_attention(x, W_Q, W_K, W_V) with scores around 1e3"},
+        nan_hints={"output_big": HINT_PROBE_OVERFLOW},
+        kind_hints={PAIR: "that is the (output, weights) pair from attention; return only the output tensor (batch, pos, d_v)"},
+    )
+
+
+# Exercise 4.2 may call the learner's `attention` from 4.1. While 4.2 is graded, this stand-in takes
+# its place, so a wrong or unfinished 4.1 costs 4.1 alone. Primitive ops only (no tfedu).
+ATTENTION_STANDIN = """\
+def attention(q, k, v):
+    \"\"\"Stand-in for exercise 4.1: softmax(q k^T / sqrt(d_k)) v, returning (output, weights).\"\"\"
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    exps = (scores - scores.amax(dim=-1, keepdim=True)).exp()
+    weights = exps / exps.sum(dim=-1, keepdim=True)
+    return weights @ v, weights
+"""
 
 PROBES = {
     "check_attention": Probe(
         exercise="ex_attention",
         make_inputs=_attention_inputs,
-        run=(
-            "_result = attention(torch.from_numpy(inputs['q']), torch.from_numpy(inputs['k']), torch.from_numpy(inputs['v']))\n"
-            + PAIR_OUTPUTS
-        ),
-        reference=_attention_reference,
-        compare=_compare_pair,
-        forbidden=("tfedu.attention",),
+        run=ATTENTION_RUN,
+        reference=lambda inputs: pair_reference(inputs, reference_attention),
+        compare=lambda outputs, expected: compare_pair(outputs, expected, function="attention", call="attention(q, k, v)"),
+        forbidden=("tfedu.attention", *FUSED_ATTENTION),
     ),
     "check_self_attention": Probe(
         exercise="ex_self_attention",
         make_inputs=_self_attention_inputs,
-        run=(
-            "_result = self_attention(torch.from_numpy(inputs['x']), torch.from_numpy(inputs['W_Q']), "
-            "torch.from_numpy(inputs['W_K']), torch.from_numpy(inputs['W_V']))\n"
-            "outputs = {'returned': 'tensor' if isinstance(_result, torch.Tensor) else type(_result).__name__}\n"
-            "if isinstance(_result, torch.Tensor):\n"
-            "    outputs['output'] = _result.detach().cpu().float().numpy()\n"
-            "del _result\n"
-        ),
+        run=SELF_ATTENTION_RUN,
         reference=_self_attention_reference,
         compare=_compare_self_attention,
         # Exercise 4.2 is about the projections; attention itself was graded in 4.1. The answer may
-        # call the learner's attention or the reference tfa.scaled_dot_product_attention, so a
-        # learner stuck on 4.1 can still earn 4.2: nothing in tfedu computes the projections for them.
+        # call the learner's attention (replaced by the stand-in while 4.2 is graded) or the
+        # reference tfa.scaled_dot_product_attention: nothing in tfedu computes the projections.
         forbidden=(),
+        standins=ATTENTION_STANDIN,
     ),
 }

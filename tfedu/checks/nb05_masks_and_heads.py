@@ -13,7 +13,8 @@ from torch import nn
 
 from tfedu import attention as reference
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, describe, expect, seeded_randn
-from tfedu.checks.nb04_attention import PAIR, PAIR_OUTPUTS, compare_returned
+from tfedu.checks.nb04_attention import PAIR_EXPORT, QKV_LEAVES, compare_pair, exact_large_qk, pair_reference
+from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 
 # ----------------------------------------------------------------------------- the causal mask
 
@@ -481,118 +482,215 @@ def check_against_torch(MultiHeadAttention, d_model: int = 16, n_heads: int = 4,
 
 # ----------------------------------------------------------------------------- probes
 
-
-def _compare_masks(outputs: dict, expected: dict) -> str | None:
-    got = outputs.get("mask")
-    if outputs.get("returned") != "tensor" or not isinstance(got, np.ndarray):
-        return f"causal_mask should return a torch.Tensor, it returned {outputs.get('returned')}"
-    if got.dtype != np.bool_:
-        return f"causal_mask should be boolean (True = may attend), got dtype {got.dtype}"
-    if got.shape != expected["mask"].shape:
-        return f"causal_mask(n) has shape {got.shape}, expected {expected['mask'].shape}"
-    if not np.array_equal(got, expected["mask"]):
-        return "causal_mask(n) differs from the lower-triangular mask (True on and below the diagonal)"
-    return None
+HINT_PROBE_OVERFLOW = (
+    "scores around 1e3 overflow exp (exp(89) is already inf in float32): take torch.softmax over the masked "
+    "scores, or subtract each row's max before exp if you wrote the softmax yourself"
+)
+HINT_FIXED_BUFFER = (
+    "build the mask for the n you are given (torch.ones(n, n, dtype=torch.bool).tril(), or compare two "
+    "torch.arange(n)): a mask cut from a fixed-size buffer, buffer[:n, :n], is too small for longer sequences"
+)
 
 
 def _mask_inputs(rng: np.random.Generator) -> dict:
-    return {"n": int(rng.integers(1, 17))}
+    # One size the check cell uses, two beyond any fixed buffer a learner might cut masks from.
+    return {"n": [int(rng.integers(1, 17)), *(int(n) for n in rng.integers(17, 101, size=2))]}
+
+
+CAUSAL_MASK_RUN = HELPERS + """\
+_results = [causal_mask(_n) for _n in inputs['n']]
+outputs = {'returned': [_kind(_r) for _r in _results], 'masks': [_array(_r) for _r in _results]}
+del _results
+""" + CLEANUP
+
+
+def _compare_masks(outputs: dict, expected: dict) -> str | None:
+    kinds = outputs.get("returned")
+    if not isinstance(kinds, list) or kinds != expected["returned"]:
+        wrong = next((k for k in kinds if k != "tensor"), kinds) if isinstance(kinds, list) else kinds
+        return f"causal_mask should return a torch.Tensor, it returned {wrong}"
+    for got, want in zip(outputs.get("masks") or [], expected["masks"]):
+        n = want.shape[0]
+        if not isinstance(got, np.ndarray):
+            return f"causal_mask({n}) should return a torch.Tensor"
+        if got.dtype != np.bool_:
+            return f"causal_mask should be boolean (True = may attend), got dtype {got.dtype}"
+        if got.shape != want.shape:
+            hint = f": {HINT_FIXED_BUFFER}" if got.ndim == 2 and got.shape[0] < n else ""
+            return f"causal_mask({n}) has shape {got.shape}, expected {want.shape}{hint}"
+        if not np.array_equal(got, want):
+            return f"causal_mask({n}) differs from the lower-triangular mask (True on and below the diagonal)"
+    return None
+
+
+def _broadcast_mask(rng: np.random.Generator, leading: tuple[int, ...], n_query: int, n_key: int) -> np.ndarray:
+    """A random mask of a shape that broadcasts to (*leading, n_query, n_key); every query sees a key."""
+    shape = [n if rng.random() < 0.5 else 1 for n in leading] + [n_query if rng.random() < 0.8 else 1, n_key]
+    if rng.random() < 0.3:
+        shape = shape[len(leading):]  # (query_pos, key_pos) or (1, key_pos): the same for every batch
+    mask = rng.random(shape) < rng.uniform(0.3, 0.9)
+    mask[..., int(rng.integers(0, n_key))] = True  # a fully masked row has no softmax
+    return mask
 
 
 def _masked_attention_inputs(rng: np.random.Generator) -> dict:
-    batch, n_query, n_key, d_head, d_v = (int(rng.integers(lo, hi)) for lo, hi in ((1, 4), (1, 8), (1, 9), (2, 17), (1, 9)))
+    leading = tuple(int(n) for n in rng.integers(1, 4, size=int(rng.integers(1, 3))))  # (batch,) or (batch, heads)
+    n_query, n_key, d_head, d_v = (int(rng.integers(lo, hi)) for lo, hi in ((1, 12), (1, 13), (2, 17), (1, 9)))
     scale = float(rng.uniform(0.5, 3.0))
-    mask = rng.random((batch, n_query, n_key)) < rng.uniform(0.3, 0.9)
-    mask[..., int(rng.integers(0, n_key))] = True  # every query sees at least one key (a fully masked row has no softmax)
+    # Large scores on a long causal sequence, the shape a decoder sees.
+    big_leading = tuple(int(n) for n in rng.integers(1, 4, size=int(rng.integers(1, 3))))
+    n_big = int(rng.integers(17, 65))
+    q_big, k_big = exact_large_qk(rng, big_leading, n_big, n_big)
+    # Query 1 sees keys 0 and 1 only, both anti-aligned with it: every score it may see is about -1200.
+    # A mask filled with a moderate number (-100, -1e3) instead of -inf then outweighs them all.
+    q_big[..., 1, :] = -k_big[..., 0, :]
+    k_big[..., 1, :] = k_big[..., 0, :]
     return {
-        "q": (rng.standard_normal((batch, n_query, d_head)) * scale).astype(np.float32),
-        "k": (rng.standard_normal((batch, n_key, d_head)) * scale).astype(np.float32),
-        "v": rng.standard_normal((batch, n_key, d_v)).astype(np.float32),
-        "mask": mask,
+        "q": (rng.standard_normal((*leading, n_query, d_head)) * scale).astype(np.float32),
+        "k": (rng.standard_normal((*leading, n_key, d_head)) * scale).astype(np.float32),
+        "v": rng.standard_normal((*leading, n_key, d_v)).astype(np.float32),
+        "mask": _broadcast_mask(rng, leading, n_query, n_key),
+        "upstream_output": upstream_like(rng, (*leading, n_query, d_v)),
+        "upstream_weights": upstream_like(rng, (*leading, n_query, n_key)),
+        "q_big": q_big, "k_big": k_big,
+        "v_big": rng.standard_normal((*big_leading, n_big, int(rng.integers(1, 9)))).astype(np.float32),
+        "mask_big": np.tril(np.ones((n_big, n_big), dtype=bool)),
     }
 
 
-def _masked_attention_reference(inputs: dict) -> dict:
-    q, k, v, mask = (torch.from_numpy(inputs[name]) for name in ("q", "k", "v", "mask"))
-    out, weights = reference.scaled_dot_product_attention(q, k, v, mask)
-    return {"returned": PAIR, "output": out.numpy(), "weights": weights.numpy()}
+MASKED_ATTENTION_RUN = HELPERS + QKV_LEAVES + """\
+_result = masked_attention(_q.clone(), _k.clone(), _v.clone(), torch.tensor(inputs['mask']))
+_big = masked_attention(*(torch.tensor(inputs[_name]) for _name in ('q_big', 'k_big', 'v_big', 'mask_big')))
+""" + PAIR_EXPORT + CLEANUP
+
+
+def _mha_weights(rng: np.random.Generator, d_model: int, *, integer: bool = False) -> dict[str, np.ndarray]:
+    weights = {}
+    for name in ("W_Q", "W_K", "W_V", "W_O"):
+        if integer:
+            weights[f"{name}_weight"] = rng.integers(-2, 3, size=(d_model, d_model)).astype(np.float32)
+            weights[f"{name}_bias"] = rng.integers(-2, 3, size=d_model).astype(np.float32)
+        else:
+            weights[f"{name}_weight"] = (rng.standard_normal((d_model, d_model)) / np.sqrt(d_model)).astype(np.float32)
+            weights[f"{name}_bias"] = (rng.standard_normal(d_model) * 0.1).astype(np.float32)
+    return weights
 
 
 def _mha_inputs(rng: np.random.Generator) -> dict:
     n_heads = int(rng.integers(1, 5))
     d_model = n_heads * int(rng.integers(1, 7))
-    batch, pos, key_pos = int(rng.integers(1, 4)), int(rng.integers(1, 8)), int(rng.integers(1, 10))
-    inputs: dict[str, Any] = {"d_model": d_model, "n_heads": n_heads}
-    for name in ("W_Q", "W_K", "W_V", "W_O"):
-        inputs[f"{name}_weight"] = (rng.standard_normal((d_model, d_model)) / np.sqrt(d_model)).astype(np.float32)
-        inputs[f"{name}_bias"] = (rng.standard_normal(d_model) * 0.1).astype(np.float32)
+    batch, pos, key_pos = int(rng.integers(1, 4)), int(rng.integers(1, 25)), int(rng.integers(1, 25))
+    inputs: dict[str, Any] = {"d_model": d_model, "n_heads": n_heads, **_mha_weights(rng, d_model)}
     inputs["x"] = rng.standard_normal((batch, pos, d_model)).astype(np.float32)
     inputs["context"] = rng.standard_normal((batch, key_pos, d_model)).astype(np.float32)
     inputs["causal"] = np.tril(np.ones((pos, pos), dtype=bool))
     lengths = rng.integers(1, key_pos + 1, size=batch)
     inputs["padding"] = (np.arange(key_pos)[None, :] < lengths[:, None])[:, None, None, :]  # (batch, 1, 1, key_pos)
+    for name, shape in (("self", (batch, pos, d_model)), ("causal", (batch, pos, d_model)), ("cross", (batch, pos, d_model))):
+        inputs[f"upstream_{name}"] = upstream_like(rng, shape)
+    # Large scores, exact in float32: integer x and weights, d_head 4 (sqrt 2), a long causal sequence.
+    # W_Q = diag(+-2), no bias, W_K = -W_Q: the score of token i with token j is -q_i.q_j / 2. Token 0
+    # has entries +-5 (|q_0|^2 = 400 per head) and token 1 = -token 0, so query 1 scores +200 against
+    # key 0 (exp overflows unless the row max is subtracted) and query 0, which sees key 0 alone, scores
+    # -200 there: a mask filled with -100 instead of -inf outweighs it.
+    n_heads_big, pos_big = int(rng.integers(1, 5)), int(rng.integers(17, 49))
+    d_big = 4 * n_heads_big
+    big = {"d_model": d_big, "n_heads": n_heads_big, **_mha_weights(rng, d_big, integer=True)}
+    big["W_Q_weight"] = np.diag(rng.choice([-2.0, 2.0], size=d_big)).astype(np.float32)
+    big["W_Q_bias"] = np.zeros(d_big, dtype=np.float32)
+    big["W_K_weight"], big["W_K_bias"] = -big["W_Q_weight"], -big["W_Q_bias"]
+    big["x"] = rng.integers(-5, 6, size=(int(rng.integers(1, 3)), pos_big, d_big)).astype(np.float32)
+    big["x"][:, 0] = rng.choice([-5.0, 5.0], size=d_big)
+    big["x"][:, 1] = -big["x"][:, 0]
+    big["causal"] = np.tril(np.ones((pos_big, pos_big), dtype=bool))
+    inputs["big"] = big
     return inputs
 
 
-def _mha_reference(inputs: dict) -> dict:
-    layer = reference.MultiHeadAttention(inputs["d_model"], inputs["n_heads"])
+def _load_layer(layer: nn.Module, inputs: dict) -> None:
     with torch.no_grad():
         for name in ("W_Q", "W_K", "W_V", "W_O"):
             getattr(layer, name).weight.copy_(torch.from_numpy(inputs[f"{name}_weight"]))
             getattr(layer, name).bias.copy_(torch.from_numpy(inputs[f"{name}_bias"]))
-        x, context = torch.from_numpy(inputs["x"]), torch.from_numpy(inputs["context"])
-        return {
-            "returned": "tensor",
-            "self": layer(x).numpy(),
-            "causal": layer(x, mask=torch.from_numpy(inputs["causal"])).numpy(),
-            "cross": layer(x, context, mask=torch.from_numpy(inputs["padding"])).numpy(),
-        }
 
 
-MHA_RUN = """\
-_mha = MultiHeadAttention(inputs['d_model'], inputs['n_heads'])
-with torch.no_grad():
-    for _name in ('W_Q', 'W_K', 'W_V', 'W_O'):
-        getattr(_mha, _name).weight.copy_(torch.from_numpy(inputs[_name + '_weight']))
-        getattr(_mha, _name).bias.copy_(torch.from_numpy(inputs[_name + '_bias']))
-    _x, _context = torch.from_numpy(inputs['x']), torch.from_numpy(inputs['context'])
-    _results = {
-        'self': _mha(_x),
-        'causal': _mha(_x, mask=torch.from_numpy(inputs['causal'])),
-        'cross': _mha(_x, _context, mask=torch.from_numpy(inputs['padding'])),
+def _mha_reference(inputs: dict) -> dict:
+    layer = reference.MultiHeadAttention(inputs["d_model"], inputs["n_heads"])
+    _load_layer(layer, inputs)
+    x, context = leaf(inputs["x"]), leaf(inputs["context"])
+    results = [layer(x), layer(x, mask=torch.from_numpy(inputs["causal"])),
+               layer(x, context, mask=torch.from_numpy(inputs["padding"]))]
+    wrt = {"x": x, "context": context, **{f"{name}.{part}": getattr(getattr(layer, name), part)
+                                          for name in ("W_Q", "W_K", "W_V", "W_O") for part in ("weight", "bias")}}
+    big = reference.MultiHeadAttention(inputs["big"]["d_model"], inputs["big"]["n_heads"])
+    _load_layer(big, inputs["big"])
+    with torch.no_grad():
+        out_big = big(torch.from_numpy(inputs["big"]["x"]), mask=torch.from_numpy(inputs["big"]["causal"]))
+    upstreams = [torch.from_numpy(inputs[f"upstream_{name}"]) for name in ("self", "causal", "cross")]
+    return {
+        "returned": ["tensor"] * 4,
+        "self": as_array(results[0]), "causal": as_array(results[1]), "cross": as_array(results[2]),
+        "causal_big": as_array(out_big),
+        "grad": backward(results, upstreams, wrt),
     }
-_wrong = [type(_r).__name__ for _r in _results.values() if not isinstance(_r, torch.Tensor)]
-outputs = {'returned': _wrong[0] if _wrong else 'tensor'}
-if not _wrong:
-    outputs.update({_key: _r.detach().cpu().float().numpy() for _key, _r in _results.items()})
-del _mha, _name, _x, _context, _results, _wrong
-"""
+
+
+MHA_RUN = HELPERS + """\
+def _layer(spec):
+    layer = MultiHeadAttention(spec['d_model'], spec['n_heads'])
+    with torch.no_grad():
+        for name in ('W_Q', 'W_K', 'W_V', 'W_O'):
+            getattr(layer, name).weight.copy_(torch.from_numpy(spec[name + '_weight']))
+            getattr(layer, name).bias.copy_(torch.from_numpy(spec[name + '_bias']))
+    return layer
+
+_mha, _mha_big = _layer(inputs), _layer(inputs['big'])
+_x, _context = torch.tensor(inputs['x'], requires_grad=True), torch.tensor(inputs['context'], requires_grad=True)
+_results = [
+    _mha(_x.clone()),
+    _mha(_x.clone(), mask=torch.tensor(inputs['causal'])),
+    _mha(_x.clone(), _context.clone(), mask=torch.tensor(inputs['padding'])),
+    _mha_big(torch.tensor(inputs['big']['x']), mask=torch.tensor(inputs['big']['causal'])),
+]
+_wrt = {'x': _x, 'context': _context}
+_wrt.update({_name + '.' + _part: getattr(getattr(_mha, _name), _part) for _name in ('W_Q', 'W_K', 'W_V', 'W_O') for _part in ('weight', 'bias')})
+outputs = {
+    'returned': [_kind(_r) for _r in _results],
+    'self': _array(_results[0]), 'causal': _array(_results[1]), 'cross': _array(_results[2]), 'causal_big': _array(_results[3]),
+    'grad': _backward(_results[:3], [torch.from_numpy(inputs['upstream_' + _name]) for _name in ('self', 'causal', 'cross')], _wrt),
+}
+del _layer, _mha, _mha_big, _x, _context, _results, _wrt
+""" + CLEANUP
+
+
+def _compare_mha(outputs: dict, expected: dict) -> str | None:
+    return compare_outputs(
+        outputs, expected, function="MultiHeadAttention.forward",
+        labels={"self": "forward(x)", "causal": "forward(x, mask=causal_mask)",
+                "cross": "forward(x, context, mask=padding_mask)",
+                "causal_big": "forward(x, mask=causal_mask) on a long sequence with scores around 1e3"},
+        nan_hints={"causal_big": HINT_PROBE_OVERFLOW},
+        kind_hints={"a tuple of two tensors": "return only the output tensor (batch, query_pos, d_model), not the weights too"},
+    )
+
 
 PROBES = {
     "check_causal_mask": Probe(
         exercise="ex_causal_mask",
         make_inputs=_mask_inputs,
-        run=(
-            "_result = causal_mask(inputs['n'])\n"
-            "outputs = {'returned': 'tensor' if isinstance(_result, torch.Tensor) else type(_result).__name__}\n"
-            "if isinstance(_result, torch.Tensor):\n"
-            "    outputs['mask'] = _result.detach().cpu().numpy()\n"
-            "del _result\n"
-        ),
-        reference=lambda inputs: {"returned": "tensor", "mask": reference.causal_mask(inputs["n"], inputs["n"]).numpy()},
+        run=CAUSAL_MASK_RUN,
+        reference=lambda inputs: {"returned": ["tensor"] * len(inputs["n"]),
+                                  "masks": [reference.causal_mask(n, n).numpy() for n in inputs["n"]]},
         forbidden=("tfedu.attention",),
         compare=_compare_masks,
     ),
     "check_masked_attention": Probe(
         exercise="ex_masked_attention",
         make_inputs=_masked_attention_inputs,
-        run=(
-            "_result = masked_attention(torch.from_numpy(inputs['q']), torch.from_numpy(inputs['k']), "
-            "torch.from_numpy(inputs['v']), torch.from_numpy(inputs['mask']))\n"
-            + PAIR_OUTPUTS
-        ),
-        reference=_masked_attention_reference,
-        compare=lambda outputs, expected: compare_returned(outputs, expected, function="masked_attention"),
+        run=MASKED_ATTENTION_RUN,
+        reference=lambda inputs: pair_reference(inputs, reference.scaled_dot_product_attention, masked=True),
+        compare=lambda outputs, expected: compare_pair(outputs, expected, function="masked_attention",
+                                                       call="masked_attention(q, k, v, mask)"),
         forbidden=("tfedu.attention",),
     ),
     "check_multi_head_attention": Probe(
@@ -600,7 +698,7 @@ PROBES = {
         make_inputs=_mha_inputs,
         run=MHA_RUN,
         reference=_mha_reference,
-        compare=lambda outputs, expected: compare_returned(outputs, expected, function="MultiHeadAttention.forward"),
+        compare=_compare_mha,
         forbidden=("tfedu.attention",),
     ),
 }

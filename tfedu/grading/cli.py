@@ -23,13 +23,17 @@ def _release(args: argparse.Namespace) -> int:
 
 
 def _grade(args: argparse.Namespace) -> int:
+    from tfedu.grading import sandbox
     from tfedu.grading.grade import ConfigError, Limits, clean_text, grade
 
     limits = Limits(cell_timeout=args.cell_timeout, timeout=args.timeout, memory_gib=args.memory_gib)
+    no_sandbox = getattr(args, "no_sandbox", False)
     try:
+        where = "WITHOUT a sandbox (--no-sandbox)" if no_sandbox else f"each in its own {sandbox.find().describe()}"
+        print(f"grading {len(args.submissions)} submission(s) {where}", file=sys.stderr)
         results = grade(args.submissions, out=args.out, source=args.source, notebooks_dir=args.notebooks_dir,
-                        limits=limits, jobs=args.jobs, checks=args.checks)
-    except ConfigError as err:
+                        limits=limits, jobs=args.jobs, checks=args.checks, sandboxed=not no_sandbox)
+    except (ConfigError, sandbox.SandboxUnavailable) as err:
         print(f"tfedu grade: {clean_text(err)}", file=sys.stderr)
         return 2
     # Entries are plain text already (grade cleans them); one_line keeps one report line per exercise.
@@ -59,7 +63,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, help="folder for the student versions")
     p.set_defaults(func=_release)
 
-    g = subparsers.add_parser("grade", help="autograde submitted notebooks (JSON and CSV results)")
+    from tfedu.grading.sandbox import GUARANTEES
+
+    g = subparsers.add_parser("grade", help="autograde submitted notebooks (JSON and CSV results)",
+                              description="Autograde submitted notebooks, each in its own bubblewrap sandbox.",
+                              epilog=GUARANTEES, formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("submissions", nargs="+", help="submitted .ipynb files")
     g.add_argument("--out", required=True, help="results JSON; the CSV goes next to it")
     g.add_argument("--source", help="the source notebook (default: notebooks/ file with the submission's name)")
@@ -69,4 +77,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--timeout", type=_positive, default=900.0, help="seconds per submission in all (default 900)")
     g.add_argument("--cell-timeout", type=_positive, default=120.0, help="seconds per cell (default 120)")
     g.add_argument("--memory-gib", type=_positive, default=4.0, help="memory limit of the kernel in GiB (default 4)")
+    g.add_argument("--no-sandbox", action="store_true",
+                   help="grade without the operating-system sandbox where none can be made (weaker guarantees, below)")
     g.set_defaults(func=_grade)

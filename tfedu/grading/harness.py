@@ -68,7 +68,7 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
             if value.dtype.kind not in "biuf":
                 raise TypeError(f"outputs hold an array of dtype {value.dtype}; expected numbers or booleans")
             name = f"{len(arrays)}.npy"
-            np.save(os.path.join(folder, "out", name), np.ascontiguousarray(value), allow_pickle=False)
+            np.save(os.path.join(folder, "out", name), np.array(value, order="C"), allow_pickle=False)  # keeps 0-d arrays 0-d
             arrays.append(name)
             return {"__array__": name}
         if isinstance(value, np.generic) and type(value).__module__ == "numpy":
@@ -86,8 +86,12 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
     namespace = dict(user_namespace)
     namespace.update(inputs=inputs, np=np, torch=torch)
 
-    files, objects, methods, hits = set(), {}, [], []
+    files, objects, methods, hits, torch_ops = set(), {}, [], [], set()
     for name in forbidden:
+        if name.startswith("torch.ops.") and name.count(".") in (2, 3):
+            # torch.ops.aten (every op of the namespace) or torch.ops.aten._softmax (one op, any overload)
+            torch_ops.add(tuple(name.split(".")[2:]))
+            continue
         module = sys.modules.get(name)
         if module is not None and getattr(module, "__file__", None):
             files.add(os.path.realpath(module.__file__))
@@ -128,6 +132,12 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
                 seen[where] = bool(files) and os.path.realpath(where) in files
             if id(code_obj) in objects or seen[where]:
                 hits.append(f"{code_obj.co_name} from {os.path.basename(code_obj.co_filename)}")
+            elif torch_ops and code_obj.co_name == "__call__" and where.endswith("_ops.py"):
+                # torch.ops.aten.add(...) and torch.ops.aten.add.Tensor(...) run OpOverloadPacket/OpOverload.__call__
+                op = frame.f_locals.get("self")
+                space, _, rest = str(getattr(op, "_qualified_op_name", "") or getattr(op, "_name", "")).partition("::")
+                if (space,) in torch_ops or (space, rest.split(".")[0]) in torch_ops:
+                    hits.append(f"torch.ops.{space}.{rest}")
         elif event == "c_call":
             if id(arg) in objects:
                 hits.append(objects[id(arg)])
@@ -137,12 +147,17 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
             elif getattr(arg, "__name__", "") in spawners and getattr(arg, "__module__", "") in ("posix", "_posixsubprocess", "os", "nt"):
                 hits.append(f"it started a process ({arg.__name__}) while being tested")
 
-    def others():  # processes in the kernel's session other than the kernel and its launcher
+    def others():  # processes in the kernel's session other than the kernel, its launcher and the grader's runner
         found = []
         try:
             me, launcher, session = os.getpid(), os.getppid(), os.getsid(0)
+            try:
+                with open(f"/proc/{launcher}/stat", "rb") as handle:
+                    runner = int(handle.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                runner = -1
             for entry in os.listdir("/proc"):
-                if entry.isdigit() and int(entry) not in (me, launcher):
+                if entry.isdigit() and int(entry) not in (me, launcher, runner):
                     try:
                         if os.getsid(int(entry)) == session:
                             found.append(int(entry))
@@ -178,6 +193,47 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
         json.dump(result, handle)
 
 '''
+
+
+STANDINS_BODY = r'''
+def swap(source, user_namespace, stash):
+    if source is None:  # put the learner's own objects back
+        names, saved = user_namespace.pop(stash, ((), {}))
+        for name in names:
+            if name in saved:
+                user_namespace[name] = saved[name]
+            else:
+                user_namespace.pop(name, None)
+        return
+    import math
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    given = {"torch": torch, "np": np, "math": math, "F": F}
+    scope = dict(given, __name__="tfedu_standins")
+    exec(compile(source, "<tfedu stand-ins>", "exec"), scope)
+    # tfedu.checks.core.standin_objects in the kernel: public names only (an underscore marks a private helper)
+    names = [name for name in scope if not name.startswith("_") and (name not in given or scope[name] is not given[name])]
+    user_namespace[stash] = (names, {name: user_namespace[name] for name in names if name in user_namespace})
+    for name in names:
+        user_namespace[name] = scope[name]
+
+'''
+STANDIN_STASH = "_tfedu_learner_objects"
+
+
+def standin_sources(standins: str) -> tuple[str, str]:
+    """Two silent cells: bind the reference stand-ins for earlier exercises in the notebook's globals, and undo it.
+
+    The grader runs the first before an exercise's check cell and the second after its hidden
+    test, so a mistake in an earlier exercise (the stand-ins replace its objects by name) cannot
+    cost this one its marks: one mistake costs one exercise.
+    """
+    def cell(source: str | None) -> str:
+        call = f"swap({source!r}, user_namespace, {STANDIN_STASH!r})"
+        return f"exec({STANDINS_BODY + call!r}, {{'__builtins__': __builtins__, 'user_namespace': globals()}})"
+
+    return cell(standins), cell(None)
 
 
 def harness_source(folder: str | Path, code: str, forbidden: tuple[str, ...], nonce: str) -> str:

@@ -1,4 +1,5 @@
-"""A fresh Jupyter kernel in a child process, boxed in, driven one cell at a time.
+"""A fresh Jupyter kernel in a child process, boxed in, driven one cell at a time (by the grader's
+runner, :mod:`tfedu.grading.inside`, inside the submission's sandbox).
 
 - The kernel (``python -P -m ipykernel_launcher``) starts in its own session and process group
   (``start_new_session``), in the folder it is given (the grader passes an empty temporary one),
@@ -32,18 +33,22 @@ from pathlib import Path
 OUTPUT_CAP = 20_000
 DROPPED_ENV_PREFIXES = ("PYTEST", "JPY_", "NBGRADER", "TFEDU_GRAD", "COV_CORE", "PYTHONBREAKPOINT", "PYTHONINSPECT")
 
-# Runs as `python -c LAUNCHER mem fsize python -m ipykernel_launcher ...`. It sets the limits,
+# Runs as `python -c LAUNCHER mem fsize cpu nproc python -m ipykernel_launcher ...`. It sets the limits,
 # starts the kernel as its child and stays as a *subreaper* (Linux prctl PR_SET_CHILD_SUBREAPER):
 # a process the kernel's code double-forks or moves to a new session (setsid) is re-parented here
 # instead of to init, so on SIGTERM, or when the kernel exits, the launcher can kill every one of
 # them. Without prctl (not Linux) it degrades to killing its session, as before.
 LAUNCHER = """\
 import ctypes, os, resource, signal, sys, time
-mem, fsize = int(sys.argv[1]), int(sys.argv[2])
+mem, fsize, cpu, nproc = (int(v) for v in sys.argv[1:5])
 if mem > 0:
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
 if fsize > 0:
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+if cpu > 0:
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+if nproc > 0:  # counts threads too; set only in a sandbox, whose user namespace counts its own processes
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 try:
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
@@ -84,7 +89,7 @@ def reap_everything(*_):
 
 kernel = os.fork()
 if kernel == 0:
-    os.execv(sys.argv[3], sys.argv[3:])
+    os.execv(sys.argv[5], sys.argv[5:])
 signal.signal(signal.SIGTERM, reap_everything)
 while True:
     try:
@@ -145,10 +150,14 @@ def kill_session(sid: int) -> None:
 class Kernel:
     """One boxed kernel. ``start()``, then ``run(code, timeout)`` per cell, then ``stop()``."""
 
-    def __init__(self, cwd: str | Path, *, memory_bytes: int = 4 << 30, file_bytes: int = 256 << 20):
+    def __init__(self, cwd: str | Path, *, memory_bytes: int = 4 << 30, file_bytes: int = 256 << 20,
+                 cpu_seconds: int = 0, processes: int = 0, new_session: bool = True):
         self.cwd = Path(cwd)
         self.memory_bytes = memory_bytes
         self.file_bytes = file_bytes
+        self.cpu_seconds = cpu_seconds  # RLIMIT_CPU of the kernel (and of each process it starts); 0: none
+        self.processes = processes  # RLIMIT_NPROC (threads count); 0: none
+        self.new_session = new_session  # False: stay in the caller's session, so the caller's session kill reaches it
         self.proc: subprocess.Popen | None = None
         self.client = None
         self._conn_dir = tempfile.mkdtemp()
@@ -162,11 +171,12 @@ class Kernel:
         # -P and ignore_cwd: the working folder is not on sys.path, so a module file written there
         # (by code that slipped past the scan) cannot be imported.
         safe_path = ["-P"] if sys.version_info >= (3, 11) else []
-        cmd = [sys.executable, "-c", LAUNCHER, str(self.memory_bytes), str(self.file_bytes),
+        cmd = [sys.executable, "-c", LAUNCHER, str(self.memory_bytes), str(self.file_bytes), str(self.cpu_seconds), str(self.processes),
                sys.executable, *safe_path, "-m", "ipykernel_launcher", "-f", connection_file,
                "--HistoryManager.hist_file=:memory:", "--IPKernelApp.ignore_cwd=True"]
         self.proc = subprocess.Popen(cmd, cwd=self.cwd, env=clean_environment(self.cwd), stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=self.new_session)
         client = BlockingKernelClient()
         client.load_connection_file(connection_file)
         client.start_channels()

@@ -45,6 +45,8 @@ from collections.abc import Iterable
 MAX_ANSWER_CHARS = 20_000
 # One scan of one answer cell; the course's answers take well under 0.1 s.
 SCAN_SECONDS = 5.0
+# All the scans of one submission together (each answer is scanned up to three times).
+SUBMISSION_SCAN_SECONDS = 20.0
 # Reported problems per answer, so a cell of a thousand distinct tricks gives a readable reason.
 MAX_PROBLEMS = 10
 
@@ -283,6 +285,27 @@ def _scan(source: str, context: tuple[str, ...], forbidden: tuple[str, ...], dea
         if private:
             flag(f"answers may not use private internals of a library (`{dotted}`)")
 
+    # `self` is trusted only where it is a method's own first parameter: inside a function defined
+    # directly in a class body. Anywhere else (`def f(self)` at the top, `self = os`) it is just a name.
+    # (A lambda in a class body, `shape = property(lambda self: ...)`, is a method too.)
+    in_methods: set[int] = set()
+    first_params: set[int] = set()
+    for cls in ast.walk(tree):
+        if not isinstance(cls, ast.ClassDef):
+            continue
+        methods = [m for m in cls.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))]
+        methods += [n for stmt in cls.body if not isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                    for n in ast.walk(stmt) if isinstance(n, ast.Lambda)]
+        for method in methods:
+            if method.args.args:
+                first_params.add(id(method.args.args[0]))
+                if method.args.args[0].arg == "self":
+                    in_methods.update(id(n) for n in ast.walk(method))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id == "self" and isinstance(node.ctx, (ast.Store, ast.Del)):
+            flag("answers may not assign to the name `self` (it is trusted as a method's own object)")
+        elif isinstance(node, ast.arg) and node.arg == "self" and id(node) not in first_params:
+            flag("`self` may only be the first parameter of a method defined in a class")
     called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     # Links inside a longer chain (`a.b` in `a.b.c`, `a` in `getattr(a, "b")`): the chain is checked
     # once at its outermost node, where every prefix is seen, instead of once per link (quadratic).
@@ -338,7 +361,7 @@ def _scan(source: str, context: tuple[str, ...], forbidden: tuple[str, ...], dea
                 flag(f"answers may not change attributes of `{'.'.join(target)}` (monkeypatching a library)")
             if constant and (name.value in BANNED_ATTRIBUTES or name.value in WRITING_ATTRIBUTES):
                 flag(f"answers may not use `.{name.value}` (it reaches into the interpreter or the notebook machinery)")
-            if not constant and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "self"):
+            if not constant and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "self" and id(node) in in_methods):
                 flag(f"answers may not use `{node.func.id}` with a computed attribute name (except on `self`)")
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
@@ -349,7 +372,7 @@ def _scan(source: str, context: tuple[str, ...], forbidden: tuple[str, ...], dea
                         # Only an object's own attributes may be set (self.x = ...): any other
                         # attribute store may be a module reached through a plain name
                         # (`j = json; j.dump = fake`), which no alias tracking can rule out.
-                        if not (chain and chain[0] == "self"):
+                        if not (chain and chain[0] == "self" and id(sub) in in_methods):
                             shown = ".".join(chain) if chain else f"....{sub.attr}"
                             flag(f"answers may only set attributes of `self`, not `{shown}` (that would be monkeypatching a library)")
                         if sub.attr == "__class__":

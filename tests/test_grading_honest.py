@@ -1,0 +1,187 @@
+"""Honest wrong answers score zero, end to end: the mistakes an outside reviewer found scoring full
+marks on notebooks 04 and 05, graded the way an instructor grades (released notebook, real
+answers, `grade` in sandboxes, two at a time), and the cascade: a wrong 4.1 no longer costs 4.2.
+
+Each wrong submission is the notebook's own solution with ONE answer replaced, so every other
+exercise must keep its full marks; the run must stay inside its limits, leave no process behind
+and change no file outside the submissions' folder."""
+
+import hashlib
+import os
+import re
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tfedu import nbtools
+from tfedu.grading.grade import Limits, grade
+from tfedu.grading.release import student_version
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMITS = Limits(cell_timeout=60, timeout=240)
+
+NO_SHIFT_ATTENTION = '''def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    e = scores.exp()  # no max shift: inf / inf = NaN once a score passes about 88
+    weights = e / e.sum(dim=-1, keepdim=True)
+    return weights @ v, weights
+'''
+TUPLE_SELF_ATTENTION = '''def self_attention(x: torch.Tensor, W_Q: torch.Tensor, W_K: torch.Tensor, W_V: torch.Tensor) -> torch.Tensor:
+    return attention(x @ W_Q, x @ W_K, x @ W_V)  # the (output, weights) pair, where the spec says a tensor
+'''
+BUFFER_MASK = '''_MASK = torch.tril(torch.ones(16, 16, dtype=torch.bool))  # big enough for every check cell
+
+
+def causal_mask(n: int) -> torch.Tensor:
+    return _MASK[:n, :n]
+'''
+NO_SHIFT_MASKED = '''def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    e = scores.exp().masked_fill(~mask, 0.0)  # masking after exp, and no max shift
+    weights = e / e.sum(dim=-1, keepdim=True)
+    return weights @ v, weights
+'''
+
+# name -> (notebook, {answer grade_id: wrong source (or a function of the solution)}, expected points by check)
+CASES = {
+    "04_full": ("04_attention", {}, None),
+    "04_attention_without_max_shift": ("04_attention", {"ex_attention": NO_SHIFT_ATTENTION},
+                                       {"check_attention": 0, "check_self_attention": "full"}),
+    "04_self_attention_returns_a_tuple": ("04_attention", {"ex_self_attention": TUPLE_SELF_ATTENTION},
+                                          {"check_attention": "full", "check_self_attention": 0}),
+    "05_full": ("05_masks_and_heads", {}, None),
+    "05_causal_mask_from_a_16x16_buffer": ("05_masks_and_heads", {"ex_causal_mask": BUFFER_MASK},
+                                           {"check_causal_mask": 0, "check_masked_attention": "full",
+                                            "check_multi_head_attention": "full"}),
+    "05_masked_attention_without_max_shift": ("05_masks_and_heads", {"ex_masked_attention": NO_SHIFT_MASKED},
+                                              {"check_causal_mask": "full", "check_masked_attention": 0,
+                                               "check_multi_head_attention": "full"}),
+    "05_multi_head_attention_under_no_grad": ("05_masks_and_heads", {"ex_multi_head_attention": "no_grad"},
+                                              {"check_causal_mask": "full", "check_masked_attention": "full",
+                                               "check_multi_head_attention": 0}),
+}
+
+
+def solved(cell_source: str) -> str:
+    """The answer cell a learner who got it right would submit: the solution without its markers."""
+    return re.sub(r"\n *### (BEGIN|END) SOLUTION", "", cell_source)
+
+
+def under_no_grad(cell_source: str) -> str:
+    """The same forward pass, computed under torch.no_grad(): right numbers, nothing to train."""
+    answer = solved(cell_source)
+    head, body = answer.split("        context = x if context is None else context\n")
+    return head + "        context = x if context is None else context\n        with torch.no_grad():\n" + "".join(
+        "    " + line for line in body.splitlines(keepends=True))
+
+
+def submission(notebook: str, wrong: dict[str, str]):
+    source = nbtools.read(ROOT / "notebooks" / f"{notebook}.ipynb")
+    solutions = {(nbtools.nbgrader_meta(c) or {}).get("grade_id"): c.source for c in source.cells}
+    nb = student_version(source)
+    for cell in nb.cells:
+        grade_id = (nbtools.nbgrader_meta(cell) or {}).get("grade_id")
+        if (nbtools.nbgrader_meta(cell) or {}).get("solution"):
+            answer = wrong.get(grade_id)
+            cell.source = (under_no_grad(solutions[grade_id]) if answer == "no_grad"
+                           else answer if answer is not None else solved(solutions[grade_id]))
+    return nb
+
+
+RUN_TOKEN = f"TFEDU_HONEST_RUN_{os.getpid()}"  # in the environment of everything this module's grading starts
+
+
+def ours() -> set[int]:
+    """Processes of grading alive now: sandboxes, runners and kernels that descend from this test
+    process, or that were orphaned to init and carry this module's token (tests running beside this
+    one, under xdist, have graders of their own)."""
+    parents, interesting = {}, set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
+                try:
+                    environ = Path(f"/proc/{entry}/environ").read_bytes()
+                except OSError:
+                    environ = b""
+            except (OSError, ValueError, IndexError):
+                continue
+            if any(word in cmdline for word in (b"bwrap", b"tfedu.grading.inside", b"ipykernel_launcher")):
+                if parents[int(entry)] != 1 or RUN_TOKEN.encode() in cmdline + environ:
+                    interesting.add(int(entry))
+
+    def mine(pid: int) -> bool:
+        for _ in range(64):
+            if pid == os.getpid():
+                return True
+            pid = parents.get(pid, 0)
+            if pid <= 1:
+                return pid == 1
+        return False
+
+    return {pid for pid in interesting if parents.get(pid) == 1 or mine(pid)}
+
+
+def fingerprint(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("honest")
+    notebooks_before = fingerprint(ROOT / "notebooks")
+    os.environ[RUN_TOKEN] = "1"  # TFEDU_* variables reach the sandbox: an orphan would carry it
+    before = ours()
+    results = {}
+    for notebook in ("04_attention", "05_masks_and_heads"):
+        paths = {}
+        for name, (nb_name, wrong, _) in CASES.items():
+            if nb_name == notebook:
+                paths[name] = folder / f"{name}.ipynb"
+                paths[name].write_text(nbformat.writes(submission(nb_name, wrong)))
+        submissions = fingerprint(folder)
+        out = grade(list(paths.values()), source=ROOT / "notebooks" / f"{notebook}.ipynb", limits=LIMITS, jobs=2)
+        assert fingerprint(folder) == submissions, "grading changed a file in the submissions' folder"
+        results.update({Path(e["file"]).stem: e for e in out["submissions"]})
+    del os.environ[RUN_TOKEN]
+    left = ours() - before
+    for _ in range(50):  # a sandbox being torn down (here or by a neighbouring test) is gone within moments
+        if not left:
+            break
+        time.sleep(0.1)
+        left &= ours()
+    return {"entries": results, "left": left, "notebooks_changed": fingerprint(ROOT / "notebooks") != notebooks_before}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_one_honest_mistake_costs_its_own_exercise_and_nothing_else(graded, name):
+    entry = graded["entries"][name]
+    expected = CASES[name][2]
+    for check, exercise in entry["exercises"].items():
+        want = exercise["max"] if expected is None or expected[check] == "full" else expected[check]
+        assert exercise["points"] == want, f"{name} {check}: {exercise['feedback']}"
+    assert entry["seconds"] < LIMITS.timeout
+
+
+FEEDBACK = {
+    ("04_attention_without_max_shift", "check_attention"): "NaN",
+    ("04_self_attention_returns_a_tuple", "check_self_attention"): "tensor",
+    ("05_causal_mask_from_a_16x16_buffer", "check_causal_mask"): "16",
+    ("05_masked_attention_without_max_shift", "check_masked_attention"): "NaN",
+    ("05_multi_head_attention_under_no_grad", "check_multi_head_attention"): "grad",
+}
+
+
+@pytest.mark.parametrize("case", FEEDBACK, ids=["-".join(c) for c in FEEDBACK])
+def test_the_feedback_names_the_mistake(graded, case):
+    name, check = case
+    assert FEEDBACK[case] in graded["entries"][name]["exercises"][check]["feedback"]
+
+
+def test_grading_left_no_process_and_changed_no_course_file(graded):
+    assert not graded["left"], f"processes of grading outlived it: {sorted(graded['left'])}"
+    assert not graded["notebooks_changed"]
