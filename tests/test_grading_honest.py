@@ -113,13 +113,13 @@ def ours() -> set[int]:
                 if parents[int(entry)] != 1 or RUN_TOKEN.encode() in cmdline + environ:
                     interesting.add(int(entry))
 
-    def mine(pid: int) -> bool:
+    def mine(pid: int) -> bool:  # a descendant of this test process (every chain ends at init: that is not enough)
         for _ in range(64):
             if pid == os.getpid():
                 return True
             pid = parents.get(pid, 0)
             if pid <= 1:
-                return pid == 1
+                return False
         return False
 
     return {pid for pid in interesting if parents.get(pid) == 1 or mine(pid)}
