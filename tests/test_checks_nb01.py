@@ -15,23 +15,11 @@ from tfedu.tokenizer import GPT2_PATTERN, train_bpe, train_bpe_naive
 # --- answers as a learner would write them (the notebook's solutions) ------------------------
 
 
-def get_pair_counts(ids):
-    counts = {}
-    for pair in zip(ids, ids[1:]):
-        counts[pair] = counts.get(pair, 0) + 1
-    return counts
-
-
-def merge_pair(ids, pair, new_id):
-    out, i = [], 0
-    while i < len(ids):
-        if i + 1 < len(ids) and (ids[i], ids[i + 1]) == tuple(pair):
-            out.append(new_id)
-            i += 2
-        else:
-            out.append(ids[i])
-            i += 1
-    return out
+# The plain-Python answers to 1.1 and 1.2 are the grader's stand-ins for them (one text for both):
+# the checkers below then also test the stand-ins.
+_STANDINS: dict = {}
+exec(nb01.PAIR_COUNTS_STANDIN + "\n\n" + nb01.MERGE_PAIR_STANDIN, _STANDINS)
+get_pair_counts, merge_pair = _STANDINS["get_pair_counts"], _STANDINS["merge_pair"]
 
 
 def learn_bpe(ids, n_merges, first_id):
