@@ -481,3 +481,30 @@ def test_attention_dropout_bad_input():
         tfa.attention_dropout(w, 0.5, keep=torch.ones(2, 3))
     with pytest.raises(ValueError, match="does not broadcast"):
         tfa.attention_dropout(w, 0.5, keep=torch.ones(4, 3, dtype=torch.bool))
+
+
+def test_bias_is_sdpa_float_mask():
+    """A float bias is added to the scaled scores, as SDPA's float attn_mask is; the boolean mask still applies."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 6, 8, generator=gen) for _ in range(3))
+    bias = torch.randn(3, 6, 6, generator=gen)
+    out, _ = scaled_dot_product_attention(q, k, v, bias=bias)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=bias))
+    causal = causal_mask(6, 6)
+    out, weights = scaled_dot_product_attention(q, k, v, causal, bias=bias)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(~causal, float("-inf")))
+    torch.testing.assert_close(out, expected)
+    assert (weights[..., ~causal] == 0).all()
+
+
+@pytest.mark.parametrize(
+    "bias, error, words",
+    [
+        (torch.zeros(6, 6, dtype=torch.bool), TypeError, "float tensor"),
+        (torch.zeros(4, 6, 6), ValueError, "does not broadcast"),
+    ],
+)
+def test_bad_bias_is_named(bias, error, words):
+    q = k = v = torch.randn(3, 6, 8)
+    with pytest.raises(error, match=words):
+        scaled_dot_product_attention(q, k, v, bias=bias)

@@ -70,6 +70,26 @@ def _check_mask(mask: object, scores_shape: torch.Size, device: torch.device) ->
         raise ValueError(f"mask is on {mask.device} but q, k, v are on {device}; build it with device=q.device")
 
 
+def _check_bias(bias: object, scores_shape: torch.Size, device: torch.device) -> None:
+    if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
+        got = bias.dtype if isinstance(bias, torch.Tensor) else type(bias).__name__
+        raise TypeError(
+            f"bias must be a float tensor added to the scores, got {got}; a boolean keep/hide pattern goes in mask="
+        )
+    try:
+        broadcast = torch.broadcast_shapes(bias.shape, scores_shape)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != scores_shape:
+        raise ValueError(
+            f"bias of shape {tuple(bias.shape)} does not broadcast to the scores' shape (..., query_pos, key_pos) = "
+            f"{tuple(scores_shape)}; expected e.g. (n_heads, query_pos, key_pos) = (n_heads, {scores_shape[-2]}, "
+            f"{scores_shape[-1]}) for ALiBi"
+        )
+    if bias.device != device:
+        raise ValueError(f"bias is on {bias.device} but q, k, v are on {device}; build it with device=q.device")
+
+
 # ----------------------------------------------------------------------------- attention
 
 
@@ -77,8 +97,15 @@ def attention_weights(
     q: Float[Tensor, "... query_pos d_head"],
     k: Float[Tensor, "... key_pos d_head"],
     mask: Bool[Tensor, "*#batch #query_pos #key_pos"] | None = None,
+    *,
+    bias: Float[Tensor, "*#batch #query_pos #key_pos"] | None = None,
 ) -> Float[Tensor, "... query_pos key_pos"]:
-    """softmax(q k^T / sqrt(d_head)) over the key axis, with masked keys given weight 0.
+    """softmax(q k^T / sqrt(d_head) + bias) over the key axis, with masked keys given weight 0.
+
+    ``bias`` is an optional float tensor added to the scaled scores before masking, broadcastable
+    to ``(..., query_pos, key_pos)``: ALiBi's ``-m * distance`` (``tfedu.positional.alibi_bias``)
+    or T5's learned relative bias. It is what ``F.scaled_dot_product_attention`` calls a float
+    ``attn_mask``.
 
     Each row (one query) sums to one over the keys it may attend to. A row whose every key
     is masked has no distribution to normalise: it gets all-zero weights (not NaN), so the
@@ -108,11 +135,15 @@ def attention_weights(
         ) from None
     if mask is not None:
         _check_mask(mask, torch.Size(scores_shape), q.device)
+    if bias is not None:
+        _check_bias(bias, torch.Size(scores_shape), q.device)
 
     # Dot products of unit-variance vectors have variance d_head; dividing by sqrt(d_head)
     # brings them back to variance 1 so the softmax does not saturate (paper, section 3.2.1).
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., query_pos, key_pos)
     scores = scores.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+    if bias is not None:
+        scores = scores + bias.to(scores.dtype)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     # The stable softmax of notebook 00, with one change: a fully masked row has max -inf,
@@ -131,8 +162,10 @@ def scaled_dot_product_attention(
     k: Float[Tensor, "... key_pos d_head"],
     v: Float[Tensor, "... key_pos d_v"],
     mask: Bool[Tensor, "*#batch #query_pos #key_pos"] | None = None,
+    *,
+    bias: Float[Tensor, "*#batch #query_pos #key_pos"] | None = None,
 ) -> tuple[Float[Tensor, "... query_pos d_v"], Float[Tensor, "... query_pos key_pos"]]:
-    """softmax(q k^T / sqrt(d_head)) v, returning ``(output, weights)``.
+    """softmax(q k^T / sqrt(d_head) + bias) v, returning ``(output, weights)``.
 
     ``mask`` is boolean, True = may attend, broadcastable to ``(..., query_pos, key_pos)``
     (for example ``causal_mask(n, n)`` or ``padding_mask(lengths, n)``). A query with no
@@ -155,7 +188,7 @@ def scaled_dot_product_attention(
             f"k (..., key_pos, d_head) = {tuple(k.shape)} and v (..., key_pos, d_v) = {tuple(v.shape)} "
             f"must have the same key_pos (one value per key): {k.shape[-2]} != {v.shape[-2]}"
         )
-    weights = attention_weights(q, k, mask)  # (..., query_pos, key_pos)
+    weights = attention_weights(q, k, mask, bias=bias)  # (..., query_pos, key_pos)
     if v.dtype != weights.dtype or v.device != weights.device:
         raise TypeError(f"v must share q's dtype and device, got {v.dtype} on {v.device} and {q.dtype} on {q.device}")
     return weights @ v, weights
