@@ -83,8 +83,13 @@ def binary_positions(
             f"{n_bits} bits give only 2**{n_bits} = {2**n_bits} distinct codes, fewer than n_positions={n_positions}"
         )
     positions = torch.arange(n_positions, device=device)  # (pos,)
-    place = 2 ** torch.arange(n_bits - 1, -1, -1, device=device)  # (n_bits,): 2^(n_bits-1) ... 2, 1
-    return ((positions[:, None] // place) % 2).to(dtype)  # (pos, n_bits)
+    # int64 holds place values up to 2^62 only (2^63 wraps to a negative number, 2^64 to 0), and
+    # every position fits in 63 bits, so any bits above those are leading zeros.
+    low = min(n_bits, 63)
+    place = 2 ** torch.arange(low - 1, -1, -1, device=device)  # (low,): 2^(low-1) ... 2, 1
+    bits = (positions[:, None] // place) % 2  # (pos, low)
+    leading = torch.zeros(n_positions, n_bits - low, dtype=bits.dtype, device=device)  # (pos, n_bits - low)
+    return torch.cat([leading, bits], dim=-1).to(dtype)  # (pos, n_bits)
 
 
 # ----------------------------------------------------------------------------- sinusoids
