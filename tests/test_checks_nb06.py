@@ -78,7 +78,7 @@ def test_sinusoidal_reference_and_learner_solutions_pass(capsys, typechecked):
         ("increasing", "your frequencies increase along the vector"),
         ("positive", "the exponent's sign is wrong"),
         ("base-1e5", "you used base = 100000; the paper uses 10000"),
-        ("base-ignored", r"base=100\.0\) gave the table of base 10000: use the `base` argument"),
+        ("base-ignored", r"base=100\.0\) gave the table of base 10000: use the `base` argument instead of a hard-coded"),
         ("from-one", "positions start at 0, not 1"),
         ("concat", "all the sines in the first half"),
         ("exponent-i", "the exponent is 2i / d_model, not i / d_model"),
@@ -308,7 +308,12 @@ def make_rope_attention(bug=None, rope=positional.apply_rope):
         if bug == "rotate-v":
             v = rope(v, positions)
         mask = None if bug == "no-mask" else tfa.causal_mask(n, n)
+        if bug == "no-scale":
+            scores = (rotated_q @ rotated_k.transpose(-2, -1)).masked_fill(~mask, float("-inf"))
+            return torch.softmax(scores, dim=-1) @ v
         output, weights = tfa.scaled_dot_product_attention(rotated_q, rotated_k, v, mask)
+        if bug == "no-grad":
+            return output.detach()
         return (output, weights) if bug == "pair" else output
 
     return rope_attention
@@ -353,6 +358,8 @@ def test_rope_attention_reference_and_learner_solutions_pass(capsys, typechecked
         ("no-rope", "neither q nor k was rotated"),
         ("no-mask", "no causal mask"),
         ("pair", r"return only the output tensor \(\.\.\., pos, d_head\)"),
+        ("no-scale", r"missing 1/sqrt\(d_head\) scale"),
+        ("no-grad", "no gradient flows back through rope_attention"),
     ],
 )
 def test_rope_attention_mistakes_are_named(bug, match):
@@ -364,6 +371,11 @@ def test_rope_attention_with_half_pairs_is_named():
     rope_half = lambda x, positions: positional.apply_rope(x, positions, layout="half")  # noqa: E731
     with pytest.raises(CheckFailure, match="half-split pairs"):
         nb06.check_rope_attention(make_rope_attention(rope=rope_half))
+
+
+def test_rope_attention_that_rotates_q_in_place_is_told_so():
+    with pytest.raises(CheckFailure, match="changed the caller's `q` in place"):
+        nb06.check_rope_attention(make_rope_attention(rope=make_apply_rope("in-place")))
 
 
 def test_rope_attention_blames_a_wrong_apply_rope_it_calls():
