@@ -319,6 +319,12 @@ def make_rope_attention(bug=None, rope=positional.apply_rope):
     return rope_attention
 
 
+def mask_from_positions_rope_attention(q, k, v, positions):
+    """Llama-style rotation, and the causal mask built from the positions themselves (key at or before the query)."""
+    rotated_q, rotated_k = llama_style_apply_rope(q, positions), llama_style_apply_rope(k, positions)
+    return tfa.scaled_dot_product_attention(rotated_q, rotated_k, v, positions[:, None] >= positions[None, :])[0]
+
+
 ROPE_ATTENTION_CELL = """\
 def rope_attention(q, k, v, positions):
     n = q.shape[-2]
@@ -346,6 +352,7 @@ def test_rope_attention_reference_and_learner_solutions_pass(capsys, typechecked
     nb06.check_rope_attention(nb06.reference_rope_attention)
     nb06.check_rope_attention(make_rope_attention(rope=make_apply_rope()))
     nb06.check_rope_attention(notebook_rope_attention(llama_style_apply_rope))
+    nb06.check_rope_attention(mask_from_positions_rope_attention)
     assert "\N{CHECK MARK} attention with RoPE" in capsys.readouterr().out
 
 
@@ -445,7 +452,8 @@ GOOD = {
     "check_apply_rope": [{"apply_rope": lambda x, p: positional.apply_rope(x, p)}, {"apply_rope": make_apply_rope()},
                          {"apply_rope": llama_style_apply_rope}],
     "check_rope_attention": [{"rope_attention": nb06.reference_rope_attention},
-                             {"rope_attention": make_rope_attention(rope=make_apply_rope())}],
+                             {"rope_attention": make_rope_attention(rope=make_apply_rope())},
+                             {"rope_attention": mask_from_positions_rope_attention}],
 }
 BAD = {
     "check_sinusoidal": [{"sinusoidal": make_sinusoidal(bug)} for bug in ("swapped", "base-ignored", "from-one", "concat", "k-from-one")],

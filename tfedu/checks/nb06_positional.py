@@ -847,7 +847,9 @@ def _compare_rope(outputs: dict, expected: dict) -> str | None:
 
 
 # rope_attention: positions with gaps and gradients to q, k, v; then scores around 1e3 (exp overflows
-# unless the softmax subtracts the row max), exact at position 0, where RoPE does not turn anything.
+# unless the softmax subtracts the row max) at positions 0 .. n - 1. There the float32 rounding of the
+# rotated q and k moves the scores by ~1e-4 and a float32 answer by up to ~1e-4 (3000 draws: 7.5e-5
+# beyond rtol 1e-3), hence atol 1e-3 for that call; a missing max shift gives NaN, a missing mask O(1).
 
 def _rope_attention_inputs(rng: np.random.Generator) -> dict:
     leading = tuple(int(n) for n in rng.integers(1, 4, size=int(rng.integers(1, 3))))
@@ -864,7 +866,7 @@ def _rope_attention_inputs(rng: np.random.Generator) -> dict:
         "upstream": upstream_like(rng, (*leading, pos, d_head)),
         "q_big": q_big, "k_big": k_big,
         "v_big": rng.standard_normal(q_big.shape).astype(np.float32),
-        "positions_big": np.zeros(n_big, dtype=np.int64),
+        "positions_big": np.arange(n_big, dtype=np.int64),
     }
 
 
@@ -906,11 +908,14 @@ def _compare_rope_attention(outputs: dict, expected: dict) -> str | None:
                                 dtype_hints={"": "return q's dtype"})
     if problem:
         return problem
+    labels = {"output": "rope_attention(q, k, v, positions)",
+              "output_big": "rope_attention(q, k, v, positions) with scores around 1e3"}
     return compare_outputs(
-        outputs, _without(expected, "dtypes"), function="rope_attention",
-        labels={"output": "rope_attention(q, k, v, positions)",
-                "output_big": "rope_attention(q, k, v, positions) with scores around 1e3"},
-        nan_hints={"output_big": HINT_PROBE_OVERFLOW}, kind_hints=kind_hints, rtol=1e-3, atol=1e-4,
+        outputs, _without(expected, "dtypes", "output_big"), function="rope_attention", labels=labels,
+        kind_hints=kind_hints, rtol=1e-3, atol=1e-4,
+    ) or compare_outputs(
+        outputs, {"returned": expected["returned"], "output_big": expected["output_big"]}, function="rope_attention",
+        labels=labels, nan_hints={"output_big": HINT_PROBE_OVERFLOW}, kind_hints=kind_hints, rtol=1e-3, atol=1e-3,
     )
 
 
