@@ -239,11 +239,21 @@ def llama_style_apply_rope(x, positions, *, real=True):
     return torch.view_as_real(rotated).flatten(-2).type_as(x) if real else rotated
 
 
+def gpt_j_style_apply_rope(x, positions):
+    """GPT-J's rotate_every_two: interleaved pairs, cos and sin repeated to full width."""
+    d = x.shape[-1]
+    angles = positions.float()[:, None] * 10000.0 ** (-torch.arange(0, d, 2).float() / d)  # (pos, d / 2)
+    cos, sin = angles.cos().repeat_interleave(2, dim=-1), angles.sin().repeat_interleave(2, dim=-1)
+    rotated = torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+    return x * cos + rotated * sin
+
+
 def test_apply_rope_reference_and_learner_solutions_pass(capsys, typechecked):
     checked = typechecked(positional.apply_rope)
     nb06.check_apply_rope(lambda x, positions: checked(x, positions))
     nb06.check_apply_rope(make_apply_rope())
     nb06.check_apply_rope(llama_style_apply_rope)
+    nb06.check_apply_rope(gpt_j_style_apply_rope)
     assert "\N{CHECK MARK} rotary position embedding (RoPE)" in capsys.readouterr().out
 
 
@@ -450,7 +460,7 @@ GOOD = {
     "check_alibi_bias": [{"alibi_bias": lambda h, q, k: positional.alibi_bias(h, q, k)}, {"alibi_bias": make_alibi_bias()},
                          {"alibi_bias": make_alibi_bias("masked")}],
     "check_apply_rope": [{"apply_rope": lambda x, p: positional.apply_rope(x, p)}, {"apply_rope": make_apply_rope()},
-                         {"apply_rope": llama_style_apply_rope}],
+                         {"apply_rope": llama_style_apply_rope}, {"apply_rope": gpt_j_style_apply_rope}],
     "check_rope_attention": [{"rope_attention": nb06.reference_rope_attention},
                              {"rope_attention": make_rope_attention(rope=make_apply_rope())},
                              {"rope_attention": mask_from_positions_rope_attention}],
