@@ -274,5 +274,7 @@ def test_alibi_degrades_least_past_the_training_length(seed):
     assert isinstance(result, ExtrapolationResult)
     degradation = {name: result.degradation(name) for name in result.variants}
     others = min(v for name, v in degradation.items() if name != "alibi")
-    assert degradation["alibi"] < others - 0.03, result.table()
-    assert abs(degradation["alibi"]) < 0.03, result.table()  # ALiBi is flat, not merely less bad
+    # Measured on the reference machine: ALiBi's own change is at most 0.006 nats, the next best
+    # (no positions) loses 0.045-0.051, so the margin is 0.040-0.054; 0.02 leaves room for other CPUs.
+    assert degradation["alibi"] < others - 0.02, result.table()
+    assert abs(degradation["alibi"]) < 0.02, result.table()  # ALiBi is flat, not merely less bad
