@@ -278,3 +278,11 @@ def test_alibi_degrades_least_past_the_training_length(seed):
     # (no positions) loses 0.045-0.051, so the margin is 0.040-0.054; 0.02 leaves room for other CPUs.
     assert degradation["alibi"] < others - 0.02, result.table()
     assert abs(degradation["alibi"]) < 0.02, result.table()  # ALiBi is flat, not merely less bad
+
+
+def test_the_callers_random_state_is_left_alone():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    run_extrapolation(TINY, positionals=("none",), text=TEXT)
+    torch.testing.assert_close(torch.rand(3), expected)

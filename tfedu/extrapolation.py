@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from tfedu import positional as _positional
@@ -154,7 +154,7 @@ class PositionalSelfAttention(MultiHeadAttention):
         self,
         x: Float[Tensor, "batch pos d_model"],
         *,
-        mask: Tensor,
+        mask: Bool[Tensor, "query_pos key_pos"],
         bias: Float[Tensor, "n_heads query_pos key_pos"] | None = None,
         rotate: Callable[[Tensor], Tensor] | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
@@ -405,11 +405,12 @@ def train_variant(
     in the same order.
     """
     _expect_positional(positional)
-    torch.manual_seed(cfg.seed)
-    model = ExtrapolationLM(
-        positional, d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers, d_mlp=cfg.d_mlp,
-        n_ctx=cfg.train_len, **position_fns,
-    ).to(cfg.device)
+    with torch.random.fork_rng(devices=[]):  # seed the initial weights without moving the caller's RNG
+        torch.manual_seed(cfg.seed)
+        model = ExtrapolationLM(
+            positional, d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers, d_mlp=cfg.d_mlp,
+            n_ctx=cfg.train_len, **position_fns,
+        ).to(cfg.device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01, foreach=True)
     warmup = max(1, cfg.steps // 20)
     # Linear warm-up then cosine decay to 10%: the small-model recipe of nanoGPT.
