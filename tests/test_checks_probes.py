@@ -29,6 +29,7 @@ from tfedu.checks import nb02_embeddings as nb02
 from tfedu.checks import nb03_rnns_to_attention as nb03
 from tfedu.checks import nb04_attention as nb04
 from tfedu.checks import nb05_masks_and_heads as nb05
+from tfedu.checks import nb06_positional as nb06
 from tfedu.checks.core import Probe, is_plain_data, run_probe, standin_objects, standins_bound
 from tfedu.embeddings import sgns_loss
 from tfedu.grading.scan import scan_answer
@@ -36,7 +37,8 @@ from tfedu.tokenizer import GPT4_PATTERN, get_pair_counts, merge_pair
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 MODULES = {"00_start_here": nb00, "01_tokenization": nb01, "02_embeddings": nb02, "03_rnns_to_attention": nb03,
-           "04_attention": nb04, "05_masks_and_heads": nb05}
+           "04_attention": nb04, "05_masks_and_heads": nb05,
+           "06_positional_encoding": nb06}
 ALL_PROBES = [(stem, grade_id) for stem, module in MODULES.items() for grade_id in module.PROBES]
 
 
@@ -54,7 +56,7 @@ def solution_cells(stem: str) -> dict[str, str]:
 def notebook_namespace(stem: str, replace: dict[str, str] | None = None) -> dict:
     """The notebook's solutions run in one namespace (as the kernel would); ``replace`` swaps answers by grade_id."""
     namespace = {"__name__": "__main__", "torch": torch, "math": math, "F": F, "nn": nn, "einops": einops, "np": np,
-                 "regex": regex, "GPT4_SPLIT": GPT4_PATTERN}
+                 "regex": regex, "GPT4_SPLIT": GPT4_PATTERN, "tfa": tfa}
     for grade_id, source in solution_cells(stem).items():
         exec(compile((replace or {}).get(grade_id, source), f"{stem} {grade_id}", "exec"), namespace)
     return namespace
@@ -355,11 +357,13 @@ STANDIN_USERS = [(stem, grade_id) for stem, grade_id in ALL_PROBES if MODULES[st
 
 
 def test_the_exercises_that_call_earlier_ones_have_stand_ins():
-    assert sorted(g for _, g in STANDIN_USERS) == ["check_bpe_encode", "check_cbow_loss", "check_learn_bpe", "check_self_attention"]
+    assert sorted(g for _, g in STANDIN_USERS) == ["check_bpe_encode", "check_cbow_loss", "check_learn_bpe", "check_rope_attention",
+                                                   "check_self_attention"]
     assert sorted(standin_objects(nb01.PROBES["check_learn_bpe"])) == ["get_pair_counts", "merge_pair"]
     assert sorted(standin_objects(nb01.PROBES["check_bpe_encode"])) == ["merge_pair"]
     assert sorted(standin_objects(nb02.PROBES["check_cbow_loss"])) == ["sgns_loss"]
     assert sorted(standin_objects(nb04.PROBES["check_self_attention"])) == ["attention"]
+    assert sorted(standin_objects(nb06.PROBES["check_rope_attention"])) == ["apply_rope"]
 
 
 def test_stand_ins_agree_with_the_references():
@@ -380,6 +384,8 @@ def test_stand_ins_agree_with_the_references():
         for got, want in zip(standin_attention(q, k, v), tfa.scaled_dot_product_attention(q, k, v)):
             torch.testing.assert_close(got, want)
     nb04.check_attention(standin_attention)  # the stand-in passes exercise 4.1's own check
+    standin_rope = standin_objects(nb06.PROBES["check_rope_attention"])["apply_rope"]
+    nb06.check_apply_rope(standin_rope)  # ... and the RoPE stand-in exercise 6.3's
 
 
 WRONG_EARLIER = {
@@ -388,6 +394,7 @@ WRONG_EARLIER = {
     "02_embeddings": ("check_cbow_loss", {"ex_sgns_loss": "def sgns_loss(center, context, negatives):\n    return (center * context).sum()\n",
                                           "ex_cbow_loss": "def cbow_loss(context, center, negatives):\n    return sgns_loss(context.mean(1), center, negatives)\n"}),
     "04_attention": ("check_self_attention", {"ex_attention": "def attention(q, k, v):\n    raise NotImplementedError\n"}),
+    "06_positional_encoding": ("check_rope_attention", {"ex_apply_rope": "def apply_rope(x, positions):\n    return -x\n"}),
 }
 
 
