@@ -131,6 +131,8 @@ def make_alibi_bias(bug=None):
             return [1 / 2**h for h in range(n)]
         if bug == "fixed-8":
             return [1 / 2 ** (h + 1) for h in range(n)]
+        if bug == "next-power-prefix":  # right for powers of two; otherwise the first n slopes of the next power
+            return geometric(2 ** math.ceil(math.log2(n)))[:n]
         if bug == "no-slope":
             return [1.0] * n
         below = 2 ** math.floor(math.log2(n))
@@ -173,6 +175,7 @@ def test_alibi_reference_and_learner_solutions_pass(capsys, typechecked):
         ("from-zero", "head 0 has slope 1"),
         ("halves-from-zero", "head 0 has slope 1"),
         ("fixed-8", "you used the 8-head slopes 1/2, 1/4, ... for 4 heads"),
+        ("next-power-prefix", r"the first 6 of the 8-head slopes.*6 is not a power of two.*4-head slopes"),
         ("no-slope", "every head has the same bias, -distance"),
         ("bloom", "BLOOM's shortcut"),
         ("bool", "you returned a boolean mask"),

@@ -219,11 +219,12 @@ class ExtrapolationLM(nn.Module):
         # (a learner's loop-by-loop version then costs nothing per step).
         self._tables: dict[tuple, Tensor] = {}
         self.W_E = nn.Embedding(D_VOCAB, d_model)
-        self.W_pos = _positional.LearnedPositions(n_ctx, d_model) if positional == "learned" else None
         self.blocks = nn.ModuleList(Block(d_model, n_heads, d_mlp) for _ in range(n_layers))
         self.ln_final = nn.LayerNorm(d_model)
         self.W_U = nn.Linear(d_model, D_VOCAB, bias=False)
         nn.init.normal_(self.W_E.weight, std=0.02)  # GPT-2's scale, the same as LearnedPositions'
+        # Built last, so that every variant draws the same initial weights for everything else.
+        self.W_pos = _positional.LearnedPositions(n_ctx, d_model) if positional == "learned" else None
 
     def forward(self, tokens: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_vocab"]:
         n, device = tokens.shape[-1], tokens.device
@@ -534,7 +535,7 @@ def plot_extrapolation(result: ExtrapolationResult, ax=None):
     ax.set_xscale("log", base=2)
     ax.set_xlim(lengths[0] / 1.2, lengths[-1] * 1.2)  # keep the end points off the frame
     ax.set_xticks(list(lengths), [str(n) for n in lengths])
-    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_xlabel("evaluation length (tokens: bytes of UTF-8)")
     ax.set_ylabel("held-out loss (nats per byte)")
     ax.set_title("Train short, test long")
     ax.legend(fontsize=8)

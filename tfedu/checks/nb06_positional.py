@@ -227,6 +227,11 @@ HINT_SLOPES_FIXED_8 = (
     "you used the 8-head slopes 1/2, 1/4, ... for {n} heads: the ratio depends on n_heads, "
     "m_h = 2 ** (-8 h / n_heads) for h = 1 .. n_heads"
 )
+HINT_SLOPES_FIXED_8_NOT_POWER = (
+    "you used the first {n} of the 8-head slopes 1/2, 1/4, ...: {n} is not a power of two, so take the "
+    "{below}-head slopes 2 ** (-8 h / {below}) for h = 1 .. {below}, then every other slope of the "
+    "{twice}-head sequence (its slopes 1, 3, 5, ...) until there are {n}"
+)
 HINT_NO_SLOPE = (
     "every head has the same bias, -distance: multiply each head's distances by its own slope m_h "
     "(slopes[:, None, None] * distance)"
@@ -277,7 +282,8 @@ def _alibi_mistakes(n_heads: int, n_query: int, n_key: int) -> list[tuple[str, t
         (HINT_PLAIN_GEOMETRIC.format(n=n_heads, below=below, twice=2 * below), _alibi(_slope_list(n_heads), n_query, n_key)),
         (HINT_SLOPE_START_ONE, _alibi(_slope_list(n_heads, 0), n_query, n_key)),
         (HINT_SLOPE_HALVES_FROM_ONE, _alibi([2.0**-h for h in range(n_heads)], n_query, n_key)),
-        (HINT_SLOPES_FIXED_8.format(n=n_heads), _alibi([2.0 ** -(h + 1) for h in range(n_heads)], n_query, n_key)),
+        ((HINT_SLOPES_FIXED_8 if below == n_heads else HINT_SLOPES_FIXED_8_NOT_POWER).format(
+            n=n_heads, below=below, twice=2 * below), _alibi([2.0 ** -(h + 1) for h in range(n_heads)], n_query, n_key)),
         (HINT_NO_SLOPE, _alibi([1.0] * n_heads, n_query, n_key)),
         (HINT_BLOOM, _alibi(slopes, n_query, n_key, key_only=True)),
     ]
