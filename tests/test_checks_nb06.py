@@ -206,7 +206,7 @@ def make_apply_rope(bug=None):
     def apply_rope(x, positions):
         d = x.shape[-1]
         exponent = torch.arange(d // 2) / d if bug == "exponent-i" else torch.arange(0, d, 2) / d
-        theta = 10000.0 ** (exponent if bug == "positive" else -exponent)
+        theta = (100000.0 if bug == "base-100k" else 10000.0) ** (exponent if bug == "positive" else -exponent)
         if bug == "increasing":
             theta = theta.flip(0)
         p = {"from-one": lambda: positions + 1, "ignore-positions": lambda: torch.arange(x.shape[-2])}.get(bug, lambda: positions)()
@@ -272,6 +272,7 @@ def test_apply_rope_reference_and_learner_solutions_pass(capsys, typechecked):
         ("increasing", "your frequencies increase along the vector"),
         ("positive", "the exponent's sign is wrong"),
         ("exponent-i", "the exponent is 2i / d_head, not i / d_head"),
+        ("base-100k", "your angles use base 100000"),
         ("first-pair", "only the first pair"),
         ("float64", r"return x's dtype \(torch.float32\), got torch.float64"),
         ("in-place", "changed the caller's `x` in place"),

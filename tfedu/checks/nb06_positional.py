@@ -422,6 +422,12 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, *, theta: torch.Tensor | Non
     return out.to(x.dtype)
 
 
+HINT_ROPE_BASE_100K = (
+    "your angles use base 100000 (deck 001's N = 100,000): theta_i = 10000 ** (-2i / d_head), as in the "
+    "paper and in exercise 6.1's table"
+)
+
+
 def _rope_mistakes(x: torch.Tensor, positions: torch.Tensor) -> dict[str, torch.Tensor]:
     d = x.shape[-1]
     i = torch.arange(d // 2, dtype=F64)
@@ -435,6 +441,7 @@ def _rope_mistakes(x: torch.Tensor, positions: torch.Tensor) -> dict[str, torch.
         HINT_ROPE_FREQ_FLIPPED: _rope(x, positions, theta=(10000.0 ** (-2 * i / d)).flip(0)),
         HINT_ROPE_FREQ_POSITIVE: _rope(x, positions, theta=10000.0 ** (2 * i / d)),
         HINT_ROPE_EXPONENT_I: _rope(x, positions, theta=10000.0 ** (-i / d)),
+        HINT_ROPE_BASE_100K: _rope(x, positions, theta=100000.0 ** (-2 * i / d)),
         HINT_FIRST_PAIR_ONLY: _rope(x, positions, first_pair_only=True),
         HINT_LOW_PRECISION: _rope(x, positions.half()),  # positions rounded to float16 (bfloat16: nearly the same)
     }
