@@ -56,11 +56,7 @@ def _check_mask(mask: object, scores_shape: torch.Size, device: torch.device) ->
             else " Convert it with `.bool()` only if 1 means 'may attend'."
         )
         raise TypeError(f"mask must have dtype torch.bool, got {mask.dtype}. {MASK_CONVENTION}.{hint}")
-    try:
-        broadcast = torch.broadcast_shapes(mask.shape, scores_shape)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != scores_shape:
+    if not _broadcasts_to(mask.shape, scores_shape):
         raise ValueError(
             f"mask of shape {tuple(mask.shape)} does not broadcast to the scores' shape "
             f"(..., query_pos, key_pos) = {tuple(scores_shape)}; expected e.g. (query_pos, key_pos) = "
@@ -70,17 +66,21 @@ def _check_mask(mask: object, scores_shape: torch.Size, device: torch.device) ->
         raise ValueError(f"mask is on {mask.device} but q, k, v are on {device}; build it with device=q.device")
 
 
+def _broadcasts_to(shape: torch.Size, scores_shape: torch.Size) -> bool:
+    """True when a tensor of ``shape`` broadcasts to ``scores_shape`` without growing it."""
+    try:
+        return torch.broadcast_shapes(shape, scores_shape) == scores_shape
+    except RuntimeError:
+        return False
+
+
 def _check_bias(bias: object, scores_shape: torch.Size, device: torch.device) -> None:
     if not isinstance(bias, torch.Tensor) or not bias.is_floating_point():
         got = bias.dtype if isinstance(bias, torch.Tensor) else type(bias).__name__
         raise TypeError(
             f"bias must be a float tensor added to the scores, got {got}; a boolean keep/hide pattern goes in mask="
         )
-    try:
-        broadcast = torch.broadcast_shapes(bias.shape, scores_shape)
-    except RuntimeError:
-        broadcast = None
-    if broadcast != scores_shape:
+    if not _broadcasts_to(bias.shape, scores_shape):
         raise ValueError(
             f"bias of shape {tuple(bias.shape)} does not broadcast to the scores' shape (..., query_pos, key_pos) = "
             f"{tuple(scores_shape)}; expected e.g. (n_heads, query_pos, key_pos) = (n_heads, {scores_shape[-2]}, "
