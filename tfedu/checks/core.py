@@ -108,6 +108,21 @@ def checker(title: str) -> Callable[[Callable[..., Any]], Callable[..., None]]:
     return decorate
 
 
+def upstream_problem(check: Callable[[Any], Any], learner_fn: Any, *, not_done: str, wrong: str) -> str | None:
+    """The hint for an earlier exercise that an answer calls, when that one fails its own ``check``; else None.
+
+    Used where an exercise builds on the learner's answer to an earlier one (4.2 on 4.1, 6.4 on 6.3):
+    ``not_done`` when the earlier answer is unfinished, ``wrong`` followed by its check's hint when it is wrong.
+    """
+    try:
+        check(learner_fn)
+    except ExerciseNotDone:
+        return not_done
+    except CheckFailure as problem:
+        return f"{wrong}{problem}"
+    return None
+
+
 def call_learner(fn: Any, *args: Any, name: str | None = None, error_hint: str = "", **kwargs: Any) -> Any:
     """Call the learner's ``fn``; turn its exceptions into hints that name the call.
 

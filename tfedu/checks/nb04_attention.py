@@ -24,6 +24,7 @@ from tfedu.checks.core import (
     expect,
     is_close,
     seeded_randn,
+    upstream_problem,
 )
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 
@@ -383,13 +384,8 @@ def _self_attention_problems(self_attention: Any) -> list[str]:
     if learner_attention is not None:
         # The answer builds on the learner's 4.1. If that fails its own check, rerun 4.2 on the
         # reference: a pass there means every problem came from 4.1, so 4.1 is named, not 4.2.
-        try:
-            _attention_problems(learner_attention)
-            upstream = None
-        except ExerciseNotDone:
-            upstream = HINT_UPSTREAM_NOT_DONE
-        except CheckFailure as problem:
-            upstream = f"{HINT_UPSTREAM_WRONG}{problem}"
+        upstream = upstream_problem(_attention_problems, learner_attention, not_done=HINT_UPSTREAM_NOT_DONE,
+                                    wrong=HINT_UPSTREAM_WRONG)
         if upstream is not None:
             with _reference_in_place_of_attention(self_attention):
                 own = _self_attention_failure(self_attention, _Quiet())

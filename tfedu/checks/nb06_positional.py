@@ -32,6 +32,7 @@ from tfedu.checks.core import (
     expect,
     is_close,
     seeded_randn,
+    upstream_problem,
 )
 from tfedu.checks.nb04_attention import exact_large_qk
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
@@ -657,13 +658,8 @@ def check_rope_attention(rope_attention) -> None:
         return
     upstream_fn = _learner_apply_rope(rope_attention)
     if upstream_fn is not None:
-        try:
-            _apply_rope_problems(upstream_fn)
-            upstream = None
-        except ExerciseNotDone:
-            upstream = HINT_UPSTREAM_NOT_DONE
-        except CheckFailure as problem:
-            upstream = f"{HINT_UPSTREAM_WRONG}{problem}"
+        upstream = upstream_problem(_apply_rope_problems, upstream_fn, not_done=HINT_UPSTREAM_NOT_DONE,
+                                    wrong=HINT_UPSTREAM_WRONG)
         if upstream is not None:
             with _reference_apply_rope_in(rope_attention):
                 own = _rope_attention_failure(rope_attention)  # a stub of its own still raises ExerciseNotDone
