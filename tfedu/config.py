@@ -1,0 +1,176 @@
+"""``ModelConfig``: every shape and switch of a tfedu Transformer, in one frozen dataclass.
+
+The same config builds the decoder-only ``GPT``, the ``Encoder`` and the ``EncoderDecoder`` of
+``tfedu.model``, and ``tfedu.flops.param_count`` / ``flops_per_token`` read their counts off it
+without building anything. Later notebooks add fields here (experts, LoRA rank, ...) rather than
+new flags on the classes.
+
+Three fields are *derived* when left as ``None``: ``d_head`` (``d_model // n_heads``),
+``n_kv_heads`` (``n_heads``: plain multi-head attention) and ``d_mlp`` (``4 * d_model``, or
+``swiglu_hidden(d_model)`` for SwiGLU). Make variants with ``cfg.replace(...)``: it derives them
+again from the new shapes unless you pass them (``dataclasses.replace`` would keep the old
+derived numbers).
+
+>>> cfg = ModelConfig(d_vocab=100, n_ctx=16, d_model=32, n_layers=2, n_heads=4)
+>>> cfg.d_head, cfg.n_kv_heads, cfg.d_mlp
+(8, 4, 128)
+>>> cfg.replace(d_model=64).d_head  # derived again
+16
+>>> preset("gpt2").d_model, preset("gpt2").n_layers
+(768, 12)
+
+Built up in notebooks/07_transformer_block.ipynb.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "none")
+NORMS = ("layer", "rms")
+NORM_POSITIONS = ("pre", "post")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
+ATTENTION_IMPLS = ("manual", "sdpa")
+ROPE_LAYOUTS = ("interleaved", "half")
+_DERIVED = ("d_head", "n_kv_heads", "d_mlp")
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+
+
+def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"ModelConfig.{name}={value!r} is not one of {', '.join(map(repr, allowed))}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes and switches of a Transformer. Defaults are GPT-2 small (124M parameters)."""
+
+    d_vocab: int = 50257  # rows of the token embedding W_E (GPT-2's byte-level BPE)
+    n_ctx: int = 1024  # longest sequence the model accepts (rows of a learned position table)
+    d_model: int = 768  # width of the residual stream
+    n_layers: int = 12  # number of blocks
+    n_heads: int = 12  # query heads per attention layer
+    n_kv_heads: int | None = None  # key/value heads; None = n_heads; fewer = grouped-query (Llama 2 70B)
+    d_head: int | None = None  # width of one head; None = d_model // n_heads
+    d_mlp: int | None = None  # MLP hidden width; None = 4 d_model (SwiGLU: 8 d_model / 3)
+    positional: str = "learned"  # learned | sinusoidal (added to the embeddings) | rope | alibi | none
+    norm: str = "layer"  # layer (LayerNorm) | rms (RMSNorm)
+    norm_position: str = "pre"  # pre: x + F(norm(x)) (GPT-2, Llama) | post: norm(x + F(x)) (2017 paper)
+    norm_eps: float = 1e-5  # added to the variance inside the sqrt
+    activation: str = "gelu_tanh"  # relu | gelu | gelu_tanh (GPT-2) | swiglu (Llama)
+    bias: bool = True  # biases in every linear layer and LayerNorm (Llama: False)
+    tied_embeddings: bool = True  # the unembedding W_U is W_E transposed (GPT-2) or its own matrix (Llama)
+    dropout: float = 0.0  # on the embeddings, the attention pattern and each block's two outputs
+    rope_base: float = 10000.0  # RoPE's theta base (Llama 3: 500000)
+    rope_layout: str = "half"  # which dimensions RoPE pairs: half (HF Llama) | interleaved (the paper)
+    attention: str = "manual"  # manual (tfedu.attention, by hand) | sdpa (torch's fused kernel)
+    init_std: float = 0.02  # std of the normal initialisation of every weight matrix (GPT-2)
+    _explicit: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads"):
+            _positive_int(name, getattr(self, name))
+        _one_of("positional", self.positional, POSITIONALS)
+        _one_of("norm", self.norm, NORMS)
+        _one_of("norm_position", self.norm_position, NORM_POSITIONS)
+        _one_of("activation", self.activation, ACTIVATIONS)
+        _one_of("attention", self.attention, ATTENTION_IMPLS)
+        _one_of("rope_layout", self.rope_layout, ROPE_LAYOUTS)
+        if not isinstance(self.norm_eps, (int, float)) or isinstance(self.norm_eps, bool) or not self.norm_eps > 0:
+            raise ValueError(f"ModelConfig.norm_eps must be a positive number, got {self.norm_eps!r}")
+        if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"ModelConfig.dropout must be a probability in [0, 1), got {self.dropout!r}")
+        if not isinstance(self.rope_base, (int, float)) or not (self.rope_base > 1 and math.isfinite(self.rope_base)):
+            raise ValueError(f"ModelConfig.rope_base must be a finite number > 1, got {self.rope_base!r}")
+        explicit = frozenset(name for name in _DERIVED if getattr(self, name) is not None)
+        object.__setattr__(self, "_explicit", explicit)
+        if self.d_head is None:
+            if self.d_model % self.n_heads:
+                raise ValueError(
+                    f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}: pass d_head explicitly"
+                )
+            object.__setattr__(self, "d_head", self.d_model // self.n_heads)
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        if self.d_mlp is None:
+            from tfedu.layers import swiglu_hidden  # tfedu.layers imports nothing from here at import time
+
+            hidden = swiglu_hidden(self.d_model) if self.activation == "swiglu" else 4 * self.d_model
+            object.__setattr__(self, "d_mlp", hidden)
+        for name in _DERIVED:
+            _positive_int(name, getattr(self, name))
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}: "
+                "each key/value head serves the same number of query heads"
+            )
+        if self.positional == "rope" and self.d_head % 2:
+            raise ValueError(f"RoPE rotates pairs of dimensions: d_head={self.d_head} must be even")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"sinusoidal positions pair sin and cos: d_model={self.d_model} must be even")
+
+    def replace(self, **changes: object) -> ModelConfig:
+        """A copy with ``changes``; ``d_head``, ``n_kv_heads`` and ``d_mlp`` are derived again unless given.
+
+        >>> ModelConfig(d_model=64, n_heads=4, n_layers=1).replace(activation="swiglu").d_mlp
+        170
+        """
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self) if f.init}
+        if unknown:
+            raise TypeError(f"ModelConfig has no field(s) {', '.join(sorted(unknown))}")
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        for name in _DERIVED:
+            if name not in self._explicit:
+                values[name] = None
+        values.update(changes)
+        return ModelConfig(**values)
+
+    @property
+    def n_groups(self) -> int:
+        """Query heads per key/value head: 1 for multi-head attention, n_heads for multi-query."""
+        return self.n_heads // self.n_kv_heads
+
+
+# ----------------------------------------------------------------------------- presets
+
+# Sizes from the papers: GPT-2 (Radford et al. 2019, table 2 and the released configs),
+# GPT-3 (Brown et al. 2020, table 2.1), the original Transformer (Vaswani et al. 2017, table 3;
+# its shared English-German BPE vocabulary has about 37,000 tokens, sec. 5.1) and Llama (Touvron
+# et al. 2023, table 2 and the released configs).
+_GPT2 = dict(d_vocab=50257, n_ctx=1024, activation="gelu_tanh", positional="learned")
+PRESETS: dict[str, ModelConfig] = {
+    "gpt2": ModelConfig(**_GPT2, d_model=768, n_layers=12, n_heads=12),
+    "gpt2-medium": ModelConfig(**_GPT2, d_model=1024, n_layers=24, n_heads=16),
+    "gpt2-large": ModelConfig(**_GPT2, d_model=1280, n_layers=36, n_heads=20),
+    "gpt2-xl": ModelConfig(**_GPT2, d_model=1600, n_layers=48, n_heads=25),
+    "gpt3": ModelConfig(d_vocab=50257, n_ctx=2048, d_model=12288, n_layers=96, n_heads=96, activation="gelu",
+                        tied_embeddings=False),
+    "transformer-base": ModelConfig(d_vocab=37000, n_ctx=512, d_model=512, n_layers=6, n_heads=8, d_mlp=2048,
+                                    positional="sinusoidal", norm_position="post", activation="relu",
+                                    norm_eps=1e-6, dropout=0.1),
+    "transformer-big": ModelConfig(d_vocab=37000, n_ctx=512, d_model=1024, n_layers=6, n_heads=16, d_mlp=4096,
+                                   positional="sinusoidal", norm_position="post", activation="relu",
+                                   norm_eps=1e-6, dropout=0.3),
+    "llama-7b": ModelConfig(d_vocab=32000, n_ctx=2048, d_model=4096, n_layers=32, n_heads=32, d_mlp=11008,
+                            positional="rope", norm="rms", norm_eps=1e-6, activation="swiglu", bias=False,
+                            tied_embeddings=False),
+    # Small enough to train in seconds on a laptop CPU: the notebooks' default.
+    "tiny": ModelConfig(d_vocab=256, n_ctx=64, d_model=64, n_layers=2, n_heads=4),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    """The named configuration; ``tfedu.config.PRESETS`` lists them.
+
+    >>> preset("llama-7b").d_mlp, preset("llama-7b").d_head
+    (11008, 128)
+    """
+    if name not in PRESETS:
+        raise KeyError(f"no preset {name!r}; known presets: {', '.join(PRESETS)}")
+    return PRESETS[name]
