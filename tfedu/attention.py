@@ -299,8 +299,9 @@ class MultiHeadAttention(nn.Module):
     ``mha.hook_pattern.register_forward_hook(lambda mod, inp, out: saved.append(out))``;
     a hook that returns a tensor replaces the pattern (for ablations).
 
-    (Grouped-query attention, where several query heads share one key/value head, arrives in
-    notebooks/10 as a separate class; its keys and values are the only thing that changes.)
+    ``tfedu.layers.Attention`` extends this class with what a full model needs: grouped key/value
+    heads (several query heads sharing one key/value head), RoPE, an additive bias (ALiBi) and
+    a switch to torch's fused kernel.
 
     >>> mha = MultiHeadAttention(d_model=8, n_heads=2)
     >>> mha(torch.randn(3, 5, 8)).shape
@@ -324,9 +325,12 @@ class MultiHeadAttention(nn.Module):
         self.W_O = nn.Linear(width, d_model, bias=bias)
         self.hook_pattern = nn.Identity()
 
-    def split_heads(self, x: Float[Tensor, "batch pos n_heads_d_head"]) -> Float[Tensor, "batch n_heads pos d_head"]:
-        """(batch, pos, n_heads * d_head) -> (batch, n_heads, pos, d_head)."""
-        return einops.rearrange(x, "batch pos (n_heads d_head) -> batch n_heads pos d_head", n_heads=self.n_heads)
+    def split_heads(
+        self, x: Float[Tensor, "batch pos n_heads_d_head"], n_heads: int | None = None
+    ) -> Float[Tensor, "batch n_heads pos d_head"]:
+        """(batch, pos, n_heads * d_head) -> (batch, n_heads, pos, d_head); n_heads defaults to the layer's."""
+        n_heads = self.n_heads if n_heads is None else n_heads
+        return einops.rearrange(x, "batch pos (n_heads d_head) -> batch n_heads pos d_head", n_heads=n_heads)
 
     @staticmethod
     def merge_heads(z: Float[Tensor, "batch n_heads pos d_head"]) -> Float[Tensor, "batch pos n_heads_d_head"]:
@@ -339,6 +343,18 @@ class MultiHeadAttention(nn.Module):
         context: Float[Tensor, "batch key_pos kv_d_model"] | None = None,
         mask: Bool[Tensor, "..."] | None = None,
     ) -> Float[Tensor, "batch query_pos d_model"]:
+        context = self._check_inputs(x, context, mask)
+        q = self.split_heads(self.W_Q(x))  # (batch, n_heads, query_pos, d_head)
+        k = self.split_heads(self.W_K(context))  # (batch, n_heads, key_pos, d_head)
+        v = self.split_heads(self.W_V(context))  # (batch, n_heads, key_pos, d_head)
+        pattern = self.hook_pattern(attention_weights(q, k, mask))  # (batch, n_heads, query_pos, key_pos)
+        z = pattern @ v  # (batch, n_heads, query_pos, d_head)
+        return self.W_O(self.merge_heads(z))  # (batch, query_pos, d_model)
+
+    def _check_inputs(
+        self, x: object, context: object, mask: object
+    ) -> Float[Tensor, "batch key_pos kv_d_model"]:
+        """Clear errors for the wrong shapes; returns the tensor keys and values are read from."""
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"x must have shape (batch, query_pos, d_model={self.d_model}), got {got}")
@@ -358,12 +374,7 @@ class MultiHeadAttention(nn.Module):
                 f"(batch, n_heads, query_pos, key_pos); a 3-D (batch, query_pos, key_pos) mask would line its batch "
                 f"axis up with the heads, so insert the head axis with mask[:, None]"
             )
-        q = self.split_heads(self.W_Q(x))  # (batch, n_heads, query_pos, d_head)
-        k = self.split_heads(self.W_K(context))  # (batch, n_heads, key_pos, d_head)
-        v = self.split_heads(self.W_V(context))  # (batch, n_heads, key_pos, d_head)
-        pattern = self.hook_pattern(attention_weights(q, k, mask))  # (batch, n_heads, query_pos, key_pos)
-        z = pattern @ v  # (batch, n_heads, query_pos, d_head)
-        return self.W_O(self.merge_heads(z))  # (batch, query_pos, d_model)
+        return context
 
     @classmethod
     def load_from_torch(cls, mha: nn.MultiheadAttention) -> MultiHeadAttention:

@@ -21,11 +21,19 @@ these classes, so their attribute names (``weight``, ``bias``, ``W_in``, ``W_gat
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
+
+from tfedu.attention import MultiHeadAttention, attention_weights, causal_mask, combine_masks
+from tfedu.positional import apply_rope
+
+if TYPE_CHECKING:
+    from tfedu.config import ModelConfig
 
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 
@@ -227,3 +235,230 @@ class MLP(nn.Module):
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, d_mlp={self.d_mlp}, activation={self.activation!r}"
+
+
+# ----------------------------------------------------------------------------- attention for the model
+
+
+class Attention(MultiHeadAttention):
+    """``tfedu.attention.MultiHeadAttention`` plus what a full model needs.
+
+    - **Grouped key/value heads** (Ainslie et al. 2023): ``n_kv_heads`` key/value heads, each
+      shared by ``n_heads // n_kv_heads`` consecutive query heads (``W_K``, ``W_V`` are
+      ``n_kv_heads * d_head`` wide). ``n_kv_heads == n_heads`` is plain multi-head attention.
+    - **RoPE** (Su et al. 2021): with ``rope_base`` set, self-attention rotates queries and keys
+      by their positions (``tfedu.positional.apply_rope``); values are never rotated.
+    - **An additive bias** on the scores (ALiBi's ``-m * distance``), and ``causal=True`` to hide
+      later keys (aligned to the end, like ``causal_mask``).
+    - ``impl="sdpa"`` runs ``F.scaled_dot_product_attention`` instead of the by-hand softmax:
+      the same numbers (tested), faster, but the pattern is never materialised, so
+      ``hook_pattern`` does not fire.
+
+    >>> attn = Attention(d_model=16, n_heads=4, n_kv_heads=2)
+    >>> attn.W_K.weight.shape  # 2 key heads of width 4
+    torch.Size([8, 16])
+    >>> attn(torch.randn(1, 5, 16), causal=True).shape
+    torch.Size([1, 5, 16])
+
+    Built by hand in notebooks/07_transformer_block.ipynb (the grouped heads in notebooks/10).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        n_kv_heads: int | None = None,
+        d_head: int | None = None,
+        bias: bool = True,
+        kv_d_model: int | None = None,
+        rope_base: float | None = None,
+        rope_layout: str = "half",
+        impl: str = "manual",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__(d_model, n_heads, d_head=d_head, bias=bias, kv_d_model=kv_d_model)
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads <= 0 or n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads must be a positive int dividing n_heads={n_heads}, got {n_kv_heads!r}")
+        if impl not in ("manual", "sdpa"):
+            raise ValueError(f"impl must be 'manual' or 'sdpa', got {impl!r}")
+        self.n_kv_heads = n_kv_heads
+        if n_kv_heads != n_heads:
+            self.W_K = nn.Linear(self.kv_d_model, n_kv_heads * self.d_head, bias=bias)
+            self.W_V = nn.Linear(self.kv_d_model, n_kv_heads * self.d_head, bias=bias)
+        self.rope_base = rope_base
+        self.rope_layout = rope_layout
+        self.impl = impl
+        self.dropout = float(dropout)
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch query_pos d_model"],
+        context: Float[Tensor, "batch key_pos kv_d_model"] | None = None,
+        mask: Bool[Tensor, "..."] | None = None,
+        *,
+        causal: bool = False,
+        positions: Int[Tensor, "query_pos"] | None = None,
+        bias: Float[Tensor, "*#batch #query_pos #key_pos"] | None = None,
+    ) -> Float[Tensor, "batch query_pos d_model"]:
+        self_attention = context is None
+        context = self._check_inputs(x, context, mask)
+        n_query, n_key = x.shape[1], context.shape[1]
+        q = self.split_heads(self.W_Q(x))  # batch n_heads query_pos d_head
+        k = self.split_heads(self.W_K(context), self.n_kv_heads)  # batch n_kv_heads key_pos d_head
+        v = self.split_heads(self.W_V(context), self.n_kv_heads)  # batch n_kv_heads key_pos d_head
+        if self.rope_base is not None and self_attention:
+            if positions is None:
+                positions = torch.arange(n_query, device=x.device)
+            q = apply_rope(q, positions, base=self.rope_base, layout=self.rope_layout)
+            k = apply_rope(k, positions, base=self.rope_base, layout=self.rope_layout)
+        if self.n_kv_heads != self.n_heads:
+            # Key/value head j serves query heads j*g .. j*g + g - 1 (Llama's repeat_kv).
+            k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # batch n_heads key_pos d_head
+            v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
+        if causal:
+            mask = combine_masks(mask, causal_mask(n_query, n_key, device=x.device))
+        dropout = self.dropout if self.training else 0.0
+        if self.impl == "sdpa":
+            z = self._fused(q, k, v, mask, bias, causal and mask is not None and n_query == n_key, dropout)
+        else:
+            pattern = self.hook_pattern(attention_weights(q, k, mask, bias=bias))  # batch n_heads query_pos key_pos
+            z = F.dropout(pattern, dropout) @ v  # batch n_heads query_pos d_head
+        return self.W_O(self.merge_heads(z))  # batch query_pos d_model
+
+    @staticmethod
+    def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, plain_causal: bool,
+               dropout: float) -> Tensor:
+        if bias is None and plain_causal and mask.dim() == 2:
+            # Only the causal mask: let the kernel skip the masked half itself.
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+        if bias is not None:
+            scores_bias = bias.to(q.dtype)
+            if mask is not None:
+                scores_bias = scores_bias.masked_fill(~mask, float("-inf"))
+            mask = scores_bias
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+
+    def extra_repr(self) -> str:
+        rope = f", rope_base={self.rope_base}, rope_layout={self.rope_layout!r}" if self.rope_base is not None else ""
+        return f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, d_head={self.d_head}, impl={self.impl!r}{rope}"
+
+
+# ----------------------------------------------------------------------------- the block
+
+
+def make_norm(cfg: ModelConfig) -> LayerNorm | RMSNorm:
+    """The norm layer ``cfg.norm`` names, of width d_model."""
+    if cfg.norm == "rms":
+        return RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def make_attention(cfg: ModelConfig, *, cross: bool = False) -> Attention:
+    """Self-attention (or, with ``cross=True``, cross-attention reading d_model-wide context) for ``cfg``."""
+    return Attention(
+        cfg.d_model,
+        cfg.n_heads,
+        n_kv_heads=cfg.n_kv_heads,
+        d_head=cfg.d_head,
+        bias=cfg.bias,
+        rope_base=cfg.rope_base if cfg.positional == "rope" and not cross else None,
+        rope_layout=cfg.rope_layout,
+        impl=cfg.attention,
+        dropout=cfg.dropout,
+    )
+
+
+def make_mlp(cfg: ModelConfig) -> MLP:
+    """The feed-forward layer for ``cfg`` (later notebooks swap in a mixture of experts here)."""
+    return MLP(cfg.d_model, cfg.d_mlp, activation=cfg.activation, bias=cfg.bias)
+
+
+class Block(nn.Module):
+    """One Transformer block: attention, then the MLP, each added to the residual stream.
+
+    ``norm_position="pre"`` (GPT-2, Llama; Xiong et al. 2020)::
+
+        resid_mid  = resid_pre + attn(ln1(resid_pre))
+        resid_post = resid_mid + mlp(ln2(resid_mid))
+
+    ``norm_position="post"`` (the 2017 paper's "Add & Norm")::
+
+        resid_mid  = ln1(resid_pre + attn(resid_pre))
+        resid_post = ln2(resid_mid + mlp(resid_mid))
+
+    With ``cross_attention=True`` (the decoder of an encoder-decoder) a third sub-layer sits in
+    between: cross-attention from the residual stream to ``context`` (the encoder's output),
+    with its own norm ``ln_cross`` and hook points ``hook_cross_attn_out``/``hook_resid_mid_cross``.
+
+    The residual stream passes through named hook points (``nn.Identity`` modules, TransformerLens's
+    names): ``hook_resid_pre``, ``hook_attn_out``, ``hook_resid_mid``, ``hook_mlp_out``,
+    ``hook_resid_post``, and the pattern at ``attn.hook_pattern``. A forward hook on one of them
+    sees the tensor; one that returns a tensor replaces it.
+
+    >>> from tfedu.config import ModelConfig
+    >>> block = Block(ModelConfig(d_vocab=10, n_ctx=8, d_model=16, n_layers=1, n_heads=2))
+    >>> block(torch.randn(2, 5, 16), causal=True).shape
+    torch.Size([2, 5, 16])
+
+    Built by hand in notebooks/07_transformer_block.ipynb.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.norm_position = cfg.norm_position
+        self.ln1 = make_norm(cfg)
+        self.attn = make_attention(cfg)
+        if cross_attention:
+            self.ln_cross = make_norm(cfg)
+            self.cross_attn = make_attention(cfg, cross=True)
+            self.hook_cross_attn_out = nn.Identity()
+            self.hook_resid_mid_cross = nn.Identity()
+        self.ln2 = make_norm(cfg)
+        self.mlp = make_mlp(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+        for name in ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post"):
+            setattr(self, name, nn.Identity())
+
+    @property
+    def has_cross_attention(self) -> bool:
+        return hasattr(self, "cross_attn")
+
+    def _sublayer(self, resid: Tensor, norm: nn.Module, layer: Callable[[Tensor], Tensor], hook: nn.Module) -> Tensor:
+        """One residual sub-layer, pre- or post-norm; ``hook`` sees the sub-layer's output."""
+        if self.norm_position == "pre":
+            return resid + hook(self.drop(layer(norm(resid))))  # x + F(norm(x))
+        return norm(resid + hook(self.drop(layer(resid))))  # norm(x + F(x))
+
+    def forward(
+        self,
+        resid: Float[Tensor, "batch pos d_model"],
+        mask: Bool[Tensor, "..."] | None = None,
+        *,
+        causal: bool = False,
+        positions: Int[Tensor, "pos"] | None = None,
+        attn_bias: Float[Tensor, "*#batch #query_pos #key_pos"] | None = None,
+        context: Float[Tensor, "batch key_pos d_model"] | None = None,
+        context_mask: Bool[Tensor, "..."] | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        resid = self.hook_resid_pre(resid)
+
+        def self_attention(x: Tensor) -> Tensor:
+            return self.attn(x, mask=mask, causal=causal, positions=positions, bias=attn_bias)
+
+        resid = self.hook_resid_mid(self._sublayer(resid, self.ln1, self_attention, self.hook_attn_out))
+        if self.has_cross_attention:
+            if context is None:
+                raise ValueError("this block has cross-attention: pass context=(the encoder's output)")
+
+            def cross_attention(x: Tensor) -> Tensor:
+                return self.cross_attn(x, context, mask=context_mask)
+
+            resid = self.hook_resid_mid_cross(
+                self._sublayer(resid, self.ln_cross, cross_attention, self.hook_cross_attn_out)
+            )
+        elif context is not None:
+            raise ValueError("this block has no cross-attention; build it with cross_attention=True to read context")
+        return self.hook_resid_post(self._sublayer(resid, self.ln2, self.mlp, self.hook_mlp_out))

@@ -1,0 +1,236 @@
+"""Real checkpoints in tfedu's ``GPT``: GPT-2 and Llama weights from ``transformers`` or safetensors files.
+
+The course builds every layer by hand; this module is the proof that the hand-built model *is* GPT-2
+(or Llama): load the released weights and get the same logits. What has to be translated:
+
+- **GPT-2** (Radford et al. 2019) stores its linear layers as ``Conv1D`` with weights ``[d_in, d_out]``
+  (transposed from ``nn.Linear``'s ``[d_out, d_in]``), packs W_Q, W_K, W_V into one ``c_attn``
+  matrix, uses the tanh approximation of GELU, learned positions, and ties W_U to W_E.
+- **Llama** (Touvron et al. 2023) uses RMSNorm, SwiGLU (``gate_proj``, ``up_proj``, ``down_proj``
+  are our ``W_gate``, ``W_in``, ``W_out``), no biases, RoPE on pairs (i, i + d_head/2) (the "half"
+  layout of ``tfedu.positional.apply_rope``) and possibly fewer key/value heads than query heads.
+
+``pretrained("gpt2")`` reads real GPT-2 weights from disk only (a Hugging Face cache or a folder):
+tfedu never downloads anything itself.
+
+Built up in notebooks/07_transformer_block.ipynb.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from tfedu.config import ModelConfig, preset
+from tfedu.model import GPT
+
+SUPPORTED = ("gpt2", "llama")
+
+
+def _get(config: object, name: str, default: object = None) -> object:
+    return config.get(name, default) if isinstance(config, Mapping) else getattr(config, name, default)
+
+
+def config_from_hf(hf_config: object, **overrides: object) -> tuple[ModelConfig, str]:
+    """``(ModelConfig, model_type)`` for a ``transformers`` config object or a config.json dict.
+
+    >>> cfg, kind = config_from_hf({"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4,
+    ...                             "n_positions": 32, "vocab_size": 100})
+    >>> kind, cfg.d_model, cfg.activation, cfg.tied_embeddings
+    ('gpt2', 64, 'gelu_tanh', True)
+    """
+    kind = _get(hf_config, "model_type")
+    if kind == "gpt2":
+        activation = _get(hf_config, "activation_function", "gelu_new")
+        if activation not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"GPT-2 with activation {activation!r}: tfedu's GPT-2 uses the tanh GELU (gelu_new)")
+        for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
+            if _get(hf_config, flag, False):
+                raise ValueError(f"GPT-2 with {flag}=True has no counterpart in tfedu's attention")
+        fields = dict(
+            d_vocab=_get(hf_config, "vocab_size"), n_ctx=_get(hf_config, "n_positions"), d_model=_get(hf_config, "n_embd"),
+            n_layers=_get(hf_config, "n_layer"), n_heads=_get(hf_config, "n_head"), d_mlp=_get(hf_config, "n_inner"),
+            positional="learned", norm="layer", norm_eps=_get(hf_config, "layer_norm_epsilon", 1e-5),
+            activation="gelu_tanh", bias=True, tied_embeddings=True,
+        )
+    elif kind == "llama":
+        if _get(hf_config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"Llama with hidden_act={_get(hf_config, 'hidden_act')!r}: SwiGLU needs silu")
+        # transformers >= 5 keeps theta and the scaling type in rope_parameters; 4.x in rope_theta / rope_scaling.
+        rope = dict(_get(hf_config, "rope_parameters") or _get(hf_config, "rope_scaling") or {})
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ValueError(f"RoPE scaling {rope} is not implemented in tfedu (plain RoPE only)")
+        attention_bias, mlp_bias = bool(_get(hf_config, "attention_bias", False)), bool(_get(hf_config, "mlp_bias", False))
+        if attention_bias != mlp_bias:
+            raise ValueError("tfedu's cfg.bias covers attention and MLP together; this Llama has bias in only one")
+        fields = dict(
+            d_vocab=_get(hf_config, "vocab_size"), n_ctx=_get(hf_config, "max_position_embeddings"),
+            d_model=_get(hf_config, "hidden_size"), n_layers=_get(hf_config, "num_hidden_layers"),
+            n_heads=_get(hf_config, "num_attention_heads"), n_kv_heads=_get(hf_config, "num_key_value_heads"),
+            d_head=_get(hf_config, "head_dim"), d_mlp=_get(hf_config, "intermediate_size"),
+            positional="rope", rope_base=float(rope.get("rope_theta", _get(hf_config, "rope_theta", 10000.0))),
+            rope_layout="half", norm="rms", norm_eps=_get(hf_config, "rms_norm_eps", 1e-6), activation="swiglu",
+            bias=attention_bias, tied_embeddings=bool(_get(hf_config, "tie_word_embeddings", False)),
+        )
+    else:
+        raise ValueError(f"model_type {kind!r} is not supported; tfedu loads {', '.join(SUPPORTED)}")
+    fields.update(overrides)
+    return ModelConfig(**fields), kind
+
+
+def _strip_prefix(state_dict: Mapping[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    return {(key[len(prefix):] if key.startswith(prefix) else key): value for key, value in state_dict.items()}
+
+
+def _gpt2_state_dict(sd: Mapping[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    sd = _strip_prefix(sd, "transformer.")
+    out = {"embed.weight": sd["wte.weight"], "pos_embed.W_pos": sd["wpe.weight"],
+           "ln_final.weight": sd["ln_f.weight"], "ln_final.bias": sd["ln_f.bias"]}
+    for i in range(cfg.n_layers):
+        h, b = f"h.{i}.", f"blocks.{i}."
+        # Conv1D keeps weights as [d_in, d_out]: nn.Linear wants the transpose.
+        w_q, w_k, w_v = sd[h + "attn.c_attn.weight"].T.split(cfg.d_model, dim=0)
+        b_q, b_k, b_v = sd[h + "attn.c_attn.bias"].split(cfg.d_model)
+        out |= {
+            b + "ln1.weight": sd[h + "ln_1.weight"], b + "ln1.bias": sd[h + "ln_1.bias"],
+            b + "attn.W_Q.weight": w_q, b + "attn.W_K.weight": w_k, b + "attn.W_V.weight": w_v,
+            b + "attn.W_Q.bias": b_q, b + "attn.W_K.bias": b_k, b + "attn.W_V.bias": b_v,
+            b + "attn.W_O.weight": sd[h + "attn.c_proj.weight"].T, b + "attn.W_O.bias": sd[h + "attn.c_proj.bias"],
+            b + "ln2.weight": sd[h + "ln_2.weight"], b + "ln2.bias": sd[h + "ln_2.bias"],
+            b + "mlp.W_in.weight": sd[h + "mlp.c_fc.weight"].T, b + "mlp.W_in.bias": sd[h + "mlp.c_fc.bias"],
+            b + "mlp.W_out.weight": sd[h + "mlp.c_proj.weight"].T, b + "mlp.W_out.bias": sd[h + "mlp.c_proj.bias"],
+        }
+    return out
+
+
+def _llama_state_dict(sd: Mapping[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    lm_head = sd.get("lm_head.weight")
+    sd = _strip_prefix(sd, "model.")
+    out = {"embed.weight": sd["embed_tokens.weight"], "ln_final.weight": sd["norm.weight"]}
+    if not cfg.tied_embeddings:
+        if lm_head is None:
+            raise KeyError("this Llama has untied embeddings but the state dict has no 'lm_head.weight'")
+        out["unembed.weight"] = lm_head
+    names = {"self_attn.q_proj": "attn.W_Q", "self_attn.k_proj": "attn.W_K", "self_attn.v_proj": "attn.W_V",
+             "self_attn.o_proj": "attn.W_O", "mlp.gate_proj": "mlp.W_gate", "mlp.up_proj": "mlp.W_in",
+             "mlp.down_proj": "mlp.W_out"}
+    for i in range(cfg.n_layers):
+        h, b = f"layers.{i}.", f"blocks.{i}."
+        out[b + "ln1.weight"] = sd[h + "input_layernorm.weight"]
+        out[b + "ln2.weight"] = sd[h + "post_attention_layernorm.weight"]
+        for theirs, ours in names.items():
+            out[b + ours + ".weight"] = sd[h + theirs + ".weight"]  # nn.Linear on both sides: no transpose
+            if cfg.bias:
+                out[b + ours + ".bias"] = sd[h + theirs + ".bias"]
+    return out
+
+
+def gpt_from_hf(source: object, config: object = None, **overrides: object) -> GPT:
+    """A tfedu ``GPT`` computing what a ``transformers`` GPT-2 or Llama computes, with its weights copied.
+
+    ``source`` is a model (``GPT2LMHeadModel``, ``GPT2Model``, ``LlamaForCausalLM``, ...) or a state
+    dict; with a state dict, ``config`` (the ``transformers`` config or the config.json dict) is
+    required, since head counts cannot be read off weight shapes. ``overrides`` change fields of
+    the resulting ``ModelConfig`` (``attention="sdpa"``, ``dropout=0.1``). The new model has the
+    source's dtype and device.
+    """
+    if isinstance(source, nn.Module):
+        config = getattr(source, "config", None) if config is None else config
+        state_dict = source.state_dict()
+    elif isinstance(source, Mapping):
+        state_dict = source
+    else:
+        raise TypeError(f"expected a transformers model or a state dict, got {type(source).__name__}")
+    if config is None:
+        raise ValueError(
+            "a state dict alone does not say how many heads the model has: pass config= "
+            "(the transformers config, or the dict in the checkpoint's config.json)"
+        )
+    cfg, kind = config_from_hf(config, **overrides)
+    convert = _gpt2_state_dict if kind == "gpt2" else _llama_state_dict
+    try:
+        ours = convert(state_dict, cfg)
+    except KeyError as missing:
+        raise KeyError(f"the {kind} state dict has no entry {missing}; is it a {kind} checkpoint?") from None
+    if cfg.tied_embeddings:
+        ours["unembed.weight"] = ours["embed.weight"]
+    # Copies, contiguous: training the tfedu model must never change the source model's weights.
+    ours = {key: value.detach().clone().contiguous() for key, value in ours.items()}
+    with torch.device("meta"):
+        model = GPT(cfg)  # shapes only, no memory: every weight comes from the checkpoint
+    try:
+        model.load_state_dict(ours, strict=True, assign=True)
+    except RuntimeError as error:
+        raise ValueError(f"the {kind} weights do not fit the config {cfg}: {error}") from None
+    if cfg.tied_embeddings:
+        model.unembed.weight = model.embed.weight  # one Parameter again after assign=True
+    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise ValueError(f"{', '.join(left)} were not in the checkpoint (did an override add them?)")
+    return model.eval()
+
+
+# ----------------------------------------------------------------------------- weights on disk
+
+
+def _hub_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    return Path(home) / "hub"
+
+
+def candidate_folders(name: str) -> list[Path]:
+    """Where ``pretrained(name)`` looks: the Hugging Face cache's snapshots of ``name`` (and ``openai-community/name``)."""
+    repos = [name] if "/" in name else [name, f"openai-community/{name}"]
+    folders = []
+    for repo in repos:
+        snapshots = _hub_cache() / f"models--{repo.replace('/', '--')}" / "snapshots"
+        folders += sorted(snapshots.glob("*")) if snapshots.is_dir() else [snapshots / "<revision>"]
+    return folders
+
+
+def pretrained(name: str = "gpt2", *, path: str | os.PathLike | None = None, **overrides: object) -> GPT:
+    """Real GPT-2 (or Llama) weights in a tfedu ``GPT``, read from local files only.
+
+    ``path`` is a folder holding ``model.safetensors`` (and ``config.json``); without it, the
+    Hugging Face cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``)
+    is searched for ``name``. If nothing is found this fails at once, saying where it looked and
+    how to fetch the files while online.
+    """
+    folders = [Path(path)] if path is not None else candidate_folders(name)
+    for folder in folders:
+        weights = folder / "model.safetensors"
+        if weights.is_file():
+            from safetensors.torch import load_file
+
+            config_file = folder / "config.json"
+            if config_file.is_file():
+                config = json.loads(config_file.read_text())
+            elif name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl"):
+                config = {"model_type": "gpt2", "vocab_size": 50257, "n_positions": 1024,
+                          **dict(zip(("n_embd", "n_layer", "n_head"), _gpt2_shape(name)))}
+            else:
+                raise FileNotFoundError(f"{folder} has model.safetensors but no config.json")
+            try:
+                state_dict = load_file(str(weights))
+            except Exception as error:  # safetensors raises its own error types for a damaged file
+                raise ValueError(f"{weights} is not a readable safetensors file: {error}") from None
+            return gpt_from_hf(state_dict, config, **overrides)
+    looked = "\n  ".join(str(folder / "model.safetensors") for folder in folders)
+    raise FileNotFoundError(
+        f"no local weights for {name!r}. Looked in:\n  {looked}\n"
+        f"tfedu never downloads. While online, fetch them into the cache with\n"
+        f"  huggingface-cli download openai-community/{name} config.json model.safetensors\n"
+        f"or put config.json and model.safetensors in a folder and call pretrained({name!r}, path=folder)."
+    )
+
+
+def _gpt2_shape(name: str) -> tuple[int, int, int]:
+    cfg = preset(name)
+    return cfg.d_model, cfg.n_layers, cfg.n_heads

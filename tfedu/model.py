@@ -1,0 +1,419 @@
+"""The course's Transformers, built from ``tfedu.layers.Block``: ``GPT``, ``Encoder`` and ``EncoderDecoder``.
+
+One ``ModelConfig`` (``tfedu.config``) describes them all; they differ only in their masks and
+their heads (Vaswani et al. 2017, fig. 1; Radford et al. 2019; Devlin et al. 2019):
+
+- ``GPT``: decoder-only. Every position attends to itself and earlier positions (the causal
+  mask) and predicts the next token: ``forward(ids, targets)`` returns the logits and, with
+  targets, the mean cross-entropy.
+- ``Encoder``: the same stack without the causal mask, every position sees the whole sequence;
+  its head predicts the tokens hidden by ``mask_tokens`` (BERT's masked-language-model task).
+- ``EncoderDecoder``: an encoder over the source and a decoder over the target whose blocks add
+  cross-attention to the encoder's output (the original Transformer).
+
+Every model has the same parts, named as in TransformerLens: ``embed`` (an ``nn.Embedding``,
+the matrix ``W_E``), ``pos_embed`` (learned or sinusoidal positions; RoPE and ALiBi act inside
+attention instead), ``blocks``, ``ln_final`` (pre-norm models only), ``unembed`` (an
+``nn.Linear`` whose weight is ``W_E`` itself when ``cfg.tied_embeddings``), and hook points
+``hook_embed``, ``hook_pos_embed`` plus those of every block. ``run_with_cache`` records them all.
+
+Later notebooks extend these classes rather than write new ones: a KV cache (notebooks/10), grouped
+key/value heads (``cfg.n_kv_heads``), a mixture of experts in place of ``Block.mlp``, LoRA adapters
+on the ``nn.Linear`` layers, the logit lens on the hook points.
+
+>>> from tfedu.config import preset
+>>> model = GPT(preset("tiny"))
+>>> ids = torch.randint(0, 256, (2, 11), generator=torch.Generator().manual_seed(0))
+>>> logits, loss = model(ids[:, :-1], targets=ids[:, 1:])  # predict each next token
+>>> logits.shape, round(loss.item(), 1)  # about ln(256) = 5.5 at initialisation
+(torch.Size([2, 10, 256]), 5.5)
+
+Built by hand in notebooks/07_transformer_block.ipynb.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor, nn
+
+from tfedu.config import ModelConfig
+from tfedu.layers import Block, make_norm
+from tfedu.positional import LearnedPositions, alibi_bias, sinusoidal
+
+IGNORE_INDEX = -100  # target value that the loss skips (padding, unmasked MLM positions), as in F.cross_entropy
+
+
+# ----------------------------------------------------------------------------- input checks
+
+
+def check_ids(ids: object, cfg: ModelConfig, name: str = "ids") -> None:
+    """A clear error unless ``ids`` is an integer (batch, pos) tensor of in-range ids, pos <= n_ctx."""
+    expected = f"an integer tensor of shape (batch, pos) with 1 <= pos <= n_ctx={cfg.n_ctx}"
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"{name} must be {expected}, got {type(ids).__name__}")
+    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        raise TypeError(f"{name} must be {expected}, got dtype {ids.dtype} (token ids are whole numbers: use .long())")
+    if ids.dim() != 2:
+        hint = " (one sequence? use ids[None])" if ids.dim() == 1 else ""
+        raise ValueError(f"{name} must be {expected}, got shape {tuple(ids.shape)}{hint}")
+    if not 1 <= ids.shape[1] <= cfg.n_ctx:
+        raise ValueError(
+            f"{name} has {ids.shape[1]} positions but this model's context is n_ctx={cfg.n_ctx}: "
+            f"give at most {cfg.n_ctx} tokens (crop with {name}[:, -{cfg.n_ctx}:])"
+        )
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.d_vocab):
+        raise IndexError(
+            f"{name} must lie in 0..{cfg.d_vocab - 1} (d_vocab={cfg.d_vocab}), "
+            f"got values from {int(ids.min())} to {int(ids.max())}"
+        )
+
+
+def _check_targets(targets: object, ids: Tensor, cfg: ModelConfig) -> None:
+    if not isinstance(targets, Tensor) or targets.shape != ids.shape or targets.is_floating_point():
+        got = f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, Tensor) else type(targets).__name__
+        raise ValueError(
+            f"targets must be an integer tensor shaped like the ids {tuple(ids.shape)} "
+            f"(the next token at each position, or {IGNORE_INDEX} to skip one), got {got}"
+        )
+    valid = (targets == IGNORE_INDEX) | ((targets >= 0) & (targets < cfg.d_vocab))
+    if not bool(valid.all()):
+        raise IndexError(f"targets must lie in 0..{cfg.d_vocab - 1} or be {IGNORE_INDEX} (skipped)")
+
+
+def _check_padding(padding_mask: object, ids: Tensor, name: str) -> None:
+    if padding_mask is None:
+        return
+    if not isinstance(padding_mask, Tensor) or padding_mask.dtype != torch.bool or padding_mask.shape != ids.shape:
+        got = f"{padding_mask.dtype} {tuple(padding_mask.shape)}" if isinstance(padding_mask, Tensor) else type(padding_mask).__name__
+        raise ValueError(f"{name} must be a bool tensor shaped like the ids {tuple(ids.shape)}, True = real token; got {got}")
+
+
+def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], targets: Int[Tensor, "batch pos"]) -> Tensor:
+    """Mean cross-entropy over the positions whose target is not ``IGNORE_INDEX`` (in float32)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+
+
+# ----------------------------------------------------------------------------- shared parts
+
+
+class SinusoidalPositions(nn.Module):
+    """The fixed sin/cos table of Vaswani et al. (2017, sec. 3.5), a buffer (no parameters)."""
+
+    def __init__(self, n_ctx: int, d_model: int) -> None:
+        super().__init__()
+        self.register_buffer("table", sinusoidal(n_ctx, d_model), persistent=False)
+
+    def forward(self, positions: Int[Tensor, "pos"]) -> Float[Tensor, "pos d_model"]:
+        return self.table[positions]
+
+
+class Transformer(nn.Module):
+    """What every tfedu model has: token embedding, positions, dropout, unembedding and initialisation.
+
+    Subclasses add the blocks and ``forward``. Not used on its own.
+    """
+
+    embed_scale = 1.0  # the 2017 paper multiplies the embeddings by sqrt(d_model); GPT-2 does not
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"expected a tfedu.config.ModelConfig, got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        if cfg.positional == "learned":
+            self.pos_embed = LearnedPositions(cfg.n_ctx, cfg.d_model)
+        elif cfg.positional == "sinusoidal":
+            self.pos_embed = SinusoidalPositions(cfg.n_ctx, cfg.d_model)
+        else:
+            self.pos_embed = None  # rope / alibi act inside attention; none is the causal mask alone
+        self.hook_embed = nn.Identity()
+        self.hook_pos_embed = nn.Identity()
+        self.drop = nn.Dropout(cfg.dropout)
+        self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+
+    def _finish_init(self) -> None:
+        """GPT-2's initialisation (Radford et al. 2019, sec. 2.3), then tie W_U to W_E if asked."""
+        std = self.cfg.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
+        n_residual_layers = sum(2 + hasattr(block, "cross_attn") for block in self.modules() if isinstance(block, Block))
+        for name, param in self.named_parameters():
+            # Each sub-layer adds to the residual stream; scaling the layers that write to it by
+            # 1/sqrt(number of writes) keeps the stream's variance from growing with depth.
+            if name.endswith(("attn.W_O.weight", "mlp.W_out.weight")):
+                nn.init.normal_(param, mean=0.0, std=std / math.sqrt(n_residual_layers))
+        if self.cfg.tied_embeddings:
+            self.unembed.weight = self.embed.weight  # one Parameter: W_U = W_E^T
+
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        """The token embedding matrix."""
+        return self.embed.weight
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        """The unembedding matrix (``W_E.T`` when tied): logits = resid @ W_U."""
+        return self.unembed.weight.T
+
+    def embed_tokens(self, ids: Int[Tensor, "batch pos"], name: str = "ids") -> Float[Tensor, "batch pos d_model"]:
+        """Token embeddings (times ``embed_scale``) plus the position vectors: the residual stream's start."""
+        check_ids(ids, self.cfg, name)
+        resid = self.hook_embed(self.embed(ids) * self.embed_scale)  # batch pos d_model
+        if self.pos_embed is not None:
+            positions = torch.arange(ids.shape[1], device=ids.device)
+            resid = resid + self.hook_pos_embed(self.pos_embed(positions))  # pos d_model broadcasts
+        return self.drop(resid)
+
+    def attention_bias(self, n_query: int, n_key: int, like: Tensor) -> Tensor | None:
+        """ALiBi's bias for ``cfg.positional == "alibi"``, else None."""
+        if self.cfg.positional != "alibi":
+            return None
+        return alibi_bias(self.cfg.n_heads, n_query, n_key, dtype=like.dtype, device=like.device)
+
+    def run_blocks(
+        self,
+        blocks: nn.ModuleList,
+        resid: Float[Tensor, "batch pos d_model"],
+        *,
+        causal: bool,
+        padding_mask: Bool[Tensor, "batch pos"] | None = None,
+        context: Tensor | None = None,
+        context_padding_mask: Bool[Tensor, "batch key_pos"] | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """Run ``blocks`` over the stream; padded keys are hidden from every query."""
+        n = resid.shape[1]
+        mask = None if padding_mask is None else padding_mask[:, None, None, :]  # batch 1 1 key_pos
+        context_mask = None if context_padding_mask is None else context_padding_mask[:, None, None, :]
+        positions = torch.arange(n, device=resid.device)
+        bias = self.attention_bias(n, n, resid)
+        for block in blocks:
+            resid = block(resid, mask, causal=causal, positions=positions, attn_bias=bias,
+                          context=context, context_mask=context_mask)
+        return resid
+
+    def hook_points(self) -> dict[str, nn.Module]:
+        """Every hook point by its dotted name, e.g. ``"blocks.0.hook_resid_post"``, ``"blocks.0.attn.hook_pattern"``."""
+        return {name: module for name, module in self.named_modules() if name.rsplit(".", 1)[-1].startswith("hook_")}
+
+    @contextmanager
+    def hooks(self, **fns: object) -> Iterator[None]:
+        """Temporarily attach forward hooks by hook-point name (dots written as ``__``), removed on exit.
+
+        ``fn(tensor) -> tensor | None``; returning a tensor replaces the activation.
+
+        >>> from tfedu.config import preset
+        >>> model = GPT(preset("tiny")); ids = torch.zeros(1, 3, dtype=torch.long)
+        >>> with model.hooks(blocks__0__hook_attn_out=lambda t: torch.zeros_like(t)):
+        ...     ablated = model(ids)
+        """
+        points = self.hook_points()
+        handles = []
+        try:
+            for key, fn in fns.items():
+                name = key.replace("__", ".")
+                if name not in points:
+                    raise KeyError(f"no hook point {name!r}; see model.hook_points() for the names")
+                handles.append(points[name].register_forward_hook(lambda module, inputs, output, fn=fn: fn(output)))
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def run_with_cache(self, *args: object, **kwargs: object) -> tuple[object, dict[str, Tensor]]:
+        """Run ``forward`` and return ``(output, cache)``, cache mapping every hook point's name to its tensor.
+
+        The attention pattern is only materialised by ``cfg.attention == "manual"``.
+        """
+        cache: dict[str, Tensor] = {}
+        handles = [
+            module.register_forward_hook(lambda module, inputs, output, name=name: cache.__setitem__(name, output.detach()))
+            for name, module in self.hook_points().items()
+        ]
+        try:
+            output = self(*args, **kwargs)
+        finally:
+            for handle in handles:
+                handle.remove()
+        return output, cache
+
+
+# ----------------------------------------------------------------------------- decoder-only and encoder-only
+
+
+class GPT(Transformer):
+    """A decoder-only language model (Radford et al. 2018, 2019): embeddings, causal blocks, final norm, unembedding.
+
+    ``forward(ids)`` returns logits ``(batch, pos, d_vocab)``; ``forward(ids, targets)`` returns
+    ``(logits, loss)`` with the mean next-token cross-entropy (targets are usually ids shifted by
+    one; positions whose target is -100 are skipped). ``padding_mask`` (True = real token) hides
+    padded keys. ``GPT.from_hf`` loads GPT-2 and Llama weights from ``transformers``.
+    """
+
+    causal = True
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        # Pre-norm leaves the stream un-normalised after the last block, so one more norm goes
+        # before the unembedding; post-norm blocks already end in a norm.
+        self.ln_final = make_norm(cfg) if cfg.norm_position == "pre" else nn.Identity()
+        self._finish_init()
+
+    def forward(
+        self,
+        ids: Int[Tensor, "batch pos"],
+        targets: Int[Tensor, "batch pos"] | None = None,
+        *,
+        padding_mask: Bool[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, "batch pos d_vocab"] | tuple[Float[Tensor, "batch pos d_vocab"], Tensor]:
+        resid = self.embed_tokens(ids)
+        _check_padding(padding_mask, ids, "padding_mask")
+        resid = self.run_blocks(self.blocks, resid, causal=self.causal, padding_mask=padding_mask)
+        logits = self.unembed(self.ln_final(resid))  # batch pos d_vocab
+        if targets is None:
+            return logits
+        _check_targets(targets, ids, self.cfg)
+        return logits, next_token_loss(logits, targets)
+
+    @classmethod
+    def from_hf(cls, source: object, config: object = None, **overrides: object) -> GPT:
+        """A GPT with the weights of a ``transformers`` GPT-2 or Llama model (or its state dict plus config).
+
+        See ``tfedu.checkpoints.gpt_from_hf``; ``overrides`` change config fields such as ``attention="sdpa"``.
+        """
+        from tfedu.checkpoints import gpt_from_hf
+
+        return gpt_from_hf(source, config, **overrides)
+
+
+class Encoder(GPT):
+    """An encoder-only model with a masked-language-model head (Devlin et al. 2019, BERT).
+
+    The same blocks as ``GPT`` without the causal mask: every position sees every (non-padded)
+    position. Train it with ``mask_tokens``: the loss is taken only where a token was hidden.
+    (BERT's head has one more dense layer and norm before the unembedding; here the head is the
+    tied unembedding alone, like ``GPT``.)
+    """
+
+    causal = False
+
+
+def mask_tokens(
+    ids: Int[Tensor, "batch pos"],
+    *,
+    mask_id: int,
+    d_vocab: int,
+    p: float = 0.15,
+    generator: torch.Generator | None = None,
+) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    """BERT's masking (Devlin et al. 2019, sec. 3.1): ``(inputs, targets)``.
+
+    Each position is chosen with probability p; a chosen token becomes ``mask_id`` 80% of the
+    time, a random token 10% and stays itself 10%. ``targets`` holds the original token at chosen
+    positions and -100 (skipped by the loss) everywhere else.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> inputs, targets = mask_tokens(torch.arange(10)[None], mask_id=99, d_vocab=100, p=0.5, generator=g)
+    >>> bool(((targets == -100) | (targets == torch.arange(10))).all())
+    True
+    """
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"p must be a probability in (0, 1], got {p!r}")
+    if not 0 <= mask_id < d_vocab:
+        raise ValueError(f"mask_id={mask_id} is not a token id (0..{d_vocab - 1}): reserve one id for [MASK]")
+    chosen = torch.rand(ids.shape, generator=generator) < p
+    action = torch.rand(ids.shape, generator=generator)
+    random_ids = torch.randint(0, d_vocab, ids.shape, generator=generator)
+    inputs = torch.where(chosen & (action < 0.8), torch.full_like(ids, mask_id), ids)
+    inputs = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_ids, inputs)
+    targets = torch.where(chosen, ids, torch.full_like(ids, IGNORE_INDEX))
+    return inputs, targets
+
+
+# ----------------------------------------------------------------------------- encoder-decoder
+
+
+class EncoderDecoder(Transformer):
+    """The original Transformer (Vaswani et al. 2017, fig. 1): an encoder and a cross-attending decoder.
+
+    The source goes through ``encoder_blocks`` (no causal mask); the target through
+    ``decoder_blocks``, each of which attends causally to the target so far and then, through
+    cross-attention, to the whole encoded source. One embedding matrix serves source, target and
+    the unembedding when ``cfg.tied_embeddings`` (sec. 3.4, a shared source/target vocabulary),
+    and the embeddings are multiplied by sqrt(d_model).
+
+    ``forward(src, tgt, targets=None, *, src_padding_mask=None, tgt_padding_mask=None)``.
+    """
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.embed_scale = math.sqrt(cfg.d_model)
+        if not cfg.tied_embeddings:
+            self.tgt_embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.encoder_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.decoder_blocks = nn.ModuleList(Block(cfg, cross_attention=True) for _ in range(cfg.n_layers))
+        pre = cfg.norm_position == "pre"
+        self.encoder_ln_final = make_norm(cfg) if pre else nn.Identity()
+        self.decoder_ln_final = make_norm(cfg) if pre else nn.Identity()
+        self._finish_init()
+        # sqrt(d_model) times N(0, 1/d_model) entries: embeddings of about unit size, like the sinusoids.
+        for embedding in (self.embed, getattr(self, "tgt_embed", None)):
+            if embedding is not None:
+                nn.init.normal_(embedding.weight, mean=0.0, std=cfg.d_model**-0.5)
+
+    def encode(
+        self, src: Int[Tensor, "batch src_pos"], src_padding_mask: Bool[Tensor, "batch src_pos"] | None = None
+    ) -> Float[Tensor, "batch src_pos d_model"]:
+        """The encoder's output, which every decoder block reads through cross-attention."""
+        resid = self.embed_tokens(src, "src")
+        _check_padding(src_padding_mask, src, "src_padding_mask")
+        resid = self.run_blocks(self.encoder_blocks, resid, causal=False, padding_mask=src_padding_mask)
+        return self.encoder_ln_final(resid)
+
+    def decode(
+        self,
+        tgt: Int[Tensor, "batch tgt_pos"],
+        memory: Float[Tensor, "batch src_pos d_model"],
+        *,
+        src_padding_mask: Bool[Tensor, "batch src_pos"] | None = None,
+        tgt_padding_mask: Bool[Tensor, "batch tgt_pos"] | None = None,
+    ) -> Float[Tensor, "batch tgt_pos d_vocab"]:
+        """Next-token logits for the target, given the encoded source ``memory``."""
+        if hasattr(self, "tgt_embed"):
+            check_ids(tgt, self.cfg, "tgt")
+            resid = self.tgt_embed(tgt) * self.embed_scale
+            if self.pos_embed is not None:
+                resid = resid + self.pos_embed(torch.arange(tgt.shape[1], device=tgt.device))
+            resid = self.drop(resid)
+        else:
+            resid = self.embed_tokens(tgt, "tgt")
+        _check_padding(tgt_padding_mask, tgt, "tgt_padding_mask")
+        resid = self.run_blocks(self.decoder_blocks, resid, causal=True, padding_mask=tgt_padding_mask,
+                                context=memory, context_padding_mask=src_padding_mask)
+        return self.unembed(self.decoder_ln_final(resid))
+
+    def forward(
+        self,
+        src: Int[Tensor, "batch src_pos"],
+        tgt: Int[Tensor, "batch tgt_pos"],
+        targets: Int[Tensor, "batch tgt_pos"] | None = None,
+        *,
+        src_padding_mask: Bool[Tensor, "batch src_pos"] | None = None,
+        tgt_padding_mask: Bool[Tensor, "batch tgt_pos"] | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        memory = self.encode(src, src_padding_mask)
+        logits = self.decode(tgt, memory, src_padding_mask=src_padding_mask, tgt_padding_mask=tgt_padding_mask)
+        if targets is None:
+            return logits
+        _check_targets(targets, tgt, self.cfg)
+        return logits, next_token_loss(logits, targets)
