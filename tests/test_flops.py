@@ -148,7 +148,9 @@ from tfedu.config import ModelConfig, preset  # noqa: E402
 from tfedu.flops import (  # noqa: E402
     ParamCount,
     deck_param_count,
+    flops_per_token,
     param_count,
+    training_compute,
 )
 
 
@@ -263,12 +265,73 @@ def test_gpt3_deck_count_and_exact_count():
     assert deck_param_count(preset("gpt2")) == 12 * 768**2 * 12 + 2 * 50257 * 768  # tied, still counted twice
 
 
+def flops_counted_by_torch(model, n_ctx):
+    x = torch.randint(0, 100, (1, n_ctx), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return counted(model, x)
+
+
+def test_forward_flops_equal_torch_flop_counter_on_gpt2():
+    torch.manual_seed(0)
+    # eager attention: torch's counter has no formula for the CPU SDPA kernel and would count no
+    # attention products at all. Eager computes the full 16 x 16 scores (masked half included),
+    # as flops_per_token counts them; GPT-2's Conv1D is an addmm, counted without its bias add.
+    model = GPT2LMHeadModel(GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=100, n_positions=16,
+                                       bos_token_id=0, eos_token_id=0, attn_implementation="eager")).eval()
+    cfg = ModelConfig(d_vocab=100, n_ctx=16, d_model=64, n_layers=2, n_heads=4)
+    assert param_count(cfg).total == n_params(model)
+    f = flops_per_token(cfg, 16)
+    assert f.forward * 16 == flops_counted_by_torch(model, 16)  # the lm_head (unembedding) included
+    assert flops_per_token(cfg, 10).forward * 10 == flops_counted_by_torch(model, 10)  # a shorter sequence
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+def test_forward_flops_equal_torch_flop_counter_on_grouped_query_llama(n_kv_heads):
+    torch.manual_seed(0)
+    hf, cfg = tiny_llama(n_kv_heads, attn_implementation="eager")
+    model = LlamaForCausalLM(hf).eval()
+    assert flops_per_token(cfg, 16).forward * 16 == flops_counted_by_torch(model, 16)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "gpt2-xl", "gpt3", "llama-7b"])
+def test_forward_flops_against_kaplan(name):
+    cfg = preset(name)
+    n_ctx, d_attn = cfg.n_ctx, cfg.n_heads * cfg.d_head
+    f = flops_per_token(cfg, n_ctx)
+    kaplan = 2 * param_count(cfg).non_embedding + 2 * cfg.n_layers * n_ctx * cfg.d_model  # Kaplan 2020, eq. 2.2
+    assert f.attention_scores == f.attention_mix == 2 * cfg.n_layers * n_ctx * d_attn  # Kaplan table 1, "mask"
+    assert f.attention_proj + f.mlp == 2 * (deck_param_count(cfg) - 2 * cfg.d_vocab * cfg.d_model)  # 2 per weight
+    # Kaplan's C_forward has one n_ctx term and no unembedding; without those two we differ only by
+    # the biases and norms inside Kaplan's N, which do no matmul (0.13% of GPT-2 small's N)
+    assert f.forward - f.attention_mix - f.unembedding == pytest.approx(kaplan, rel=2e-3)
+    if name == "gpt3":
+        assert f.forward == pytest.approx(kaplan, rel=0.02)  # big models: within a few percent
+        assert f.training == pytest.approx(6 * param_count(cfg).non_embedding, rel=0.035)  # C = 6N per token
+    if name == "gpt2":
+        assert f.unembedding / f.forward > 0.25  # small models: the 50257-way unembedding is a quarter
+
+
+def test_training_multiples_and_six_n_d():
+    f = flops_per_token(preset("tiny"), 64)
+    assert (f.training, f.training_with_recompute) == (3 * f.forward, 4 * f.forward)
+    assert f.embedding == 0
+    assert training_compute(175e9, 300e9) == pytest.approx(3.15e23)
+    assert f"{training_compute(174.6e9, 300e9):.2e}" == "3.14e+23"  # Brown et al. 2020, table D.1
+    assert training_compute(10, 20) == 1200
+    assert flops_per_token(preset("tiny").replace(positional="rope"), 1000).forward > 0  # no table to outgrow
+
+
 @pytest.mark.parametrize(
     "call, match",
     [
         (lambda: param_count(preset("tiny"), kind="decoder"), "kind='decoder' is not one of 'gpt', 'encoder'"),
         (lambda: param_count({"d_model": 64}), "expected a tfedu.config.ModelConfig.*got dict"),
         (lambda: deck_param_count("gpt3"), "expected a tfedu.config.ModelConfig.*got str"),
+        (lambda: flops_per_token(None, 16), "expected a tfedu.config.ModelConfig.*got NoneType"),
+        (lambda: flops_per_token(preset("tiny"), 0), "n_ctx_used must be a positive int"),
+        (lambda: flops_per_token(preset("tiny"), 65), "longer than the learned position table"),
+        (lambda: training_compute(0, 1e9), "n_params must be a positive number"),
+        (lambda: training_compute(1e9, "300B"), "n_tokens must be a positive number"),
     ],
 )
 def test_model_level_bad_input_says_what_was_expected(call, match):

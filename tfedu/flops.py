@@ -5,7 +5,8 @@ linear layer applied to n vectors costs 2 * n * d_in * d_out (the bias adds are 
 a lower-order term we leave out, as torch's ``FlopCounterMode`` does). Matrix multiplies are
 where almost all of a Transformer's arithmetic goes; the softmax is counted separately.
 
-For a whole model, ``param_count`` reads the counts off a ``ModelConfig`` without building anything.
+For a whole model, ``param_count`` and ``flops_per_token`` read the counts off a ``ModelConfig``
+without building anything; ``training_compute`` is the C = 6ND rule of Kaplan et al. (2020).
 
 Built by hand in notebooks/05_masks_and_heads.ipynb (multi-head attention costs about the
 same as one full-width head); notebooks/07_transformer_block.ipynb adds the MLP and the
@@ -326,3 +327,98 @@ def deck_param_count(cfg: ModelConfig) -> int:
     n_mlp = 3 if cfg.activation == "swiglu" else 2
     per_layer = cfg.d_model * (2 * d_q + 2 * d_kv) + n_mlp * cfg.d_model * cfg.d_mlp
     return cfg.n_layers * per_layer + 2 * cfg.d_vocab * cfg.d_model
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    """Forward-pass FLOPs per token of a decoder-only model, term by term (``flops_per_token``).
+
+    Matrix multiplies only, 2 FLOPs per multiply-add, as Kaplan et al. (2020), table 1, and
+    torch's ``FlopCounterMode`` count: no bias adds, norms, softmax or activations.
+    """
+
+    embedding: int  # a table lookup: 0 (Kaplan's 4 d_model for adding positions is not a matmul)
+    attention_proj: int  # x @ W_Q, W_K, W_V and heads @ W_O in every layer
+    attention_scores: int  # q @ k^T against all n_ctx keys: 2 n_layers n_ctx n_heads d_head
+    attention_mix: int  # pattern @ v over all n_ctx keys: as many again
+    mlp: int  # W_in, W_out (and W_gate for SwiGLU) in every layer
+    unembedding: int  # the logits, x @ W_U: 2 d_model d_vocab
+
+    @property
+    def forward(self) -> int:
+        """All forward FLOPs of one token."""
+        return (self.embedding + self.attention_proj + self.attention_scores + self.attention_mix + self.mlp
+                + self.unembedding)
+
+    @property
+    def training(self) -> int:
+        """Forward plus backward: 3 x forward. The backward pass runs every matmul twice, once for the
+        gradient with respect to its input (to pass back) and once for its weight (to update)."""
+        return 3 * self.forward
+
+    @property
+    def training_with_recompute(self) -> int:
+        """4 x forward: activation checkpointing throws activations away and reruns the forward in
+        the backward pass, buying memory with one more forward (Chen et al. 2016)."""
+        return 4 * self.forward
+
+
+def flops_per_token(cfg: ModelConfig, n_ctx_used: int) -> FlopsPerToken:
+    """Forward FLOPs per token of ``cfg``'s GPT (or encoder) when each token sees ``n_ctx_used`` positions.
+
+    The weight matmuls cost 2 FLOPs per weight (one multiply-add per weight per token). The two
+    n_ctx products are counted over the *full* n_ctx x n_ctx score matrix, masked half included,
+    as a plain implementation (and ``FlopCounterMode``) computes it; a causal kernel that skips
+    the masked half does about half. Kaplan et al. (2020), table 1, list one term for them,
+    2 n_layers n_ctx d_attn (d_attn = n_heads d_head): that is ``attention_scores`` alone, or
+    scores and mix over the causal half, so their C_forward = 2N + 2 n_layers n_ctx d_attn is
+    this ``forward`` minus ``attention_mix`` and ``unembedding``. Positions cost no matmul
+    (RoPE and ALiBi are elementwise), nor do norms, activations and the softmax.
+
+    >>> from tfedu.config import preset
+    >>> f = flops_per_token(preset("gpt2"), 1024)
+    >>> f.attention_proj + f.mlp == 2 * 12 * 12 * 768**2  # 2 FLOPs per block weight
+    True
+    >>> f.attention_scores == f.attention_mix == 2 * 12 * 1024 * 768
+    True
+    >>> f.unembedding == 2 * 768 * 50257  # a quarter of GPT-2 small's forward pass
+    True
+    >>> f.forward, f.training == 3 * f.forward
+    (284812800, True)
+
+    Built up in notebooks/07_transformer_block.ipynb.
+    """
+    cfg = _config(cfg)
+    _count("n_ctx_used", n_ctx_used)
+    if cfg.positional == "learned" and n_ctx_used > cfg.n_ctx:
+        raise ValueError(f"n_ctx_used={n_ctx_used} is longer than the learned position table (n_ctx={cfg.n_ctx})")
+    d_q, d_kv = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
+    # One token is one row: its query meets n_ctx_used keys in every head (Kaplan et al. 2020, table 1).
+    q_and_o = linear_flops(1, cfg.d_model, d_q) + linear_flops(1, d_q, cfg.d_model)
+    k_and_v = 2 * linear_flops(1, cfg.d_model, d_kv)  # n_kv_heads wide: grouped-query attention saves here
+    n_mlp_in = 2 if cfg.activation == "swiglu" else 1  # SwiGLU's W_gate reads the input beside W_in
+    mlp = n_mlp_in * linear_flops(1, cfg.d_model, cfg.d_mlp) + linear_flops(1, cfg.d_mlp, cfg.d_model)
+    return FlopsPerToken(
+        embedding=0,
+        attention_proj=cfg.n_layers * (q_and_o + k_and_v),
+        attention_scores=cfg.n_layers * cfg.n_heads * matmul_flops(1, cfg.d_head, n_ctx_used),
+        attention_mix=cfg.n_layers * cfg.n_heads * matmul_flops(1, n_ctx_used, cfg.d_head),
+        mlp=cfg.n_layers * mlp,
+        unembedding=linear_flops(1, cfg.d_model, cfg.d_vocab),
+    )
+
+
+def training_compute(n_params: float, n_tokens: float) -> float:
+    """Training FLOPs C = 6 N D: 2 per parameter per token forward, 4 backward (Kaplan et al. 2020, sec. 2.1).
+
+    Attention's n_ctx terms are left out, as the rule does; ``flops_per_token(...).training`` has them.
+
+    >>> training_compute(175e9, 300e9)  # GPT-3, 300B tokens
+    3.15e+23
+    >>> f"{training_compute(174.6e9, 300e9):.2e}"  # Brown et al. 2020, table D.1: 3.14E+23 with N = 174,600M
+    '3.14e+23'
+    """
+    for name, value in (("n_params", n_params), ("n_tokens", n_tokens)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return 6 * n_params * n_tokens
