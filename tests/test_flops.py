@@ -244,7 +244,7 @@ def test_kinds_and_untied_encoder_decoder():
     untied = param_count(cfg.replace(tied_embeddings=False), kind="encoder-decoder")
     table = cfg.d_vocab * cfg.d_model
     assert (untied.embedding, untied.unembedding) == (2 * table, table)  # source, target, W_U
-    assert untied.positions == 2 * cfg.n_ctx * cfg.d_model  # learned: one table per stack
+    assert untied.positions == cfg.n_ctx * cfg.d_model  # learned: one table, shared by both stacks
     block_norms = (2 * 2 + 3 * 2) * 2 * cfg.d_model  # 2 norms per encoder block, 3 per decoder block
     assert untied.norms == block_norms + 2 * 2 * cfg.d_model  # plus the final norm of each pre-norm stack
     assert untied.non_embedding == untied.attention + untied.cross_attention + untied.mlp + untied.norms
@@ -256,12 +256,13 @@ def test_gpt3_deck_count_and_exact_count():
     cfg = preset("gpt3")
     d, L, V = 12288, 96, 50257
     assert deck_param_count(cfg) == 12 * d**2 * L + 2 * V * d == 175_181_291_520  # the lecture deck's total
-    p = param_count(cfg)
-    assert p.total == 175_221_817_344
-    biases, norms, positions = L * 9 * d, L * 4 * d + 2 * d, 2048 * d
-    assert p.total - deck_param_count(cfg) == biases + norms + positions == 40_525_824
     # W_E and W_U tied, as in GPT-2 (which GPT-3 follows): Brown et al. 2020, table D.1, say 174,600M
-    assert param_count(cfg.replace(tied_embeddings=True)).total == 174_604_259_328
+    p = param_count(cfg)
+    assert p.total == 174_604_259_328
+    biases, norms, positions, second_table = L * 9 * d, L * 4 * d + 2 * d, 2048 * d, V * d
+    assert p.total - deck_param_count(cfg) == biases + norms + positions - second_table
+    untied = param_count(cfg.replace(tied_embeddings=False)).total
+    assert untied == 175_221_817_344 and untied - deck_param_count(cfg) == biases + norms + positions == 40_525_824
     assert deck_param_count(preset("gpt2")) == 12 * 768**2 * 12 + 2 * 50257 * 768  # tied, still counted twice
 
 
@@ -337,3 +338,16 @@ def test_training_multiples_and_six_n_d():
 def test_model_level_bad_input_says_what_was_expected(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+@pytest.mark.parametrize("kind", ["gpt", "encoder", "encoder-decoder"])
+@pytest.mark.parametrize("changes", [{}, {"tied_embeddings": False}, {"norm_position": "post"},
+                                     {"positional": "rope", "norm": "rms", "activation": "swiglu", "bias": False,
+                                      "n_kv_heads": 2}, {"positional": "sinusoidal"}])
+def test_param_count_equals_tfedu_models(kind, changes):
+    from tfedu.model import GPT, Encoder, EncoderDecoder
+
+    cfg = preset("tiny").replace(**changes)
+    with torch.device("meta"):
+        model = {"gpt": GPT, "encoder": Encoder, "encoder-decoder": EncoderDecoder}[kind](cfg)
+    assert param_count(cfg, kind=kind).total == n_params(model)

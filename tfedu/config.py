@@ -149,8 +149,9 @@ PRESETS: dict[str, ModelConfig] = {
     "gpt2-medium": ModelConfig(**_GPT2, d_model=1024, n_layers=24, n_heads=16),
     "gpt2-large": ModelConfig(**_GPT2, d_model=1280, n_layers=36, n_heads=20),
     "gpt2-xl": ModelConfig(**_GPT2, d_model=1600, n_layers=48, n_heads=25),
-    "gpt3": ModelConfig(d_vocab=50257, n_ctx=2048, d_model=12288, n_layers=96, n_heads=96, activation="gelu",
-                        tied_embeddings=False),
+    # GPT-3 is GPT-2's architecture scaled up (Brown et al. 2020, sec. 2.1), tied embeddings included:
+    # counted that way it has 174,604,259,328 parameters, the 174,600M of their table D.1.
+    "gpt3": ModelConfig(d_vocab=50257, n_ctx=2048, d_model=12288, n_layers=96, n_heads=96, activation="gelu"),
     "transformer-base": ModelConfig(d_vocab=37000, n_ctx=512, d_model=512, n_layers=6, n_heads=8, d_mlp=2048,
                                     positional="sinusoidal", norm_position="post", activation="relu",
                                     norm_eps=1e-6, dropout=0.1),

@@ -259,7 +259,8 @@ def param_count(cfg: ModelConfig, kind: str = "gpt") -> ParamCount:
     2017 Transformer: n_layers encoder blocks and n_layers decoder blocks, each decoder block with
     a cross-attention and a third norm). Tied embeddings mean one matrix for everything that
     maps tokens to vectors and back: in the encoder-decoder, source, target and W_U (Vaswani et
-    al. 2017, sec. 3.4). Learned positions there get one table per stack.
+    al. 2017, sec. 3.4). Learned positions there are one table shared by both stacks, as in
+    ``tfedu.model.EncoderDecoder``.
 
     >>> from tfedu.config import preset
     >>> p = param_count(preset("gpt2"))
@@ -284,7 +285,7 @@ def param_count(cfg: ModelConfig, kind: str = "gpt") -> ParamCount:
     final_norms = stacks if cfg.norm_position == "pre" else 0
     return ParamCount(
         embedding=n_embeddings * table,
-        positions=stacks * cfg.n_ctx * cfg.d_model if cfg.positional == "learned" else 0,
+        positions=cfg.n_ctx * cfg.d_model if cfg.positional == "learned" else 0,
         attention=stacks * cfg.n_layers * _attention_params(cfg),
         cross_attention=decoder_blocks * _attention_params(cfg),
         mlp=stacks * cfg.n_layers * _mlp_params(cfg),
@@ -309,18 +310,18 @@ def deck_param_count(cfg: ModelConfig) -> int:
         W_E, W_U      2 * 50257 * 12288       =   1,235,116,032
         total         12 d_model^2 n_layers + 2 d_vocab d_model = 175,181,291,520
 
-    The exact ``param_count(preset("gpt3")).total`` is 175,221,817,344: 40,525,824 (0.023%)
-    more, and those are exactly what the deck leaves out: the biases (96 layers x 9 x 12288 =
-    10,616,832: Q, K, V, O, W_out one d_model each, W_in four), the LayerNorms (96 x 2 x 2 x
-    12288 + the final 2 x 12288 = 4,743,168) and the learned positions (2048 x 12288 =
-    25,165,824). The preset keeps W_E and W_U apart, as the deck does; tied, as in GPT-2, the
-    exact count is 174,604,259,328, the 174,600M that Brown et al. (2020), table D.1, list.
+    The exact count of ``preset("gpt3")`` (tied, like GPT-2) is 174,604,259,328, the 174,600M of
+    Brown et al. (2020), table D.1. The deck's number differs in both directions: it counts W_U
+    as a second d_vocab x d_model matrix (+617,558,016) and leaves out the biases (96 layers x 9
+    x 12288 = 10,616,832: Q, K, V, O, W_out one d_model each, W_in four), the LayerNorms (96 x 2
+    x 2 x 12288 + the final 2 x 12288 = 4,743,168) and the learned positions (2048 x 12288 =
+    25,165,824). Untied, the exact count would be 175,221,817,344.
 
     >>> from tfedu.config import preset
     >>> deck_param_count(preset("gpt3"))
     175181291520
-    >>> param_count(preset("gpt3")).total - deck_param_count(preset("gpt3"))
-    40525824
+    >>> param_count(preset("gpt3")).total
+    174604259328
     """
     cfg = _config(cfg)
     d_q, d_kv = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
