@@ -52,11 +52,15 @@ def config_from_hf(hf_config: object, **overrides: object) -> tuple[ModelConfig,
         for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
             if _get(hf_config, flag, False):
                 raise ValueError(f"GPT-2 with {flag}=True has no counterpart in tfedu's attention")
+        if not _get(hf_config, "scale_attn_weights", True):
+            raise ValueError("GPT-2 with scale_attn_weights=False skips the 1/sqrt(d_head); tfedu's attention always scales")
         fields = dict(
             d_vocab=_get(hf_config, "vocab_size"), n_ctx=_get(hf_config, "n_positions"), d_model=_get(hf_config, "n_embd"),
             n_layers=_get(hf_config, "n_layer"), n_heads=_get(hf_config, "n_head"), d_mlp=_get(hf_config, "n_inner"),
             positional="learned", norm="layer", norm_eps=_get(hf_config, "layer_norm_epsilon", 1e-5),
-            activation="gelu_tanh", bias=True, tied_embeddings=True,
+            activation="gelu_tanh", bias=True,
+            # Released GPT-2s tie W_U to W_E, but the config may untie them (then lm_head is its own matrix).
+            tied_embeddings=bool(_get(hf_config, "tie_word_embeddings", True)),
         )
     elif kind == "llama":
         if _get(hf_config, "hidden_act", "silu") != "silu":
@@ -88,9 +92,14 @@ def _strip_prefix(state_dict: Mapping[str, Tensor], prefix: str) -> dict[str, Te
 
 
 def _gpt2_state_dict(sd: Mapping[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    lm_head = sd.get("lm_head.weight")
     sd = _strip_prefix(sd, "transformer.")
     out = {"embed.weight": sd["wte.weight"], "pos_embed.W_pos": sd["wpe.weight"],
            "ln_final.weight": sd["ln_f.weight"], "ln_final.bias": sd["ln_f.bias"]}
+    if not cfg.tied_embeddings:
+        if lm_head is None:
+            raise KeyError("lm_head.weight")
+        out["unembed.weight"] = lm_head
     for i in range(cfg.n_layers):
         h, b = f"h.{i}.", f"blocks.{i}."
         # Conv1D keeps weights as [d_in, d_out]: nn.Linear wants the transpose.
