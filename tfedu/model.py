@@ -75,7 +75,8 @@ def check_ids(ids: object, cfg: ModelConfig, name: str = "ids") -> None:
 
 
 def _check_targets(targets: object, ids: Tensor, cfg: ModelConfig) -> None:
-    if not isinstance(targets, Tensor) or targets.shape != ids.shape or targets.is_floating_point():
+    if (not isinstance(targets, Tensor) or targets.shape != ids.shape or targets.is_floating_point()
+            or targets.is_complex() or targets.dtype == torch.bool):
         got = f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, Tensor) else type(targets).__name__
         raise ValueError(
             f"targets must be an integer tensor shaped like the ids {tuple(ids.shape)} "
@@ -96,7 +97,8 @@ def _check_padding(padding_mask: object, ids: Tensor, name: str) -> None:
 
 def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], targets: Int[Tensor, "batch pos"]) -> Tensor:
     """Mean cross-entropy over the positions whose target is not ``IGNORE_INDEX`` (in float32)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+    # .long(): cross_entropy takes only int64 class indices, but int32 ids are fine everywhere else.
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten().long(), ignore_index=IGNORE_INDEX)
 
 
 # ----------------------------------------------------------------------------- shared parts
