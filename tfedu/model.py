@@ -62,7 +62,9 @@ def check_ids(ids: object, cfg: ModelConfig, name: str = "ids") -> None:
     if ids.dim() != 2:
         hint = " (one sequence? use ids[None])" if ids.dim() == 1 else ""
         raise ValueError(f"{name} must be {expected}, got shape {tuple(ids.shape)}{hint}")
-    if not 1 <= ids.shape[1] <= cfg.n_ctx:
+    if ids.shape[1] == 0:
+        raise ValueError(f"{name} has no positions: give at least one token, shape (batch, pos) with pos >= 1")
+    if ids.shape[1] > cfg.n_ctx:
         raise ValueError(
             f"{name} has {ids.shape[1]} positions but this model's context is n_ctx={cfg.n_ctx}: "
             f"give at most {cfg.n_ctx} tokens (crop with {name}[:, -{cfg.n_ctx}:])"
