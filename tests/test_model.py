@@ -454,6 +454,8 @@ def test_run_with_cache(norm_position):
     assert set(cache) == set(model.hook_points())
     torch.testing.assert_close(logits, model(ids))
     torch.testing.assert_close(model.unembed(model.ln_final(cache["blocks.1.hook_resid_post"])), logits)
+    if norm_position == "post":  # the last block already ends in a norm: no second one before the unembedding
+        torch.testing.assert_close(model.unembed(cache["blocks.1.hook_resid_post"]), logits)
     torch.testing.assert_close(cache["hook_embed"], model.embed(ids))
     torch.testing.assert_close(cache["blocks.0.hook_resid_pre"], cache["hook_embed"] + cache["hook_pos_embed"])
     for i in range(2):
@@ -475,6 +477,29 @@ def test_run_with_cache(norm_position):
         torch.testing.assert_close(pattern.sum(-1), torch.ones(3, 4, N_CTX))
         assert (pattern.triu(1) == 0).all()  # no weight on later keys
     assert not any(module._forward_hooks for module in model.hook_points().values())  # cleaned up
+
+
+@pytest.mark.parametrize("positional", ["learned", "none", "alibi"])
+def test_pattern_is_the_softmax_of_the_scores_written_out(positional):
+    """Block 0's pattern from its cached input: softmax(q k^T / sqrt(d_head) - m_h (i - j)) under the causal mask.
+
+    ALiBi's slopes for 4 heads are 2^-2, 2^-4, 2^-6, 2^-8 (Press et al. 2022, sec. 3); other kinds add no bias.
+    """
+    model = build(GPT, tiny(positional=positional))
+    _, cache = model.run_with_cache(ids_like())
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        x = model.blocks[0].ln1(cache["blocks.0.hook_resid_pre"])
+        q = attn.W_Q(x).unflatten(-1, (4, 4)).transpose(1, 2)  # batch n_heads pos d_head
+        k = attn.W_K(x).unflatten(-1, (4, 4)).transpose(1, 2)
+        scores = q @ k.transpose(-1, -2) / 2.0
+        if positional == "alibi":
+            slopes = torch.tensor([2.0**-2, 2.0**-4, 2.0**-6, 2.0**-8])
+            distance = torch.arange(N_CTX)[:, None] - torch.arange(N_CTX)[None, :]
+            scores = scores - slopes[:, None, None] * distance
+        later = torch.ones(N_CTX, N_CTX, dtype=torch.bool).triu(1)
+        expected = scores.masked_fill(later, float("-inf")).softmax(-1)
+    torch.testing.assert_close(cache["blocks.0.attn.hook_pattern"], expected)
 
 
 def test_run_with_cache_sdpa_has_no_pattern():
