@@ -421,6 +421,15 @@ def test_mask_tokens_frequencies():
     assert torch.equal(again[0], inputs) and torch.equal(again[1], targets)
 
 
+def test_mask_tokens_keeps_device_and_dtype():
+    """A CPU generator with ids elsewhere (the seeded GPU set-up; "meta" stands in for the GPU here)."""
+    ids = ids_like().int()
+    inputs, targets = mask_tokens(ids, mask_id=0, d_vocab=D_VOCAB, generator=torch.Generator().manual_seed(0))
+    assert inputs.dtype == targets.dtype == torch.int32
+    inputs, targets = mask_tokens(ids.to("meta"), mask_id=0, d_vocab=D_VOCAB, generator=torch.Generator().manual_seed(0))
+    assert inputs.device.type == targets.device.type == "meta"
+
+
 def test_mask_tokens_trains_the_encoder():
     model = build(Encoder, tiny())
     inputs, targets = mask_tokens(ids_like(), mask_id=0, d_vocab=D_VOCAB, p=0.5, generator=torch.Generator().manual_seed(0))

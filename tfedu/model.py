@@ -335,9 +335,11 @@ def mask_tokens(
         raise ValueError(f"p must be a probability in (0, 1], got {p!r}")
     if not 0 <= mask_id < d_vocab:
         raise ValueError(f"mask_id={mask_id} is not a token id (0..{d_vocab - 1}): reserve one id for [MASK]")
-    chosen = torch.rand(ids.shape, generator=generator) < p
-    action = torch.rand(ids.shape, generator=generator)
-    random_ids = torch.randint(0, d_vocab, ids.shape, generator=generator)
+    # Draw on the generator's device (a CPU generator for GPU ids is the usual seeded set-up), then move.
+    device = ids.device if generator is None else generator.device
+    chosen = (torch.rand(ids.shape, generator=generator, device=device) < p).to(ids.device)
+    action = torch.rand(ids.shape, generator=generator, device=device).to(ids.device)
+    random_ids = torch.randint(0, d_vocab, ids.shape, generator=generator, device=device).to(ids)
     inputs = torch.where(chosen & (action < 0.8), torch.full_like(ids, mask_id), ids)
     inputs = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_ids, inputs)
     targets = torch.where(chosen, ids, torch.full_like(ids, IGNORE_INDEX))
