@@ -7,6 +7,7 @@ a config.json dict and from safetensors files on disk (``pretrained``).
 """
 
 import json
+import re
 import time
 
 import pytest
@@ -341,9 +342,8 @@ def test_pretrained_from_the_hub_cache_layout(empty_cache):
 def test_pretrained_corrupt_weights_name_the_file(tmp_path):
     (tmp_path / "config.json").write_text(gpt2_config().to_json_string())
     (tmp_path / "model.safetensors").write_bytes(b"not a safetensors file at all")
-    with pytest.raises(ValueError, match=r"model\.safetensors is not a readable safetensors file"):
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'model.safetensors'} is not a readable safetensors")):
         pretrained("gpt2", path=tmp_path)
-    assert str(tmp_path) in str(pytest.raises(ValueError, pretrained, "gpt2", path=tmp_path).value)
 
 
 def test_pretrained_unknown_name_without_config(tmp_path):

@@ -152,9 +152,9 @@ def test_encoder_decoder_matches_nn_transformer(tied, attention):
         torch.testing.assert_close(memory, expected_memory)
 
         logits = model(src, tgt, src_padding_mask=src_keep, tgt_padding_mask=tgt_keep)
-        hidden = ref(embed(src, model.embed), embed(tgt, tgt_table), tgt_mask=torch.ones(N_CTX, N_CTX, dtype=torch.bool).triu(1),
-                     tgt_is_causal=True, src_key_padding_mask=~src_keep, memory_key_padding_mask=~src_keep,
-                     tgt_key_padding_mask=~tgt_keep)
+        later = torch.ones(N_CTX, N_CTX, dtype=torch.bool).triu(1)  # torch: True = hidden
+        hidden = ref(embed(src, model.embed), embed(tgt, tgt_table), tgt_mask=later, tgt_is_causal=True,
+                     src_key_padding_mask=~src_keep, memory_key_padding_mask=~src_keep, tgt_key_padding_mask=~tgt_keep)
         expected = hidden @ model.unembed.weight.T
         torch.testing.assert_close(logits[tgt_keep], expected[tgt_keep], atol=1e-5, rtol=1e-5)
         # The source matters (cross-attention is wired in) and its padding is hidden.
@@ -591,7 +591,9 @@ def test_bad_targets(targets, error, match):
         GPT(tiny())(torch.zeros(2, 4, dtype=torch.long), targets)
 
 
-@pytest.mark.parametrize("padding_mask", [torch.ones(2, 4), torch.ones(2, 4, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool)])
+@pytest.mark.parametrize(
+    "padding_mask", [torch.ones(2, 4), torch.ones(2, 4, dtype=torch.long), torch.ones(2, 3, dtype=torch.bool)]
+)
 def test_bad_padding_mask(padding_mask):
     with pytest.raises(ValueError, match=r"padding_mask must be a bool tensor shaped like the ids \(2, 4\), True = real"):
         GPT(tiny())(torch.zeros(2, 4, dtype=torch.long), padding_mask=padding_mask)
