@@ -1,12 +1,16 @@
-"""tfedu.layers against independent oracles: torch's norms, HF Llama's RMSNorm and MLP, GPT-2's MLP."""
+"""tfedu.layers against independent oracles: torch's norms, HF Llama's RMSNorm, MLP and attention, GPT-2's MLP,
+nn.MultiheadAttention for grouped heads, and nn.TransformerEncoderLayer / nn.TransformerDecoderLayer for Block."""
 
 import pytest
 import torch
 from transformers import GPT2Config, LlamaConfig
 from transformers.models.gpt2.modeling_gpt2 import GPT2MLP
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from tfedu.layers import ACTIVATIONS, MLP, LayerNorm, RMSNorm, swiglu_hidden
+from tfedu.attention import causal_mask
+from tfedu.config import ModelConfig
+from tfedu.layers import ACTIVATIONS, MLP, Attention, Block, LayerNorm, RMSNorm, swiglu_hidden
+from tfedu.positional import alibi_bias
 
 D_MODEL = 16
 
@@ -268,3 +272,220 @@ def test_bad_sizes(bad):
         MLP(D_MODEL, bad if bad is not None else -1)
     with pytest.raises(ValueError, match="multiple_of must be a positive int"):
         swiglu_hidden(64, bad)
+
+
+# ----------------------------------------------------------------------------- Attention
+
+
+def _randomise_scaled(module: torch.nn.Module, seed: int = 0) -> None:
+    """Random weights of a trained model's size: matrices N(0, 1/fan_in), gains 1 + N(0, 0.3^2), biases N(0, 0.3^2).
+
+    Unit-scale matrices (``_randomise``) would blow activations up by sqrt(d) per layer and leave
+    float32 too few digits for a 1e-5 comparison.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if p.dim() >= 2:
+                p.copy_(noise / p.shape[-1] ** 0.5)
+            elif name.endswith("weight"):
+                p.copy_(1 + 0.3 * noise)
+            else:
+                p.copy_(0.3 * noise)
+
+
+def _copy_linear(ours: torch.nn.Linear, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    with torch.no_grad():
+        ours.weight.copy_(weight)
+        if bias is not None:
+            ours.bias.copy_(bias)
+
+
+def _copy_mha(ours: Attention, mha: torch.nn.MultiheadAttention) -> None:
+    """nn.MultiheadAttention packs W_Q, W_K, W_V row-wise into in_proj_weight, head by head, as we do."""
+    weights = mha.in_proj_weight.detach().chunk(3)
+    biases = mha.in_proj_bias.detach().chunk(3)
+    for linear, w, b in zip((ours.W_Q, ours.W_K, ours.W_V), weights, biases):
+        _copy_linear(linear, w, b)
+    _copy_linear(ours.W_O, mha.out_proj.weight, mha.out_proj.bias)
+
+
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+@pytest.mark.parametrize("n_kv_heads", [4, 2, 1])
+def test_grouped_heads_equal_multihead_attention_with_repeated_key_value_heads(n_kv_heads, impl, typechecked):
+    """GQA is MHA whose key/value head j is copied to query heads j*g .. j*g + g - 1 (Ainslie et al. 2023)."""
+    n_heads, d_head = 4, 4
+    d_model, group = n_heads * d_head, n_heads // n_kv_heads
+    torch.manual_seed(0)
+    ours = Attention(d_model, n_heads, n_kv_heads=n_kv_heads, impl=impl).eval()
+    _randomise_scaled(ours)
+    ref = torch.nn.MultiheadAttention(d_model, n_heads, batch_first=True).eval()
+
+    def repeat_heads(t: torch.Tensor) -> torch.Tensor:  # (n_kv_heads d_head ...) -> (n_heads d_head ...)
+        return t.unflatten(0, (n_kv_heads, d_head)).repeat_interleave(group, dim=0).flatten(0, 1)
+
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([ours.W_Q.weight, repeat_heads(ours.W_K.weight), repeat_heads(ours.W_V.weight)]))
+        ref.in_proj_bias.copy_(torch.cat([ours.W_Q.bias, repeat_heads(ours.W_K.bias), repeat_heads(ours.W_V.bias)]))
+        ref.out_proj.weight.copy_(ours.W_O.weight)
+        ref.out_proj.bias.copy_(ours.W_O.bias)
+    assert ours.W_K.weight.shape == (n_kv_heads * d_head, d_model)
+
+    x = _x(2, 6, d_model)
+    keep = causal_mask(6, 6)
+    with torch.no_grad():
+        torch.testing.assert_close(typechecked(ours.forward)(x), ref(x, x, x, need_weights=False)[0])
+        # torch's attn_mask means True = hidden: the opposite of ours.
+        torch.testing.assert_close(ours(x, causal=True), ref(x, x, x, attn_mask=~keep, need_weights=False)[0])
+        torch.testing.assert_close(ours(x, mask=keep), ours(x, causal=True))
+
+
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+@pytest.mark.parametrize("n_kv_heads, d_head, rope_theta", [(4, 8, 10000.0), (2, 6, 500000.0), (1, 10, 10000.0)])
+def test_attention_matches_llama_attention(n_kv_heads, d_head, rope_theta, impl):
+    """RoPE in the half layout, grouped heads, biases and head_dim != d_model / n_heads, against HF's LlamaAttention."""
+    config = LlamaConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=n_kv_heads, head_dim=d_head,
+                         rope_theta=rope_theta, attention_bias=True, vocab_size=8, max_position_embeddings=16)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    ref = LlamaAttention(config, layer_idx=0).eval()
+    _randomise_scaled(ref)
+    ours = Attention(32, 4, n_kv_heads=n_kv_heads, d_head=d_head, rope_base=rope_theta, rope_layout="half", impl=impl)
+    for name, theirs in (("W_Q", ref.q_proj), ("W_K", ref.k_proj), ("W_V", ref.v_proj), ("W_O", ref.o_proj)):
+        _copy_linear(getattr(ours, name), theirs.weight, theirs.bias)
+
+    n = 7
+    x = _x(2, n, 32)
+    cos_sin = LlamaRotaryEmbedding(config)(x, torch.arange(n)[None])
+    hidden = torch.zeros(n, n).masked_fill(~causal_mask(n, n), float("-inf"))[None, None]  # HF: additive mask
+    with torch.no_grad():
+        expected, _ = ref(x, position_embeddings=cos_sin, attention_mask=hidden)
+        torch.testing.assert_close(ours(x, causal=True), expected, atol=1e-5, rtol=1e-5)
+        # Positions are relative: shifting every position by the same amount changes nothing.
+        torch.testing.assert_close(ours(x, causal=True, positions=torch.arange(n) + 5), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_attention_manual_equals_sdpa_with_bias_masks_and_cross_attention(n_kv_heads):
+    torch.manual_seed(0)
+    manual = Attention(16, 4, n_kv_heads=n_kv_heads)
+    _randomise_scaled(manual)
+    sdpa = Attention(16, 4, n_kv_heads=n_kv_heads, impl="sdpa")
+    sdpa.load_state_dict(manual.state_dict())
+    x, context = _x(3, 5, 16), _x(3, 7, 16, seed=3)
+    pad = torch.tensor([[True] * 5, [True] * 3 + [False] * 2, [False] * 2 + [True] * 3])[:, None, None, :]
+    bias = alibi_bias(4, 5, 5)
+    with torch.no_grad():
+        for kwargs in (dict(), dict(causal=True), dict(mask=pad), dict(mask=pad, causal=True),
+                       dict(bias=bias), dict(bias=bias, causal=True), dict(bias=bias, mask=pad, causal=True)):
+            torch.testing.assert_close(manual(x, **kwargs), sdpa(x, **kwargs), msg=str(kwargs))
+        torch.testing.assert_close(manual(x, context), sdpa(x, context))
+        # The bias does something (so the comparison above is not vacuous).
+        assert not torch.allclose(manual(x, bias=bias), manual(x), atol=1e-3)
+
+
+def test_attention_dropout_only_in_training():
+    torch.manual_seed(0)
+    attn = Attention(16, 4, dropout=0.5)
+    x = _x(2, 5, 16)
+    attn.eval()
+    torch.testing.assert_close(attn(x), attn(x))
+    attn.train()
+    assert not torch.allclose(attn(x), attn(x))
+
+
+def test_attention_bad_head_counts():
+    with pytest.raises(ValueError, match="n_kv_heads must be a positive int dividing n_heads=4"):
+        Attention(16, 4, n_kv_heads=3)
+    with pytest.raises(ValueError, match="impl must be 'manual' or 'sdpa'"):
+        Attention(16, 4, impl="flash")
+
+
+# ----------------------------------------------------------------------------- Block
+
+
+def _block_config(**changes) -> ModelConfig:
+    base = ModelConfig(d_vocab=8, n_ctx=8, d_model=16, n_layers=1, n_heads=4, d_mlp=24, activation="relu")
+    return base.replace(**changes)
+
+
+def _copy_encoder_layer(block: Block, layer: torch.nn.TransformerEncoderLayer) -> None:
+    _copy_mha(block.attn, layer.self_attn)
+    _copy_linear(block.mlp.W_in, layer.linear1.weight, layer.linear1.bias)
+    _copy_linear(block.mlp.W_out, layer.linear2.weight, layer.linear2.bias)
+    for ours, theirs in ((block.ln1, layer.norm1), (block.ln2, layer.norm2)):
+        _copy_linear(ours, theirs.weight, theirs.bias)
+
+
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("norm_position", ["pre", "post"])
+def test_block_matches_torch_encoder_layer(norm_position, activation, impl, typechecked):
+    torch.manual_seed(0)
+    ref = torch.nn.TransformerEncoderLayer(16, 4, 24, dropout=0.0, activation=activation, batch_first=True,
+                                           norm_first=norm_position == "pre").eval()
+    _randomise_scaled(ref)
+    block = Block(_block_config(activation=activation, norm_position=norm_position, attention=impl)).eval()
+    _copy_encoder_layer(block, ref)
+
+    x = _x(2, 6, 16)
+    keep = causal_mask(6, 6)
+    pad = torch.tensor([[True] * 6, [True] * 4 + [False] * 2])
+    with torch.no_grad():
+        full = typechecked(block.forward)(x)
+        torch.testing.assert_close(full, ref(x))
+        causal = block(x, causal=True)
+        torch.testing.assert_close(causal, ref(x, src_mask=~keep, is_causal=True))  # torch: True = hidden
+        assert not torch.allclose(causal, full, atol=1e-3)
+        padded = block(x, pad[:, None, None, :])
+        expected = ref(x, src_key_padding_mask=~pad)
+        torch.testing.assert_close(padded[pad], expected[pad])  # torch's fast path may zero padded rows
+
+
+@pytest.mark.parametrize("impl", ["manual", "sdpa"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_cross_attention_block_matches_torch_decoder_layer(activation, impl):
+    torch.manual_seed(0)
+    ref = torch.nn.TransformerDecoderLayer(16, 4, 24, dropout=0.0, activation=activation, batch_first=True).eval()
+    _randomise_scaled(ref)
+    block = Block(_block_config(activation=activation, norm_position="post", attention=impl),
+                  cross_attention=True).eval()
+    _copy_mha(block.attn, ref.self_attn)
+    _copy_mha(block.cross_attn, ref.multihead_attn)
+    _copy_linear(block.mlp.W_in, ref.linear1.weight, ref.linear1.bias)
+    _copy_linear(block.mlp.W_out, ref.linear2.weight, ref.linear2.bias)
+    for ours, theirs in ((block.ln1, ref.norm1), (block.ln_cross, ref.norm2), (block.ln2, ref.norm3)):
+        _copy_linear(ours, theirs.weight, theirs.bias)
+
+    tgt, memory = _x(2, 6, 16), _x(2, 5, 16, seed=4)
+    memory_keep = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])
+    with torch.no_grad():
+        out = block(tgt, causal=True, context=memory, context_mask=memory_keep[:, None, None, :])
+        expected = ref(tgt, memory, tgt_mask=~causal_mask(6, 6), tgt_is_causal=True, memory_key_padding_mask=~memory_keep)
+        torch.testing.assert_close(out, expected)
+
+
+def test_pre_norm_block_is_two_residual_additions():
+    torch.manual_seed(0)
+    block = Block(_block_config(norm="rms", activation="swiglu", bias=False, positional="rope")).eval()
+    _randomise_scaled(block)
+    x = _x(2, 5, 16)
+    with torch.no_grad():
+        mid = x + block.attn(block.ln1(x), causal=True)
+        torch.testing.assert_close(block(x, causal=True), mid + block.mlp(block.ln2(mid)))
+
+
+def test_block_hook_points():
+    names = {name for name, _ in Block(_block_config(), cross_attention=True).named_modules() if "hook_" in name}
+    assert names == {"hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_cross_attn_out",
+                     "hook_resid_mid_cross", "hook_mlp_out", "hook_resid_post", "attn.hook_pattern",
+                     "cross_attn.hook_pattern"}
+
+
+def test_block_context_errors():
+    x = _x(1, 3, 16)
+    with pytest.raises(ValueError, match="has cross-attention: pass context="):
+        Block(_block_config(), cross_attention=True)(x)
+    with pytest.raises(ValueError, match="has no cross-attention.*cross_attention=True"):
+        Block(_block_config())(x, context=x)

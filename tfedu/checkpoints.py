@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -52,11 +53,15 @@ def config_from_hf(hf_config: object, **overrides: object) -> tuple[ModelConfig,
         for flag in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn"):
             if _get(hf_config, flag, False):
                 raise ValueError(f"GPT-2 with {flag}=True has no counterpart in tfedu's attention")
+        if not _get(hf_config, "scale_attn_weights", True):
+            raise ValueError("GPT-2 with scale_attn_weights=False skips the 1/sqrt(d_head); tfedu's attention always scales")
         fields = dict(
             d_vocab=_get(hf_config, "vocab_size"), n_ctx=_get(hf_config, "n_positions"), d_model=_get(hf_config, "n_embd"),
             n_layers=_get(hf_config, "n_layer"), n_heads=_get(hf_config, "n_head"), d_mlp=_get(hf_config, "n_inner"),
             positional="learned", norm="layer", norm_eps=_get(hf_config, "layer_norm_epsilon", 1e-5),
-            activation="gelu_tanh", bias=True, tied_embeddings=True,
+            activation="gelu_tanh", bias=True,
+            # Released GPT-2s tie W_U to W_E, but the config may untie them (then lm_head is its own matrix).
+            tied_embeddings=bool(_get(hf_config, "tie_word_embeddings", True)),
         )
     elif kind == "llama":
         if _get(hf_config, "hidden_act", "silu") != "silu":
@@ -88,13 +93,24 @@ def _strip_prefix(state_dict: Mapping[str, Tensor], prefix: str) -> dict[str, Te
 
 
 def _gpt2_state_dict(sd: Mapping[str, Tensor], cfg: ModelConfig) -> dict[str, Tensor]:
+    lm_head = sd.get("lm_head.weight")
     sd = _strip_prefix(sd, "transformer.")
     out = {"embed.weight": sd["wte.weight"], "pos_embed.W_pos": sd["wpe.weight"],
            "ln_final.weight": sd["ln_f.weight"], "ln_final.bias": sd["ln_f.bias"]}
+    if not cfg.tied_embeddings:
+        if lm_head is None:
+            raise KeyError("lm_head.weight")
+        out["unembed.weight"] = lm_head
     for i in range(cfg.n_layers):
         h, b = f"h.{i}.", f"blocks.{i}."
+        c_attn = sd[h + "attn.c_attn.weight"]
+        if c_attn.shape != (cfg.d_model, 3 * cfg.d_model):
+            raise ValueError(
+                f"{h}attn.c_attn.weight has shape {tuple(c_attn.shape)}, but d_model={cfg.d_model} needs "
+                f"(d_model, 3 * d_model) = ({cfg.d_model}, {3 * cfg.d_model}): do config and weights belong together?"
+            )
         # Conv1D keeps weights as [d_in, d_out]: nn.Linear wants the transpose.
-        w_q, w_k, w_v = sd[h + "attn.c_attn.weight"].T.split(cfg.d_model, dim=0)
+        w_q, w_k, w_v = c_attn.T.split(cfg.d_model, dim=0)
         b_q, b_k, b_v = sd[h + "attn.c_attn.bias"].split(cfg.d_model)
         out |= {
             b + "ln1.weight": sd[h + "ln_1.weight"], b + "ln1.bias": sd[h + "ln_1.bias"],
@@ -114,7 +130,7 @@ def _llama_state_dict(sd: Mapping[str, Tensor], cfg: ModelConfig) -> dict[str, T
     out = {"embed.weight": sd["embed_tokens.weight"], "ln_final.weight": sd["norm.weight"]}
     if not cfg.tied_embeddings:
         if lm_head is None:
-            raise KeyError("this Llama has untied embeddings but the state dict has no 'lm_head.weight'")
+            raise KeyError("lm_head.weight")
         out["unembed.weight"] = lm_head
     names = {"self_attn.q_proj": "attn.W_Q", "self_attn.k_proj": "attn.W_K", "self_attn.v_proj": "attn.W_V",
              "self_attn.o_proj": "attn.W_O", "mlp.gate_proj": "mlp.W_gate", "mlp.up_proj": "mlp.W_in",
@@ -153,10 +169,15 @@ def gpt_from_hf(source: object, config: object = None, **overrides: object) -> G
         )
     cfg, kind = config_from_hf(config, **overrides)
     convert = _gpt2_state_dict if kind == "gpt2" else _llama_state_dict
+    layers = {int(m.group(1)) for key in state_dict if (m := re.search(r"(?:^|\.)(?:h|layers)\.(\d+)\.", key))}
+    if layers and max(layers) + 1 != cfg.n_layers:
+        # More blocks in the weights than in the config would otherwise be dropped without a word.
+        raise ValueError(f"the {kind} state dict has {max(layers) + 1} blocks but the config says n_layers={cfg.n_layers}")
     try:
         ours = convert(state_dict, cfg)
     except KeyError as missing:
-        raise KeyError(f"the {kind} state dict has no entry {missing}; is it a {kind} checkpoint?") from None
+        untied = " (untied embeddings need their own lm_head.weight)" if "lm_head" in str(missing) else ""
+        raise KeyError(f"the {kind} state dict has no entry {missing}{untied}; is it a {kind} checkpoint?") from None
     if cfg.tied_embeddings:
         ours["unembed.weight"] = ours["embed.weight"]
     # Copies, contiguous: training the tfedu model must never change the source model's weights.

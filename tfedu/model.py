@@ -62,7 +62,9 @@ def check_ids(ids: object, cfg: ModelConfig, name: str = "ids") -> None:
     if ids.dim() != 2:
         hint = " (one sequence? use ids[None])" if ids.dim() == 1 else ""
         raise ValueError(f"{name} must be {expected}, got shape {tuple(ids.shape)}{hint}")
-    if not 1 <= ids.shape[1] <= cfg.n_ctx:
+    if ids.shape[1] == 0:
+        raise ValueError(f"{name} has no positions: give at least one token, shape (batch, pos) with pos >= 1")
+    if ids.shape[1] > cfg.n_ctx:
         raise ValueError(
             f"{name} has {ids.shape[1]} positions but this model's context is n_ctx={cfg.n_ctx}: "
             f"give at most {cfg.n_ctx} tokens (crop with {name}[:, -{cfg.n_ctx}:])"
@@ -75,7 +77,8 @@ def check_ids(ids: object, cfg: ModelConfig, name: str = "ids") -> None:
 
 
 def _check_targets(targets: object, ids: Tensor, cfg: ModelConfig) -> None:
-    if not isinstance(targets, Tensor) or targets.shape != ids.shape or targets.is_floating_point():
+    if (not isinstance(targets, Tensor) or targets.shape != ids.shape or targets.is_floating_point()
+            or targets.is_complex() or targets.dtype == torch.bool):
         got = f"{targets.dtype} {tuple(targets.shape)}" if isinstance(targets, Tensor) else type(targets).__name__
         raise ValueError(
             f"targets must be an integer tensor shaped like the ids {tuple(ids.shape)} "
@@ -96,7 +99,8 @@ def _check_padding(padding_mask: object, ids: Tensor, name: str) -> None:
 
 def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], targets: Int[Tensor, "batch pos"]) -> Tensor:
     """Mean cross-entropy over the positions whose target is not ``IGNORE_INDEX`` (in float32)."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+    # .long(): cross_entropy takes only int64 class indices, but int32 ids are fine everywhere else.
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten().long(), ignore_index=IGNORE_INDEX)
 
 
 # ----------------------------------------------------------------------------- shared parts
@@ -331,9 +335,11 @@ def mask_tokens(
         raise ValueError(f"p must be a probability in (0, 1], got {p!r}")
     if not 0 <= mask_id < d_vocab:
         raise ValueError(f"mask_id={mask_id} is not a token id (0..{d_vocab - 1}): reserve one id for [MASK]")
-    chosen = torch.rand(ids.shape, generator=generator) < p
-    action = torch.rand(ids.shape, generator=generator)
-    random_ids = torch.randint(0, d_vocab, ids.shape, generator=generator)
+    # Draw on the generator's device (a CPU generator for GPU ids is the usual seeded set-up), then move.
+    device = ids.device if generator is None else generator.device
+    chosen = (torch.rand(ids.shape, generator=generator, device=device) < p).to(ids.device)
+    action = torch.rand(ids.shape, generator=generator, device=device).to(ids.device)
+    random_ids = torch.randint(0, d_vocab, ids.shape, generator=generator, device=device).to(ids)
     inputs = torch.where(chosen & (action < 0.8), torch.full_like(ids, mask_id), ids)
     inputs = torch.where(chosen & (action >= 0.8) & (action < 0.9), random_ids, inputs)
     targets = torch.where(chosen, ids, torch.full_like(ids, IGNORE_INDEX))
