@@ -16,7 +16,7 @@ from torch import nn
 
 from tfedu.config import ATTENTION_IMPLS, POSITIONALS, ModelConfig
 from tfedu.layers import Block
-from tfedu.model import GPT, IGNORE_INDEX, Encoder, EncoderDecoder, mask_tokens
+from tfedu.model import GPT, IGNORE_INDEX, Encoder, EncoderDecoder, LanguageModel, mask_tokens
 from tfedu.positional import sinusoidal
 
 D_VOCAB, N_CTX = 23, 8
@@ -45,7 +45,7 @@ def build(cls, cfg: ModelConfig, seed: int = 0):
         for name, p in model.named_parameters():
             if p.dim() == 1:
                 p.add_(0.3 * torch.randn(p.shape, generator=gen))
-            elif "embed" in name and isinstance(model, GPT):
+            elif "embed" in name and isinstance(model, LanguageModel):
                 p.mul_(20)  # GPT-2's std 0.02 embeddings give near-uniform logits; make positions matter
     return model.eval()
 

@@ -169,10 +169,18 @@ class Transformer(nn.Module):
         """The unembedding matrix (``W_E.T`` when tied): logits = resid @ W_U."""
         return self.unembed.weight.T
 
-    def embed_tokens(self, ids: Int[Tensor, "batch pos"], name: str = "ids") -> Float[Tensor, "batch pos d_model"]:
-        """Token embeddings (times ``embed_scale``) plus the position vectors: the residual stream's start."""
+    def embed_tokens(
+        self, ids: Int[Tensor, "batch pos"], name: str = "ids", *, embed: nn.Embedding | None = None,
+        hook: nn.Module | None = None,
+    ) -> Float[Tensor, "batch pos d_model"]:
+        """Token embeddings (times ``embed_scale``) plus the position vectors: the residual stream's start.
+
+        ``embed`` and ``hook`` default to ``self.embed`` and ``self.hook_embed`` (the encoder-decoder
+        passes its target table and ``hook_tgt_embed``).
+        """
         check_ids(ids, self.cfg, name)
-        resid = self.hook_embed(self.embed(ids) * self.embed_scale)  # batch pos d_model
+        embed, hook = embed or self.embed, hook or self.hook_embed
+        resid = hook(embed(ids) * self.embed_scale)  # batch pos d_model
         if self.pos_embed is not None:
             positions = torch.arange(ids.shape[1], device=ids.device)
             resid = resid + self.hook_pos_embed(self.pos_embed(positions))  # pos d_model broadcasts
@@ -254,19 +262,20 @@ class Transformer(nn.Module):
 # ----------------------------------------------------------------------------- decoder-only and encoder-only
 
 
-class GPT(Transformer):
-    """A decoder-only language model (Radford et al. 2018, 2019): embeddings, causal blocks, final norm, unembedding.
+class LanguageModel(Transformer):
+    """Embeddings, one stack of blocks, a final norm (pre-norm only) and the unembedding: ``GPT`` and ``Encoder``.
 
     ``forward(ids)`` returns logits ``(batch, pos, d_vocab)``; ``forward(ids, targets)`` returns
-    ``(logits, loss)`` with the mean next-token cross-entropy (targets are usually ids shifted by
-    one; positions whose target is -100 are skipped). ``padding_mask`` (True = real token) hides
-    padded keys. ``GPT.from_hf`` loads GPT-2 and Llama weights from ``transformers``.
+    ``(logits, loss)``, the mean cross-entropy over positions whose target is not -100.
+    ``padding_mask`` (True = real token) hides padded keys. Subclasses set ``causal``.
     """
 
-    causal = True
+    causal: bool  # set by GPT (True) and Encoder (False)
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__(cfg)
+        if not isinstance(getattr(self, "causal", None), bool):
+            raise TypeError("use GPT or Encoder (LanguageModel leaves the mask, causal or not, to its subclasses)")
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         # Pre-norm leaves the stream un-normalised after the last block, so one more norm goes
         # before the unembedding; post-norm blocks already end in a norm.
@@ -289,6 +298,17 @@ class GPT(Transformer):
         _check_targets(targets, ids, self.cfg)
         return logits, next_token_loss(logits, targets)
 
+
+
+class GPT(LanguageModel):
+    """A decoder-only language model (Radford et al. 2018, 2019): embeddings, causal blocks, final norm, unembedding.
+
+    ``forward(ids, targets)``: targets are usually the ids shifted by one (the next token).
+    ``GPT.from_hf`` loads GPT-2 and Llama weights from ``transformers``.
+    """
+
+    causal = True
+
     @classmethod
     def from_hf(cls, source: object, config: object = None, **overrides: object) -> GPT:
         """A GPT with the weights of a ``transformers`` GPT-2 or Llama model (or its state dict plus config).
@@ -300,7 +320,7 @@ class GPT(Transformer):
         return gpt_from_hf(source, config, **overrides)
 
 
-class Encoder(GPT):
+class Encoder(LanguageModel):
     """An encoder-only model with a masked-language-model head (Devlin et al. 2019, BERT).
 
     The same blocks as ``GPT`` without the causal mask: every position sees every (non-padded)
@@ -366,6 +386,7 @@ class EncoderDecoder(Transformer):
         self.embed_scale = math.sqrt(cfg.d_model)
         if not cfg.tied_embeddings:
             self.tgt_embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.hook_tgt_embed = nn.Identity()  # the target's token embeddings (hook_embed sees the source's)
         self.encoder_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.decoder_blocks = nn.ModuleList(Block(cfg, cross_attention=True) for _ in range(cfg.n_layers))
         pre = cfg.norm_position == "pre"
@@ -395,14 +416,7 @@ class EncoderDecoder(Transformer):
         tgt_padding_mask: Bool[Tensor, "batch tgt_pos"] | None = None,
     ) -> Float[Tensor, "batch tgt_pos d_vocab"]:
         """Next-token logits for the target, given the encoded source ``memory``."""
-        if hasattr(self, "tgt_embed"):
-            check_ids(tgt, self.cfg, "tgt")
-            resid = self.tgt_embed(tgt) * self.embed_scale
-            if self.pos_embed is not None:
-                resid = resid + self.pos_embed(torch.arange(tgt.shape[1], device=tgt.device))
-            resid = self.drop(resid)
-        else:
-            resid = self.embed_tokens(tgt, "tgt")
+        resid = self.embed_tokens(tgt, "tgt", embed=getattr(self, "tgt_embed", self.embed), hook=self.hook_tgt_embed)
         _check_padding(tgt_padding_mask, tgt, "tgt_padding_mask")
         resid = self.run_blocks(self.decoder_blocks, resid, causal=True, padding_mask=tgt_padding_mask,
                                 context=memory, context_padding_mask=src_padding_mask)
