@@ -614,3 +614,21 @@ def test_cross_attention_block_without_context():
     block = Block(tiny(), cross_attention=True)
     with pytest.raises(ValueError, match=r"cross-attention: pass context=\(the encoder's output\)"):
         block(torch.zeros(1, 3, 16))
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_encoder_decoder_target_embeddings_have_their_own_hook(tied):
+    cfg = preset("tiny").replace(d_vocab=12, n_ctx=8, tied_embeddings=tied)
+    torch.manual_seed(0)
+    model = EncoderDecoder(cfg).eval()
+    src, tgt = torch.randint(0, 12, (2, 8)), torch.randint(0, 12, (2, 5))
+    with torch.no_grad():
+        _, cache = model.run_with_cache(src, tgt)
+    table = model.embed if tied else model.tgt_embed
+    torch.testing.assert_close(cache["hook_embed"], model.embed(src) * cfg.d_model**0.5)  # the source only
+    torch.testing.assert_close(cache["hook_tgt_embed"], table(tgt) * cfg.d_model**0.5)
+
+
+def test_language_model_itself_cannot_be_built():
+    with pytest.raises(TypeError, match="use GPT or Encoder"):
+        LanguageModel(preset("tiny"))
