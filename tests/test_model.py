@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tfedu.config import ATTENTION_IMPLS, POSITIONALS, ModelConfig
+from tfedu.config import ATTENTION_IMPLS, POSITIONALS, ModelConfig, preset
 from tfedu.layers import Block
 from tfedu.model import GPT, IGNORE_INDEX, Encoder, EncoderDecoder, LanguageModel, mask_tokens
 from tfedu.positional import sinusoidal
