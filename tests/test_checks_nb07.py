@@ -437,7 +437,8 @@ def test_param_count_shapes_tell_every_term_apart_with_shapes_to_spare():
         (("mlp3",), "you used 3 · d_model"),
         (("mlp1",), "d_mlp = 4 · d_model, not d_model"),
         (("no-bias", "no-final"), "the biases are missing.*; the final LayerNorm .* is missing"),
-        (("untied", "no-pos", "ln-gain"), "W_U as a matrix of its own.*; the learned position table .* missing.*; each LayerNorm has a gain AND"),
+        (("untied", "no-pos", "ln-gain"),
+         "W_U as a matrix of its own.*; the learned position table .* missing.*; each LayerNorm has a gain AND"),
         (("attn3", "mlp3"), "attention has four .*: you counted three; the MLP's hidden width .* you used 3 · d_model"),
         (("once",), "part of your count does not grow with n_layers"),
         (("float",), r"returned 124440000.0, a float: return the exact count as an int"),
@@ -447,8 +448,8 @@ def test_param_count_shapes_tell_every_term_apart_with_shapes_to_spare():
 def test_param_count_mistakes_are_named(bugs, match):
     with pytest.raises(CheckFailure, match=match) as info:
         nb07.check_gpt2_param_count(make_param_count(*bugs))
-    if "float" not in bugs[0]:
-        assert "expected 124,439,808" in str(info.value) or "expected" in str(info.value)
+    if "float" not in bugs[0]:  # the breakdown of the right count comes with the hint
+        assert "expected 124,439,808 (token embedding 38,597,376, positions 786,432, 12 blocks of 7,087,872" in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -506,8 +507,10 @@ GOOD = {
 }
 BAD = {
     "check_layer_norm": [{"layer_norm": make_layer_norm(bug)} for bug in ("unbiased", "no-eps", "eps-outside", "rms", "dim0", "swapped")],
-    "check_pre_norm_block": [{"pre_norm_block": make_pre_norm_block(bug)} for bug in ("post-norm", "mlp-raw", "ln1-twice", "parallel", "no-resid")],
-    "check_gpt2_param_count": [{"gpt2_param_count": make_param_count(bug)} for bug in ("no-bias", "untied", "ln-gain", "no-final", "attn3")],
+    "check_pre_norm_block": [{"pre_norm_block": make_pre_norm_block(bug)}
+                             for bug in ("post-norm", "mlp-raw", "ln1-twice", "parallel", "no-resid")],
+    "check_gpt2_param_count": [{"gpt2_param_count": make_param_count(bug)}
+                               for bug in ("no-bias", "untied", "ln-gain", "no-final", "attn3")],
 }
 
 
@@ -655,3 +658,62 @@ def test_nothing_the_solutions_use_is_forbidden():
     assert scan_answer(standins, context=["import torch, math\nimport numpy as np\nimport torch.nn.functional as F"],
                        forbidden=nb07.PROBES["check_pre_norm_block"].forbidden) == []
     assert "tfedu" not in standins
+
+
+def run_under_the_harness(grade_id, answer, *, standins=False):
+    """One hidden test as the grader runs it in the kernel: the harness cell, its tripwire, its result."""
+    import secrets
+    import tempfile
+    from pathlib import Path
+
+    from tfedu.grading import harness
+
+    probe = nb07.PROBES[grade_id]
+    namespace = {"__builtins__": __builtins__}
+    exec(NOTEBOOK_CONTEXT.replace(", einops, regex", "") + "\n" + answer, namespace)
+    cell_globals = {"__builtins__": __builtins__, "globals": lambda: namespace}
+    if standins:
+        exec(harness.standin_sources(probe.standins)[0], cell_globals)
+    folder = Path(tempfile.mkdtemp())
+    inputs = probe.make_inputs(np.random.default_rng(0))
+    harness.write_inputs(folder, inputs)
+    nonce = secrets.token_hex(4)
+    exec(harness.harness_source(folder, probe.run, probe.forbidden, nonce), cell_globals)
+    result = harness.read_result(folder, nonce)
+    hits = [hit for hit in result["tripwire"] if "processes" not in hit]  # (run here, pytest's own processes count too)
+    feedback = probe.compare(result["outputs"], probe.reference(inputs)) if result["error"] is None else result["error"]
+    return hits, feedback
+
+
+@pytest.mark.parametrize("grade_id", sorted(nb07.PROBES))
+def test_the_solutions_pass_under_the_grader_harness(grade_id):
+    answer = SOLUTIONS[nb07.PROBES[grade_id].exercise]
+    assert run_under_the_harness(grade_id, answer) == ([], None)
+    if nb07.PROBES[grade_id].standins:
+        assert run_under_the_harness(grade_id, answer, standins=True) == ([], None)
+
+
+@pytest.mark.parametrize(
+    "grade_id, answer, hit",
+    [
+        ("check_layer_norm", "def layer_norm(x, weight, bias, eps=1e-5):\n    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)",
+         "torch.layer_norm"),
+        ("check_layer_norm", "def layer_norm(x, weight, bias, eps=1e-5):\n"
+         "    return torch.ops.aten.native_layer_norm(x, x.shape[-1:], weight, bias, eps)[0]", "torch.ops.aten.native_layer_norm"),
+        ("check_layer_norm", "def layer_norm(x, weight, bias, eps=1e-5):\n"
+         "    return F.group_norm(x.reshape(-1, 1, x.shape[-1]), 1, eps=eps).reshape(x.shape) * weight + bias", "torch.group_norm"),
+        ("check_layer_norm", "def layer_norm(x, weight, bias, eps=1e-5):\n"
+         "    return F.rms_norm(x - x.mean(-1, keepdim=True), x.shape[-1:], eps=eps) * weight + bias", "torch.rms_norm"),
+        ("check_pre_norm_block", "from tfedu.config import ModelConfig\nfrom tfedu.layers import Block\n"
+         "def pre_norm_block(resid, ln1, attn, ln2, mlp):\n"
+         "    Block(ModelConfig(d_vocab=2, n_ctx=2, d_model=resid.shape[-1], n_layers=1, n_heads=1))\n    return resid",
+         "from layers.py"),
+        ("check_gpt2_param_count", "from tfedu.config import ModelConfig\nfrom tfedu.flops import param_count\n"
+         "def gpt2_param_count(v, n, d, L):\n"
+         "    return param_count(ModelConfig(d_vocab=v, n_ctx=n, d_model=d, n_layers=L, n_heads=1)).total", "from flops.py"),
+    ],
+    ids=["F.layer_norm", "aten", "group_norm", "rms_norm", "Block", "flops"],
+)
+def test_the_tripwire_sees_the_fused_routes_and_the_reference(grade_id, answer, hit):
+    hits, _ = run_under_the_harness(grade_id, answer)
+    assert any(hit in h for h in hits), hits

@@ -32,7 +32,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from tfedu.checks.core import (
     CheckFailure,
@@ -955,11 +954,18 @@ def _layer_norm_inputs(rng: np.random.Generator) -> dict:
     leading = tuple(int(n) for n in rng.integers(1, 5, size=int(rng.integers(1, 3))))
     d = int(rng.integers(2, 33))
     inputs: dict[str, Any] = {}
-    for name, shape, mean, std, dtype in (("x", (*leading, d), 3.0, 2.0, np.float32),
-                                          ("x_big", (int(rng.integers(2, 4)), int(rng.integers(3, 6)), int(rng.integers(4, 17))), 1e3, 1e-2, np.float64),
-                                          ("x_eps", (int(rng.integers(1, 9)), int(rng.integers(4, 17))), 1e3, 1e-2, np.float64),
-                                          ("x_const", (int(rng.integers(2, 9)), int(rng.integers(2, 17))), 10.0, 1.0, np.float64),
-                                          ("x_f32big", (int(rng.integers(8, 17)), int(rng.integers(16, 65))), 1e3, 1.0, np.float32)):
+
+    def size(low: int, high: int) -> int:
+        return int(rng.integers(low, high))
+
+    calls = (  # name, shape, mean and std of each position, dtype
+        ("x", (*leading, d), 3.0, 2.0, np.float32),  # with gradients
+        ("x_big", (size(2, 4), size(3, 6), size(4, 17)), 1e3, 1e-2, np.float64),  # the mistakes are named here
+        ("x_eps", (size(1, 9), size(4, 17)), 1e3, 1e-2, np.float64),  # with eps given
+        ("x_const", (size(2, 9), size(2, 17)), 10.0, 1.0, np.float64),  # some positions constant (below)
+        ("x_f32big", (size(8, 17), size(16, 65)), 1e3, 1.0, np.float32),  # E[x^2] - E[x]^2 cancels here
+    )
+    for name, shape, mean, std, dtype in calls:
         inputs[name] = _ln_probe_x(rng, shape, mean, std).astype(dtype)
         suffix = name[1:]
         inputs["weight" + suffix] = (1 + 0.5 * rng.standard_normal(shape[-1])).astype(dtype)
