@@ -20,7 +20,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -169,6 +170,47 @@ def watch_calls(*targets: tuple[Any, str]) -> Iterator[list[str]]:
     finally:
         for owner, attr, original in originals:
             setattr(owner, attr, original)
+
+
+def call_on_copies(fn: Any, args: dict[str, Any], *, name: str, mutated_hint: str, error_hint: str = "") -> Any:
+    """``fn`` on copies of the tensors in ``args`` (a name ``"kw:eps"`` goes as the keyword ``eps=``).
+
+    A tensor the learner changed in place fails with ``mutated_hint`` (formatted with its name).
+    """
+    copies = {key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in args.items()}
+    positional = [value for key, value in copies.items() if not key.startswith("kw:")]
+    keywords = {key[3:]: value for key, value in copies.items() if key.startswith("kw:")}
+    result = call_learner(fn, *positional, name=name, error_hint=error_hint, **keywords)
+    for key, value in args.items():
+        if isinstance(value, torch.Tensor) and not torch.equal(copies[key].detach(), value.detach()):
+            raise CheckFailure(mutated_hint.format(name=key.removeprefix("kw:")))
+    return result
+
+
+def name_mistake(got: torch.Tensor, expected: torch.Tensor, mistakes: Iterable[tuple[str, torch.Tensor]], *,
+                  rtol: float = 1e-3, atol: float = 1e-2) -> None:
+    """Name the first known mistake that ``got`` matches, by default loosely (``compare`` matches tightly).
+
+    Some mistakes turn pairs by thousands of radians (frequencies that grow along the vector), where
+    a float32 answer is off from the float64 mistake by more than the reference's tolerance.
+    ``mistakes`` is a sequence of (hint, wrong output): one mistake may come in several forms.
+    """
+    for hint, wrong in mistakes:
+        if wrong.shape == got.shape and is_close(got, wrong, rtol=rtol, atol=atol) and not is_close(
+            wrong, expected, rtol=rtol, atol=atol
+        ):
+            raise CheckFailure(hint)
+
+
+def global_names(fn: Any) -> set[str]:
+    """The global names a function's code (and the functions and lambdas inside it) refers to."""
+    names: set[str] = set()
+    pending = [fn.__code__] if isinstance(getattr(fn, "__code__", None), types.CodeType) else []
+    while pending:
+        current = pending.pop()
+        names.update(current.co_names)
+        pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    return names
 
 
 def describe(value: Any) -> str:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -22,6 +21,9 @@ import torch
 from tfedu import positional as reference
 from tfedu.attention import causal_mask, scaled_dot_product_attention
 from tfedu.checks.core import (
+    call_on_copies,
+    global_names,
+    name_mistake,
     CheckFailure,
     ExerciseNotDone,
     Probe,
@@ -38,31 +40,6 @@ from tfedu.checks.nb04_attention import exact_large_qk
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 
 F64 = torch.float64
-
-
-def _call_on_copies(fn: Any, args: dict[str, Any], *, name: str, mutated_hint: str, error_hint: str = "") -> Any:
-    """``fn(*args.values())`` on copies of the tensors; a tensor changed in place fails with ``mutated_hint``."""
-    copies = {key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in args.items()}
-    result = call_learner(fn, *copies.values(), name=name, error_hint=error_hint)
-    for key, value in args.items():
-        if isinstance(value, torch.Tensor) and not torch.equal(copies[key].detach(), value.detach()):
-            raise CheckFailure(mutated_hint.format(name=key))
-    return result
-
-
-def _name_mistake(got: torch.Tensor, expected: torch.Tensor, mistakes: Iterable[tuple[str, torch.Tensor]], *,
-                  rtol: float = 1e-3, atol: float = 1e-2) -> None:
-    """Name the first known mistake that ``got`` matches, by default loosely (``compare`` matches tightly).
-
-    Some mistakes turn pairs by thousands of radians (frequencies that grow along the vector), where
-    a float32 answer is off from the float64 mistake by more than the reference's tolerance.
-    ``mistakes`` is a sequence of (hint, wrong output): one mistake may come in several forms.
-    """
-    for hint, wrong in mistakes:
-        if wrong.shape == got.shape and is_close(got, wrong, rtol=rtol, atol=atol) and not is_close(
-            wrong, expected, rtol=rtol, atol=atol
-        ):
-            raise CheckFailure(hint)
 
 
 def _expect_tensor(got: Any, what: str, *, numpy_hint: str) -> torch.Tensor:
@@ -176,7 +153,7 @@ def _check_table(got: Any, n: int, d: int, base: float, what: str) -> None:
     expected = reference.sinusoidal(n, d, base)
     mistakes = _sinusoid_mistakes(n, d, base)
     if got.shape == expected.shape and got.dtype != torch.bool and not got.is_complex():
-        _name_mistake(got, expected, mistakes.items())
+        name_mistake(got, expected, mistakes.items())
         fitted = _fitted_base(got, n, d)
         if fitted is not None and not math.isclose(fitted, base, rel_tol=1e-2):
             raise CheckFailure((HINT_OTHER_BASE if base == 10000.0 else HINT_BASE_IGNORED).format(base=fitted))
@@ -310,7 +287,7 @@ def _check_bias(got: Any, n_heads: int, n_query: int, n_key: int) -> None:
     what = f"{what} where the causal mask lets query i see key j"
     if torch.isfinite(seen(got)).all():
         mistakes = [(hint, seen(wrong)) for hint, wrong in _alibi_mistakes(n_heads, n_query, n_key)]
-        _name_mistake(seen(got), seen(expected), mistakes, rtol=1e-4, atol=1e-5)
+        name_mistake(seen(got), seen(expected), mistakes, rtol=1e-4, atol=1e-5)
     compare(seen(got), seen(expected), what=what, check_dtype=False)
     expect(got.dtype == torch.float32, HINT_ALIBI_DTYPE.format(dtype=got.dtype))
 
@@ -454,7 +431,7 @@ def _check_rotated(got: Any, x: torch.Tensor, positions: torch.Tensor, what: str
     expected = reference.apply_rope(x.detach(), positions)
     mistakes = _rope_mistakes(x.detach(), positions)
     if got.shape == expected.shape:
-        _name_mistake(got, expected, mistakes.items())
+        name_mistake(got, expected, mistakes.items())
     compare(got, expected, what=what, mistakes=mistakes, check_dtype=False, atol=atol)
     expect(got.dtype == x.dtype, HINT_ROPE_DTYPE.format(want=x.dtype, got=got.dtype))
     return got
@@ -464,13 +441,13 @@ def _apply_rope_problems(apply_rope: Any) -> None:
     """Every check of the apply_rope exercise; raises CheckFailure on the first problem."""
     # (batch, n_heads, pos, d_head) with positions 0 .. 4: names the mistakes, and any change to x in place.
     x, positions = seeded_randn(60, 2, 3, 5, 8), torch.arange(5)
-    got = _call_on_copies(apply_rope, {"x": x, "positions": positions}, name="apply_rope",
+    got = call_on_copies(apply_rope, {"x": x, "positions": positions}, name="apply_rope",
                           mutated_hint=HINT_ROPE_MUTATED, error_hint=HINT_ROPE_CALL)
     _check_rotated(got, x, positions, "apply_rope(x, torch.arange(5)) with x of shape (2, 3, 5, 8)")
     # Positions given out of order and past 4000. Float32 angles are off by about m * 6e-8 radians there
     # (2.5e-4 on these x); 1e-3 allows that and still fails positions or angles kept in float16 / bfloat16.
     x, positions = seeded_randn(61, 3, 6, 16), torch.tensor([7, 0, 1000, 2049, 3001, 4095])
-    got = _call_on_copies(apply_rope, {"x": x, "positions": positions}, name="apply_rope",
+    got = call_on_copies(apply_rope, {"x": x, "positions": positions}, name="apply_rope",
                           mutated_hint=HINT_ROPE_MUTATED, error_hint=HINT_ROPE_CALL)
     try:
         _check_rotated(got, x, positions, "apply_rope(x, positions) with positions [7, 0, 1000, 2049, 3001, 4095]", atol=1e-3)
@@ -586,7 +563,7 @@ def _rope_attention_failure(rope_attention: Any) -> CheckFailure | None:
         q, k, v = seeded_randn(70, 2, 3, 6, 8), seeded_randn(71, 2, 3, 6, 8), seeded_randn(72, 2, 3, 6, 8)
         positions = torch.arange(6)
         args = {"q": q, "k": k, "v": v, "positions": positions}
-        got = _call_on_copies(rope_attention, args, name="rope_attention", mutated_hint=HINT_RA_MUTATED,
+        got = call_on_copies(rope_attention, args, name="rope_attention", mutated_hint=HINT_RA_MUTATED,
                               error_hint=HINT_RA_CALL)
         _check_attended(got, q, k, v, positions, "rope_attention(q, k, v, torch.arange(6)) on (2, 3, 6, 8) inputs")
         # Positions with gaps (relative offsets that are not all 1), and the gradients to q, k and v.
@@ -610,21 +587,10 @@ def _rope_attention_failure(rope_attention: Any) -> CheckFailure | None:
     return None
 
 
-def _global_names(fn: Any) -> set[str]:
-    """The global names a function's code (and the functions and lambdas inside it) refers to."""
-    names: set[str] = set()
-    pending = [fn.__code__] if isinstance(getattr(fn, "__code__", None), types.CodeType) else []
-    while pending:
-        current = pending.pop()
-        names.update(current.co_names)
-        pending.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
-    return names
-
-
 def _learner_apply_rope(rope_attention: Any) -> Callable[..., Any] | None:
     """The learner's own ``apply_rope`` when ``rope_attention`` refers to it by name."""
     namespace = getattr(rope_attention, "__globals__", None)
-    if not isinstance(namespace, dict) or "apply_rope" not in _global_names(rope_attention):
+    if not isinstance(namespace, dict) or "apply_rope" not in global_names(rope_attention):
         return None
     candidate = namespace.get("apply_rope")
     return candidate if callable(candidate) and candidate is not reference.apply_rope else None

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from typing import Any
 
@@ -34,6 +34,9 @@ import torch
 import torch.nn.functional as F
 
 from tfedu.checks.core import (
+    call_on_copies,
+    global_names,
+    name_mistake,
     CheckFailure,
     ExerciseNotDone,
     Probe,
@@ -46,37 +49,11 @@ from tfedu.checks.core import (
     seeded_randn,
     upstream_problem,
 )
-from tfedu.checks.nb06_positional import _global_names
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 from tfedu.config import ModelConfig
 from tfedu.layers import Block
 
 F64 = torch.float64
-
-
-def _call_on_copies(fn: Any, args: dict[str, Any], *, name: str, mutated_hint: str, error_hint: str = "") -> Any:
-    """``fn`` on copies of the tensors in ``args`` (a name ``"kw:eps"`` goes as the keyword ``eps=``).
-
-    A tensor the learner changed in place fails with ``mutated_hint`` (formatted with its name).
-    """
-    copies = {key: value.clone() if isinstance(value, torch.Tensor) else value for key, value in args.items()}
-    positional = [value for key, value in copies.items() if not key.startswith("kw:")]
-    keywords = {key[3:]: value for key, value in copies.items() if key.startswith("kw:")}
-    result = call_learner(fn, *positional, name=name, error_hint=error_hint, **keywords)
-    for key, value in args.items():
-        if isinstance(value, torch.Tensor) and not torch.equal(copies[key].detach(), value.detach()):
-            raise CheckFailure(mutated_hint.format(name=key.removeprefix("kw:")))
-    return result
-
-
-def _name_mistake(got: torch.Tensor, expected: torch.Tensor, mistakes: Iterable[tuple[str, torch.Tensor]], *,
-                  rtol: float, atol: float) -> None:
-    """Name the first known mistake that ``got`` matches (and the reference does not)."""
-    for hint, wrong in mistakes:
-        if wrong.shape == got.shape and is_close(got, wrong, rtol=rtol, atol=atol) and not is_close(
-            wrong, expected, rtol=rtol, atol=atol
-        ):
-            raise CheckFailure(hint)
 
 
 # ----------------------------------------------------------------------------- 7.1 layer_norm
@@ -229,7 +206,7 @@ def _check_normalised(got: Any, x, weight, bias, eps: float, what: str, *, rtol:
     expected = _ln_variant(x, weight, bias, eps)
     if got.shape == expected.shape and got.is_floating_point() and torch.isfinite(got).all() \
             and not is_close(got, expected, rtol=rtol, atol=atol):
-        _name_mistake(got, expected, _ln_mistakes(x, weight, bias, eps), rtol=rtol, atol=atol)
+        name_mistake(got, expected, _ln_mistakes(x, weight, bias, eps), rtol=rtol, atol=atol)
     compare(got, expected, what=what, check_dtype=False, rtol=rtol, atol=atol, nan_hint=nan_hint)
     expect(got.dtype == x.dtype, HINT_LN_DTYPE.format(want=x.dtype, got=got.dtype))
     return got
@@ -244,7 +221,7 @@ def _call_layer_norm(layer_norm: Any, x, weight, bias, eps: float | None = None)
     args = {"x": x, "weight": weight, "bias": bias}
     if eps is not None:
         args["kw:eps"] = eps
-    return _call_on_copies(layer_norm, args, name="layer_norm", mutated_hint=HINT_LN_MUTATED, error_hint=HINT_LN_CALL)
+    return call_on_copies(layer_norm, args, name="layer_norm", mutated_hint=HINT_LN_MUTATED, error_hint=HINT_LN_CALL)
 
 
 def _layer_norm_problems(layer_norm: Any) -> None:
@@ -481,7 +458,7 @@ def _counting(block: Block) -> Iterator[tuple[list[str], Callable[[torch.Tensor]
 
 def _call_block(pre_norm_block: Any, block: Block, resid: torch.Tensor) -> tuple[Any, list[str]]:
     with _counting(block) as (calls, attn):
-        got = _call_on_copies(pre_norm_block, {"resid": resid, "ln1": block.ln1, "attn": attn, "ln2": block.ln2,
+        got = call_on_copies(pre_norm_block, {"resid": resid, "ln1": block.ln1, "attn": attn, "ln2": block.ln2,
                                                "mlp": block.mlp},
                               name="pre_norm_block", mutated_hint=HINT_BLOCK_MUTATED, error_hint=HINT_BLOCK_CALL)
     return got, list(calls)
@@ -494,7 +471,7 @@ def _check_block_output(got: Any, block: Block, resid: torch.Tensor, calls: list
     with torch.no_grad():
         expected = block(resid.detach(), causal=True)
         if got.shape == expected.shape and got.is_floating_point() and not is_close(got, expected, rtol=1e-6, atol=1e-6):
-            _name_mistake(got, expected, _block_mistakes(block, resid), rtol=1e-6, atol=1e-6)
+            name_mistake(got, expected, _block_mistakes(block, resid), rtol=1e-6, atol=1e-6)
     if not is_close(got, expected, rtol=1e-6, atol=1e-6) and calls.count("attn") and calls.count("mlp"):
         expect(calls.index("attn") < calls.index("mlp"), HINT_BLOCK_ORDER)
     compare(got, expected, what=what, check_dtype=False, rtol=1e-6, atol=1e-6)
@@ -528,7 +505,7 @@ def _pre_norm_block_failure(pre_norm_block: Any) -> CheckFailure | None:
             expected = block32(resid32, causal=True)
             if isinstance(got, torch.Tensor) and got.shape == expected.shape and got.is_floating_point() \
                     and not is_close(got, expected, rtol=1e-4, atol=1e-5):
-                _name_mistake(got, expected, _block_mistakes(block32, resid32), rtol=1e-4, atol=1e-5)
+                name_mistake(got, expected, _block_mistakes(block32, resid32), rtol=1e-4, atol=1e-5)
         what = "pre_norm_block(resid, ...) with resid of shape (3, 4, 12), float32, d_model 12 and 3 heads"
         if isinstance(got, (tuple, list)):
             raise CheckFailure(f"{HINT_BLOCK_TUPLE}; {what} returned a {type(got).__name__} of {len(got)}")
@@ -559,7 +536,7 @@ def _pre_norm_block_failure(pre_norm_block: Any) -> CheckFailure | None:
 def _learner_layer_norm(pre_norm_block: Any) -> Callable[..., Any] | None:
     """The learner's own ``layer_norm`` when ``pre_norm_block`` refers to it by name."""
     namespace = getattr(pre_norm_block, "__globals__", None)
-    if not isinstance(namespace, dict) or "layer_norm" not in _global_names(pre_norm_block):
+    if not isinstance(namespace, dict) or "layer_norm" not in global_names(pre_norm_block):
         return None
     candidate = namespace.get("layer_norm")
     return candidate if callable(candidate) and candidate is not reference_layer_norm else None
