@@ -1,4 +1,4 @@
-"""The hidden tests (probes) of notebooks 00-05 test behaviour, not one easy input.
+"""The hidden tests (probes) of notebooks 00-07 test behaviour, not one easy input.
 
 Every probe passes the notebook's own solution on several seeds (with and without stand-ins),
 and fails realistic mistakes with feedback that names them: a softmax or attention without the
@@ -30,6 +30,7 @@ from tfedu.checks import nb03_rnns_to_attention as nb03
 from tfedu.checks import nb04_attention as nb04
 from tfedu.checks import nb05_masks_and_heads as nb05
 from tfedu.checks import nb06_positional as nb06
+from tfedu.checks import nb07_transformer_block as nb07
 from tfedu.checks.core import Probe, is_plain_data, run_probe, standin_objects, standins_bound
 from tfedu.embeddings import sgns_loss
 from tfedu.grading.scan import scan_answer
@@ -38,7 +39,7 @@ from tfedu.tokenizer import GPT4_PATTERN, get_pair_counts, merge_pair
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 MODULES = {"00_start_here": nb00, "01_tokenization": nb01, "02_embeddings": nb02, "03_rnns_to_attention": nb03,
            "04_attention": nb04, "05_masks_and_heads": nb05,
-           "06_positional_encoding": nb06}
+           "06_positional_encoding": nb06, "07_transformer_block": nb07}
 ALL_PROBES = [(stem, grade_id) for stem, module in MODULES.items() for grade_id in module.PROBES]
 
 
@@ -121,6 +122,14 @@ def test_forbidden_lists_name_the_fused_routes_the_prose_forbids():
     assert "torch.softmax" not in attention  # the exercise tells the learner to use it
     assert {"torch.nn.RNN", "torch.nn.modules.rnn", "torch.rnn_tanh_cell"} <= set(nb03.PROBES["check_run_rnn"].forbidden)
     assert {"torch.nn.functional.embedding", "torch.nn.modules.sparse"} <= set(nb02.PROBES["check_embed_via_one_hot"].forbidden)
+    layer_norm = nb07.PROBES["check_layer_norm"].forbidden
+    for name in ("tfedu.layers", "torch.nn.functional.layer_norm", "torch.layer_norm", "torch.native_layer_norm",
+                 "torch.nn.LayerNorm", "torch.nn.functional.group_norm", "torch.nn.functional.instance_norm",
+                 "torch.nn.functional.batch_norm", "torch.nn.functional.rms_norm"):
+        assert name in layer_norm
+    assert "torch.var" not in layer_norm and "torch.var_mean" not in layer_norm  # statistics are allowed
+    assert {"tfedu.layers", "tfedu.model"} <= set(nb07.PROBES["check_pre_norm_block"].forbidden)
+    assert "tfedu.flops" in nb07.PROBES["check_gpt2_param_count"].forbidden
 
 
 # ----------------------------------------------------------------------------- realistic mistakes, named
@@ -283,6 +292,25 @@ def learn_bpe_tie_on_first_id(ids, n_merges, first_id):
 SPLIT_ANY_WHITESPACE = regex.compile(r"'s|'t|'re|'ve|'m|'ll|'d|\s?\p{L}+|\s?\p{N}+|\s?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+").findall
 SPLIT_DIGIT_CLASS = regex.compile(r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\d]+|\s+(?!\S)|\s+").findall
 
+
+def annotated_transformer_layer_norm(x, weight, bias, eps=1e-5):
+    """The Annotated Transformer's LayerNorm: x.std() is unbiased and eps sits outside the root."""
+    return weight * (x - x.mean(-1, keepdim=True)) / (x.std(-1, keepdim=True) + eps) + bias
+
+
+def one_pass_variance_layer_norm(x, weight, bias, eps=1e-5):
+    """The variance as E[x^2] - E[x]^2: right in float64, rounding noise in float32 when the mean is large."""
+    mean = x.mean(-1, keepdim=True)
+    var = (x * x).mean(-1, keepdim=True) - mean * mean
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+
+
+def post_norm_block(resid, ln1, attn, ln2, mlp):
+    """The 2017 paper's Add & Norm where the exercise asks for GPT-2's pre-norm block."""
+    resid_mid = ln1(resid + attn(resid))
+    return ln2(resid_mid + mlp(resid_mid))
+
+
 MISTAKES = [
     # (notebook, check, name bound, the wrong answer, a fragment of the feedback)
     # found by outside reviewers, each scoring full marks before the hidden tests covered it
@@ -319,6 +347,11 @@ MISTAKES = [
     ("05_masks_and_heads", "check_multi_head_attention", "MultiHeadAttention", NoGradMHA, "no gradient flows back"),
     ("05_masks_and_heads", "check_multi_head_attention", "MultiHeadAttention", NaiveMHA, "scores around 1e3"),
     ("05_masks_and_heads", "check_multi_head_attention", "MultiHeadAttention", PairMHA, "return only the output tensor"),
+    ("07_transformer_block", "check_layer_norm", "layer_norm", annotated_transformer_layer_norm, "Annotated Transformer"),
+    ("07_transformer_block", "check_layer_norm", "layer_norm", one_pass_variance_layer_norm, "catastrophic cancellation"),
+    ("07_transformer_block", "check_pre_norm_block", "pre_norm_block", post_norm_block, "post-norm block of the 2017 paper"),
+    ("07_transformer_block", "check_gpt2_param_count", "gpt2_param_count",
+     lambda v, n, d, L: 12 * d * d * L + 2 * v * d, "the deck's table"),
 ]
 
 
@@ -357,13 +390,14 @@ STANDIN_USERS = [(stem, grade_id) for stem, grade_id in ALL_PROBES if MODULES[st
 
 
 def test_the_exercises_that_call_earlier_ones_have_stand_ins():
-    assert sorted(g for _, g in STANDIN_USERS) == ["check_bpe_encode", "check_cbow_loss", "check_learn_bpe", "check_rope_attention",
-                                                   "check_self_attention"]
+    assert sorted(g for _, g in STANDIN_USERS) == ["check_bpe_encode", "check_cbow_loss", "check_learn_bpe", "check_pre_norm_block",
+                                                   "check_rope_attention", "check_self_attention"]
     assert sorted(standin_objects(nb01.PROBES["check_learn_bpe"])) == ["get_pair_counts", "merge_pair"]
     assert sorted(standin_objects(nb01.PROBES["check_bpe_encode"])) == ["merge_pair"]
     assert sorted(standin_objects(nb02.PROBES["check_cbow_loss"])) == ["sgns_loss"]
     assert sorted(standin_objects(nb04.PROBES["check_self_attention"])) == ["attention"]
     assert sorted(standin_objects(nb06.PROBES["check_rope_attention"])) == ["apply_rope"]
+    assert sorted(standin_objects(nb07.PROBES["check_pre_norm_block"])) == ["layer_norm"]
 
 
 def test_stand_ins_agree_with_the_references():
@@ -386,6 +420,8 @@ def test_stand_ins_agree_with_the_references():
     nb04.check_attention(standin_attention)  # the stand-in passes exercise 4.1's own check
     standin_rope = standin_objects(nb06.PROBES["check_rope_attention"])["apply_rope"]
     nb06.check_apply_rope(standin_rope)  # ... and the RoPE stand-in exercise 6.3's
+    standin_layer_norm = standin_objects(nb07.PROBES["check_pre_norm_block"])["layer_norm"]
+    nb07.check_layer_norm(standin_layer_norm)  # ... and the LayerNorm stand-in exercise 7.1's
 
 
 WRONG_EARLIER = {
@@ -395,6 +431,12 @@ WRONG_EARLIER = {
                                           "ex_cbow_loss": "def cbow_loss(context, center, negatives):\n    return sgns_loss(context.mean(1), center, negatives)\n"}),
     "04_attention": ("check_self_attention", {"ex_attention": "def attention(q, k, v):\n    raise NotImplementedError\n"}),
     "06_positional_encoding": ("check_rope_attention", {"ex_apply_rope": "def apply_rope(x, positions):\n    return -x\n"}),
+    # The notebook's pre_norm_block calls ln1 and ln2 itself; one that calls the learner's layer_norm instead:
+    "07_transformer_block": ("check_pre_norm_block", {
+        "ex_layer_norm": "def layer_norm(x, weight, bias, eps=1e-5):\n    return x * weight + bias\n",
+        "ex_pre_norm_block": ("def pre_norm_block(resid, ln1, attn, ln2, mlp):\n"
+                              "    resid_mid = resid + attn(layer_norm(resid, ln1.weight, ln1.bias))\n"
+                              "    return resid_mid + mlp(layer_norm(resid_mid, ln2.weight, ln2.bias))\n")}),
 }
 
 
