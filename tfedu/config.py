@@ -70,7 +70,8 @@ class ModelConfig:
     rope_base: float = 10000.0  # RoPE's theta base (Llama 3: 500000)
     rope_layout: str = "half"  # which dimensions RoPE pairs: half (HF Llama) | interleaved (the paper)
     attention: str = "manual"  # manual (tfedu.attention, by hand) | sdpa (torch's fused kernel)
-    init_std: float = 0.02  # std of the normal initialisation of every weight matrix (GPT-2)
+    init_std: float | None = None  # std of the normal init of every weight matrix; None: the model's default
+    #   (0.02 for GPT and Encoder, as GPT-2 and BERT; d_model ** -0.5 for EncoderDecoder, see there)
     _explicit: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -86,6 +87,9 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.norm_eps must be a positive number, got {self.norm_eps!r}")
         if not isinstance(self.dropout, (int, float)) or not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"ModelConfig.dropout must be a probability in [0, 1), got {self.dropout!r}")
+        if self.init_std is not None and (isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float))
+                                          or not 0 < self.init_std < math.inf):
+            raise ValueError(f"ModelConfig.init_std must be a positive number or None, got {self.init_std!r}")
         if not isinstance(self.rope_base, (int, float)) or not (self.rope_base > 1 and math.isfinite(self.rope_base)):
             raise ValueError(f"ModelConfig.rope_base must be a finite number > 1, got {self.rope_base!r}")
         explicit = frozenset(name for name in _DERIVED if getattr(self, name) is not None)
