@@ -68,3 +68,16 @@ def test_offline_failure_names_the_offline_default(local_remote):
 def test_no_download_flag(local_remote):
     with pytest.raises(FileNotFoundError, match="download=True"):
         data.load_corpus("tiny_shakespeare", download=False)
+
+
+def test_byte_batches_are_shared_with_the_experiments():
+    """One helper, not copies: the experiments import the byte batching from tfedu.data."""
+    import torch
+
+    from tfedu import extrapolation
+
+    assert extrapolation.encode_bytes is data.encode_bytes and extrapolation.sample_windows is data.sample_windows
+    tokens = data.encode_bytes("naïve")
+    assert bytes(tokens.tolist()).decode("utf-8") == "naïve" and tokens.dtype == torch.long
+    x, y = data.sample_windows(torch.arange(50), 3, 4, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (3, 4) and bool((y == x + 1).all())

@@ -3,6 +3,9 @@
 The default corpus is CPython's own documentation (``pydoc_data.topics``), about
 466 KB of English that ships with every Python. Tiny Shakespeare can be fetched once
 when online; it is verified by SHA-256 and cached under ``data/cache/``.
+``encode_bytes`` and ``sample_windows`` turn a corpus into byte-level training batches (a fixed
+vocabulary of 256 that needs no training), shared by the experiments of ``tfedu.extrapolation``
+and ``tfedu.depth``.
 Used from notebooks/00_start_here.ipynb onwards.
 """
 
@@ -13,6 +16,10 @@ import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
 
 DEFAULT_CORPUS = "pydoc"
 
@@ -101,3 +108,30 @@ def fetch_verified(url: str, sha256: str, dest: Path, *, timeout: float = 30.0) 
     tmp.write_bytes(data)
     tmp.replace(dest)
     return dest
+
+
+# ----------------------------------------------------------------------------- byte-level batches
+
+
+def encode_bytes(text: str) -> Int[Tensor, " n_tokens"]:
+    """The UTF-8 bytes of ``text`` as a tensor of token ids in 0..255.
+
+    >>> encode_bytes("hé").tolist()  # é is two bytes in UTF-8
+    [104, 195, 169]
+    """
+    return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
+
+
+def sample_windows(
+    tokens: Int[Tensor, " n_tokens"], batch: int, length: int, generator: torch.Generator
+) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+    """``batch`` random windows of ``length`` inputs and their targets (the same window shifted by one).
+
+    >>> x, y = sample_windows(torch.arange(100), 2, 5, torch.Generator().manual_seed(0))
+    >>> x.shape, bool((y == x + 1).all())
+    (torch.Size([2, 5]), True)
+    """
+    starts = torch.randint(0, len(tokens) - length, (batch,), generator=generator)  # (batch,)
+    index = starts[:, None] + torch.arange(length + 1)  # (batch, pos + 1)
+    window = tokens[index]  # (batch, pos + 1)
+    return window[:, :-1], window[:, 1:]

@@ -47,7 +47,7 @@ from torch import Tensor, nn
 
 from tfedu import positional as _positional
 from tfedu.attention import MultiHeadAttention, attention_weights, causal_mask
-from tfedu.data import load_corpus
+from tfedu.data import encode_bytes, load_corpus, sample_windows  # re-exported: notebook 06 imported them from here
 
 POSITIONALS = ("none", "sinusoidal", "learned", "alibi", "rope")
 D_VOCAB = 256  # one token per byte value
@@ -276,15 +276,6 @@ def _expect_positional(positional: object) -> None:
 # ----------------------------------------------------------------------------- data
 
 
-def encode_bytes(text: str) -> Int[Tensor, " n_tokens"]:
-    """The UTF-8 bytes of ``text`` as a tensor of token ids in 0..255.
-
-    >>> encode_bytes("hé").tolist()  # é is two bytes in UTF-8
-    [104, 195, 169]
-    """
-    return torch.frombuffer(bytearray(text.encode("utf-8")), dtype=torch.uint8).long()
-
-
 def split_corpus(
     tokens: Int[Tensor, " n_tokens"], cfg: ExtrapolationConfig
 ) -> tuple[Int[Tensor, " n_train"], Int[Tensor, " n_eval"]]:
@@ -306,21 +297,6 @@ def split_corpus(
             f"{cfg.train_len + 1}; give a longer text or a smaller eval_tokens"
         )
     return tokens[:n_train], tokens[n_train : n_train + cfg.eval_tokens + 1]
-
-
-def sample_windows(
-    tokens: Int[Tensor, " n_tokens"], batch: int, length: int, generator: torch.Generator
-) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
-    """``batch`` random windows of ``length`` inputs and their targets (the same window shifted by one).
-
-    >>> x, y = sample_windows(torch.arange(100), 2, 5, torch.Generator().manual_seed(0))
-    >>> x.shape, bool((y == x + 1).all())
-    (torch.Size([2, 5]), True)
-    """
-    starts = torch.randint(0, len(tokens) - length, (batch,), generator=generator)  # (batch,)
-    index = starts[:, None] + torch.arange(length + 1)  # (batch, pos + 1)
-    window = tokens[index]  # (batch, pos + 1)
-    return window[:, :-1], window[:, 1:]
 
 
 @torch.no_grad()
