@@ -115,10 +115,9 @@ def module_layer_norm(x, weight, bias, eps=1e-5):
 
 def test_layer_norm_reference_and_learner_solutions_pass(capsys):
     for fn in (solution("ex_layer_norm")["layer_norm"], make_layer_norm(), var_mean_layer_norm, unbiased_false_layer_norm,
-               nb07.reference_layer_norm, module_layer_norm,
-               lambda x, weight, bias, eps=1e-5: F.layer_norm(x, (x.shape[-1],), weight, bias, eps)):
+               nb07.reference_layer_norm, module_layer_norm):
         nb07.check_layer_norm(fn)
-    assert capsys.readouterr().out.count("\N{CHECK MARK} layer norm: all checks passed") == 7
+    assert capsys.readouterr().out.count("\N{CHECK MARK} layer norm: all checks passed") == 6
 
 
 @pytest.mark.parametrize(
@@ -717,3 +716,17 @@ def test_the_solutions_pass_under_the_grader_harness(grade_id):
 def test_the_tripwire_sees_the_fused_routes_and_the_reference(grade_id, answer, hit):
     hits, _ = run_under_the_harness(grade_id, answer)
     assert any(hit in h for h in hits), hits
+
+
+@pytest.mark.parametrize("route", [
+    "return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)",
+    "return torch.layer_norm(x, (x.shape[-1],), weight, bias, eps)",
+    "m = torch.nn.LayerNorm(x.shape[-1], eps=eps, dtype=x.dtype)\n    with torch.no_grad():\n        m.weight.copy_(weight); m.bias.copy_(bias)\n    return m(x)",
+    "d = x.shape[-1]\n    return F.group_norm(x.reshape(-1, 1, d), 1, eps=eps).reshape(x.shape) * weight + bias",
+])
+def test_layer_norm_check_cell_refuses_the_fused_routes(route):
+    """A learner found that the check cell ticked F.layer_norm while the grader scored it zero."""
+    namespace = {"torch": torch, "F": F}
+    exec(f"def layer_norm(x, weight, bias, eps=1e-5):\n    {route}\n", namespace)
+    with pytest.raises(CheckFailure, match="you called .*build LayerNorm yourself"):
+        nb07.check_layer_norm(namespace["layer_norm"])

@@ -30,3 +30,24 @@ def test_source_scores_full_marks_and_release_scores_zero(path, tmp_path):
         assert exercise["points"] == 0, f"{path.name} {grade_id}: the unsolved version scored {exercise['points']}"
         assert "not done yet" in exercise["feedback"], f"{path.name} {grade_id}: {exercise['feedback']}"
     assert empty["total"] == 0
+
+
+def test_a_zeroed_first_exercise_does_not_take_the_check_imports_with_it(tmp_path):
+    """A learner's notebook 07 with F.layer_norm in 7.1 scored 0 / 7: the grader skipped 7.1's decided check
+    cell, and with it the `from tfedu.checks import ... as checks` that 7.2's and 7.3's check cells use."""
+    import nbformat
+
+    path = Path(__file__).resolve().parents[1] / "notebooks" / "07_transformer_block.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == "ex_layer_norm":
+            cell.source = ("def layer_norm(x, weight, bias, eps=1e-5):\n"
+                           "    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)\n")
+    fused = tmp_path / "07_transformer_block.ipynb"
+    nbformat.write(nb, fused)
+    [result] = grade([fused], source=path, limits=Limits(cell_timeout=600, timeout=1800), jobs=1)["submissions"]
+    exercises = result["exercises"]
+    assert exercises["check_layer_norm"]["points"] == 0
+    assert "torch.nn.functional.layer_norm" in exercises["check_layer_norm"]["feedback"]
+    for later in ("check_pre_norm_block", "check_gpt2_param_count"):
+        assert exercises[later]["points"] == exercises[later]["max"] > 0, exercises[later]["feedback"]

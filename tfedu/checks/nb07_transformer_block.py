@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from tfedu.checks.core import (
+    watch_calls,
     call_on_copies,
     global_names,
     name_mistake,
@@ -217,11 +218,30 @@ def _check_normalised(got: Any, x, weight, bias, eps: float, what: str, *, rtol:
 F64_TOLERANCE = {"rtol": 1e-5, "atol": 1e-4}
 
 
+# The fused routes the check cell watches at run time (the grader's scan refuses LAYER_NORM_FUSED as well);
+# nn.LayerNorm, nn.GroupNorm and nn.RMSNorm modules go through these functions too.
+LAYER_NORM_WATCHED = tuple(
+    (owner, name) for owner, names in ((F, ("layer_norm", "group_norm", "instance_norm", "batch_norm", "rms_norm")),
+                                       (torch, ("layer_norm", "native_layer_norm", "group_norm", "native_group_norm",
+                                                "instance_norm", "batch_norm", "native_batch_norm", "rms_norm")))
+    for name in names if hasattr(owner, name)
+)
+HINT_LN_FUSED = (
+    "you called {route}: the exercise is to build LayerNorm yourself from mean and arithmetic "
+    "(the grader scores a fused norm zero)"
+)
+
+
 def _call_layer_norm(layer_norm: Any, x, weight, bias, eps: float | None = None) -> Any:
     args = {"x": x, "weight": weight, "bias": bias}
     if eps is not None:
         args["kw:eps"] = eps
-    return call_on_copies(layer_norm, args, name="layer_norm", mutated_hint=HINT_LN_MUTATED, error_hint=HINT_LN_CALL)
+    with watch_calls(*LAYER_NORM_WATCHED) as called:
+        result = call_on_copies(layer_norm, args, name="layer_norm", mutated_hint=HINT_LN_MUTATED,
+                                error_hint=HINT_LN_CALL)
+    if called:
+        raise CheckFailure(HINT_LN_FUSED.format(route=called[0]))
+    return result
 
 
 def _layer_norm_problems(layer_norm: Any) -> None:
