@@ -26,7 +26,10 @@ means tfedu is faster. The goal is 0.9 against Hugging Face's default GPT-2.
 from __future__ import annotations
 
 import copy
+import os
+import statistics
 import sys
+import time
 from collections.abc import Callable
 
 from tfedu.bench.common import interleaved, machine, summary, timed, version
@@ -145,17 +148,22 @@ def bench_one(models: dict, shape: dict, device: str, autocast_dtype=None, round
     fns = step_fns(models, x, y, autocast_dtype)
     agreement = check_agreement(models, fns)
     sync = torch.cuda.synchronize if device == "cuda" else None
+    cpu_seconds: dict[str, list[float]] = {name: [] for name in MODELS}
 
     def step(name: str) -> Callable[[], float]:
         def run_step() -> float:
             models[name].zero_grad(set_to_none=True)
+            cpu_start = time.process_time()
             seconds, _ = timed(lambda: fns[name]()[1].backward(), sync)
+            cpu_seconds[name].append(time.process_time() - cpu_start)
             return seconds
 
         return run_step
 
     steps = {name: step(name) for name in MODELS}
     interleaved(steps, warmup)
+    for name in MODELS:
+        cpu_seconds[name].clear()
     ref_grad = embedding_grad("hf", models["hf"])
     for name, model in models.items():
         agreement[name]["max_abs_embedding_grad_diff"] = (embedding_grad(name, model) - ref_grad).abs().max().item()
@@ -164,6 +172,8 @@ def bench_one(models: dict, shape: dict, device: str, autocast_dtype=None, round
     timings = {}
     for name in MODELS:
         row = summary(times[name])
+        # CPU time of this process (all its threads): far below the wall time when other work took the cores.
+        row["cpu_s_median"] = statistics.median(cpu_seconds[name])
         row["tokens_per_s_median"] = tokens_per_step / row["median_s"]
         row["tokens_per_s_best"] = tokens_per_step / row["best_s"]
         timings[name] = row
@@ -258,6 +268,7 @@ def run(quick: bool = False, device: str | None = None) -> dict:
     result["manual_vs_hf_eager"] = min(r["ratios"]["tfedu_manual/hf_eager"] for r in runs)
     result["goal_met_sdpa"] = result["sdpa_vs_hf"] >= GOAL
     result["goal_met_manual"] = result["manual_vs_hf"] >= GOAL
+    result["load_average_1min_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     result["logits_agree"] = all(r["logits_agree"] is not False for r in runs)
     result["max_abs_logit_diff"] = max(r["max_abs_logit_diff"] for r in runs if r["logits_agree"] is not None)
     return result
@@ -274,7 +285,7 @@ def format_table(r: dict) -> str:
         f"{r['shape']}: d_model {r['d_model']}, {r['n_layers']} layers, {r['n_heads']} heads, vocab {r['d_vocab']}, "
         f"{r['n_params'] / 1e6:.1f}M parameters; batch {r['batch']} x context {r['context']}",
         f"step: {r['step']}; torch {r['torch']}, transformers {r['transformers']}; "
-        f"load average {r['load_average_1min']} at the start",
+        f"load average {r['load_average_1min']} at the start, {r['load_average_1min_end']} at the end",
     ]
     for name, d in r["devices"].items():
         if name == "cpu":
@@ -283,14 +294,15 @@ def format_table(r: dict) -> str:
             lines.append(f"{name}: {d['name']}, {d['memory_gib']} GiB, capability {d['capability']}, CUDA {d['cuda']}")
     for key, run in r["runs"].items():
         title = f"{key}, median of {run['rounds']}"
-        lines += ["", f"{title:<32}{'median s':>10}{'best s':>10}{'tokens/s':>11}{'vs HF':>8}{'max |dlogit|':>14}"
-                      f"{'max |dgrad|':>13}"]
+        lines += ["", f"{title:<32}{'median s':>10}{'best s':>10}{'cpu s':>8}{'tokens/s':>11}{'vs HF':>8}"
+                      f"{'max |dlogit|':>14}{'max |dgrad|':>13}"]
         hf_speed = run["timings"]["hf"]["tokens_per_s_median"]
         for name in MODELS:
             t, a = run["timings"][name], run["agreement"][name]
             label = LABELS[name].format(hf=r["hf_attn_implementation"])
             diffs = "" if name == "hf" else f"{a['max_abs_logit_diff']:>14.1e}{a['max_abs_embedding_grad_diff']:>13.1e}"
-            lines.append(f"{label:<32}{t['median_s']:>10.4f}{t['best_s']:>10.4f}{t['tokens_per_s_median']:>11,.0f}"
+            lines.append(f"{label:<32}{t['median_s']:>10.4f}{t['best_s']:>10.4f}{t['cpu_s_median']:>8.2f}"
+                         f"{t['tokens_per_s_median']:>11,.0f}"
                          f"{t['tokens_per_s_median'] / hf_speed:>8.2f}{diffs}")
         ratios = run["ratios"]
         lines.append(
@@ -298,6 +310,7 @@ def format_table(r: dict) -> str:
             f"against HF eager: manual {ratios['tfedu_manual/hf_eager']:.2f}, sdpa {ratios['tfedu_sdpa/hf_eager']:.2f}"
         )
     lines += [
+        "(median and best: wall seconds per step; cpu s: this process's CPU seconds per step, median)",
         "",
         f"sdpa_vs_hf {r['sdpa_vs_hf']:.2f}  manual_vs_hf {r['manual_vs_hf']:.2f}  "
         f"manual_vs_hf_eager {r['manual_vs_hf_eager']:.2f}  (worst run; above 1: tfedu faster)  "
