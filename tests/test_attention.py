@@ -99,6 +99,22 @@ def test_combine_masks():
         combine_masks(causal_mask(2, 2), causal_mask(3, 3))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradients_match_torch_softmax(dtype):
+    # The row max is detached (the softmax does not depend on it): the gradients must still be
+    # exactly those of the softmax, here against torch's fused one under the same causal mask.
+    q, k, _ = qkv(11, n_query=6, n_key=6, dtype=dtype)
+    mask = causal_mask(6, 6)
+    grad_out = randn(12, 2, 3, 6, 6, dtype=dtype)
+    q_ours, k_ours = q.clone().requires_grad_(), k.clone().requires_grad_()
+    attention_weights(q_ours, k_ours, mask).backward(grad_out)
+    q_ref, k_ref = q.clone().requires_grad_(), k.clone().requires_grad_()
+    scores = (q_ref @ k_ref.transpose(-2, -1) / math.sqrt(8)).masked_fill(~mask, float("-inf"))
+    torch.softmax(scores, dim=-1).backward(grad_out)
+    torch.testing.assert_close(q_ours.grad, q_ref.grad)
+    torch.testing.assert_close(k_ours.grad, k_ref.grad)
+
+
 # ----------------------------------------------------------------------------- fully masked rows
 
 

@@ -62,3 +62,91 @@ def test_missing_peer_library_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setattr(bench_tokenizer, "run", no_peer)
     assert cli.main(["bench", "tokenizer"]) == 2
     assert "needs tiktoken" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- tfedu bench model
+
+MODEL_RATIOS = ("manual_vs_hf", "sdpa_vs_hf", "manual_vs_hf_eager")
+
+
+@pytest.fixture(scope="module")
+def quick_model_output():
+    import contextlib
+    import io
+
+    pytest.importorskip("transformers")
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = cli.main(["bench", "model", "--json", "--quick", "--device", "cpu"])
+    return code, buffer.getvalue()
+
+
+def test_model_bench_is_a_cli_subcommand():
+    args = cli.build_parser().parse_args(["bench", "model", "--quick", "--device", "cpu"])
+    assert args.name == "model" and args.quick and args.device == "cpu" and not args.json
+
+
+def test_quick_model_bench_prints_a_table_then_one_json_object(quick_model_output):
+    code, out = quick_model_output
+    assert code == 0
+    lines = out.strip().splitlines()
+    result = json.loads(lines[-1])
+    for key in MODEL_RATIOS:
+        assert isinstance(result[key], float) and result[key] > 0, key
+    for key in ("python", "torch", "transformers", "cpu_model", "cpu_count", "hf_attn_implementation",
+                "d_model", "n_layers", "n_heads", "d_vocab", "batch", "context", "goal", "goal_met_sdpa"):
+        assert key in result, key
+    assert result["goal"] == 0.9 and result["hf_eager_attn_implementation"] == "eager"
+    assert result["devices"]["cpu"]["torch_threads"] >= 1
+    assert list(result["runs"]) == ["cpu float32"]
+    run = result["runs"]["cpu float32"]
+    for name in ("hf", "hf_eager", "tfedu_manual", "tfedu_sdpa"):
+        timing = run["timings"][name]
+        assert 0 < timing["best_s"] <= timing["median_s"] and len(timing["all_s"]) == run["rounds"]
+        assert timing["tokens_per_s_median"] == pytest.approx(run["tokens_per_step"] / timing["median_s"])
+        # Same weights, same batch: the same logits, loss and gradients as Hugging Face's GPT-2.
+        agreement = run["agreement"][name]
+        assert agreement["max_abs_logit_diff"] < 1e-5 and agreement["abs_loss_diff"] < 1e-5, name
+        assert agreement["max_abs_embedding_grad_diff"] < 1e-6, name
+    assert result["logits_agree"] and result["max_abs_logit_diff"] < 1e-5
+    hf, manual = run["timings"]["hf"], run["timings"]["tfedu_manual"]
+    assert run["ratios"]["tfedu_manual/hf"] == pytest.approx(hf["best_s"] / manual["best_s"])
+    assert run["ratios_median"]["tfedu_manual/hf"] == pytest.approx(hf["median_s"] / manual["median_s"])
+    assert result["manual_vs_hf"] == run["ratios"]["tfedu_manual/hf"]
+    table = "\n".join(lines[:-1])
+    assert "HF GPT-2 (sdpa)" in table and "HF GPT-2 (eager)" in table and "tfedu GPT (manual)" in table
+    assert "WARNING" not in table
+
+
+def test_model_bench_device_flag_is_refused_by_cpu_only_benches(capsys):
+    assert cli.main(["bench", "tokenizer", "--device", "cpu"]) == 2
+    assert "no --device" in capsys.readouterr().err
+
+
+def test_model_bench_rejects_an_unknown_device():
+    from tfedu.bench import model as bench_model
+
+    with pytest.raises(ValueError, match="device must be"):
+        bench_model.run(quick=True, device="tpu")
+
+
+def test_model_bench_on_cuda_without_a_gpu_is_a_clear_error(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["bench", "model", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_model_bench_under_bfloat16_autocast_reports_without_holding_to_float32_tolerance():
+    # The CUDA run's bfloat16 branch, exercised on the CPU (CI has no GPU).
+    pytest.importorskip("transformers")
+    import torch
+
+    from tfedu.bench import model as bench_model
+
+    shape = {key: bench_model.QUICK[key] for key in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "batch", "context")}
+    run = bench_model.bench_one(bench_model.build_models(shape), shape, "cpu", torch.bfloat16, rounds=1, warmup=1)
+    assert run["dtype"] == "bfloat16 autocast" and run["logits_agree"] is None
+    assert 0 < run["max_abs_logit_diff"] < 0.1
+    assert set(run["ratios"]) == {"tfedu_manual/hf", "tfedu_sdpa/hf", "tfedu_manual/hf_eager", "tfedu_sdpa/hf_eager"}

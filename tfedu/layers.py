@@ -101,10 +101,11 @@ class LayerNorm(nn.Module):
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         _check_input("LayerNorm", x, self.d_model)
         mean = x.mean(dim=-1, keepdim=True)  # ... 1
+        centred = x - mean  # ... d_model
         # Biased variance (1/d_model), as in Ba et al. 2016 eq. 4 and torch.nn.LayerNorm.
-        var = (x - mean).pow(2).mean(dim=-1, keepdim=True)  # ... 1
+        var = centred.pow(2).mean(dim=-1, keepdim=True)  # ... 1
         # eps inside the sqrt: a constant vector gives 0 / sqrt(eps) = 0, not 0 / 0.
-        x_hat = (x - mean) / torch.sqrt(var + self.eps)  # ... d_model
+        x_hat = centred / torch.sqrt(var + self.eps)  # ... d_model
         out = x_hat * self.weight
         if self.bias is not None:
             out = out + self.bias

@@ -16,26 +16,16 @@ the best of a few repeats (the least disturbed by other work on the machine).
 from __future__ import annotations
 
 import os
-import platform
 import sys
 import time
 
+from tfedu.bench.common import best_time, machine, version
 from tfedu.data import load_corpus
 from tfedu.tokenizer import GPT4_PATTERN, Tokenizer, train_bpe, train_bpe_naive
 
 FULL = {"n_chars": None, "vocab_sizes": (1000, 5000), "naive_vocab_size": 300, "repeats": 5, "encode_repeats": 5}
 QUICK = {"n_chars": 20_000, "vocab_sizes": (300, 400), "naive_vocab_size": 270, "repeats": 1, "encode_repeats": 2}
 HF_PRE_TOKENIZER = "Split(Regex(GPT4_PATTERN), behavior='isolated') then ByteLevel(add_prefix_space=False, use_regex=False)"
-
-
-def best_time(fn, repeats: int) -> tuple[float, object]:
-    """The shortest wall time of ``repeats`` calls of ``fn()``, and the last result."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def hf_train(text: str, vocab_size: int):
@@ -75,12 +65,10 @@ def run(quick: bool = False) -> dict:
         "corpus_bytes": n_bytes,
         "pattern": "gpt4",
         "hf_pre_tokenizer": HF_PRE_TOKENIZER,
-        "python": platform.python_version(),
-        "torch": _version("torch"),
+        **machine(),  # python, platform, cpu_model, cpu_count, load_average_1min
+        "torch": version("torch"),
         "tiktoken": tiktoken.__version__,
         "tokenizers": tokenizers.__version__,
-        "cpu_count": os.cpu_count(),
-        "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "repeats": repeats,
     }
 
@@ -206,13 +194,6 @@ def format_table(r: dict) -> str:
     if not (n["same_merges"] and e["tiktoken_ids_equal"]):
         lines.append("WARNING: tfedu disagrees with its oracle (naive merges or tiktoken ids): the timings compare unequal work")
     return "\n".join(lines)
-
-
-def _version(module: str) -> str | None:
-    try:
-        return __import__(module).__version__
-    except Exception:
-        return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,100 @@
+"""What every ``tfedu bench`` module shares: timing, the machine's description, library versions.
+
+Timings on a shared machine are disturbed by whatever else runs on it, in bursts. Two defences:
+*interleave* the contenders (A B C A B C ...) so that a burst hits all of them rather than one,
+and report the **best** time (the least disturbed run) beside the **median** (the typical one).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+
+
+def timed(fn: Callable[[], object], sync: Callable[[], None] | None = None) -> tuple[float, object]:
+    """Wall seconds of one call of ``fn()``, and its result.
+
+    ``sync`` (e.g. ``torch.cuda.synchronize``) runs before the clock starts and before it stops,
+    so that work queued on an accelerator is counted in full.
+
+    >>> seconds, result = timed(lambda: sum(range(10)))
+    >>> result, seconds >= 0
+    (45, True)
+    """
+    if sync is not None:
+        sync()
+    start = time.perf_counter()
+    result = fn()
+    if sync is not None:
+        sync()
+    return time.perf_counter() - start, result
+
+
+def best_time(fn: Callable[[], object], repeats: int) -> tuple[float, object]:
+    """The shortest wall time of ``repeats`` calls of ``fn()``, and the last result."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        seconds, result = timed(fn)
+        best = min(best, seconds)
+    return best, result
+
+
+def interleaved(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, list[float]]:
+    """Call every ``fn`` once per round, in turn (A B C, A B C, ...); each returns its own seconds.
+
+    >>> times = interleaved({"a": lambda: 1.0, "b": lambda: 2.0}, rounds=3)
+    >>> times["b"], summary(times["b"])["median_s"]
+    ([2.0, 2.0, 2.0], 2.0)
+    """
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(fn())
+    return times
+
+
+def summary(seconds: list[float]) -> dict:
+    """Best and median of a list of timings, plus the list itself (JSON-ready).
+
+    >>> summary([3.0, 1.0, 2.0])
+    {'best_s': 1.0, 'median_s': 2.0, 'all_s': [3.0, 1.0, 2.0]}
+    """
+    return {"best_s": min(seconds), "median_s": statistics.median(seconds), "all_s": list(seconds)}
+
+
+def version(module: str) -> str | None:
+    """``module.__version__``, or None when it is not installed.
+
+    >>> version("no_such_module_here") is None
+    True
+    """
+    try:
+        return __import__(module).__version__
+    except Exception:
+        return None
+
+
+def cpu_model() -> str:
+    """The CPU's name from /proc/cpuinfo (Linux), else what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def machine() -> dict:
+    """The machine a bench ran on: Python, OS, CPU model and count, the load when it started."""
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }

@@ -1,0 +1,336 @@
+"""``tfedu bench model``: a training step of ``tfedu.model.GPT`` against Hugging Face's GPT-2.
+
+Measured in one run, on the CPU and (when present) on CUDA:
+
+- one Hugging Face ``GPT2LMHeadModel`` of GPT-2 small's shape (d_model 768, 12 layers, 12 heads,
+  vocabulary 50257), random weights from a fixed seed (nothing is downloaded), dropout 0 so that
+  every model does the same work, in train mode; timed with its default attention
+  implementation (``sdpa`` in recent ``transformers``) and again with ``eager``, its by-hand
+  equivalent;
+- two tfedu ``GPT``s holding the same weights (``GPT.from_hf``): ``attention="manual"`` (the
+  course's by-hand softmax) and ``attention="sdpa"`` (``F.scaled_dot_product_attention``).
+
+Before any timing the logits and the loss of every model are compared with Hugging Face's on the
+same batch (float32: they must agree to 1e-4), and after the first step so are the gradients of
+the (tied) embedding, which every layer's backward reaches. A step is ``zero_grad``, then the
+forward pass and ``loss.backward()`` of the mean next-token cross-entropy on a batch of 4
+sequences of 256 tokens (the same batch for everyone). The models take turns (A B C D A B C D ...)
+so that a burst of load elsewhere hits them all; each is reported by its median and best seconds
+per step and tokens per second. On CUDA the clock waits for the device (``synchronize``), in
+float32 and again under bfloat16 autocast.
+
+Every ratio is tfedu's tokens/s divided by the peer's (= the peer's time over tfedu's): above 1
+means tfedu is faster. ``ratios`` compare best steps (the least disturbed by other work on the
+machine), ``ratios_median`` the medians. The goal is 0.9 against Hugging Face's default GPT-2.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+from tfedu.bench.common import interleaved, machine, summary, timed, version
+
+GOAL = 0.9  # tfedu's tokens/s at least 0.9x Hugging Face's
+LOGIT_TOLERANCE = 1e-4  # float32; bfloat16 autocast is reported, not held to it
+GPT2_SMALL = {"d_vocab": 50257, "n_ctx": 1024, "d_model": 768, "n_layers": 12, "n_heads": 12}
+# Rounds of the interleaved timing (one step of every model each), after warm-up rounds.
+FULL = {**GPT2_SMALL, "batch": 4, "context": 256, "warmup": {"cpu": 1, "cuda": 3}, "rounds": {"cpu": 5, "cuda": 20}}
+QUICK = {"d_vocab": 256, "n_ctx": 64, "d_model": 64, "n_layers": 2, "n_heads": 4, "batch": 2, "context": 32,
+         "warmup": {"cpu": 1, "cuda": 1}, "rounds": {"cpu": 3, "cuda": 3}}
+MODELS = ("hf", "hf_eager", "tfedu_manual", "tfedu_sdpa")
+RATIOS = {  # name: (tfedu model, peer)
+    "tfedu_manual/hf": ("tfedu_manual", "hf"),
+    "tfedu_sdpa/hf": ("tfedu_sdpa", "hf"),
+    "tfedu_manual/hf_eager": ("tfedu_manual", "hf_eager"),
+    "tfedu_sdpa/hf_eager": ("tfedu_sdpa", "hf_eager"),
+}
+
+
+def build_models(shape: dict, seed: int = 0) -> dict:
+    """Hugging Face's GPT-2 (default attention and eager) and tfedu's GPT (manual and sdpa), same weights.
+
+    The weights are drawn from ``seed`` without touching the caller's random state.
+    """
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tfedu.model import GPT
+
+    config = GPT2Config(
+        vocab_size=shape["d_vocab"], n_positions=shape["n_ctx"], n_embd=shape["d_model"],
+        n_layer=shape["n_layers"], n_head=shape["n_heads"],
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,  # dropout off: every model does the same work
+        bos_token_id=shape["d_vocab"] - 1, eos_token_id=shape["d_vocab"] - 1,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        hf = GPT2LMHeadModel(config)
+    hf_eager = copy.deepcopy(hf)
+    if hasattr(hf_eager, "set_attn_implementation"):  # transformers >= 4.48
+        hf_eager.set_attn_implementation("eager")
+    else:
+        hf_eager = GPT2LMHeadModel._from_config(config, attn_implementation="eager")
+        hf_eager.load_state_dict(hf.state_dict())
+    models = {
+        "hf": hf,
+        "hf_eager": hf_eager,
+        "tfedu_manual": GPT.from_hf(hf, attention="manual"),
+        "tfedu_sdpa": GPT.from_hf(hf, attention="sdpa"),
+    }
+    return {name: model.train() for name, model in models.items()}  # train mode, as in training (dropout is 0)
+
+
+def step_fns(models: dict, x, y, autocast_dtype=None) -> dict[str, Callable[[], object]]:
+    """For each model, ``fn() -> (logits, loss)``: forward on ``x``, the next-token loss against ``y``."""
+    import contextlib
+
+    import torch
+    import torch.nn.functional as F
+
+    def cast():
+        if autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(x.device.type, dtype=autocast_dtype)
+
+    def hf_fn(model):
+        def fn():
+            with cast():
+                logits = model(input_ids=x, use_cache=False).logits
+            # The same loss as tfedu.model.next_token_loss: mean cross-entropy in float32.
+            return logits, F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+        return fn
+
+    def tfedu_fn(model):
+        def fn():
+            with cast():
+                return model(x, targets=y)
+
+        return fn
+
+    return {name: (hf_fn if name.startswith("hf") else tfedu_fn)(model) for name, model in models.items()}
+
+
+def check_agreement(models: dict, fns: dict) -> dict:
+    """Max |logit - HF's logit| and |loss - HF's loss| of every model, without gradients."""
+    import torch
+
+    with torch.no_grad():
+        outputs = {name: fn() for name, fn in fns.items()}
+    ref_logits, ref_loss = outputs["hf"]
+    return {
+        name: {
+            "max_abs_logit_diff": (logits.float() - ref_logits.float()).abs().max().item(),
+            "abs_loss_diff": abs(loss.item() - ref_loss.item()),
+            "loss": loss.item(),
+        }
+        for name, (logits, loss) in outputs.items()
+    }
+
+
+def embedding_grad(name: str, model):
+    """The gradient of the token embedding (tied to the unembedding: every layer's backward reaches it)."""
+    return (model.transformer.wte if name.startswith("hf") else model.embed).weight.grad
+
+
+def bench_one(models: dict, shape: dict, device: str, autocast_dtype=None, rounds: int = 5, warmup: int = 1) -> dict:
+    """Agreement, then interleaved timings of a training step of every model on ``device``."""
+    import torch
+
+    models = {name: model.to(device) for name, model in models.items()}
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, shape["d_vocab"], (shape["batch"], shape["context"] + 1), generator=generator)
+    tokens = tokens.to(device)
+    x, y = tokens[:, :-1], tokens[:, 1:]  # predict each next token
+    fns = step_fns(models, x, y, autocast_dtype)
+    agreement = check_agreement(models, fns)
+    sync = torch.cuda.synchronize if device == "cuda" else None
+    cpu_seconds: dict[str, list[float]] = {name: [] for name in MODELS}
+
+    def step(name: str) -> Callable[[], float]:
+        def run_step() -> float:
+            models[name].zero_grad(set_to_none=True)
+            cpu_start = time.process_time()
+            seconds, _ = timed(lambda: fns[name]()[1].backward(), sync)
+            cpu_seconds[name].append(time.process_time() - cpu_start)
+            return seconds
+
+        return run_step
+
+    steps = {name: step(name) for name in MODELS}
+    interleaved(steps, warmup)
+    for name in MODELS:
+        cpu_seconds[name].clear()
+    ref_grad = embedding_grad("hf", models["hf"])
+    for name, model in models.items():
+        agreement[name]["max_abs_embedding_grad_diff"] = (embedding_grad(name, model) - ref_grad).abs().max().item()
+    times = interleaved(steps, rounds)
+    tokens_per_step = shape["batch"] * shape["context"]
+    timings = {}
+    for name in MODELS:
+        row = summary(times[name])
+        # CPU time of this process (all its threads): far below the wall time when other work took the cores.
+        row["cpu_s_median"] = statistics.median(cpu_seconds[name])
+        row["tokens_per_s_median"] = tokens_per_step / row["median_s"]
+        row["tokens_per_s_best"] = tokens_per_step / row["best_s"]
+        timings[name] = row
+    # The headline ratios use each model's best step, the one least disturbed by other work (as the
+    # tokenizer bench does); on a loaded machine the medians mostly measure the load.
+    ratios = {key: timings[ours]["tokens_per_s_best"] / timings[peer]["tokens_per_s_best"]
+              for key, (ours, peer) in RATIOS.items()}
+    ratios_median = {key: timings[ours]["tokens_per_s_median"] / timings[peer]["tokens_per_s_median"]
+                     for key, (ours, peer) in RATIOS.items()}
+    fp32 = autocast_dtype is None
+    agree = all(
+        row["max_abs_logit_diff"] <= LOGIT_TOLERANCE and row["abs_loss_diff"] <= LOGIT_TOLERANCE
+        for row in agreement.values()
+    )
+    for model in models.values():
+        model.zero_grad(set_to_none=True)
+        model.to("cpu")  # give the device memory back
+    return {
+        "device": device,
+        "dtype": "float32" if fp32 else f"{str(autocast_dtype).removeprefix('torch.')} autocast",
+        "rounds": rounds,
+        "warmup": warmup,
+        "tokens_per_step": tokens_per_step,
+        "agreement": agreement,
+        "logits_agree": agree if fp32 else None,  # autocast rounds differently in every implementation
+        "max_abs_logit_diff": max(row["max_abs_logit_diff"] for row in agreement.values()),
+        "timings": timings,
+        "ratios": ratios,
+        "ratios_median": ratios_median,
+    }
+
+
+def device_description(device: str) -> dict:
+    """The CPU (model, cores, torch's threads) or the GPU (name, memory, capability)."""
+    import torch
+
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        return {
+            "name": props.name,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "capability": f"{props.major}.{props.minor}",
+            "cuda": torch.version.cuda,
+            "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        }
+    info = machine()
+    return {
+        "name": info["cpu_model"],
+        "cpu_count": info["cpu_count"],
+        "torch_threads": torch.get_num_threads(),  # left at torch's default, recorded
+        "torch_interop_threads": torch.get_num_interop_threads(),
+    }
+
+
+def run(quick: bool = False, device: str | None = None) -> dict:
+    """Measure on ``device``: "cpu", "cuda", or None for the CPU and then CUDA when present."""
+    import torch
+    import transformers
+
+    if device not in (None, "auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or None (both when CUDA is present), got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("tfedu bench model --device cuda: torch sees no CUDA device")
+    devices = ["cpu", "cuda"] if device in (None, "auto") else [device]
+    devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
+    cfg = QUICK if quick else FULL
+    shape = {key: cfg[key] for key in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "batch", "context")}
+    models = build_models(shape)
+    result: dict = {
+        "quick": quick,
+        "shape": "quick (tiny)" if quick else "gpt2 small",
+        **shape,
+        "n_params": sum(p.numel() for p in models["tfedu_manual"].parameters()),
+        "step": "zero_grad, forward, next-token cross-entropy (float32), backward",
+        **machine(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "numpy": version("numpy"),
+        "hf_attn_implementation": models["hf"].config._attn_implementation,
+        "hf_eager_attn_implementation": models["hf_eager"].config._attn_implementation,
+        "goal": GOAL,
+        "devices": {d: device_description(d) for d in devices},
+        "runs": {},
+    }
+    for d in devices:
+        rounds, warmup = cfg["rounds"][d], cfg["warmup"][d]
+        result["runs"][f"{d} float32"] = bench_one(models, shape, d, None, rounds, warmup)
+        if d == "cuda" and torch.cuda.is_bf16_supported():
+            result["runs"][f"{d} bfloat16"] = bench_one(models, shape, d, torch.bfloat16, rounds, warmup)
+    runs = result["runs"].values()
+    # The headline numbers: the worst run, not the best.
+    result["manual_vs_hf"] = min(r["ratios"]["tfedu_manual/hf"] for r in runs)
+    result["sdpa_vs_hf"] = min(r["ratios"]["tfedu_sdpa/hf"] for r in runs)
+    result["manual_vs_hf_eager"] = min(r["ratios"]["tfedu_manual/hf_eager"] for r in runs)
+    result["goal_met_sdpa"] = result["sdpa_vs_hf"] >= GOAL
+    result["goal_met_manual"] = result["manual_vs_hf"] >= GOAL
+    result["load_average_1min_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    result["logits_agree"] = all(r["logits_agree"] is not False for r in runs)
+    result["max_abs_logit_diff"] = max(r["max_abs_logit_diff"] for r in runs if r["logits_agree"] is not None)
+    return result
+
+
+LABELS = {"hf": "HF GPT-2 ({hf})", "hf_eager": "HF GPT-2 (eager)", "tfedu_manual": "tfedu GPT (manual)",
+          "tfedu_sdpa": "tfedu GPT (sdpa)"}
+
+
+def format_table(r: dict) -> str:
+    """The results as a plain-text table (the JSON holds the same numbers)."""
+    lines = [
+        f"tfedu bench model{' (quick: sizes too small to mean anything)' if r['quick'] else ''}",
+        f"{r['shape']}: d_model {r['d_model']}, {r['n_layers']} layers, {r['n_heads']} heads, vocab {r['d_vocab']}, "
+        f"{r['n_params'] / 1e6:.1f}M parameters; batch {r['batch']} x context {r['context']}",
+        f"step: {r['step']}; torch {r['torch']}, transformers {r['transformers']}; "
+        f"load average {r['load_average_1min']} at the start, {r['load_average_1min_end']} at the end",
+    ]
+    for name, d in r["devices"].items():
+        if name == "cpu":
+            lines.append(f"cpu: {d['name']}, {d['cpu_count']} CPUs, torch threads {d['torch_threads']}")
+        else:
+            lines.append(f"{name}: {d['name']}, {d['memory_gib']} GiB, capability {d['capability']}, CUDA {d['cuda']}")
+    for key, run in r["runs"].items():
+        title = f"{key}, {run['rounds']} rounds"
+        lines += ["", f"{title:<32}{'median s':>10}{'best s':>10}{'cpu s':>8}{'tokens/s':>11}{'vs HF':>8}"
+                      f"{'(median)':>9}{'max |dlogit|':>14}{'max |dgrad|':>13}"]
+        hf_best, hf_median = run["timings"]["hf"]["tokens_per_s_best"], run["timings"]["hf"]["tokens_per_s_median"]
+        for name in MODELS:
+            t, a = run["timings"][name], run["agreement"][name]
+            label = LABELS[name].format(hf=r["hf_attn_implementation"])
+            diffs = "" if name == "hf" else f"{a['max_abs_logit_diff']:>14.1e}{a['max_abs_embedding_grad_diff']:>13.1e}"
+            lines.append(f"{label:<32}{t['median_s']:>10.4f}{t['best_s']:>10.4f}{t['cpu_s_median']:>8.2f}"
+                         f"{t['tokens_per_s_best']:>11,.0f}{t['tokens_per_s_best'] / hf_best:>8.2f}"
+                         f"{t['tokens_per_s_median'] / hf_median:>9.2f}{diffs}")
+        ratios = run["ratios"]
+        lines.append(
+            f"tfedu/HF tokens/s (best steps): manual {ratios['tfedu_manual/hf']:.2f}, sdpa {ratios['tfedu_sdpa/hf']:.2f}; "
+            f"against HF eager: manual {ratios['tfedu_manual/hf_eager']:.2f}, sdpa {ratios['tfedu_sdpa/hf_eager']:.2f}"
+        )
+    lines += [
+        "(wall seconds per step, median and best; cpu s: this process's CPU seconds per step, median; "
+        "tokens/s and vs HF from the best step, vs HF (median) from the medians)",
+        "",
+        f"sdpa_vs_hf {r['sdpa_vs_hf']:.2f}  manual_vs_hf {r['manual_vs_hf']:.2f}  "
+        f"manual_vs_hf_eager {r['manual_vs_hf_eager']:.2f}  (worst run; above 1: tfedu faster)  "
+        f"goal {r['goal']}: {'met' if r['goal_met_sdpa'] else 'NOT met'} with sdpa, "
+        f"{'met' if r['goal_met_manual'] else 'not met'} by hand",
+    ]
+    if not r["logits_agree"]:
+        lines.append(f"WARNING: tfedu's logits differ from HF's by {r['max_abs_logit_diff']:.1e} "
+                     f"(> {LOGIT_TOLERANCE}): the timings compare unequal work")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import json
+
+    out = run(quick="--quick" in sys.argv)
+    print(format_table(out))
+    print(json.dumps(out, sort_keys=True))
