@@ -21,3 +21,18 @@ def shape_checked(fn):
 @pytest.fixture
 def typechecked():
     return shape_checked
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Run a test on one torch thread, then put the count back.
+
+    The tensors in most tests are tiny: a second thread only adds hand-off cost (5 ms per matmul on a
+    busy 2-core box), and its spin-waiting counts as CPU time where a test measures CPU time.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

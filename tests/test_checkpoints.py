@@ -21,13 +21,7 @@ D_VOCAB, N_CTX = 61, 12
 ATOL = RTOL = 1e-5  # float32 logits of size ~1-10: agreement to the last few digits
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tensors here are tiny: a second thread only adds hand-off cost (5 ms per matmul on a busy 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors: see tests/conftest.py
 
 
 def randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:

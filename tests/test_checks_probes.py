@@ -85,18 +85,9 @@ def test_every_probe_passes_the_notebooks_solution(stem, grade_id):
         assert verdict(probe, namespace, seed, standins=True) is None, (grade_id, seed)
 
 
-@pytest.fixture
-def one_torch_thread():
-    """On a loaded machine torch's second intra-op thread spin-waits, and CPU time counts the spinning as work
-    (one probe measured 1.1 s in a loaded CI run): time the probe's own work on one thread."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("stem, grade_id", ALL_PROBES)
 def test_probe_inputs_are_plain_data_and_the_run_is_quick(stem, grade_id, one_torch_thread):
+    # one thread: a loaded CI run counted a second thread's spin-waiting, 1.1 s of CPU for a 0.02 s probe
     probe = MODULES[stem].PROBES[grade_id]
     namespace = notebook_namespace(stem)
     run_probe(probe, namespace, 0)  # warm-up: first calls pay for imports and caches

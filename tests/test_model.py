@@ -22,13 +22,7 @@ from tfedu.positional import sinusoidal
 D_VOCAB, N_CTX = 23, 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tensors here are tiny: a second thread only adds hand-off cost (5 ms per matmul on a busy 2-core box)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors: see tests/conftest.py
 
 
 def tiny(**changes) -> ModelConfig:
