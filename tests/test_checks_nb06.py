@@ -565,17 +565,6 @@ def test_the_apply_rope_stand_in_agrees_with_the_reference_and_passes_its_check(
     assert "\N{CHECK MARK}" in capsys.readouterr().out
 
 
-def test_a_wrong_apply_rope_costs_only_itself_with_the_stand_in():
-    probe = nb06.PROBES["check_rope_attention"]
-    learner = notebook_rope_attention(make_apply_rope("half"))
-    namespace = learner.__globals__
-    mine = namespace["apply_rope"]
-    assert verdict(probe, namespace, 0) is not None  # without the stand-in the wrong apply_rope costs this exercise
-    for seed in range(3):
-        assert verdict(probe, namespace, seed, standins=True) is None
-    assert namespace["apply_rope"] is mine
-
-
 def test_the_stand_in_does_not_rescue_a_rope_attention_that_is_wrong_itself():
     learner = notebook_rope_attention(make_apply_rope(), values="apply_rope(v, positions)")
     assert verdict(nb06.PROBES["check_rope_attention"], learner.__globals__, 0, standins=True) is not None
