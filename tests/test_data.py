@@ -81,3 +81,68 @@ def test_byte_batches_are_shared_with_the_experiments():
     assert bytes(tokens.tolist()).decode("utf-8") == "naïve" and tokens.dtype == torch.long
     x, y = data.sample_windows(torch.arange(50), 3, 4, torch.Generator().manual_seed(0))
     assert x.shape == y.shape == (3, 4) and bool((y == x + 1).all())
+
+
+# ----------------------------------------------------------------------------- token datasets
+
+import numpy as np
+import torch
+
+from tfedu.tokenizer import train_bpe
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer():
+    return train_bpe(data.load_pydoc_text()[:20_000], 300, special_tokens=[data.END_OF_TEXT])
+
+
+def test_token_dataset_encodes_each_document_followed_by_end_of_text(small_tokenizer):
+    docs = ["def f(): pass", "while True: break"]
+    ds = data.TokenDataset.from_texts(docs, small_tokenizer)
+    eot = small_tokenizer.special_tokens[data.END_OF_TEXT]
+    assert ds.ids.dtype == np.uint16
+    assert ds.ids.tolist() == small_tokenizer.encode(docs[0]) + [eot] + small_tokenizer.encode(docs[1]) + [eot]
+
+
+def test_the_cache_is_a_memory_mapped_uint16_file_written_once(small_tokenizer, tmp_path):
+    docs = data.pydoc_documents()[:20]
+    cache = tmp_path / "ids.bin"
+    ds = data.TokenDataset.from_texts(iter(docs), small_tokenizer, cache=cache)
+    assert isinstance(ds.ids, np.memmap) and cache.stat().st_size == 2 * len(ds)
+    assert not list(tmp_path.glob("*.part"))
+    again = data.TokenDataset.from_texts(iter(()), small_tokenizer, cache=cache)  # read back, not re-encoded
+    assert np.array_equal(again.ids, ds.ids)
+    assert np.array_equal(ds.ids, data.TokenDataset.from_texts(docs, small_tokenizer).ids)
+
+
+def test_batches_shift_by_one_and_the_split_never_overlaps():
+    ds = data.TokenDataset(np.arange(1000, dtype=np.uint16))
+    train, val = ds.split(0.1)
+    assert (len(train), len(val)) == (900, 100)
+    assert int(train.ids.max()) < int(val.ids.min())
+    x, y = train.batch(64, 16, torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (64, 16) and x.dtype == torch.int64
+    assert torch.equal(y, x + 1)  # Y is X moved one token on
+    assert int(y.max()) < 900  # no window reaches into the held-out part
+    again = train.batch(64, 16, torch.Generator().manual_seed(0))
+    assert torch.equal(again[0], x)  # seeded: the same batch again
+    starts = val.eval_starts(16)
+    assert starts == list(range(0, 84, 16)) and starts[-1] + 17 <= len(val)
+
+
+def test_bad_token_data_gets_clear_errors(small_tokenizer, tmp_path):
+    with pytest.raises(TypeError, match="1-D uint16"):
+        data.TokenDataset(np.arange(5))
+    with pytest.raises(ValueError, match="0..65535"):
+        data.TokenDataset.from_ids([1, 70_000])
+    with pytest.raises(ValueError, match="needs 17 tokens"):
+        data.TokenDataset.from_ids(range(10)).batch(1, 16, torch.Generator())
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        data.TokenDataset.from_ids(range(10)).split(1.0)
+    odd = tmp_path / "odd.bin"
+    odd.write_bytes(b"abc")
+    with pytest.raises(ValueError, match="odd number"):
+        data.TokenDataset.load(odd)
+    no_eot = train_bpe("hello world", 260)
+    with pytest.raises(ValueError, match="endoftext"):
+        data.TokenDataset.from_texts(["x"], no_eot)

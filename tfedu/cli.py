@@ -4,6 +4,7 @@
     tfedu clean NOTEBOOK...   strip outputs, execution counts and widget state
     tfedu release ... / tfedu grade ...   student versions and autograding (tfedu.grading)
     tfedu bench NAME          speed measured against named peers (tfedu.bench)
+    tfedu train --preset course-gpt   train the course GPT shipped in data/course-gpt (tfedu.train)
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Modules with `add_parser(subparsers)`; each sets `func=callable(args) -> int` on its parser.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("tfedu.grading.cli", "tfedu.bench.cli")
+SUBCOMMAND_MODULES: tuple[str, ...] = ("tfedu.grading.cli", "tfedu.bench.cli", "tfedu.train_cli")
 
 
 def main(argv: list[str] | None = None) -> int:

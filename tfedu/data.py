@@ -14,9 +14,11 @@ from __future__ import annotations
 import hashlib
 import os
 import urllib.request
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from jaxtyping import Int
 from torch import Tensor
@@ -135,3 +137,144 @@ def sample_windows(
     index = starts[:, None] + torch.arange(length + 1)  # (batch, pos + 1)
     window = tokens[index]  # (batch, pos + 1)
     return window[:, :-1], window[:, 1:]
+
+
+# ----------------------------------------------------------------------------- token datasets
+
+END_OF_TEXT = "<|endoftext|>"
+
+
+def pydoc_documents() -> list[str]:
+    """The topics of CPython's interactive help, one string each, in sorted order.
+
+    ``load_pydoc_text`` is these joined by blank lines; ``TokenDataset`` joins them with an
+    end-of-text token instead, so a model learns where a document ends.
+
+    >>> docs = pydoc_documents()
+    >>> len(docs) > 50 and "\\n\\n".join(docs) == load_pydoc_text()
+    True
+    """
+    from pydoc_data.topics import topics
+
+    return [topics[name].strip() for name in sorted(topics)]
+
+
+class TokenDataset:
+    """A corpus encoded once into token ids, held as a uint16 array (memory-mapped when on disk).
+
+    ``batch`` draws random windows of ``length + 1`` tokens and returns ``X = t[:, :-1]`` and
+    ``Y = t[:, 1:]``: the target at each position is the token that follows it. ``split`` cuts
+    the ids in two contiguous parts, so a window of one part never contains a token of the
+    other. uint16 holds ids below 65,536 in two bytes each (a 1 GB text is about 0.5 GB of ids
+    at 4 bytes per token), the format nanoGPT uses for OpenWebText.
+
+    >>> ds = TokenDataset(np.arange(100, dtype=np.uint16))
+    >>> train, val = ds.split(0.2)
+    >>> len(train), len(val)
+    (80, 20)
+    >>> x, y = train.batch(2, 5, torch.Generator().manual_seed(0))
+    >>> x.shape, bool((y[:, :-1] == x[:, 1:]).all())
+    (torch.Size([2, 5]), True)
+    """
+
+    def __init__(self, ids: np.ndarray) -> None:
+        if not isinstance(ids, np.ndarray) or ids.ndim != 1 or ids.dtype != np.uint16:
+            got = f"{ids.dtype} array of shape {ids.shape}" if isinstance(ids, np.ndarray) else type(ids).__name__
+            raise TypeError(f"TokenDataset expects a 1-D uint16 numpy array of token ids, got {got}")
+        self.ids = ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        return f"TokenDataset({len(self):,} tokens)"
+
+    @classmethod
+    def from_ids(cls, ids) -> TokenDataset:
+        """From any sequence of ids in 0..65535 (a list, a tensor, an array)."""
+        array = np.asarray(ids.tolist() if isinstance(ids, Tensor) else ids, dtype=np.int64)
+        if array.ndim != 1:
+            raise ValueError(f"token ids must be 1-D, got shape {array.shape}")
+        if len(array) and (array.min() < 0 or array.max() > UINT16_MAX):
+            raise ValueError(f"token ids must lie in 0..{UINT16_MAX} to fit uint16, got {array.min()}..{array.max()}")
+        return cls(array.astype(np.uint16))
+
+    @classmethod
+    def from_texts(cls, texts: Iterable[str], tokenizer, *, cache: str | os.PathLike | None = None) -> TokenDataset:
+        """Encode documents with ``tokenizer``, an end-of-text token after each.
+
+        With ``cache`` (a ``.bin`` path), the ids are written there once (through a temporary
+        file and a rename, so a crash never leaves half a file) and memory-mapped afterwards:
+        point ``texts`` at a generator over a large file and memory holds one document at a time.
+        A cache written from other texts or another tokenizer is not noticed: name it by both.
+        """
+        _check_uint16_vocab(tokenizer)
+        eot = tokenizer.special_tokens.get(END_OF_TEXT)
+        if eot is None:
+            raise ValueError(f"the tokenizer needs the special token {END_OF_TEXT!r} to separate documents")
+        if cache is not None and Path(cache).is_file():
+            return cls.load(cache)
+
+        def stream() -> Iterator[int]:
+            for text in texts:
+                yield from tokenizer.encode_ordinary(text)
+                yield eot
+
+        if cache is None:
+            return cls(np.fromiter(stream(), dtype=np.uint16))
+        path = Path(cache)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".part")
+        with open(tmp, "wb") as f:
+            chunk: list[int] = []
+            for i in stream():
+                chunk.append(i)
+                if len(chunk) >= 1 << 20:
+                    f.write(np.asarray(chunk, dtype=np.uint16).tobytes())
+                    chunk = []
+            f.write(np.asarray(chunk, dtype=np.uint16).tobytes())
+        tmp.replace(path)
+        return cls.load(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> TokenDataset:
+        """Memory-map a ``.bin`` file of uint16 ids (as written by ``from_texts``)."""
+        path = Path(path)
+        size = path.stat().st_size
+        if size % 2:
+            raise ValueError(f"{path} has {size} bytes, an odd number: not a file of uint16 token ids")
+        return cls(np.memmap(path, dtype=np.uint16, mode="r"))
+
+    def split(self, val_fraction: float = 0.1) -> tuple[TokenDataset, TokenDataset]:
+        """The first ``1 - val_fraction`` of the ids for training, the rest held out (no overlap)."""
+        if not 0 < val_fraction < 1:
+            raise ValueError(f"val_fraction must lie strictly between 0 and 1, got {val_fraction}")
+        cut = len(self) - round(len(self) * val_fraction)
+        return TokenDataset(self.ids[:cut]), TokenDataset(self.ids[cut:])
+
+    def batch(
+        self, batch_size: int, length: int, generator: torch.Generator
+    ) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+        """``batch_size`` random windows: inputs ``t[:, :-1]`` and targets ``t[:, 1:]``, ``length`` each."""
+        if len(self) < length + 1:
+            raise ValueError(f"a window of {length} inputs needs {length + 1} tokens; this dataset has {len(self)}")
+        starts = torch.randint(0, len(self) - length, (batch_size,), generator=generator)  # (batch,)
+        return self.windows(starts.tolist(), length)
+
+    def windows(self, starts: Sequence[int], length: int) -> tuple[Int[Tensor, "batch pos"], Int[Tensor, "batch pos"]]:
+        """The windows of ``length + 1`` tokens starting at ``starts``, as (inputs, targets)."""
+        t = torch.from_numpy(np.stack([self.ids[s : s + length + 1].astype(np.int64) for s in starts]))  # (batch, pos + 1)
+        return t[:, :-1], t[:, 1:]
+
+    def eval_starts(self, length: int) -> list[int]:
+        """Starts of the non-overlapping windows that cover the dataset: a deterministic evaluation set."""
+        return list(range(0, len(self) - length, length))
+
+
+UINT16_MAX = 65_535
+
+
+def _check_uint16_vocab(tokenizer) -> None:
+    size = max(tokenizer.vocab) + 1
+    if size > UINT16_MAX + 1:
+        raise ValueError(f"token ids up to {size - 1} do not fit uint16 (at most {UINT16_MAX}); this dataset format cannot hold them")
