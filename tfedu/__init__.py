@@ -4,7 +4,7 @@ imports ``tfedu.grading.inside`` in every sandbox and must not pay for torch the
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["device", "seed_everything", "__version__"]
+__all__ = ["device", "seed_everything", "pretrained", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -12,4 +12,8 @@ def __getattr__(name: str) -> Any:
         from tfedu import runtime
 
         return getattr(runtime, name)
+    if name == "pretrained":
+        from tfedu.checkpoints import pretrained
+
+        return pretrained
     raise AttributeError(f"module 'tfedu' has no attribute {name!r}")

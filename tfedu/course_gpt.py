@@ -94,9 +94,8 @@ def build(out_dir: str | os.PathLike = FOLDER, *, steps: int | None = None, devi
 
 
 def _stop_after(steps: int | None):
-    def on_step(record: dict) -> None:
-        if steps is not None and record["step"] >= steps:
-            raise KeyboardInterrupt  # train() returns what it has; the schedule was the full run's
+    def on_step(record: dict) -> bool:
+        return steps is not None and record["step"] >= steps  # True stops train(); the schedule stays the full run's
 
     return on_step
 
@@ -143,3 +142,8 @@ def load(path: str | os.PathLike = FOLDER) -> tuple[GPT, Tokenizer]:
         state["unembed.weight"] = state["embed.weight"]
     model.load_state_dict(state)
     return model.eval(), Tokenizer.load(files[2])
+
+
+def load_log(path: str | os.PathLike = FOLDER) -> dict:
+    """The shipped training log: every step's loss and learning rate, every evaluation, time and machine."""
+    return json.loads((Path(path) / "train_log.json").read_text())

@@ -70,7 +70,7 @@ class TrainConfig:
 class TrainResult:
     history: list[dict] = field(default_factory=list)  # one record per step: step, loss, lr, grad_norm, tokens_per_s
     evals: list[dict] = field(default_factory=list)  # step, val_loss
-    stopped_early: bool = False  # interrupted (KeyboardInterrupt) before cfg.steps
+    stopped_early: bool = False  # stopped before cfg.steps (Ctrl-C, or on_step returned True)
 
     @property
     def losses(self) -> list[float]:
@@ -148,12 +148,12 @@ def train(
     resume: bool = False,
     device: str | torch.device | None = None,
     progress: bool = True,
-    on_step: Callable[[dict], None] | None = None,
+    on_step: Callable[[dict], bool | None] | None = None,
 ) -> TrainResult:
     """Train ``model`` (called as ``model(x, y) -> (logits, loss)``) on random windows of ``train_data``.
 
     ``out_dir`` receives ``checkpoint.pt``; ``resume=True`` continues from it. ``on_step(record)`` is
-    called after every step (a notebook plots from it). Ctrl-C (KeyboardInterrupt) stops the run after
+    called after every step (a notebook plots from it); if it returns True the run stops there. Ctrl-C (KeyboardInterrupt) stops the run after
     the current step and returns what was trained so far; the model keeps its weights.
     """
     device = torch.device(device) if device is not None else next(model.parameters()).device
@@ -202,8 +202,9 @@ def train(
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}",
                             **({"val": f"{result.evals[-1]['val_loss']:.3f}"} if result.evals else {}))
-            if on_step is not None:
-                on_step(record)
+            if on_step is not None and on_step(record):
+                result.stopped_early = True  # the caller asked to stop here
+                break
     except KeyboardInterrupt:
         result.stopped_early = True
         if procs.is_main:
