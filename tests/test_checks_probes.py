@@ -1,4 +1,4 @@
-"""The hidden tests (probes) of notebooks 00-07 test behaviour, not one easy input.
+"""The hidden tests (probes) of notebooks 00-08 test behaviour, not one easy input.
 
 Every probe passes the notebook's own solution on several seeds (with and without stand-ins),
 and fails realistic mistakes with feedback that names them: a softmax or attention without the
@@ -31,6 +31,7 @@ from tfedu.checks import nb04_attention as nb04
 from tfedu.checks import nb05_masks_and_heads as nb05
 from tfedu.checks import nb06_positional as nb06
 from tfedu.checks import nb07_transformer_block as nb07
+from tfedu.checks import nb08_training_decoding as nb08
 from tfedu.checks.core import Probe, is_plain_data, run_probe, standin_objects, standins_bound
 from tfedu.embeddings import sgns_loss
 from tfedu.grading.scan import scan_answer
@@ -39,7 +40,7 @@ from tfedu.tokenizer import GPT4_PATTERN, get_pair_counts, merge_pair
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 MODULES = {"00_start_here": nb00, "01_tokenization": nb01, "02_embeddings": nb02, "03_rnns_to_attention": nb03,
            "04_attention": nb04, "05_masks_and_heads": nb05,
-           "06_positional_encoding": nb06, "07_transformer_block": nb07}
+           "06_positional_encoding": nb06, "07_transformer_block": nb07, "08_training_and_decoding": nb08}
 ALL_PROBES = [(stem, grade_id) for stem, module in MODULES.items() for grade_id in module.PROBES]
 
 
@@ -312,6 +313,27 @@ def post_norm_block(resid, ln1, attn, ln2, mlp):
     return ln2(resid_mid + mlp(resid_mid))
 
 
+def greedy_first_position(model, ids, max_new_tokens):
+    """Greedy decoding from the first position's logits (the prediction after token 0)."""
+    model.eval()
+    for _ in range(max_new_tokens):
+        with torch.no_grad():
+            next_id = model(ids[:, -model.cfg.n_ctx:])[:, 0, :].argmax(dim=-1)
+        ids = torch.cat([ids, next_id[:, None]], dim=1)
+    return ids
+
+
+def top_k_zero_fill(logits, k):
+    kth = torch.topk(logits, k).values[..., -1:]
+    return logits.masked_fill(logits < kth, 0.0)  # 0 is an ordinary logit, not "removed"
+
+
+def top_p_without_the_crossing_token(logits, p):
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    remove = sorted_logits.softmax(dim=-1).cumsum(dim=-1) > p  # drops the token that carries the mass across p
+    return logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+
+
 MISTAKES = [
     # (notebook, check, name bound, the wrong answer, a fragment of the feedback)
     # found by outside reviewers, each scoring full marks before the hidden tests covered it
@@ -353,6 +375,9 @@ MISTAKES = [
     ("07_transformer_block", "check_pre_norm_block", "pre_norm_block", post_norm_block, "post-norm block of the 2017 paper"),
     ("07_transformer_block", "check_gpt2_param_count", "gpt2_param_count",
      lambda v, n, d, L: 12 * d * d * L + 2 * v * d, "the deck's table"),
+    ("08_training_and_decoding", "check_greedy", "greedy_generate", greedy_first_position, "first position"),
+    ("08_training_and_decoding", "check_top_k", "top_k_filter", top_k_zero_fill, "set the removed logits to 0"),
+    ("08_training_and_decoding", "check_top_p", "top_p_filter", top_p_without_the_crossing_token, "across p"),
 ]
 
 
