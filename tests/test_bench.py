@@ -118,6 +118,36 @@ def test_quick_model_bench_prints_a_table_then_one_json_object(quick_model_outpu
     assert "WARNING" not in table
 
 
+def test_quick_model_bench_times_tfedu_train_against_a_plain_hf_loop(quick_model_output):
+    code, out = quick_model_output
+    lines = out.strip().splitlines()
+    result = json.loads(lines[-1])
+    for key in ("train_sdpa_vs_hf_loop", "train_manual_vs_hf_loop"):
+        assert isinstance(result[key], float) and result[key] > 0, key
+    assert isinstance(result["goal_met_train_sdpa"], bool) and isinstance(result["goal_met_train_manual"], bool)
+    assert list(result["train"]) == ["cpu float32"]
+    run = result["train"]["cpu float32"]
+    assert run["steps_per_call"] >= 1 and run["check_steps"] >= 2
+    for name in ("hf_loop", "tfedu_manual", "tfedu_sdpa"):
+        timing = run["timings"][name]
+        assert 0 < timing["best_s"] <= timing["median_s"] and len(timing["all_s"]) == run["rounds"]
+        assert timing["tokens_per_s_best"] == pytest.approx(run["tokens_per_step"] / timing["best_s"])
+        # Same weights, same batches, float32: train()'s loss is the plain loop's at every step
+        # (so the optimizer, the schedule and the clipping did the same thing in between).
+        agreement = run["agreement"][name]
+        assert len(agreement["losses"]) == run["check_steps"]
+        assert agreement["max_abs_loss_diff"] < 1e-5 and agreement["max_rel_grad_norm_diff"] < 1e-5, name
+    assert run["losses_agree"] and result["train_losses_agree"]
+    assert run["hf_loop_losses"][0] == pytest.approx(5.55, abs=0.3)  # about ln(256): untrained, 256 tokens
+    assert result["train_sdpa_vs_hf_loop"] == run["ratios"]["tfedu_sdpa/hf_loop"]
+    loop, sdpa = run["timings"]["hf_loop"], run["timings"]["tfedu_sdpa"]
+    assert run["ratios"]["tfedu_sdpa/hf_loop"] == pytest.approx(loop["best_s"] / sdpa["best_s"])
+    assert "reported_tokens_per_s_median" in sdpa and "reported_tokens_per_s_median" not in loop
+    table = "\n".join(lines[:-1])
+    assert "plain loop, HF GPT-2 (sdpa)" in table and "tfedu.train, GPT (sdpa)" in table
+    assert "train_sdpa_vs_hf_loop" in table
+
+
 def test_model_bench_device_flag_is_refused_by_cpu_only_benches(capsys):
     assert cli.main(["bench", "tokenizer", "--device", "cpu"]) == 2
     assert "no --device" in capsys.readouterr().err

@@ -22,6 +22,15 @@ float32 and again under bfloat16 autocast.
 Every ratio is tfedu's tokens/s divided by the peer's (= the peer's time over tfedu's): above 1
 means tfedu is faster. ``ratios`` compare best steps (the least disturbed by other work on the
 machine), ``ratios_median`` the medians. The goal is 0.9 against Hugging Face's default GPT-2.
+
+Then a whole training step (``bench_train``): ``tfedu.train.train`` on the two tfedu GPTs against
+``hf_train_loop``, a plain hand-written loop over the same Hugging Face GPT-2 doing the same work per
+step (schedule, batch from the same ``TokenDataset``, forward, loss, backward, clipping, AdamW with
+the same two weight-decay groups), same weights and batches, losses checked equal step by step
+first. On the CPU in float32; on CUDA under bfloat16 autocast, as ``train`` runs there. Reported as
+``train_sdpa_vs_hf_loop`` and ``train_manual_vs_hf_loop`` (worst run), goal 0.9 too.
+
+``--quick`` runs tiny sizes on one CPU thread: it checks that the bench runs, not the speed.
 """
 
 from __future__ import annotations
@@ -39,9 +48,13 @@ GOAL = 0.9  # tfedu's tokens/s at least 0.9x Hugging Face's
 LOGIT_TOLERANCE = 1e-4  # float32; bfloat16 autocast is reported, not held to it
 GPT2_SMALL = {"d_vocab": 50257, "n_ctx": 1024, "d_model": 768, "n_layers": 12, "n_heads": 12}
 # Rounds of the interleaved timing (one step of every model each), after warm-up rounds.
-FULL = {**GPT2_SMALL, "batch": 4, "context": 256, "warmup": {"cpu": 1, "cuda": 3}, "rounds": {"cpu": 5, "cuda": 20}}
+FULL = {**GPT2_SMALL, "batch": 4, "context": 256, "warmup": {"cpu": 1, "cuda": 3}, "rounds": {"cpu": 5, "cuda": 20},
+        # The training measurement (bench_train): the first call of every contender checks the losses agree
+        # and warms up; then `train_rounds` interleaved calls of `train_steps` optimizer steps each.
+        "check_steps": {"cpu": 3, "cuda": 10}, "train_steps": {"cpu": 2, "cuda": 20}, "train_rounds": {"cpu": 3, "cuda": 10}}
 QUICK = {"d_vocab": 256, "n_ctx": 64, "d_model": 64, "n_layers": 2, "n_heads": 4, "batch": 2, "context": 32,
-         "warmup": {"cpu": 1, "cuda": 1}, "rounds": {"cpu": 3, "cuda": 3}}
+         "warmup": {"cpu": 1, "cuda": 1}, "rounds": {"cpu": 3, "cuda": 3},
+         "check_steps": {"cpu": 3, "cuda": 3}, "train_steps": {"cpu": 3, "cuda": 3}, "train_rounds": {"cpu": 3, "cuda": 3}}
 MODELS = ("hf", "hf_eager", "tfedu_manual", "tfedu_sdpa")
 RATIOS = {  # name: (tfedu model, peer)
     "tfedu_manual/hf": ("tfedu_manual", "hf"),
@@ -208,6 +221,177 @@ def bench_one(models: dict, shape: dict, device: str, autocast_dtype=None, round
     }
 
 
+# ----------------------------------------------------------------------------- training: tfedu.train vs a plain loop
+
+TRAIN_CONTENDERS = ("hf_loop", "tfedu_manual", "tfedu_sdpa")
+TRAIN_RATIOS = {"tfedu_manual/hf_loop": ("tfedu_manual", "hf_loop"), "tfedu_sdpa/hf_loop": ("tfedu_sdpa", "hf_loop")}
+LOSS_TOLERANCE = 1e-4  # float32, every step's loss, after several AdamW steps from the same weights
+
+
+def train_autocast(device):
+    """The autocast ``tfedu.train.train`` uses: bfloat16 on CUDA (when supported), none elsewhere."""
+    import contextlib
+
+    import torch
+
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def hf_train_loop(model, data, cfg, device) -> dict:
+    """The peer: a plain training loop over Hugging Face's ``GPT2LMHeadModel``, doing what ``train`` does per step.
+
+    AdamW with the same two groups (decay on parameters with 2+ dims, none on biases and norm gains)
+    and the same ``fused`` choice, the same learning rate set every step (``tfedu.train.learning_rate``),
+    the same windows of ``data`` from a sampler seeded with ``cfg.seed``, the same autocast, the same
+    loss (HF's ``labels=`` would shift the ids itself; the windows are already shifted, so the
+    cross-entropy of the logits at ``x`` against ``y`` is taken here, in float32 like
+    ``tfedu.model.next_token_loss``), zero_grad, backward, clipping to ``cfg.grad_clip``, step. What it
+    does not do and ``train`` does: read the loss and the norm back every step (``.item()``: on CUDA a
+    wait for the device), time the step, keep the history; here the losses are read once, at the end.
+    """
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    from tfedu.train import learning_rate
+
+    seq_len = cfg.seq_len or model.config.n_positions
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=cfg.lr, betas=cfg.betas, fused=device.type == "cuda")
+    sampler = torch.Generator().manual_seed(cfg.seed)
+    autocast = train_autocast(device)
+    model.train()
+    losses, norms = [], []
+    for step in range(cfg.steps):
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, cfg)
+        x, y = data.batch(cfg.batch_size, seq_len, sampler)
+        x, y = x.to(device), y.to(device)
+        with autocast:
+            logits = model(input_ids=x, use_cache=False).logits
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        norms.append(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf))
+        optimizer.step()
+        losses.append(loss.detach())
+    return {"losses": torch.stack(losses).tolist(), "grad_norms": torch.stack(norms).tolist()}
+
+
+def bench_train(hf, shape: dict, device: str, check_steps: int, steps: int, rounds: int, seed: int = 2) -> dict:
+    """Tokens/s of ``tfedu.train.train`` on tfedu's GPT (manual and sdpa) against ``hf_train_loop`` on ``hf``.
+
+    Each contender trains its own copy of ``hf``'s weights (``GPT.from_hf``; ``hf`` itself is not
+    touched). First every contender runs ``check_steps`` steps from those weights on the same batches;
+    the losses (and gradient norms) must agree step by step with the HF loop's (float32: to
+    ``LOSS_TOLERANCE``; under autocast they are reported, not held to it). That run is also the
+    warm-up. Then the contenders take turns (HF loop, manual, sdpa, HF loop, ...) for ``rounds``
+    calls of ``steps`` optimizer steps each, every call drawing the same batches again
+    (the sampler is re-seeded) and continuing from the weights the last call left.
+
+    The timed region is one whole call: ``train(model, data, cfg, device=..., progress=False)`` (no
+    held-out data, no checkpoints) against ``hf_train_loop(...)``. It holds everything done per step
+    (the learning rate, drawing the batch and copying it to the device, forward, loss, zero_grad,
+    backward, clipping, AdamW's step, and in ``train`` the per-step record with its ``.item()`` reads)
+    and, once per call on both sides, building AdamW and its first-step state, seeding the sampler
+    and ``model.train()``; ``train`` also builds a (disabled) progress bar and checks for
+    ``torchrun``. Outside it: building the models and the data set. On CUDA the clock waits for the
+    device (``synchronize``) before it starts and before it stops.
+    """
+    import copy
+
+    import torch
+
+    from tfedu.data import TokenDataset
+    from tfedu.model import GPT
+    from tfedu.train import TrainConfig, train
+
+    dev = torch.device(device)
+    generator = torch.Generator().manual_seed(seed)
+    n_tokens = max(100_000, 4 * shape["batch"] * (shape["context"] + 1))
+    data = TokenDataset.from_ids(torch.randint(0, shape["d_vocab"], (n_tokens,), generator=generator))
+    hf_copy = copy.deepcopy(hf).to(dev)
+    models = {"hf_loop": hf_copy,
+              "tfedu_manual": GPT.from_hf(hf_copy, attention="manual").to(dev),
+              "tfedu_sdpa": GPT.from_hf(hf_copy, attention="sdpa").to(dev)}
+
+    def config(n_steps: int) -> TrainConfig:
+        # warmup_steps=1: the schedule's warm-up and cosine branches are both used in a call.
+        return TrainConfig(steps=n_steps, batch_size=shape["batch"], seq_len=shape["context"], lr=6e-4,
+                           warmup_steps=1, weight_decay=0.1, grad_clip=1.0, eval_every=n_steps, seed=0)
+
+    def call(name: str, cfg: TrainConfig) -> dict:
+        if name == "hf_loop":
+            return hf_train_loop(models[name], data, cfg, dev)
+        result = train(models[name], data, cfg, device=dev, progress=False)
+        return {"losses": result.losses, "grad_norms": [r["grad_norm"] for r in result.history],
+                "tokens_per_s": [r["tokens_per_s"] for r in result.history]}
+
+    outputs = {name: call(name, config(check_steps)) for name in TRAIN_CONTENDERS}  # agreement and warm-up
+    ref = outputs["hf_loop"]
+    agreement = {
+        name: {
+            "losses": out["losses"],
+            "max_abs_loss_diff": max(abs(a - b) for a, b in zip(out["losses"], ref["losses"])),
+            "max_rel_grad_norm_diff": max(abs(a - b) / b for a, b in zip(out["grad_norms"], ref["grad_norms"])),
+        }
+        for name, out in outputs.items()
+    }
+    fp32 = device != "cuda" or not torch.cuda.is_bf16_supported()
+    losses_agree = all(row["max_abs_loss_diff"] <= LOSS_TOLERANCE for row in agreement.values())
+
+    sync = torch.cuda.synchronize if device == "cuda" else None
+    cfg = config(steps)
+    reported: dict[str, list[float]] = {"tfedu_manual": [], "tfedu_sdpa": []}  # train()'s own per-step tokens/s
+
+    def timed_call(name: str):
+        def run_call() -> float:
+            seconds, out = timed(lambda: call(name, cfg), sync)
+            reported.get(name, []).extend(out.get("tokens_per_s", []))
+            return seconds
+
+        return run_call
+
+    times = interleaved({name: timed_call(name) for name in TRAIN_CONTENDERS}, rounds)
+    tokens_per_step = shape["batch"] * shape["context"]
+    timings = {}
+    for name in TRAIN_CONTENDERS:
+        row = summary([s / steps for s in times[name]])  # seconds per step, each the mean over one call
+        row["tokens_per_s_median"] = tokens_per_step / row["median_s"]
+        row["tokens_per_s_best"] = tokens_per_step / row["best_s"]
+        if name in reported:  # the tokens/s train() reports itself: its per-step clock, inside the call
+            row["reported_tokens_per_s_median"] = statistics.median(reported[name])
+        timings[name] = row
+    ratios = {key: timings[ours]["tokens_per_s_best"] / timings[peer]["tokens_per_s_best"]
+              for key, (ours, peer) in TRAIN_RATIOS.items()}
+    ratios_median = {key: timings[ours]["tokens_per_s_median"] / timings[peer]["tokens_per_s_median"]
+                     for key, (ours, peer) in TRAIN_RATIOS.items()}
+    del models, hf_copy  # give the memory back
+    return {
+        "device": device,
+        "dtype": "float32" if fp32 else "bfloat16 autocast",
+        "check_steps": check_steps,
+        "steps_per_call": steps,
+        "rounds": rounds,
+        "tokens_per_step": tokens_per_step,
+        "train_config": {**vars(cfg), "betas": list(cfg.betas)},
+        "dataset_tokens": n_tokens,
+        "hf_loop_losses": ref["losses"],
+        "agreement": agreement,
+        "losses_agree": losses_agree if fp32 else None,  # autocast rounds differently in every implementation
+        "max_abs_loss_diff": max(row["max_abs_loss_diff"] for row in agreement.values()),
+        "timings": timings,
+        "ratios": ratios,
+        "ratios_median": ratios_median,
+    }
+
+
 def device_description(device: str) -> dict:
     """The CPU (model, cores, torch's threads) or the GPU (name, memory, capability)."""
     import torch
@@ -241,6 +425,22 @@ def run(quick: bool = False, device: str | None = None) -> dict:
         raise RuntimeError("tfedu bench model --device cuda: torch sees no CUDA device")
     devices = ["cpu", "cuda"] if device in (None, "auto") else [device]
     devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
+    threads = torch.get_num_threads()
+    if quick:
+        # Tiny sizes on a busy machine: every op of a multi-threaded CPU kernel waits for a thread another
+        # process holds (a tiny forward pass took 0.15 s on 2 threads of a loaded 2-core machine, 2 ms on one).
+        # --quick checks the bench runs, not the speed, so it runs on one thread (restored after).
+        torch.set_num_threads(1)
+    try:
+        return _run(quick, devices)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(quick: bool, devices: list[str]) -> dict:
+    import torch
+    import transformers
+
     cfg = QUICK if quick else FULL
     shape = {key: cfg[key] for key in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "batch", "context")}
     models = build_models(shape)
@@ -250,6 +450,8 @@ def run(quick: bool = False, device: str | None = None) -> dict:
         **shape,
         "n_params": sum(p.numel() for p in models["tfedu_manual"].parameters()),
         "step": "zero_grad, forward, next-token cross-entropy (float32), backward",
+        "train_step": "tfedu.train.train (lr schedule, batch, forward, loss, zero_grad, backward, clip, AdamW step, "
+                      "record) vs the same in a plain loop over HF GPT-2; whole calls of k steps timed",
         **machine(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
@@ -265,6 +467,10 @@ def run(quick: bool = False, device: str | None = None) -> dict:
         result["runs"][f"{d} float32"] = bench_one(models, shape, d, None, rounds, warmup)
         if d == "cuda" and torch.cuda.is_bf16_supported():
             result["runs"][f"{d} bfloat16"] = bench_one(models, shape, d, torch.bfloat16, rounds, warmup)
+    result["train"] = {}
+    for d in devices:
+        run_ = bench_train(models["hf"], shape, d, cfg["check_steps"][d], cfg["train_steps"][d], cfg["train_rounds"][d])
+        result["train"][f"{d} {run_['dtype']}"] = run_
     runs = result["runs"].values()
     # The headline numbers: the worst run, not the best.
     result["manual_vs_hf"] = min(r["ratios"]["tfedu_manual/hf"] for r in runs)
@@ -274,12 +480,22 @@ def run(quick: bool = False, device: str | None = None) -> dict:
     result["goal_met_manual"] = result["manual_vs_hf"] >= GOAL
     result["load_average_1min_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     result["logits_agree"] = all(r["logits_agree"] is not False for r in runs)
+    train_runs = result["train"].values()
+    result["train_sdpa_vs_hf_loop"] = min(r["ratios"]["tfedu_sdpa/hf_loop"] for r in train_runs)
+    result["train_manual_vs_hf_loop"] = min(r["ratios"]["tfedu_manual/hf_loop"] for r in train_runs)
+    result["goal_met_train_sdpa"] = result["train_sdpa_vs_hf_loop"] >= GOAL
+    result["goal_met_train_manual"] = result["train_manual_vs_hf_loop"] >= GOAL
+    result["train_losses_agree"] = all(r["losses_agree"] is not False for r in train_runs)
     result["max_abs_logit_diff"] = max(r["max_abs_logit_diff"] for r in runs if r["logits_agree"] is not None)
     return result
 
 
 LABELS = {"hf": "HF GPT-2 ({hf})", "hf_eager": "HF GPT-2 (eager)", "tfedu_manual": "tfedu GPT (manual)",
           "tfedu_sdpa": "tfedu GPT (sdpa)"}
+
+
+TRAIN_LABELS = {"hf_loop": "plain loop, HF GPT-2 ({hf})", "tfedu_manual": "tfedu.train, GPT (manual)",
+                "tfedu_sdpa": "tfedu.train, GPT (sdpa)"}
 
 
 def format_table(r: dict) -> str:
@@ -313,18 +529,42 @@ def format_table(r: dict) -> str:
             f"tfedu/HF tokens/s (best steps): manual {ratios['tfedu_manual/hf']:.2f}, sdpa {ratios['tfedu_sdpa/hf']:.2f}; "
             f"against HF eager: manual {ratios['tfedu_manual/hf_eager']:.2f}, sdpa {ratios['tfedu_sdpa/hf_eager']:.2f}"
         )
+    lines.append("(wall seconds per step, median and best; cpu s: this process's CPU seconds per step, median; "
+                 "tokens/s and vs HF from the best step, vs HF (median) from the medians)")
+    for key, run in r["train"].items():
+        title = f"train, {key}, {run['rounds']} x {run['steps_per_call']} steps"
+        lines += ["", f"{title:<40}{'median s':>10}{'best s':>10}{'tokens/s':>11}{'vs loop':>9}{'(median)':>9}"
+                      f"{'own tok/s':>11}{'max |dloss|':>13}"]
+        loop = run["timings"]["hf_loop"]
+        for name in TRAIN_CONTENDERS:
+            t, a = run["timings"][name], run["agreement"][name]
+            label = TRAIN_LABELS[name].format(hf=r["hf_attn_implementation"])
+            own = f"{t['reported_tokens_per_s_median']:>11,.0f}" if "reported_tokens_per_s_median" in t else f"{'':>11}"
+            diff = "" if name == "hf_loop" else f"{a['max_abs_loss_diff']:>13.1e}"
+            lines.append(f"{label:<40}{t['median_s']:>10.4f}{t['best_s']:>10.4f}{t['tokens_per_s_best']:>11,.0f}"
+                         f"{t['tokens_per_s_best'] / loop['tokens_per_s_best']:>9.2f}"
+                         f"{t['tokens_per_s_median'] / loop['tokens_per_s_median']:>9.2f}{own}{diff}")
+        lines.append(f"losses of the first {run['check_steps']} steps (HF loop): "
+                     + ", ".join(f"{loss:.4f}" for loss in run["hf_loop_losses"]))
+    if r["train"]:
+        lines.append("(wall seconds per step = one whole call of k steps / k, AdamW's construction included; "
+                     "own tok/s: the median that train() reports per step, from its own clock)")
     lines += [
-        "(wall seconds per step, median and best; cpu s: this process's CPU seconds per step, median; "
-        "tokens/s and vs HF from the best step, vs HF (median) from the medians)",
         "",
         f"sdpa_vs_hf {r['sdpa_vs_hf']:.2f}  manual_vs_hf {r['manual_vs_hf']:.2f}  "
         f"manual_vs_hf_eager {r['manual_vs_hf_eager']:.2f}  (worst run; above 1: tfedu faster)  "
         f"goal {r['goal']}: {'met' if r['goal_met_sdpa'] else 'NOT met'} with sdpa, "
         f"{'met' if r['goal_met_manual'] else 'not met'} by hand",
+        f"train_sdpa_vs_hf_loop {r['train_sdpa_vs_hf_loop']:.2f}  train_manual_vs_hf_loop {r['train_manual_vs_hf_loop']:.2f}"
+        f"  (tfedu.train.train vs a plain loop over HF GPT-2, worst run)  goal {r['goal']}: "
+        f"{'met' if r['goal_met_train_sdpa'] else 'NOT met'} with sdpa, {'met' if r['goal_met_train_manual'] else 'not met'} by hand",
     ]
     if not r["logits_agree"]:
         lines.append(f"WARNING: tfedu's logits differ from HF's by {r['max_abs_logit_diff']:.1e} "
                      f"(> {LOGIT_TOLERANCE}): the timings compare unequal work")
+    if not r["train_losses_agree"]:
+        lines.append(f"WARNING: tfedu.train's losses differ from the HF loop's by more than {LOSS_TOLERANCE}: "
+                     "the training timings compare unequal work")
     return "\n".join(lines)
 
 
