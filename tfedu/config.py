@@ -119,6 +119,17 @@ class ModelConfig:
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions pair sin and cos: d_model={self.d_model} must be even")
 
+    def as_dict(self) -> dict:
+        """The fields as given, for JSON: derived ones (d_head, n_kv_heads, d_mlp) only if they were given.
+
+        ``ModelConfig(**cfg.as_dict()) == cfg``, and it derives them again the same way.
+
+        >>> ModelConfig(d_model=64, n_heads=4, n_layers=1).as_dict()["d_head"] is None
+        True
+        """
+        return {f.name: (None if f.name in _DERIVED and f.name not in self._explicit else getattr(self, f.name))
+                for f in dataclasses.fields(self) if f.init}
+
     def replace(self, **changes: object) -> ModelConfig:
         """A copy with ``changes``; ``d_head``, ``n_kv_heads`` and ``d_mlp`` are derived again unless given.
 

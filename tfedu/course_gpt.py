@@ -39,7 +39,7 @@ MODEL_CONFIG = ModelConfig(
     d_vocab=VOCAB_SIZE, n_ctx=128, d_model=128, n_layers=4, n_heads=4, dropout=0.1, attention="sdpa",
 )
 TRAIN_CONFIG = TrainConfig(
-    steps=1500, batch_size=32, lr=3e-3, warmup_steps=100, min_lr_ratio=0.1, weight_decay=0.1,
+    steps=1000, batch_size=16, lr=3e-3, warmup_steps=100, min_lr_ratio=0.1, weight_decay=0.1,
     eval_every=100, eval_batches=None, seed=0,
 )
 
@@ -110,7 +110,7 @@ def save(model: GPT, tok: Tokenizer, out_dir: str | os.PathLike, log: dict) -> P
     state = {k: v.contiguous() for k, v in model.state_dict().items()
              if not (model.cfg.tied_embeddings and k == "unembed.weight")}
     _atomic(out / "model.safetensors", lambda p: save_file(state, str(p)))
-    config = {"format": "tfedu-course-gpt 1", "model": asdict(model.cfg), "train": asdict(TRAIN_CONFIG),
+    config = {"format": "tfedu-course-gpt 1", "model": model.cfg.as_dict(), "train": asdict(TRAIN_CONFIG),
               "vocab_size": VOCAB_SIZE, "val_fraction": VAL_FRACTION}
     _atomic(out / "config.json", lambda p: p.write_text(json.dumps(config, indent=1) + "\n"))
     _atomic(out / "tokenizer.txt", tok.save)
