@@ -33,3 +33,12 @@ def test_readme_test_command_is_what_ci_runs():
     readme = (ROOT / "README.md").read_text()
     command = "python3 -m pytest"
     assert command in readme and command in (ROOT / ".ci" / "run").read_text()
+
+
+def test_every_tfedu_package_is_listed_and_the_course_gpt_ships_in_the_wheel():
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "tfedu").rglob("__init__.py")}
+    assert set(setuptools["packages"]) == folders | {"tfedu.shipped"}
+    assert setuptools["package-dir"]["tfedu.shipped"] == "data"
+    assert setuptools["package-data"]["tfedu.shipped"] == ["course-gpt/*"]
+    assert (ROOT / "data" / "course-gpt" / "model.safetensors").is_file()

@@ -30,7 +30,15 @@ from tfedu.tokenizer import Tokenizer, train_bpe
 from tfedu.train import TrainConfig, evaluate, train
 
 NAME = "course-gpt"
-FOLDER = Path(__file__).resolve().parent.parent / "data" / NAME
+
+
+def _shipped_folder() -> Path:
+    """``data/course-gpt`` in a checkout; ``tfedu/shipped/course-gpt`` in an installed wheel (Colab)."""
+    checkout = Path(__file__).resolve().parent.parent / "data" / NAME
+    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "shipped" / NAME
+
+
+FOLDER = _shipped_folder()
 VOCAB_SIZE = 1024  # 767 merges + 256 bytes + <|endoftext|>
 VAL_FRACTION = 0.1  # the last 10% of the token stream (the topics last in sorted order) is held out
 MODEL_SEED = 0
