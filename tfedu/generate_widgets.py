@@ -71,7 +71,8 @@ def draw_next_token(model, tokenizer, prompt: str, *, temperature: float = 1.0, 
     x = torch.arange(len(view.tokens))
     ax.bar(x - 0.2, view.before, width=0.4, color="0.75", label="temperature 1, nothing filtered")
     ax.bar(x + 0.2, view.after, width=0.4, color="tab:blue", label="with these settings")
-    ax.set_xticks(x.tolist(), [repr(t)[1:-1] or "''" for t in view.tokens], rotation=60, fontsize=8)
+    # repr shows a newline as \n; a space, invisible in a tick label, is drawn as ␣.
+    ax.set_xticks(x.tolist(), [repr(t)[1:-1].replace(" ", "␣") or "''" for t in view.tokens], rotation=60, fontsize=8)
     ax.set_ylabel("probability")
     ax.legend(fontsize=8)
     ax.set_title(f"T={temperature:g}, top-k={top_k or 'off'}, top-p={top_p if top_p < 1 else 'off'}: "

@@ -201,7 +201,7 @@ def train(
                 save_checkpoint(path, model, optimizer, sampler, result, cfg)
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}",
-                            **({"val": f"{result.evals[-1]['val_loss']:.3f}"} if result.evals else {}))
+                            **({"val": f"{result.evals[-1]['val_loss']:.3f}"} if result.evals else {}), refresh=False)
             if on_step is not None and on_step(record):
                 result.stopped_early = True  # the caller asked to stop here
                 break
@@ -298,5 +298,7 @@ def load_checkpoint(path: Path, model: nn.Module, optimizer, sampler: torch.Gene
 def _progress_bar(start: int, total: int, enabled: bool):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=start, disable=not enabled, unit="step", dynamic_ncols=True)
+    # Redrawn at most once a second: in a notebook every redraw is a message to the front end, and a
+    # kernel that sends more than ZeroMQ's 1000-message buffer while nothing reads it loses messages.
+    return tqdm(total=total, initial=start, disable=not enabled, unit="step", dynamic_ncols=True, mininterval=1.0)
 

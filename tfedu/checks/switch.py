@@ -41,7 +41,7 @@ def pick(switch: str, on: bool, mine: Any, reference: Any, check: Callable[..., 
             check(mine, *check_args)
     except AssertionError as failure:  # CheckFailure and ExerciseNotDone are AssertionErrors
         print(f"{WARNING} {switch} = True, but your {label} does not pass exercise {exercise}'s check: {failure}\n"
-              f"  The cell below runs the reference {label} instead, so the rest of the notebook still runs; "
+              f"  From here on the reference {label} runs instead, so the rest of the notebook still runs; "
               f"fix exercise {exercise}, or set {switch} = False.")
         return reference
     print(f"{TICK} {switch} = True: running your {label} (it passes exercise {exercise}'s check)")
