@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from tfedu.config import ModelConfig
-from tfedu.data import END_OF_TEXT, TokenDataset, load_pydoc_text, pydoc_documents
+from tfedu.data import END_OF_TEXT, TokenDataset, load_pydoc_text, pydoc_documents, write_atomically
 from tfedu.model import GPT
 from tfedu.tokenizer import Tokenizer, train_bpe
 from tfedu.train import TrainConfig, evaluate, train
@@ -117,19 +117,13 @@ def save(model: GPT, tok: Tokenizer, out_dir: str | os.PathLike, log: dict) -> P
     # safetensors refuses two names for one tensor: a tied W_U is stored once, as the embedding.
     state = {k: v.contiguous() for k, v in model.state_dict().items()
              if not (model.cfg.tied_embeddings and k == "unembed.weight")}
-    _atomic(out / "model.safetensors", lambda p: save_file(state, str(p)))
+    write_atomically(out / "model.safetensors", lambda p: save_file(state, str(p)))
     config = {"format": "tfedu-course-gpt 1", "model": model.cfg.as_dict(), "train": asdict(TRAIN_CONFIG),
               "vocab_size": VOCAB_SIZE, "val_fraction": VAL_FRACTION}
-    _atomic(out / "config.json", lambda p: p.write_text(json.dumps(config, indent=1) + "\n"))
-    _atomic(out / "tokenizer.txt", tok.save)
-    _atomic(out / "train_log.json", lambda p: p.write_text(json.dumps(log) + "\n"))
+    write_atomically(out / "config.json", lambda p: p.write_text(json.dumps(config, indent=1) + "\n"))
+    write_atomically(out / "tokenizer.txt", tok.save)
+    write_atomically(out / "train_log.json", lambda p: p.write_text(json.dumps(log) + "\n"))
     return out
-
-
-def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def load(path: str | os.PathLike = FOLDER) -> tuple[GPT, Tokenizer]:

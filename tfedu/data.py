@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 import urllib.request
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,6 +92,25 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def write_atomically(path: str | os.PathLike, write: Callable[[Path], object]) -> Path:
+    """Call ``write(temporary_path)``, then rename the result over ``path``.
+
+    The rename is atomic on POSIX and Windows: a reader (or a crash mid-write) sees the old file or
+    the new one, never half of one. Used for downloads, token caches, checkpoints and the course GPT.
+
+    >>> import tempfile
+    >>> target = Path(tempfile.mkdtemp()) / "hello.txt"
+    >>> write_atomically(target, lambda p: p.write_text("hi")).read_text()
+    'hi'
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part")
+    write(tmp)
+    os.replace(tmp, path)
+    return path
+
+
 def fetch_verified(url: str, sha256: str, dest: Path, *, timeout: float = 30.0) -> Path:
     """Download ``url`` to ``dest`` only if its bytes hash to ``sha256``; never leaves a partial file."""
     try:
@@ -105,11 +124,7 @@ def fetch_verified(url: str, sha256: str, dest: Path, *, timeout: float = 30.0) 
     got = sha256_hex(data)
     if got != sha256:
         raise ValueError(f"download from {url} has SHA-256 {got}, expected {sha256}; not saved")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_suffix(dest.suffix + ".part")
-    tmp.write_bytes(data)
-    tmp.replace(dest)
-    return dest
+    return write_atomically(dest, lambda tmp: tmp.write_bytes(data))
 
 
 # ----------------------------------------------------------------------------- byte-level batches
@@ -222,19 +237,17 @@ class TokenDataset:
 
         if cache is None:
             return cls(np.fromiter(stream(), dtype=np.uint16))
-        path = Path(cache)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".part")
-        with open(tmp, "wb") as f:
-            chunk: list[int] = []
-            for i in stream():
-                chunk.append(i)
-                if len(chunk) >= 1 << 20:
-                    f.write(np.asarray(chunk, dtype=np.uint16).tobytes())
-                    chunk = []
-            f.write(np.asarray(chunk, dtype=np.uint16).tobytes())
-        tmp.replace(path)
-        return cls.load(path)
+        def write(tmp: Path) -> None:
+            with open(tmp, "wb") as f:
+                chunk: list[int] = []
+                for i in stream():
+                    chunk.append(i)
+                    if len(chunk) >= 1 << 20:
+                        f.write(np.asarray(chunk, dtype=np.uint16).tobytes())
+                        chunk = []
+                f.write(np.asarray(chunk, dtype=np.uint16).tobytes())
+
+        return cls.load(write_atomically(cache, write))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> TokenDataset:

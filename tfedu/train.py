@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tfedu.data import TokenDataset
+from tfedu.data import TokenDataset, write_atomically
 
 
 @dataclass(frozen=True)
@@ -272,10 +272,7 @@ def save_checkpoint(path: Path, model: nn.Module, optimizer, sampler: torch.Gene
         "evals": result.evals,
         "train_config": asdict(cfg),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)  # atomic on POSIX and Windows: readers see the old file or the new, never half
+    write_atomically(path, lambda tmp: torch.save(state, tmp))
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer, sampler: torch.Generator, result: TrainResult) -> int:
