@@ -150,7 +150,9 @@ def flash_forward(
     FlashAttention-2's forward pass (Dao 2023, Algorithm 1). Outer loop over blocks of queries,
     inner loop over blocks of keys; the online softmax keeps a running max m and sum l per query
     and an unnormalised output O, and divides O by l once, at the end. ``lse = m + log(l)`` is
-    the log-sum-exp of each row of scores: the backward pass rebuilds P from it.
+    the log-sum-exp of each row of scores: the backward pass rebuilds P from it. (FlashAttention-1
+    ran the key loop outside; with the queries outside, a query block's m, l and O never leave
+    the inner loop, and on a GPU the query blocks run in parallel.)
 
     ``causal=True`` (query_pos == key_pos; query i sees keys 0..i) skips key blocks that lie
     wholly above the diagonal and masks only the blocks the diagonal crosses. ``o`` has q's dtype;
@@ -251,6 +253,8 @@ def flash_backward(
     acc = _accumulation_dtype(q.dtype)
     n_q, n_k = q.shape[-2], k.shape[-2]
 
+    # D_i = sum_j P_ij dP_ij, the term the softmax's backward subtracts. As o_i = sum_j P_ij v_j and
+    # dP_ij = dO_i . v_j, it equals dO_i . o_i: one (query_pos,) vector, no tile needed.
     D = (do.to(acc) * o.to(acc)).sum(dim=-1)  # rowsum(dO * O)   (..., query_pos)
     lse = lse.to(acc)
     dq = q.new_zeros(q.shape, dtype=acc)  # (..., query_pos, d_head), gathers from every key block
@@ -371,7 +375,7 @@ def linear_attention(
 
     Causal: query i sums over keys j <= i only. The running sums S_i = sum_{j<=i} phi(k_j) v_j^T
     (d_head, d_v) and z_i = sum_{j<=i} phi(k_j) (d_head) are the state of an RNN (Katharopoulos et
-    al. 2020, eq. 18-20). Stepping through positions one at a time is slow in Python, and keeping
+    al. 2020, section 3.4). Stepping through positions one at a time is slow in Python, and keeping
     every S_i is (N, d_head, d_v) of memory; so go chunk by chunk: inside a chunk, the quadratic
     form with a (chunk, chunk) causal mask; from earlier chunks, the carried S and z. Memory
     O(N d + chunk^2 + d^2).
@@ -460,7 +464,9 @@ class _StorageCounter(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.live: dict[tuple[torch.device, int], int] = {}  # (device, data_ptr) -> token of a counted storage
+        # (device, data_ptr) -> a token for each counted storage alive now. The token lets a late finalizer
+        # tell its storage from a newer one that the allocator put at the same address.
+        self.live: dict[tuple[torch.device, int], int] = {}
         self.tokens = itertools.count()
         self.bytes = 0  # bytes of counted storages alive now
         self.peak = 0
@@ -474,7 +480,7 @@ class _StorageCounter(TorchDispatchMode):
             storage = t.untyped_storage()
             key, nbytes = (t.device, storage.data_ptr()), storage.nbytes()
             if nbytes == 0 or key[1] == 0 or key in self.live:
-                continue
+                continue  # empty, or already counted (a view of something made during the call)
             if inputs is None:
                 inputs = {(x.device, x.untyped_storage().data_ptr()) for x in _tensors((args, kwargs))}
             if key in inputs:
