@@ -135,6 +135,40 @@ def standard_attention(
 # ----------------------------------------------------------------------------- FlashAttention-2: forward
 
 
+def tile_update(
+    m: Float[Tensor, "*rows"],
+    l: Float[Tensor, "*rows"],
+    o: Float[Tensor, "*rows d_v"],
+    s: Float[Tensor, "*rows block"],
+    v: Float[Tensor, "*batch block d_v"],
+) -> tuple[Float[Tensor, "*rows"], Float[Tensor, "*rows"], Float[Tensor, "*rows d_v"]]:
+    """Fold one tile of scores ``s`` and its values ``v`` into a block of queries' running state.
+
+    ``m`` is each query's running max of the scores seen so far, ``l`` the running sum of
+    exp(score - m), and ``o`` the running sum of exp(score - m) * value: an *unnormalised* output,
+    divided by ``l`` only after the last tile. When the new tile raises the max, everything summed
+    so far was weighted against the old one, so both ``l`` and ``o`` shrink by exp(m - m_new):
+
+        m_new = max(m, rowmax(s));   p = exp(s - m_new)
+        l_new = exp(m - m_new) * l + rowsum(p)
+        o_new = exp(m - m_new) * o + p @ v
+
+    The ``m`` and ``l`` lines are the online softmax (``tfedu.softmax.online_softmax_step``).
+
+    >>> m, l, o = torch.tensor([-math.inf]), torch.zeros(1), torch.zeros(1, 2)
+    >>> s, v = torch.tensor([[0.0, 0.0]]), torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    >>> m, l, o = tile_update(m, l, o, s, v)
+    >>> o / l[..., None]  # two equal scores: the mean of the two values
+    tensor([[0.5000, 0.5000]])
+    """
+    m_new = torch.maximum(m, s.amax(dim=-1))  # (*rows)
+    p = torch.exp(s - m_new[..., None])  # this tile's weights, relative to the new max   (*rows, block)
+    alpha = torch.exp(m - m_new)[..., None]  # rescales what was summed against the old max; exp(-inf) = 0 at first
+    l_new = alpha[..., 0] * l + p.sum(dim=-1)
+    o_new = alpha * o + p @ v
+    return m_new, l_new, o_new
+
+
 def flash_forward(
     q: Float[Tensor, "*batch query_pos d_head"],
     k: Float[Tensor, "*batch key_pos d_head"],
@@ -144,6 +178,7 @@ def flash_forward(
     scale: float | None = None,
     block_q: int = 64,
     block_k: int = 64,
+    update: Callable[..., tuple[Tensor, Tensor, Tensor]] | None = None,
 ) -> tuple[Float[Tensor, "*batch query_pos d_v"], Float[Tensor, "*batch query_pos"]]:
     """softmax(scale * q k^T) v one (block_q, block_k) tile of scores at a time; returns ``(o, lse)``.
 
@@ -158,7 +193,8 @@ def flash_forward(
     wholly above the diagonal and masks only the blocks the diagonal crosses. ``o`` has q's dtype;
     m, l and O accumulate in float32 (float64 for float64 input), and ``lse`` comes back in that
     accumulation dtype. Called with tensors that require grad, autograd would record every tile:
-    use ``flash_attention`` for training.
+    use ``flash_attention`` for training. ``update`` replaces ``tile_update`` (notebook 09 runs a
+    learner's own per-tile update through this loop).
 
     >>> g = torch.Generator().manual_seed(0)
     >>> q, k, v = torch.randn(3, 2, 10, 8, generator=g)  # (batch=2, pos=10, d_head=8) each
@@ -173,14 +209,15 @@ def flash_forward(
     block_q, block_k = _check_size("block_q", block_q), _check_size("block_k", block_k)
     acc = _accumulation_dtype(q.dtype)
     n_q, n_k = q.shape[-2], k.shape[-2]
+    step = tile_update if update is None else update
 
     o = q.new_empty((*q.shape[:-1], v.shape[-1]))  # (..., query_pos, d_v), written block by block
     lse = q.new_empty(q.shape[:-1], dtype=acc)  # (..., query_pos)
     for i0 in range(0, n_q, block_q):  # outer loop: one block of queries
         i1 = min(i0 + block_q, n_q)
         q_i = q[..., i0:i1, :].to(acc)  # (..., bq, d_head)
-        m = q_i.new_full((*q_i.shape[:-1], 1), -math.inf)  # running row max     (..., bq, 1)
-        l = q_i.new_zeros((*q_i.shape[:-1], 1))  # running row sum of exp(S - m)   (..., bq, 1)
+        m = q_i.new_full(q_i.shape[:-1], -math.inf)  # running row max            (..., bq)
+        l = q_i.new_zeros(q_i.shape[:-1])  # running row sum of exp(S - m)          (..., bq)
         O = q_i.new_zeros((*q_i.shape[:-1], v.shape[-1]))  # unnormalised output   (..., bq, d_v)
         for j0 in range(0, n_k, block_k):  # inner loop: one block of keys
             if causal and j0 >= i1:
@@ -195,16 +232,10 @@ def flash_forward(
                 S = S.masked_fill(future, -math.inf)
             # No row is all -inf: causal key block 0 is never skipped and key 0 is visible to every query,
             # so m is finite after the first tile and exp(-inf - m) = 0 for the hidden keys after it.
+            m, l, O = step(m, l, O, S, v_j)
 
-            m_new = torch.maximum(m, S.amax(dim=-1, keepdim=True))  # (..., bq, 1)
-            P = torch.exp(S - m_new)  # this tile's weights, relative to the new max   (..., bq, bk)
-            alpha = torch.exp(m - m_new)  # what was summed against the old max, rescaled: exp(-inf) = 0 at first
-            l = alpha * l + P.sum(dim=-1, keepdim=True)
-            O = alpha * O + P @ v_j
-            m = m_new
-
-        o[..., i0:i1, :] = (O / l).to(q.dtype)  # normalise once, not once per tile (the FA2 change to FA1)
-        lse[..., i0:i1] = (m + torch.log(l)).squeeze(-1)
+        o[..., i0:i1, :] = (O / l[..., None]).to(q.dtype)  # normalise once, not once per tile (FA2's change to FA1)
+        lse[..., i0:i1] = m + torch.log(l)
     return o, lse
 
 
