@@ -20,7 +20,7 @@ The kernels' module is ``tfedu/kernels/flash_attention.py``; since the package's
 ``flash_attention`` is the function, reach the module with
 ``importlib.import_module("tfedu.kernels.flash_attention")`` (for ``inspect.getsource``).
 
-Built and explained in notebooks/09_flash_attention.ipynb.
+Built and explained in notebooks/09_efficient_attention.ipynb.
 """
 
 from __future__ import annotations

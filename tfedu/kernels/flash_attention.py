@@ -37,7 +37,7 @@ then uses TF32, like torch's matmul with ``allow_tf32``). Without a GPU, ``tfedu
 Triton's interpreter (``TRITON_INTERPRET=1``), which runs the very same kernels on CPU tensors
 through numpy: slow, but every line can be read, printed and stepped through.
 
-Built up and explained in notebooks/09_flash_attention.ipynb (after the PyTorch tiles of
+Built up and explained in notebooks/09_efficient_attention.ipynb (after the PyTorch tiles of
 ``tfedu.flash``); measured by ``tfedu bench attention``.
 """
 
