@@ -7,7 +7,8 @@
 bfloat16, pos N in {1024, 4096, 16384}, d_head in {64, 128}, causal and not. As in the
 FlashAttention papers, the tokens per call are held at 16k (batch = 16384 / N) and the width at
 2048 (n_heads = 2048 / d_head): batch 4 x 16 heads at N = 4096, d_head 128. Before any timing
-every output (and, for fwd+bwd, every gradient) is compared with the flash backend's. Each call
+every output and gradient is compared with the flash backend's. The forward pass is timed under
+``torch.no_grad()``; forward+backward as ``torch.autograd.grad`` of the output. Each call
 is timed with CUDA events after warm-up (the Triton kernel autotunes on its first calls), the
 contenders taking turns; reported by the median.
 
@@ -61,7 +62,7 @@ def attention_flops(batch: int, n_heads: int, n: int, d_head: int, causal: bool,
     """FLOPs of one attention call (see the module docstring); ``backward=True``: forward and backward.
 
     >>> attention_flops(4, 16, 4096, 128, causal=False) / 1e12  # 4 * 4 * 16 * 4096^2 * 128
-    0.137438953472
+    0.549755813888
     >>> attention_flops(4, 16, 4096, 128, causal=True, backward=True) / attention_flops(4, 16, 4096, 128, causal=False)
     1.75
     """
@@ -138,7 +139,11 @@ def bench_cuda_shape(n: int, d_head: int, causal: bool, warmup: int, rounds: int
                  "dtype": str(dtype).removeprefix("torch."), "skipped": skipped, "errors": {}, "agreement": {}}
 
     def forward(fn):
-        return lambda: fn(q, k, v, causal)
+        def call():
+            with torch.no_grad():  # inference: nothing kept for a backward pass
+                return fn(q, k, v, causal)
+
+        return call
 
     def fwd_bwd(fn):
         return lambda: torch.autograd.grad(fn(q, k, v, causal), (q, k, v), do)
