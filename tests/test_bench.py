@@ -180,3 +180,106 @@ def test_model_bench_under_bfloat16_autocast_reports_without_holding_to_float32_
     assert run["dtype"] == "bfloat16 autocast" and run["logits_agree"] is None
     assert 0 < run["max_abs_logit_diff"] < 0.1
     assert set(run["ratios"]) == {"tfedu_manual/hf", "tfedu_sdpa/hf", "tfedu_manual/hf_eager", "tfedu_sdpa/hf_eager"}
+
+
+# ----------------------------------------------------------------------------- tfedu bench attention
+
+
+def test_attention_bench_is_a_cli_subcommand():
+    args = cli.build_parser().parse_args(["bench", "attention", "--quick", "--device", "cpu"])
+    assert args.name == "attention" and args.quick and args.device == "cpu"
+
+
+def test_quick_attention_bench_on_the_cpu_prints_a_table_then_one_json_object():
+    import contextlib
+    import io
+
+    pytest.importorskip("tfedu.flash")
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = cli.main(["bench", "attention", "--json", "--quick", "--device", "cpu"])
+    assert code == 0
+    lines = buffer.getvalue().strip().splitlines()
+    result = json.loads(lines[-1])
+    for key in ("python", "torch", "triton", "triton_available", "flop_convention", "goals", "devices", "cpu"):
+        assert key in result, key
+    assert "cuda" not in result and result["devices"]["cpu"]["torch_threads"] >= 1
+    cpu = result["cpu"]
+    assert [(row["N"], row["causal"]) for row in cpu["rows"]] == [(128, False), (128, True), (256, False), (256, True)]
+    for row in cpu["rows"]:
+        assert set(row["timings"]) == {"tiles", "standard", "sdpa"}
+        assert all(timing["median_s"] > 0 for timing in row["timings"].values())
+        assert all(peak > 0 for peak in row["peak_bytes"].values())
+        assert max(row["agreement"].values()) < 1e-5
+        assert row["ratios"]["tiles_vs_standard"] == pytest.approx(
+            row["timings"]["standard"]["best_s"] / row["timings"]["tiles"]["best_s"])
+    # The whole point of the tiles: less memory than the (N x N) scores, more so as N grows.
+    assert cpu["rows"][2]["memory_ratios"]["standard_over_tiles"] > cpu["rows"][0]["memory_ratios"]["standard_over_tiles"] > 1
+    table = "\n".join(lines[:-1])
+    assert "tiles s" in table and "standard s" in table and "WARNING" not in table
+
+
+def test_attention_bench_flop_count_follows_the_flash_attention_convention():
+    from tfedu.bench import attention as bench_attention
+
+    forward = bench_attention.attention_flops(4, 16, 4096, 128, causal=False)
+    assert forward == 4 * 4 * 16 * 4096**2 * 128
+    assert bench_attention.attention_flops(4, 16, 4096, 128, causal=True) == forward / 2
+    assert bench_attention.attention_flops(4, 16, 4096, 128, causal=False, backward=True) == 3.5 * forward
+
+
+def fake_cuda_row(n, causal, triton_s, flash_s, cudnn_s):
+    """A CUDA row as bench_cuda_shape returns it (CI has no GPU: the formatting and goals are checked on this)."""
+    from tfedu.bench import attention as bench_attention
+
+    def timing(seconds, mode):
+        flops = bench_attention.attention_flops(16, 32, n, 64, causal, backward=mode == "fwd_bwd")
+        return {"best_s": seconds, "median_s": seconds, "all_s": [seconds], "tflops": flops / seconds / 1e12,
+                "peak_extra_bytes": 2**20}
+
+    row = {"N": n, "d_head": 64, "causal": causal, "batch": 16, "n_heads": 32, "dtype": "bfloat16",
+           "skipped": {"sdpa_math": "N > 4096: the (N x N) scores would not fit"}, "errors": {},
+           "agreement": {name: {"max_abs_out_diff": 1e-3, "max_abs_grad_diff": 2e-3, "agrees": True}
+                         for name in ("triton", "sdpa_flash", "sdpa_cudnn")}}
+    for mode, factor in (("forward", 1.0), ("fwd_bwd", 3.0)):
+        row[mode] = {name: timing(seconds * factor, mode) for name, seconds in
+                     (("triton", triton_s), ("sdpa_flash", flash_s), ("sdpa_cudnn", cudnn_s))}
+    row["ratios"] = bench_attention.cuda_ratios(row)
+    return row
+
+
+def test_attention_bench_cuda_ratios_goals_and_table_from_fake_rows():
+    from tfedu.bench import attention as bench_attention
+
+    rows = [fake_cuda_row(1024, False, 1.0, 1.1, 0.8), fake_cuda_row(1024, True, 1.0, 0.9, 0.6)]
+    assert rows[0]["ratios"]["forward_vs_flash"] == pytest.approx(1.1)
+    assert rows[1]["ratios"]["forward_vs_cudnn"] == pytest.approx(0.6)
+    summary = bench_attention.summarize_cuda(rows)
+    assert summary["worst"]["forward_vs_flash"] == pytest.approx(0.9) and summary["goals_met"]["forward_vs_flash"] is False
+    assert summary["goals_met"]["forward_vs_cudnn"] is False and summary["goals_met"]["fwd_bwd_vs_flash"] is True
+    cuda = {"dtype": "bfloat16", "tokens_per_call": 16384, "width": 2048, "warmup": 1, "rounds": 1, "rows": rows, **summary}
+    result = {"quick": True, "torch": "x", "triton": "3.6.0", "triton_available": [True, "on the GPU"],
+              "load_average_1min": 0.1, "load_average_1min_end": 0.1, "goals": bench_attention.GOALS,
+              "devices": {"cuda": {"name": "H100", "memory_gib": 80, "capability": "9.0", "cuda": "13.0"}}, "cuda": cuda}
+    table = bench_attention.format_table(result)
+    assert "SDPA flash backend" in table and "SDPA cuDNN backend" in table and "tfedu Triton kernel" in table
+    assert "skipped: N > 4096" in table and "forward_vs_flash 0.90 (goal 1.0: NOT met)" in table
+    assert "fwd_bwd_vs_flash" in table and "WARNING" not in table
+
+
+def test_attention_bench_without_a_usable_kernel_times_the_sdpa_backends_and_says_why(monkeypatch):
+    import tfedu.kernels
+    from tfedu.bench import attention as bench_attention
+
+    monkeypatch.setattr(tfedu.kernels, "available", lambda: (False, "triton is not installed: pip install triton"))
+    fns, skipped = bench_attention.contenders_for_cuda(16384)
+    assert skipped["triton"] == "triton is not installed: pip install triton"
+    assert "sdpa_flash" in fns and "sdpa_cudnn" in fns and "sdpa_math" in skipped
+
+
+def test_attention_bench_on_cuda_without_a_gpu_is_a_clear_error(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli.main(["bench", "attention", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err

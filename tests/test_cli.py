@@ -22,6 +22,20 @@ def test_doctor_fails_clearly_when_a_required_package_is_missing(monkeypatch, ca
     assert "einops is not installed" in captured.err
 
 
+def test_doctor_runs_the_triton_kernel_where_triton_is_installed():
+    status = cli.triton_status()
+    if cli.package_version("triton") is None:
+        assert status.startswith("not installed"), status
+    else:  # on the GPU, or in the CPU interpreter that tfedu.kernels switches on without one
+        assert "flash_attention agrees with SDPA" in status, status
+
+
+def test_doctor_says_when_triton_is_missing(monkeypatch):
+    real = cli.package_version
+    monkeypatch.setattr(cli, "package_version", lambda d: None if d == "triton" else real(d))
+    assert cli.triton_status().startswith("not installed (optional")
+
+
 def test_console_script_is_installed():
     result = subprocess.run([sys.executable, "-m", "tfedu.cli", "doctor"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

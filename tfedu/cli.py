@@ -73,16 +73,33 @@ def doctor() -> int:
 
 
 def triton_status() -> str:
-    """Whether Triton kernels can run here: on a GPU, only in the CPU interpreter, or not at all."""
-    if not package_version("triton"):
-        return "not installed"
-    try:
-        importlib.import_module("triton")
-    except Exception as err:
-        return f"installed but fails to import: {err}"
-    import torch
+    """Whether the Triton kernel (tfedu.kernels) runs here: on the GPU, in the CPU interpreter, or not at all.
 
-    return "usable on GPU" if torch.cuda.is_available() else "installed; CPU interpreter only (TRITON_INTERPRET=1)"
+    Runs one tiny ``flash_attention`` call and compares it with torch's SDPA (in the interpreter about
+    0.1 s; on a GPU the first call compiles the kernel, a few seconds, cached on disk after that).
+    """
+    if not package_version("triton"):
+        return "not installed (optional: `pip install triton` on Linux, for the kernels of notebook 09)"
+    try:
+        import torch
+        import torch.nn.functional as F
+
+        import tfedu.kernels as kernels  # before triton itself: it may switch on the interpreter
+
+        ok, how = kernels.available()
+        if not ok:
+            return f"not usable: {how}"
+        device, dtype = ("cpu", torch.float32) if kernels.INTERPRETED else ("cuda", torch.float16)
+        q, k, v = torch.randn(3, 1, 2, 40, 16, generator=torch.Generator().manual_seed(0)).to(device, dtype).unbind(0)
+        error = (kernels.flash_attention(q, k, v, causal=True) - F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        error = error.abs().max().item()
+    except Exception as err:  # report, do not crash: doctor exists to diagnose
+        return f"fails: {type(err).__name__}: {err}"
+    if not error < 1e-2:
+        return f"runs but disagrees with torch's SDPA by {error:.1e}: please report this"
+    if kernels.INTERPRETED:
+        return "CPU interpreter only (slow; for reading and small inputs); flash_attention agrees with SDPA"
+    return "usable on GPU; flash_attention agrees with SDPA"
 
 
 def clean(paths: list[str], check_only: bool) -> int:

@@ -98,3 +98,25 @@ def machine() -> dict:
         "cpu_count": os.cpu_count(),
         "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
+
+
+def device_description(device: str) -> dict:
+    """The CPU (model, cores, torch's threads) or the GPU (name, memory, capability)."""
+    import torch
+
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        return {
+            "name": props.name,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "capability": f"{props.major}.{props.minor}",
+            "cuda": torch.version.cuda,
+            "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        }
+    info = machine()
+    return {
+        "name": info["cpu_model"],
+        "cpu_count": info["cpu_count"],
+        "torch_threads": torch.get_num_threads(),  # left at torch's default, recorded
+        "torch_interop_threads": torch.get_num_interop_threads(),
+    }

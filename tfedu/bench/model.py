@@ -42,7 +42,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from tfedu.bench.common import interleaved, machine, summary, timed, version
+from tfedu.bench.common import device_description, interleaved, machine, summary, timed, version
 
 GOAL = 0.9  # tfedu's tokens/s at least 0.9x Hugging Face's
 LOGIT_TOLERANCE = 1e-4  # float32; bfloat16 autocast is reported, not held to it
@@ -389,28 +389,6 @@ def bench_train(hf, shape: dict, device: str, check_steps: int, steps: int, roun
         "timings": timings,
         "ratios": ratios,
         "ratios_median": ratios_median,
-    }
-
-
-def device_description(device: str) -> dict:
-    """The CPU (model, cores, torch's threads) or the GPU (name, memory, capability)."""
-    import torch
-
-    if device == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        return {
-            "name": props.name,
-            "memory_gib": round(props.total_memory / 2**30, 1),
-            "capability": f"{props.major}.{props.minor}",
-            "cuda": torch.version.cuda,
-            "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
-        }
-    info = machine()
-    return {
-        "name": info["cpu_model"],
-        "cpu_count": info["cpu_count"],
-        "torch_threads": torch.get_num_threads(),  # left at torch's default, recorded
-        "torch_interop_threads": torch.get_num_interop_threads(),
     }
 
 
