@@ -32,6 +32,7 @@ from tfedu.checks import nb05_masks_and_heads as nb05
 from tfedu.checks import nb06_positional as nb06
 from tfedu.checks import nb07_transformer_block as nb07
 from tfedu.checks import nb08_training_decoding as nb08
+from tfedu.checks import nb09_efficient_attention as nb09
 from tfedu.checks.core import Probe, is_plain_data, run_probe, standin_objects, standins_bound
 from tfedu.embeddings import sgns_loss
 from tfedu.grading.scan import scan_answer
@@ -40,7 +41,8 @@ from tfedu.tokenizer import GPT4_PATTERN, get_pair_counts, merge_pair
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 MODULES = {"00_start_here": nb00, "01_tokenization": nb01, "02_embeddings": nb02, "03_rnns_to_attention": nb03,
            "04_attention": nb04, "05_masks_and_heads": nb05,
-           "06_positional_encoding": nb06, "07_transformer_block": nb07, "08_training_and_decoding": nb08}
+           "06_positional_encoding": nb06, "07_transformer_block": nb07, "08_training_and_decoding": nb08,
+           "09_efficient_attention": nb09}
 ALL_PROBES = [(stem, grade_id) for stem, module in MODULES.items() for grade_id in module.PROBES]
 
 
@@ -334,6 +336,18 @@ def top_p_without_the_crossing_token(logits, p):
     return logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
 
 
+def online_step_not_rescaled(m, l, x):
+    m_new = torch.maximum(m, x.amax(-1))
+    return m_new, l + (x - m_new[..., None]).exp().sum(-1)
+
+
+def tile_update_divided_early(m, l, o, s, v):
+    m_new = torch.maximum(m, s.amax(-1))
+    p, alpha = (s - m_new[..., None]).exp(), (m - m_new).exp()
+    l_new = alpha * l + p.sum(-1)
+    return m_new, l_new, (alpha[..., None] * o + p @ v) / l_new[..., None]
+
+
 MISTAKES = [
     # (notebook, check, name bound, the wrong answer, a fragment of the feedback)
     # found by outside reviewers, each scoring full marks before the hidden tests covered it
@@ -378,6 +392,10 @@ MISTAKES = [
     ("08_training_and_decoding", "check_greedy", "greedy_generate", greedy_first_position, "first position"),
     ("08_training_and_decoding", "check_top_k", "top_k_filter", top_k_zero_fill, "set the removed logits to 0"),
     ("08_training_and_decoding", "check_top_p", "top_p_filter", top_p_without_the_crossing_token, "across p"),
+    ("09_efficient_attention", "check_online_softmax_step", "online_softmax_step", online_step_not_rescaled,
+     "not rescaled when the max grows"),
+    ("09_efficient_attention", "check_tiled_matmul", "tiled_matmul", lambda A, B, tile: A @ B, "wider than tile"),
+    ("09_efficient_attention", "check_flash_tile_update", "flash_tile_update", tile_update_divided_early, "too early"),
 ]
 
 

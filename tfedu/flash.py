@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tfedu.attention import _require_tensor, causal_mask, scaled_dot_product_attention
@@ -592,3 +593,43 @@ def memory_vs_n(ns: list[int], d: int = 64, *, causal: bool = False) -> dict[str
             for name, method in methods.items():
                 peaks[name].append(peak_memory(method, q, k, v, causal=causal)[1])
     return peaks
+
+
+# ----------------------------------------------------------------------------- what a matrix multiply reads
+
+MATMULS = frozenset({
+    torch.matmul, torch.mm, torch.bmm, torch.einsum, torch.tensordot, torch.inner, torch.mv, torch.dot, torch.addmm,
+    torch.Tensor.matmul, torch.Tensor.mm, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, torch.Tensor.bmm,
+    torch.Tensor.mv, torch.Tensor.dot, torch.Tensor.inner, torch.Tensor.addmm, F.linear,
+})
+
+
+class MatmulOperands(TorchFunctionMode):
+    """While on, records the shape of every tensor handed to a torch matrix multiply.
+
+    ``reads`` adds up their elements: the numbers the multiplies load, one load per operand
+    element per call, which is what tiling reduces. ``widest`` is the largest operand shape,
+    by its largest dim (a tiled multiply never sees one wider than its tile).
+
+    >>> with MatmulOperands() as seen:
+    ...     _ = torch.ones(4, 3) @ torch.ones(3, 2)
+    >>> seen.reads, seen.widest
+    (18, (4, 3))
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if func in MATMULS:
+            self.shapes += [tuple(a.shape) for a in (*args, *(kwargs or {}).values()) if isinstance(a, torch.Tensor)]
+        return func(*args, **(kwargs or {}))
+
+    @property
+    def reads(self) -> int:
+        return sum(math.prod(shape) for shape in self.shapes)
+
+    @property
+    def widest(self) -> tuple[int, ...]:
+        return max(self.shapes, key=lambda shape: max(shape, default=0), default=())

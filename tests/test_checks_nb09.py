@@ -1,0 +1,160 @@
+"""Checkers and probes of notebook 09: each passes the reference and names realistic mistakes."""
+
+import pytest
+import torch
+
+from tfedu.checks import nb09_efficient_attention as nb09
+from tfedu.checks.core import CheckFailure, run_probe
+from tfedu.flash import tile_update
+from tfedu.softmax import online_softmax_step
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+# ----------------------------------------------------------------------------- 9.1
+
+
+def step_variant(m, l, x, mistake=""):
+    m_new = torch.maximum(m, x.amax(-1))
+    exps = (x - m_new[..., None]).exp().sum(-1)
+    if mistake == "not rescaled":
+        return m_new, l + exps
+    if mistake == "exp before max":
+        return m_new, l * (m - m_new).exp() + (x - m[..., None]).exp().sum(-1)
+    if mistake == "inverted":
+        return m_new, l * (m_new - m).exp() + exps
+    if mistake == "block max":
+        b = x.amax(-1)
+        return b, l * (m - b).exp() + (x - b[..., None]).exp().sum(-1)
+    if mistake == "raw exp":
+        return m_new, l * (m - m_new).exp() + x.exp().sum(-1) * (-m_new).exp()
+    if mistake == "swapped":
+        return l * (m - m_new).exp() + exps, m_new
+    if mistake == "in place":
+        l.mul_((m - m_new).exp()).add_(exps)
+        return m_new, l
+    if mistake == "global max":
+        g = torch.maximum(m, x.max().expand_as(m))
+        return g, l * (m - g).exp() + (x - g[..., None]).exp().sum(-1)
+    if mistake == "block not added":
+        return m_new, l * (m - m_new).exp()
+    return m_new, l * (m - m_new).exp() + exps
+
+
+STEP_MISTAKES = [("not rescaled", "not rescaled when the max grows"), ("exp before max", "exponent before updating"),
+                 ("inverted", "upside down"), ("block max", "block's max alone"), ("raw exp", "raw scores"),
+                 ("swapped", "(l_new, m_new)"), ("in place", "in place"), ("global max", "whole block tensor"),
+                 ("block not added", "leaves out the block")]
+
+
+def test_online_step_passes_the_reference_and_a_variant():
+    nb09.check_online_softmax_step(online_softmax_step)
+    nb09.check_online_softmax_step(step_variant)
+
+
+@pytest.mark.parametrize("mistake, fragment", STEP_MISTAKES)
+def test_online_step_names_each_mistake(mistake, fragment):
+    with pytest.raises(CheckFailure, match=None) as failure:
+        nb09.check_online_softmax_step(lambda m, l, x: step_variant(m, l, x, mistake))
+    assert fragment in str(failure.value), str(failure.value)
+
+
+# ----------------------------------------------------------------------------- 9.2
+
+
+def tiled(A, B, tile, *, accumulate=True, edges=True):
+    return nb09._tiled_reference(A, B, tile, accumulate=accumulate, edges=edges)
+
+
+def test_tiled_matmul_passes_the_reference():
+    nb09.check_tiled_matmul(nb09.tiled_matmul_reference)
+
+
+@pytest.mark.parametrize("wrong, fragment", [
+    (lambda A, B, t: A @ B, "wider than tile"),
+    (lambda A, B, t: torch.einsum("ij,jk->ik", A, B), "wider than tile"),
+    (lambda A, B, t: tiled(A, B, t, accumulate=False), "last partial product"),
+    (lambda A, B, t: tiled(A, B, t, edges=False), "not a multiple of tile"),
+])
+def test_tiled_matmul_names_each_mistake(wrong, fragment):
+    with pytest.raises(CheckFailure) as failure:
+        nb09.check_tiled_matmul(wrong)
+    assert fragment in str(failure.value), str(failure.value)
+
+
+# ----------------------------------------------------------------------------- 9.3
+
+
+def tile_variant(m, l, o, s, v, mistake=""):
+    m_new = torch.maximum(m, s.amax(-1))
+    p = (s - m_new[..., None]).exp()
+    a = (m - m_new).exp()
+    l_new = a * l + p.sum(-1)
+    if mistake == "o not rescaled":
+        return m_new, l_new, o + p @ v
+    if mistake == "divided early":
+        return m_new, l_new, (a[..., None] * o + p @ v) / l_new[..., None]
+    if mistake == "divided new part":
+        return m_new, l_new, a[..., None] * o + (p @ v) / l_new[..., None]
+    if mistake == "local softmax":
+        w = s.softmax(-1)
+        return m_new, l + w.sum(-1), o + w @ v
+    if mistake == "old max":
+        p = (s - m[..., None]).exp()
+        return m_new, a * l + p.sum(-1), a[..., None] * o + p @ v
+    if mistake == "l not rescaled":
+        return m_new, l + p.sum(-1), a[..., None] * o + p @ v
+    if mistake == "pair":
+        return m_new, a[..., None] * o + p @ v
+    return m_new, l_new, a[..., None] * o + p @ v
+
+
+TILE_MISTAKES = [("o not rescaled", "o is not rescaled"), ("divided early", "too early"), ("divided new part", "too early"),
+                 ("local softmax", "softmax of each tile"), ("old max", "old max"), ("l not rescaled", "l is not rescaled"),
+                 ("pair", "triple")]
+
+
+def test_tile_update_passes_the_reference_and_a_variant():
+    nb09.check_flash_tile_update(tile_update)
+    nb09.check_flash_tile_update(tile_variant)
+
+
+@pytest.mark.parametrize("mistake, fragment", TILE_MISTAKES)
+def test_tile_update_names_each_mistake(mistake, fragment):
+    with pytest.raises(CheckFailure) as failure:
+        nb09.check_flash_tile_update(lambda *a: tile_variant(*a, mistake=mistake))
+    assert fragment in str(failure.value), str(failure.value)
+
+
+# ----------------------------------------------------------------------------- probes
+
+PROBE_CASES = [
+    ("check_online_softmax_step", "online_softmax_step", step_variant, [(lambda m, l, x, k=k: step_variant(m, l, x, k), f)
+                                                                        for k, f in STEP_MISTAKES if k != "raw exp"]),
+    ("check_tiled_matmul", "tiled_matmul", nb09.tiled_matmul_reference,
+     [(lambda A, B, t: A @ B, "wider than tile"), (lambda A, B, t: tiled(A, B, t, accumulate=False), "last partial product")]),
+    ("check_flash_tile_update", "flash_tile_update", tile_variant, [(lambda *a, k=k: tile_variant(*a, mistake=k), f)
+                                                                    for k, f in TILE_MISTAKES if k != "pair"]),
+]
+
+
+def verdict(probe, namespace, seed):
+    outputs, expected = run_probe(probe, namespace, seed)
+    return probe.compare(outputs, expected)
+
+
+@pytest.mark.parametrize("grade_id, name, right, wrongs", PROBE_CASES, ids=[c[0] for c in PROBE_CASES])
+def test_probes_pass_right_answers_and_name_mistakes(grade_id, name, right, wrongs):
+    probe = nb09.PROBES[grade_id]
+    for seed in range(4):
+        assert verdict(probe, {name: right}, seed) is None
+    for wrong, fragment in wrongs:
+        for seed in range(3):
+            feedback = verdict(probe, {name: wrong}, seed)
+            assert feedback is not None and fragment.split()[0] in feedback, (fragment, seed, feedback)
+
+
+def test_the_raw_exp_mistake_fails_the_probe():
+    feedback = verdict(nb09.PROBES["check_online_softmax_step"],
+                       {"online_softmax_step": lambda m, l, x: step_variant(m, l, x, "raw exp")}, 0)
+    assert feedback is not None

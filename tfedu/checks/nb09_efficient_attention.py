@@ -1,0 +1,567 @@
+"""Checkers for notebooks/09_efficient_attention.ipynb: the online softmax, a tiled matmul, FlashAttention's tile.
+
+Three exercises, each checked against tfedu's reference after first trying the known mistakes:
+
+- 9.1 ``online_softmax_step(m, l, x_block) -> (m_new, l_new)``: the running sum not rescaled when
+  the max grows, the exponent taken before the max is updated (exp(x - m_old)), the rescale
+  factor upside down (exp(m_new - m)), the block's own max only (the old m forgotten), the block
+  not added, exp of the raw scores (overflow), the max of the whole tensor instead of each row,
+  (l, m) returned in the wrong order, the inputs changed in place. Compared with
+  ``tfedu.softmax.online_softmax_step`` step by step, from m = -inf, l = 0.
+- 9.2 ``tiled_matmul(A, B, tile) -> C``: a partial product written over instead of added, edge
+  tiles dropped when a size is not a multiple of ``tile``, whole matrices multiplied instead of
+  tiles (recorded with tfedu.flash.MatmulOperands: no torch matmul may see an operand wider than
+  ``tile``). Compared with ``A @ B``.
+- 9.3 ``flash_tile_update(m, l, o, s, v) -> (m_new, l_new, o_new)``: o not rescaled when the max
+  grows, o divided by l inside the loop (too early), a softmax of each tile on its own, l not
+  rescaled, the tile's weights taken against the old max, the factor upside down. Compared with
+  ``tfedu.flash.tile_update`` on single steps and through a whole tiled attention against
+  ``F.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tfedu.checks.core import CheckFailure, Probe, call_on_copies, checker, compare, describe, expect
+from tfedu.checks.probes import CLEANUP, HELPERS, as_array, compare_outputs
+from tfedu.flash import MatmulOperands, flash_forward, tile_update
+from tfedu.softmax import online_softmax_step
+
+NEG_INF = float("-inf")
+
+
+def _rows_max(x: torch.Tensor) -> torch.Tensor:
+    return x.amax(dim=-1)
+
+
+def _exps_sum(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return (x - m[..., None]).exp().sum(dim=-1)
+
+
+# ----------------------------------------------------------------------------- 9.1 online_softmax_step
+
+HINT_L_NOT_RESCALED = (
+    "your running sum l is not rescaled when the max grows: every term already in l is exp(x_j - m_old), so "
+    "before adding the new block multiply l by exp(m_old - m_new): l_new = l * exp(m - m_new) + sum(exp(x - m_new))"
+)
+HINT_EXP_BEFORE_MAX = (
+    "you took the exponent before updating the max (exp(x - m) with the old m): when the block holds a larger "
+    "score than m, that exponent is above 1 and can overflow, and at the first step m = -inf gives exp(+inf). "
+    "Take m_new = max(m, max of the block) first, then exp(x - m_new)"
+)
+HINT_FACTOR_INVERTED = (
+    "your rescale factor is upside down: exp(m_new - m) >= 1 grows the old sum; the old terms must shrink "
+    "to be relative to the larger max, so multiply by exp(m - m_new) <= 1"
+)
+HINT_BLOCK_MAX_ONLY = (
+    "your new max is the block's max alone: the running max is m_new = max(m, max of the block), "
+    "torch.maximum(m, x_block.amax(dim=-1)); a block of small scores must not lower it"
+)
+HINT_BLOCK_NOT_ADDED = "your new sum leaves out the block: add sum(exp(x_block - m_new)) over the block's last dim"
+HINT_RAW_EXP = (
+    "NaN or Inf with scores around 1000: you exponentiated the raw scores. Every exponent must be taken "
+    "relative to the running max, exp(x - m_new), which keeps it <= 0"
+)
+HINT_GLOBAL_MAX = (
+    "you took the max over the whole block tensor, not each row: every row keeps its own running max, "
+    "x_block.amax(dim=-1)"
+)
+HINT_SWAPPED = "you returned (l_new, m_new): return the max first, (m_new, l_new)"
+HINT_STEP_MUTATED = (
+    "your online_softmax_step changed the caller's `{name}` in place: return new tensors (m_new = ..., not m[...] = ...)"
+)
+HINT_STEP_CALL = (
+    "online_softmax_step(m, l, x_block): m and l have shape (*rows), x_block (*rows, block); return the pair "
+    "(m_new, l_new), each of shape (*rows)"
+)
+
+
+def _step_mistakes(m: torch.Tensor, l: torch.Tensor, x: torch.Tensor) -> list[tuple[str, tuple[torch.Tensor, torch.Tensor]]]:
+    m_new = torch.maximum(m, _rows_max(x))
+    with np.errstate(all="ignore"):
+        mistakes = [
+            (HINT_L_NOT_RESCALED, (m_new, l + _exps_sum(x, m_new))),
+            (HINT_EXP_BEFORE_MAX, (m_new, l + _exps_sum(x, m))),
+            (HINT_EXP_BEFORE_MAX, (m_new, l * (m - m_new).exp() + _exps_sum(x, m))),
+            (HINT_FACTOR_INVERTED, (m_new, l * (m_new - m).exp() + _exps_sum(x, m_new))),
+            (HINT_BLOCK_MAX_ONLY, (_rows_max(x), l * (m - _rows_max(x)).exp() + _exps_sum(x, _rows_max(x)))),
+            (HINT_BLOCK_NOT_ADDED, (m_new, l * (m - m_new).exp())),
+        ]
+    big = torch.maximum(m, x.amax().expand_as(m))
+    mistakes.append((HINT_GLOBAL_MAX, (big, l * (m - big).exp() + _exps_sum(x, big))))
+    return mistakes
+
+
+def _pair(got: Any, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    expect(isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got),
+           f"{what} should return a pair of tensors (m_new, l_new), got {describe(got)}")
+    return got[0], got[1]
+
+
+def _same(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-4, atol: float = 1e-5) -> bool:
+    """Equal shapes and values, with -inf matching -inf (torch.allclose treats equal infinities as close)."""
+    return a.shape == b.shape and bool(torch.allclose(a.double(), b.double(), rtol=rtol, atol=atol, equal_nan=False))
+
+
+def _same_or_both_bad(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes, NaN and Inf in the same places (Inf of the same sign), the finite entries close."""
+    if not (a.shape == b.shape and a.is_floating_point() and b.is_floating_point()):
+        return False
+    fa, fb = torch.isfinite(a), torch.isfinite(b)
+    if not torch.equal(fa, fb) or not torch.equal(torch.isnan(a), torch.isnan(b)):
+        return False
+    inf = torch.isinf(a)
+    return torch.equal(a[inf], b[inf]) and _same(a[fa], b[fb])
+
+
+def _check_step_call(fn: Any, m: torch.Tensor, l: torch.Tensor, x: torch.Tensor, what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    got = call_on_copies(fn, {"m": m, "l": l, "x_block": x}, name="online_softmax_step",
+                         mutated_hint=HINT_STEP_MUTATED, error_hint=HINT_STEP_CALL)
+    got_m, got_l = _pair(got, what)
+    want_m, want_l = online_softmax_step(m, l, x)
+    if _same(got_m, want_l) and _same(got_l, want_m) and not _same(want_m, want_l):
+        raise CheckFailure(HINT_SWAPPED)
+    overflowed = got_l.shape == want_l.shape and got_l.is_floating_point() and not bool(torch.isfinite(got_l).all())
+    if overflowed and bool(torch.isinf(x.exp()).any()):  # only scores this large make a raw exp overflow
+        raise CheckFailure(HINT_RAW_EXP)
+    for hint, (wrong_m, wrong_l) in _step_mistakes(m, l, x):
+        if _same_or_both_bad(got_m, wrong_m) and _same_or_both_bad(got_l, wrong_l) and not (
+                _same(wrong_m, want_m) and _same(wrong_l, want_l)):
+            raise CheckFailure(hint)
+    if overflowed:
+        raise CheckFailure(f"{what}: l_new holds NaN or Inf where the reference is finite. {HINT_EXP_BEFORE_MAX}")
+    compare(got_m, want_m, what=f"{what}: m_new")
+    compare(got_l, want_l, what=f"{what}: l_new")
+    return got_m, got_l
+
+
+def _run_steps(fn: Any, x: torch.Tensor, block: int, label: str) -> None:
+    """Fold ``x`` into the running state block by block, checking every step against the reference."""
+    m = torch.full(x.shape[:-1], NEG_INF)
+    l = torch.zeros(x.shape[:-1])
+    for step, start in enumerate(range(0, x.shape[-1], block)):
+        what = f"{label}, step {step + 1} (block of columns {start}..{min(start + block, x.shape[-1]) - 1})"
+        _check_step_call(fn, m, l, x[..., start:start + block], what)
+        m, l = online_softmax_step(m, l, x[..., start:start + block])  # go on from the reference's state
+
+
+def rising_scores(seed: int, *shape: int) -> torch.Tensor:
+    """Scores whose later blocks hold larger values in some rows: the running max must grow mid-row."""
+    g = torch.Generator().manual_seed(seed)
+    x = 2 * torch.randn(*shape, generator=g)
+    return x + torch.linspace(0.0, 6.0, shape[-1]) * (torch.rand(*shape[:-1], 1, generator=g) > 0.4)
+
+
+@checker("the online softmax step")
+def check_online_softmax_step(online_softmax_step) -> None:
+    """Check a learner's ``online_softmax_step(m, l, x_block) -> (m_new, l_new)``.
+
+    From the start (m = -inf, l = 0) through every block of rows whose max grows partway, with
+    blocks of 1 (deck 000's loop), 3 and 4 columns, one row (0-d m and l) and a batch of rows,
+    and scores around 1000 (where exp overflows unless every exponent is taken against the max).
+    """
+    _run_steps(online_softmax_step, rising_scores(0, 12), 1, "one row of 12 scores, one score per step")
+    _run_steps(online_softmax_step, rising_scores(1, 5, 12), 4, "5 rows of 12 scores, blocks of 4")
+    _run_steps(online_softmax_step, rising_scores(2, 2, 3, 10), 3, "a (2, 3, 10) batch, blocks of 3")
+    _run_steps(online_softmax_step, rising_scores(3, 4, 8) * 50 + 900, 4, "scores around 1000, blocks of 4")
+
+
+# ----------------------------------------------------------------------------- 9.2 tiled_matmul
+
+HINT_TILE_OVERWRITE = (
+    "your C holds only the last partial product of each tile: C[i, j] = A[i, k] @ B[k, j] summed over the "
+    "tiles k of the shared dim, so add into C (C[...] += ...), do not assign"
+)
+HINT_TILE_EDGES = (
+    "the last rows or columns of C are wrong when a size is not a multiple of tile ({shape}): the last tile is "
+    "smaller; range(0, n, tile) with slices [i:i + tile] covers it (slicing past the end is fine)"
+)
+HINT_TILE_WHOLE = (
+    "a torch matrix multiply saw an operand of shape {shape}, wider than tile = {tile}: multiply tile by tile "
+    "(A[i:i + tile, k:k + tile] @ B[k:k + tile, j:j + tile]), which is the point of the exercise"
+)
+HINT_TILE_MUTATED = "your tiled_matmul changed the caller's `{name}` in place: write into a new C (torch.zeros)"
+HINT_TILE_CALL = (
+    "tiled_matmul(A, B, tile): A (n, m), B (m, p), tile an int; return C = A @ B (n, p) built from products of "
+    "tile x tile blocks"
+)
+
+def _tiled_reference(A: torch.Tensor, B: torch.Tensor, tile: int, *, edges: bool = True, accumulate: bool = True) -> torch.Tensor:
+    n, m = A.shape
+    p = B.shape[1]
+    C = torch.zeros(n, p, dtype=torch.promote_types(A.dtype, B.dtype))
+    limit = (lambda size: size) if edges else (lambda size: size - size % tile)
+    for i in range(0, limit(n), tile):
+        for j in range(0, limit(p), tile):
+            for k in range(0, limit(m), tile):
+                part = A[i:i + tile, k:k + tile] @ B[k:k + tile, j:j + tile]
+                if accumulate:
+                    C[i:i + tile, j:j + tile] += part
+                else:
+                    C[i:i + tile, j:j + tile] = part
+    return C
+
+
+def _check_tiled(fn: Any, A: torch.Tensor, B: torch.Tensor, tile: int) -> None:
+    what = f"tiled_matmul(A, B, tile={tile}) with A {tuple(A.shape)} and B {tuple(B.shape)}"
+    with MatmulOperands() as widths:
+        got = call_on_copies(fn, {"A": A, "B": B, "tile": tile}, name="tiled_matmul", mutated_hint=HINT_TILE_MUTATED,
+                             error_hint=HINT_TILE_CALL)
+    if widths.widest and max(widths.widest) > tile:
+        raise CheckFailure(HINT_TILE_WHOLE.format(shape=widths.widest, tile=tile))
+    mistakes = {HINT_TILE_OVERWRITE: _tiled_reference(A, B, tile, accumulate=False)}
+    if any(size % tile for size in (*A.shape, B.shape[1])):
+        mistakes[HINT_TILE_EDGES.format(shape=f"A {tuple(A.shape)}, B {tuple(B.shape)}")] = _tiled_reference(
+            A, B, tile, edges=False)
+    compare(got, A @ B, what=what, mistakes=mistakes, check_dtype=False)
+
+
+def deck_matrices() -> tuple[torch.Tensor, torch.Tensor]:
+    """Deck 000's 4 x 4 example of tiled multiplication (its A and B, in 2 x 2 tiles)."""
+    A = torch.tensor([[1, 2, 0, 5], [4, 8, 2, -1], [3, 1, 6, 3], [-7, 5, 0, 8]], dtype=torch.float32)
+    B = torch.tensor([[3, 1, 6, 3], [-7, 5, 0, 8], [1, 2, 0, 5], [0, 3, 5, 1]], dtype=torch.float32)
+    return A, B
+
+
+@checker("tiled matrix multiply")
+def check_tiled_matmul(tiled_matmul) -> None:
+    """Check a learner's ``tiled_matmul(A, B, tile) -> Float[Tensor, "n p"]``.
+
+    Deck 000's 4 x 4 example in 2 x 2 tiles, then random matrices whose sizes are not multiples
+    of the tile (edge tiles), a rectangular product, tile 1 and a tile larger than the matrices;
+    every torch matrix multiply inside must see operands no wider than the tile.
+    """
+    A, B = deck_matrices()
+    _check_tiled(tiled_matmul, A, B, 2)
+    g = torch.Generator().manual_seed(0)
+    for (n, m, p), tile in (((7, 5, 6), 3), ((9, 4, 11), 4), ((3, 2, 5), 1), ((4, 6, 3), 8)):
+        _check_tiled(tiled_matmul, torch.randn(n, m, generator=g), torch.randn(m, p, generator=g), tile)
+
+
+# ----------------------------------------------------------------------------- 9.3 flash_tile_update
+
+HINT_O_NOT_RESCALED = (
+    "your o is not rescaled when the max grows: o is a sum of exp(s - m_old) * v, so multiply it by "
+    "exp(m - m_new) before adding the new tile's p @ v, exactly as l is"
+)
+HINT_DIVIDED_EARLY = (
+    "you divided by l inside the update (too early): o stays unnormalised, a running sum of exp(s - m) * v, "
+    "and is divided by l once, after the last tile. Divided each step, the next step rescales and adds to "
+    "an output that is already an average, and the weights no longer add up"
+)
+HINT_LOCAL_SOFTMAX = (
+    "you took a softmax of each tile on its own and added the results: each tile's weights then sum to 1 "
+    "however small its scores are. Keep the running max and sum across tiles: p = exp(s - m_new), and "
+    "rescale the old l and o by exp(m - m_new)"
+)
+HINT_P_OLD_MAX = (
+    "the tile's weights were taken against the old max, p = exp(s - m): use the new one, p = exp(s - m_new), "
+    "the max that l_new and o_new are relative to (with the old max the first tile gives exp(+inf))"
+)
+HINT_TILE_FACTOR_INVERTED = (
+    "your rescale factor is upside down: exp(m_new - m) >= 1 grows the old sums; shrink them with exp(m - m_new)"
+)
+HINT_TILE_SUM_NOT_RESCALED = (
+    "your l is not rescaled when the max grows: multiply the old l by exp(m - m_new) before adding the tile's row sums"
+)
+HINT_TILE_MUTATED = "your flash_tile_update changed the caller's `{name}` in place: return new tensors"
+HINT_TILE_UPDATE_CALL = (
+    "flash_tile_update(m, l, o, s, v): m and l (*rows), o (*rows, d_v), s (*rows, block), v (*batch, block, d_v); "
+    "return (m_new, l_new, o_new) in those shapes"
+)
+HINT_TILE_TRIPLE = "flash_tile_update should return a triple of tensors (m_new, l_new, o_new), got {got}"
+
+
+def _tile_variant(m, l, o, s, v, *, o_rescaled=True, l_rescaled=True, divide=False, local=False, old_max=False,
+                  inverted=False):
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    if local:
+        return m_new, l + s.softmax(dim=-1).sum(dim=-1), o + s.softmax(dim=-1) @ v
+    p = torch.exp(s - (m if old_max else m_new)[..., None])
+    alpha = torch.exp(m_new - m) if inverted else torch.exp(m - m_new)
+    l_new = (alpha * l if l_rescaled else l) + p.sum(dim=-1)
+    o_new = (alpha[..., None] * o if o_rescaled else o) + p @ v
+    if divide:
+        o_new = o_new / l_new[..., None]
+    return m_new, l_new, o_new
+
+
+def _tile_mistakes(m, l, o, s, v) -> list[tuple[str, tuple]]:
+    return [
+        (HINT_O_NOT_RESCALED, _tile_variant(m, l, o, s, v, o_rescaled=False)),
+        (HINT_DIVIDED_EARLY, _tile_variant(m, l, o, s, v, divide=True)),
+        (HINT_LOCAL_SOFTMAX, _tile_variant(m, l, o, s, v, local=True)),
+        (HINT_TILE_SUM_NOT_RESCALED, _tile_variant(m, l, o, s, v, l_rescaled=False)),
+        (HINT_P_OLD_MAX, _tile_variant(m, l, o, s, v, old_max=True)),
+        (HINT_TILE_FACTOR_INVERTED, _tile_variant(m, l, o, s, v, inverted=True)),
+    ]
+
+
+def _triple(got: Any) -> tuple[torch.Tensor, ...]:
+    if not (isinstance(got, (tuple, list)) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got)):
+        raise CheckFailure(HINT_TILE_TRIPLE.format(got=describe(got)))
+    return tuple(got)
+
+
+def _check_tile_step(fn: Any, state: tuple, s: torch.Tensor, v: torch.Tensor, what: str) -> None:
+    m, l, o = state
+    got = _triple(call_on_copies(fn, {"m": m, "l": l, "o": o, "s": s, "v": v}, name="flash_tile_update",
+                                 mutated_hint=HINT_TILE_MUTATED, error_hint=HINT_TILE_UPDATE_CALL))
+    want = tile_update(m, l, o, s, v)
+    matches = lambda a, b: all(_same(x, y, rtol=1e-4, atol=1e-5) for x, y in zip(a, b))  # noqa: E731
+    if not matches(got, want):
+        for hint, wrong in _tile_mistakes(m, l, o, s, v):
+            if matches(got, wrong) and not matches(wrong, want):
+                raise CheckFailure(hint)
+    for name, g, w in zip(("m_new", "l_new", "o_new"), got, want):
+        compare(g, w, what=f"{what}: {name}", nan_hint=f"{what}: {name} holds NaN or Inf. {HINT_P_OLD_MAX}")
+
+
+def _tile_sequence(seed: int, rows: int, blocks: int, block: int, d_v: int, batch: tuple[int, ...] = ()):
+    """Scores whose max grows in a later tile for some rows, the tiles' values, and the start state."""
+    g = torch.Generator().manual_seed(seed)
+    s = 2 * torch.randn(*batch, rows, blocks * block, generator=g)
+    s = s + 3.0 * (torch.arange(blocks * block) >= block) * (torch.rand(*batch, rows, 1, generator=g) > 0.5)
+    v = torch.randn(*batch, blocks * block, d_v, generator=g)
+    start = (torch.full((*batch, rows), NEG_INF), torch.zeros(*batch, rows), torch.zeros(*batch, rows, d_v))
+    return s, v, start
+
+
+@checker("FlashAttention's tile update")
+def check_flash_tile_update(flash_tile_update) -> None:
+    """Check a learner's ``flash_tile_update(m, l, o, s, v) -> (m_new, l_new, o_new)``.
+
+    Step by step from the start state (m = -inf, l = 0, o = 0) through tiles whose max grows,
+    for one block of queries and for a (batch, heads) batch of them; then a whole tiled attention
+    run through ``tfedu.flash.flash_forward(..., update=flash_tile_update)``, causal and not,
+    against ``F.scaled_dot_product_attention``.
+    """
+    for seed, rows, blocks, block, d_v, batch in ((0, 4, 3, 5, 3, ()), (1, 3, 4, 2, 2, (2, 2))):
+        s, v, state = _tile_sequence(seed, rows, blocks, block, d_v, batch)
+        for t in range(blocks):
+            s_t, v_t = s[..., t * block:(t + 1) * block], v[..., t * block:(t + 1) * block, :]
+            _check_tile_step(flash_tile_update, state, s_t, v_t,
+                             f"tile {t + 1} of {blocks} ({rows} queries, {block} keys per tile, batch {batch or 'none'})")
+            state = tile_update(*state, s_t, v_t)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(2, 3, 20, 8, generator=g) for _ in range(3))
+    for causal in (False, True):
+        got, _ = flash_forward(q, k, v, causal=causal, block_q=8, block_k=6, update=flash_tile_update)
+        compare(got, F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+                what=f"tiled attention run with your update (causal={causal}, 20 positions, tiles of 8 x 6)")
+
+
+# ----------------------------------------------------------------------------- probes
+
+# Every step starts from the reference's state (drawn with the inputs), so one wrong step is one failure.
+STEP_PROBE_RUN = HELPERS + """\
+_results = [_call(online_softmax_step, torch.from_numpy(_m), torch.from_numpy(_l), torch.from_numpy(_x))
+            for _m, _l, _x in zip(inputs['m'], inputs['l'], inputs['blocks'])]
+_pair = lambda _r: isinstance(_r, (tuple, list)) and len(_r) == 2
+outputs = {'returned': [_kind(_r) for _r in _results], 'mutated': _MUTATED,
+           'm': [_array(_r[0]) if _pair(_r) else None for _r in _results],
+           'l': [_array(_r[1]) if _pair(_r) else None for _r in _results]}
+del _results, _pair
+""" + CLEANUP
+
+
+def _step_probe_inputs(rng: np.random.Generator) -> dict:
+    rows = tuple(int(r) for r in rng.integers(1, 5, size=int(rng.integers(1, 3))))
+    n, block = int(rng.integers(6, 20)), int(rng.integers(1, 5))
+    x = rng.standard_normal((*rows, n)) * rng.uniform(1, 4)
+    x += np.linspace(0, rng.uniform(3, 8), n) * (rng.random((*rows, 1)) > 0.4)  # the max grows partway
+    x += rng.choice([0.0, 900.0], size=(*rows, 1))  # some rows around 1000: exp overflows without the max
+    x = x.astype(np.float32)
+    blocks = [x[..., i:i + block] for i in range(0, n, block)]
+    m, l = torch.full(rows, NEG_INF), torch.zeros(rows)
+    ms, ls = [], []
+    for block_scores in blocks:
+        ms.append(as_array(m))
+        ls.append(as_array(l))
+        m, l = online_softmax_step(m, l, torch.from_numpy(block_scores))
+    return {"m": ms, "l": ls, "blocks": blocks}
+
+
+def _step_reference(inputs: dict) -> dict:
+    ms, ls, mistakes = [], [], []
+    for step, (m, l, block) in enumerate(zip(inputs["m"], inputs["l"], inputs["blocks"])):
+        m, l, x = torch.from_numpy(m), torch.from_numpy(l), torch.from_numpy(block)
+        for hint, (wrong_m, wrong_l) in _step_mistakes(m, l, x):
+            mistakes.append([hint, step, as_array(wrong_m), as_array(wrong_l)])
+        m_new, l_new = online_softmax_step(m, l, x)
+        ms.append(as_array(m_new))
+        ls.append(as_array(l_new))
+    return {"returned": ["a tuple of two tensors"] * len(ms), "m": ms, "l": ls, "mistakes": mistakes}
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Equal shapes and values; NaN matches NaN and infinities match (a mistake's output may hold them)."""
+    return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and bool(
+        np.allclose(a.astype(np.float64), b.astype(np.float64), rtol=1e-4, atol=1e-5, equal_nan=True))
+
+
+def _compare_step(outputs: dict, expected: dict) -> str | None:
+    kinds = {"list of Tensor, Tensor": HINT_STEP_CALL}
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="online_softmax_step",
+                              kind_hints=kinds)
+    if problem:
+        return problem
+    for step, (got_m, got_l, want_m, want_l) in enumerate(zip(outputs.get("m") or [], outputs.get("l") or [],
+                                                               expected["m"], expected["l"])):
+        if _close(got_m, want_m) and _close(got_l, want_l):
+            continue
+        if _close(got_m, want_l) and _close(got_l, want_m):
+            return HINT_SWAPPED
+        for hint, at, wrong_m, wrong_l in expected["mistakes"]:
+            if at == step and _close(got_m, wrong_m) and _close(got_l, wrong_l):
+                return hint
+        if isinstance(got_l, np.ndarray) and not np.isfinite(got_l).all():
+            return HINT_RAW_EXP
+        return (f"online_softmax_step differs from the reference at step {step + 1} of the hidden test "
+                f"(m_new {'right' if _close(got_m, want_m) else 'wrong'}, l_new {'right' if _close(got_l, want_l) else 'wrong'})")
+    if len(outputs.get("m") or []) != len(expected["m"]):
+        return "online_softmax_step's hidden test did not run every step"
+    return None
+
+
+TILED_PROBE_RUN = HELPERS + """\
+from tfedu.flash import MatmulOperands as _Widths
+_results, _widest = [], []
+for _a, _b, _t in zip(inputs['A'], inputs['B'], inputs['tiles']):
+    with _Widths() as _w:
+        _results.append(_call(tiled_matmul, torch.from_numpy(_a), torch.from_numpy(_b), _t))
+    _widest.append(max(_w.widest, default=0))
+outputs = {'returned': [_kind(_r) for _r in _results], 'mutated': _MUTATED, 'C': [_array(_r) for _r in _results],
+           'widest': _widest}
+del _Widths, _results, _widest, _a, _b, _t, _w
+""" + CLEANUP
+
+
+def _tiled_probe_inputs(rng: np.random.Generator) -> dict:
+    A, B, tiles = [], [], []
+    for _ in range(3):
+        n, m, p = (int(x) for x in rng.integers(2, 12, size=3))
+        tile = int(rng.integers(1, 6))
+        A.append(rng.integers(-5, 6, (n, m)).astype(np.float32))  # integers: every sum is exact
+        B.append(rng.integers(-5, 6, (m, p)).astype(np.float32))
+        tiles.append(tile)
+    return {"A": A, "B": B, "tiles": tiles}
+
+
+def _tiled_probe_reference(inputs: dict) -> dict:
+    products, mistakes = [], []
+    for a, b, tile in zip(inputs["A"], inputs["B"], inputs["tiles"]):
+        A, B = torch.from_numpy(a), torch.from_numpy(b)
+        products.append(as_array(A @ B))
+        mistakes.append([[HINT_TILE_OVERWRITE, as_array(_tiled_reference(A, B, tile, accumulate=False))],
+                         [HINT_TILE_EDGES.format(shape=f"A {a.shape}, B {b.shape}"),
+                          as_array(_tiled_reference(A, B, tile, edges=False))]])
+    return {"returned": ["tensor"] * len(products), "C": products, "mistakes": mistakes}
+
+
+def _compare_tiled(outputs: dict, expected: dict) -> str | None:
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="tiled_matmul")
+    if problem:
+        return problem
+    for widest, tile in zip(outputs.get("widest") or [], expected.get("tiles", [])):
+        if widest > tile:
+            return HINT_TILE_WHOLE.format(shape=f"with a dim of {widest}", tile=tile)
+    for i, (got, want) in enumerate(zip(outputs.get("C") or [], expected["C"])):
+        if _close(got, want):
+            continue
+        for hint, wrong in expected["mistakes"][i]:
+            if _close(got, wrong) and not _close(wrong, want):
+                return hint
+        return f"tiled_matmul differs from A @ B in the hidden test's product {i + 1}"
+    return None
+
+
+def _tiled_reference_with_tiles(inputs: dict) -> dict:
+    return {**_tiled_probe_reference(inputs), "tiles": list(inputs["tiles"])}
+
+
+TILE_PROBE_RUN = HELPERS + """\
+_results = [_call(flash_tile_update, *(torch.from_numpy(_a) for _a in _state), torch.from_numpy(_s), torch.from_numpy(_v))
+            for _state, _s, _v in zip(inputs['states'], inputs['s'], inputs['v'])]
+_ok = lambda _r: isinstance(_r, (tuple, list)) and len(_r) == 3
+outputs = {'returned': ['a triple' if _ok(_r) else _kind(_r) for _r in _results], 'mutated': _MUTATED,
+           'm': [_array(_r[0]) if _ok(_r) else None for _r in _results],
+           'l': [_array(_r[1]) if _ok(_r) else None for _r in _results],
+           'o': [_array(_r[2]) if _ok(_r) else None for _r in _results]}
+del _results, _ok
+""" + CLEANUP
+
+
+def _tile_probe_inputs(rng: np.random.Generator) -> dict:
+    batch = tuple(int(b) for b in rng.integers(1, 3, size=int(rng.integers(0, 3))))
+    rows, block, d_v, blocks = (int(x) for x in (rng.integers(1, 6), rng.integers(1, 6), rng.integers(1, 5),
+                                                 rng.integers(2, 5)))
+    s = rng.standard_normal((*batch, rows, blocks * block)) * rng.uniform(1, 3)
+    s += 3.0 * (np.arange(blocks * block) >= block) * (rng.random((*batch, rows, 1)) > 0.4)
+    v = rng.standard_normal((*batch, blocks * block, d_v))
+    tiles_s = [s[..., t * block:(t + 1) * block].astype(np.float32) for t in range(blocks)]
+    tiles_v = [v[..., t * block:(t + 1) * block, :].astype(np.float32) for t in range(blocks)]
+    state = (torch.full((*batch, rows), NEG_INF), torch.zeros(*batch, rows), torch.zeros(*batch, rows, d_v))
+    states = []
+    for s_t, v_t in zip(tiles_s, tiles_v):
+        states.append([as_array(t) for t in state])
+        state = tile_update(*state, torch.from_numpy(s_t), torch.from_numpy(v_t))
+    return {"states": states, "s": tiles_s, "v": tiles_v}
+
+
+def _tile_reference(inputs: dict) -> dict:
+    out = {"returned": [], "m": [], "l": [], "o": [], "mistakes": []}
+    for step, (state, s, v) in enumerate(zip(inputs["states"], inputs["s"], inputs["v"])):
+        state = tuple(torch.from_numpy(a) for a in state)
+        s, v = torch.from_numpy(s), torch.from_numpy(v)
+        for hint, wrong in _tile_mistakes(*state, s, v):
+            out["mistakes"].append([hint, step, [as_array(t) for t in wrong]])
+        out["returned"].append("a triple")
+        for key, t in zip("mlo", tile_update(*state, s, v)):
+            out[key].append(as_array(t))
+    return out
+
+
+def _compare_tile(outputs: dict, expected: dict) -> str | None:
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="flash_tile_update",
+                              kind_hints={k: HINT_TILE_UPDATE_CALL for k in ("tensor", "a tuple of two tensors")})
+    if problem:
+        return problem
+    for step in range(len(expected["m"])):
+        got = [(outputs.get(key) or [None] * (step + 1))[step] for key in "mlo"]
+        want = [expected[key][step] for key in "mlo"]
+        if all(_close(g, w) for g, w in zip(got, want)):
+            continue
+        for hint, at, wrong in expected["mistakes"]:
+            if at == step and all(_close(g, w) for g, w in zip(got, wrong)):
+                return hint
+        names = [name for name, g, w in zip(("m_new", "l_new", "o_new"), got, want) if not _close(g, w)]
+        return f"flash_tile_update differs from the reference at tile {step + 1} of the hidden test ({', '.join(names)} wrong)"
+    return None
+
+
+PROBES = {
+    "check_online_softmax_step": Probe(
+        exercise="ex_online_step", make_inputs=_step_probe_inputs, run=STEP_PROBE_RUN, reference=_step_reference,
+        compare=_compare_step, forbidden=("tfedu.softmax", "tfedu.flash", "torch.softmax", "torch.logsumexp",
+                                          "torch.Tensor.logsumexp", "torch.nn.functional.softmax")),
+    "check_tiled_matmul": Probe(
+        exercise="ex_tiled_matmul", make_inputs=_tiled_probe_inputs, run=TILED_PROBE_RUN,
+        reference=_tiled_reference_with_tiles, compare=_compare_tiled,
+        forbidden=("numpy.matmul", "numpy.dot", "numpy.einsum", "numpy.tensordot", "numpy.inner")),
+    "check_flash_tile_update": Probe(
+        exercise="ex_tile_update", make_inputs=_tile_probe_inputs, run=TILE_PROBE_RUN, reference=_tile_reference,
+        compare=_compare_tile, forbidden=("tfedu.flash", "tfedu.softmax", "torch.nn.functional.scaled_dot_product_attention")),
+}
+
+
+def tiled_matmul_reference(A: torch.Tensor, B: torch.Tensor, tile: int) -> torch.Tensor:
+    """A @ B one tile x tile block product at a time: what notebook 09's switch runs in place of a failing answer."""
+    return _tiled_reference(A, B, tile)
