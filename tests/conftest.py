@@ -4,6 +4,10 @@ import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+# Before any test imports triton (torch's FlopCounterMode does): without a GPU, tfedu.kernels switches
+# on Triton's CPU interpreter, which only works when it happens before triton's first import.
+import tfedu.kernels  # noqa: E402, F401
+
 import pytest  # noqa: E402
 from beartype import beartype  # noqa: E402
 from jaxtyping import jaxtyped  # noqa: E402
