@@ -37,7 +37,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from tfedu.bench.common import device_description, interleaved, machine, summary, timed, version
+from tfedu.bench.common import device_description, devices_to_run, interleaved, machine, summary, timed, version
 
 GOALS = {"forward_vs_flash": 1.0, "forward_vs_cudnn": 0.7, "fwd_bwd_vs_flash": 0.8}
 TOKENS = 16384  # batch * N, held constant
@@ -280,12 +280,7 @@ def run(quick: bool = False, device: str | None = None) -> dict:
     """Measure on ``device``: "cpu", "cuda", or None for the CPU and then CUDA when present."""
     import torch
 
-    if device not in (None, "auto", "cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu', 'cuda' or None (both when CUDA is present), got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("tfedu bench attention --device cuda: torch sees no CUDA device")
-    devices = ["cpu", "cuda"] if device in (None, "auto") else [device]
-    devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
+    devices = devices_to_run("attention", device)
     import tfedu.kernels as kernels  # before anything imports triton: it may switch on the interpreter
 
     result: dict = {

@@ -120,3 +120,15 @@ def device_description(device: str) -> dict:
         "torch_threads": torch.get_num_threads(),  # left at torch's default, recorded
         "torch_interop_threads": torch.get_num_interop_threads(),
     }
+
+
+def devices_to_run(bench: str, device: str | None) -> list[str]:
+    """The devices a bench measures: ``device`` alone, or the CPU and then CUDA when present (None or "auto")."""
+    import torch
+
+    if device not in (None, "auto", "cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu', 'cuda' or None (both when CUDA is present), got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"tfedu bench {bench} --device cuda: torch sees no CUDA device")
+    devices = ["cpu", "cuda"] if device in (None, "auto") else [device]
+    return [d for d in devices if d == "cpu" or torch.cuda.is_available()]

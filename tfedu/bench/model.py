@@ -42,7 +42,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from tfedu.bench.common import device_description, interleaved, machine, summary, timed, version
+from tfedu.bench.common import device_description, devices_to_run, interleaved, machine, summary, timed, version
 
 GOAL = 0.9  # tfedu's tokens/s at least 0.9x Hugging Face's
 LOGIT_TOLERANCE = 1e-4  # float32; bfloat16 autocast is reported, not held to it
@@ -397,12 +397,7 @@ def run(quick: bool = False, device: str | None = None) -> dict:
     import torch
     import transformers
 
-    if device not in (None, "auto", "cpu", "cuda"):
-        raise ValueError(f"device must be 'cpu', 'cuda' or None (both when CUDA is present), got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("tfedu bench model --device cuda: torch sees no CUDA device")
-    devices = ["cpu", "cuda"] if device in (None, "auto") else [device]
-    devices = [d for d in devices if d == "cpu" or torch.cuda.is_available()]
+    devices = devices_to_run("model", device)
     threads = torch.get_num_threads()
     if quick:
         # Tiny sizes on a busy machine: every op of a multi-threaded CPU kernel waits for a thread another
