@@ -38,13 +38,29 @@ def step_variant(m, l, x, mistake=""):
         return g, l * (m - g).exp() + (x - g[..., None]).exp().sum(-1)
     if mistake == "block not added":
         return m_new, l * (m - m_new).exp()
+    if mistake == "block's own max":
+        return m_new, l * (m - m_new).exp() + (x - x.amax(-1, keepdim=True)).exp().sum(-1)
+    if mistake == "no max":
+        return m_new, l + x.exp().sum(-1)
     return m_new, l * (m - m_new).exp() + exps
+
+
+def step_with_logsumexp(m, l, x):
+    m_new = torch.maximum(m, x.amax(-1))
+    lse = torch.logaddexp(m + l.log(), torch.logsumexp(x, dim=-1))
+    return m_new, (lse - m_new).exp()
 
 
 STEP_MISTAKES = [("not rescaled", "not rescaled when the max grows"), ("exp before max", "exponent before updating"),
                  ("inverted", "upside down"), ("block max", "block's max alone"), ("raw exp", "raw scores"),
                  ("swapped", "(l_new, m_new)"), ("in place", "in place"), ("global max", "whole block tensor"),
-                 ("block not added", "leaves out the block")]
+                 ("block not added", "leaves out the block"), ("block's own max", "block's own max"),
+                 ("no max", "no max subtracted")]
+
+
+def test_online_step_refuses_logsumexp():
+    with pytest.raises(CheckFailure, match="calls logsumexp"):
+        nb09.check_online_softmax_step(step_with_logsumexp)
 
 
 def test_online_step_passes_the_reference_and_a_variant():
@@ -70,7 +86,18 @@ def test_tiled_matmul_passes_the_reference():
     nb09.check_tiled_matmul(nb09.tiled_matmul_reference)
 
 
+def tiled_elementwise(A, B, tile):
+    C = torch.zeros(A.shape[0], B.shape[1])
+    for i in range(0, A.shape[0], tile):
+        for j in range(0, B.shape[1], tile):
+            for k in range(0, A.shape[1], tile):
+                a, b = A[i:i + tile, k:k + tile], B[k:k + tile, j:j + tile]
+                C[i:i + tile, j:j + tile] += (a[:, :, None] * b[None]).sum(1)
+    return C
+
+
 @pytest.mark.parametrize("wrong, fragment", [
+    (tiled_elementwise, "no torch matrix multiply"),
     (lambda A, B, t: A @ B, "wider than tile"),
     (lambda A, B, t: torch.einsum("ij,jk->ik", A, B), "wider than tile"),
     (lambda A, B, t: tiled(A, B, t, accumulate=False), "last partial product"),
@@ -132,7 +159,8 @@ PROBE_CASES = [
     ("check_online_softmax_step", "online_softmax_step", step_variant, [(lambda m, l, x, k=k: step_variant(m, l, x, k), f)
                                                                         for k, f in STEP_MISTAKES if k != "raw exp"]),
     ("check_tiled_matmul", "tiled_matmul", nb09.tiled_matmul_reference,
-     [(lambda A, B, t: A @ B, "wider than tile"), (lambda A, B, t: tiled(A, B, t, accumulate=False), "last partial product")]),
+     [(lambda A, B, t: A @ B, "wider than tile"), (lambda A, B, t: tiled(A, B, t, accumulate=False), "last partial product"),
+      (tiled_elementwise, "no torch matrix multiply")]),
     ("check_flash_tile_update", "flash_tile_update", tile_variant, [(lambda *a, k=k: tile_variant(*a, mistake=k), f)
                                                                     for k, f in TILE_MISTAKES if k != "pair"]),
 ]

@@ -10,7 +10,7 @@ def test_matmul_reads_both_inputs_and_writes_the_product():
     assert (t.reads, t.writes) == (2 * 3 + 3 * 5, 2 * 5)
 
 
-def test_standard_attention_grows_with_n_squared_and_flash_with_n():
+def test_both_counts_grow_with_n_squared_flash_with_a_smaller_constant():
     for backward in (False, True):
         std = [standard_attention_traffic(n, 64, backward=backward).total for n in (4096, 8192)]
         fa = [flash_attention_traffic(n, 64, block=128, backward=backward).total for n in (4096, 8192)]

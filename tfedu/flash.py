@@ -30,7 +30,8 @@ from __future__ import annotations
 import itertools
 import math
 import weakref
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -1,7 +1,8 @@
 """Counting the reads and writes of GPU main memory (HBM) that attention makes, step by step.
 
-A GPU computes in small on-chip memory (SRAM: registers and shared memory, about 20 MB in all on
-an A100) and keeps tensors in large off-chip memory (HBM: 40-80 GB). FlashAttention's claim
+A GPU computes in small on-chip memory (SRAM; on an A100, 192 KB of combined L1 cache and shared
+memory per streaming multiprocessor, about 20 MB over its 108, plus the register files) and keeps
+tensors in large off-chip memory (HBM: 40-80 GB). FlashAttention's claim
 (Dao et al. 2022) is about the traffic between the two: standard attention writes the n x n
 scores and probabilities to HBM and reads them back, FlashAttention keeps each tile of them
 in SRAM. The counts here follow the algorithms as the papers write them, in elements (multiply
@@ -108,7 +109,12 @@ def standard_attention_traffic(n: int, d: int, *, backward: bool = False, mask: 
 
 
 def flash_attention_traffic(n: int, d: int, *, block: int, backward: bool = False, version: int = 1) -> Traffic:
-    """FlashAttention's HBM traffic with ``block``-row tiles of Q and of K, V (full attention, no causal skip).
+    """FlashAttention's HBM traffic with ``block``-row tiles (full attention, no causal skip).
+
+    ``block`` is the tile size that sets the count: the K/V block (B_c) for version 1, whose
+    traffic does not depend on the Q block, and the Q block for version 2. FlashAttention-1 sets
+    B_c = ceil(M / 4d) for an SRAM of M elements (its Algorithm 1, line 1): 384 for d = 64 and
+    an A100's 192 KB of fp16 (M = 98,304).
 
     Version 1 (Algorithm 1): the outer loop runs over the n / block tiles of K and V, each read
     once; the inner loop reads every tile of Q and of the running O, l, m, and writes O, l, m
@@ -117,8 +123,8 @@ def flash_attention_traffic(n: int, d: int, *, block: int, backward: bool = Fals
     from Q, K and the saved row statistics instead of reading an n x n matrix.
 
     >>> heads = 64 * 16  # batch 64, 16 heads: deck 000's GPT-2 medium
-    >>> round(flash_attention_traffic(1024, 64, block=256, backward=True).gigabytes(heads), 1)
-    5.4
+    >>> round(flash_attention_traffic(1024, 64, block=384, backward=True).gigabytes(heads), 1)
+    4.6
     >>> round(standard_attention_traffic(1024, 64, backward=True).gigabytes(heads), 1)
     25.2
     """
@@ -136,11 +142,11 @@ def flash_attention_traffic(n: int, d: int, *, block: int, backward: bool = Fals
         ]
         if backward:
             steps += [
-                ("initialise dQ in HBM", 0, nd),
+                ("initialise dQ, dK, dV in HBM", 0, 3 * nd),
                 ("read K, V once (outer loop)", 2 * nd, 0),
                 (f"read Q, O, dO, dQ, l, m once per K/V tile ({tiles} tiles)", tiles * (4 * nd + 2 * n), 0),
                 (f"write dQ once per K/V tile ({tiles} tiles)", 0, tiles * nd),
-                ("write dK, dV", 0, 2 * nd),
+                ("write dK, dV once per K/V tile", 0, 2 * nd),
             ]
         return Traffic(tuple(steps))
     steps = [

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tfedu.checks.core import CheckFailure, Probe, call_on_copies, checker, compare, describe, expect
+from tfedu.checks.core import CheckFailure, Probe, call_on_copies, checker, compare, describe, expect, global_names
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, compare_outputs
 from tfedu.flash import MatmulOperands, flash_forward, tile_update
 from tfedu.softmax import online_softmax_step
@@ -74,6 +74,19 @@ HINT_GLOBAL_MAX = (
     "x_block.amax(dim=-1)"
 )
 HINT_SWAPPED = "you returned (l_new, m_new): return the max first, (m_new, l_new)"
+HINT_BLOCK_OWN_MAX = (
+    "you took the block's exponentials against the block's own max: every term of l_new must be relative to the "
+    "same max, m_new, so add sum(exp(x_block - m_new)), not sum(exp(x_block - max of the block))"
+)
+HINT_NO_MAX = (
+    "you added exp of the raw scores, exp(x_block), with no max subtracted: l is a sum of exp(x_j - m), each "
+    "exponent taken relative to the running max, so add sum(exp(x_block - m_new))"
+)
+HINT_STEP_SHORTCUT = (
+    "your online_softmax_step calls {name}: the exercise is to keep the running max and sum yourself, with "
+    "torch.maximum, torch.exp and a sum (a softmax or logsumexp function does the whole row at once)"
+)
+STEP_SHORTCUTS = ("softmax", "log_softmax", "logsumexp")
 HINT_STEP_MUTATED = (
     "your online_softmax_step changed the caller's `{name}` in place: return new tensors (m_new = ..., not m[...] = ...)"
 )
@@ -87,12 +100,15 @@ def _step_mistakes(m: torch.Tensor, l: torch.Tensor, x: torch.Tensor) -> list[tu
     m_new = torch.maximum(m, _rows_max(x))
     with np.errstate(all="ignore"):
         mistakes = [
+            (HINT_NO_MAX, (m_new, l + x.exp().sum(dim=-1))),  # before the exponent-first mistakes: both overflow
+            (HINT_NO_MAX, (m_new, l * (m - m_new).exp() + x.exp().sum(dim=-1))),
             (HINT_L_NOT_RESCALED, (m_new, l + _exps_sum(x, m_new))),
             (HINT_EXP_BEFORE_MAX, (m_new, l + _exps_sum(x, m))),
             (HINT_EXP_BEFORE_MAX, (m_new, l * (m - m_new).exp() + _exps_sum(x, m))),
             (HINT_FACTOR_INVERTED, (m_new, l * (m_new - m).exp() + _exps_sum(x, m_new))),
             (HINT_BLOCK_MAX_ONLY, (_rows_max(x), l * (m - _rows_max(x)).exp() + _exps_sum(x, _rows_max(x)))),
             (HINT_BLOCK_NOT_ADDED, (m_new, l * (m - m_new).exp())),
+            (HINT_BLOCK_OWN_MAX, (m_new, l * (m - m_new).exp() + _exps_sum(x, _rows_max(x)))),
         ]
     big = torch.maximum(m, x.amax().expand_as(m))
     mistakes.append((HINT_GLOBAL_MAX, (big, l * (m - big).exp() + _exps_sum(x, big))))
@@ -166,7 +182,10 @@ def check_online_softmax_step(online_softmax_step) -> None:
     From the start (m = -inf, l = 0) through every block of rows whose max grows partway, with
     blocks of 1 (deck 000's loop), 3 and 4 columns, one row (0-d m and l) and a batch of rows,
     and scores around 1000 (where exp overflows unless every exponent is taken against the max).
+    A softmax or logsumexp call is refused: the running max and sum are the exercise.
     """
+    used = sorted(global_names(online_softmax_step) & set(STEP_SHORTCUTS))
+    expect(not used, HINT_STEP_SHORTCUT.format(name=", ".join(used)))
     _run_steps(online_softmax_step, rising_scores(0, 12), 1, "one row of 12 scores, one score per step")
     _run_steps(online_softmax_step, rising_scores(1, 5, 12), 4, "5 rows of 12 scores, blocks of 4")
     _run_steps(online_softmax_step, rising_scores(2, 2, 3, 10), 3, "a (2, 3, 10) batch, blocks of 3")
@@ -186,6 +205,10 @@ HINT_TILE_EDGES = (
 HINT_TILE_WHOLE = (
     "a torch matrix multiply saw an operand of shape {shape}, wider than tile = {tile}: multiply tile by tile "
     "(A[i:i + tile, k:k + tile] @ B[k:k + tile, j:j + tile]), which is the point of the exercise"
+)
+HINT_TILE_NO_MATMUL = (
+    "your tiled_matmul made no torch matrix multiply: multiply each pair of tiles with @ (or torch.matmul), "
+    "A[i:i + tile, k:k + tile] @ B[k:k + tile, j:j + tile]; the tile products are what the notebook counts next"
 )
 HINT_TILE_MUTATED = "your tiled_matmul changed the caller's `{name}` in place: write into a new C (torch.zeros)"
 HINT_TILE_CALL = (
@@ -216,6 +239,7 @@ def _check_tiled(fn: Any, A: torch.Tensor, B: torch.Tensor, tile: int) -> None:
                              error_hint=HINT_TILE_CALL)
     if widths.widest and max(widths.widest) > tile:
         raise CheckFailure(HINT_TILE_WHOLE.format(shape=widths.widest, tile=tile))
+    expect(bool(widths.shapes), HINT_TILE_NO_MATMUL)
     mistakes = {HINT_TILE_OVERWRITE: _tiled_reference(A, B, tile, accumulate=False)}
     if any(size % tile for size in (*A.shape, B.shape[1])):
         mistakes[HINT_TILE_EDGES.format(shape=f"A {tuple(A.shape)}, B {tuple(B.shape)}")] = _tiled_reference(
@@ -437,7 +461,7 @@ _results, _widest = [], []
 for _a, _b, _t in zip(inputs['A'], inputs['B'], inputs['tiles']):
     with _Widths() as _w:
         _results.append(_call(tiled_matmul, torch.from_numpy(_a), torch.from_numpy(_b), _t))
-    _widest.append(max(_w.widest, default=0))
+    _widest.append(max(_w.widest, default=0) if _w.shapes else -1)
 outputs = {'returned': [_kind(_r) for _r in _results], 'mutated': _MUTATED, 'C': [_array(_r) for _r in _results],
            'widest': _widest}
 del _Widths, _results, _widest, _a, _b, _t, _w
@@ -471,6 +495,8 @@ def _compare_tiled(outputs: dict, expected: dict) -> str | None:
     if problem:
         return problem
     for widest, tile in zip(outputs.get("widest") or [], expected.get("tiles", [])):
+        if widest == -1:
+            return HINT_TILE_NO_MATMUL
         if widest > tile:
             return HINT_TILE_WHOLE.format(shape=f"with a dim of {widest}", tile=tile)
     for i, (got, want) in enumerate(zip(outputs.get("C") or [], expected["C"])):
