@@ -22,6 +22,7 @@ if importlib.util.find_spec("triton") is None:
 
 import tfedu.kernels as kernels  # noqa: E402  (first: without a GPU it sets TRITON_INTERPRET=1 before triton loads)
 from tfedu.kernels import flash_attention, flash_forward  # noqa: E402
+from tfedu import flash as tiles  # noqa: E402  (the PyTorch tiles the kernel is checked against)
 
 module = importlib.import_module("tfedu.kernels.flash_attention")  # the module (the package's name is the function)
 GPU = torch.cuda.is_available() and not kernels.INTERPRETED
@@ -150,18 +151,17 @@ def test_gradients_flow_through_a_graph_and_float64_is_refused():
 
 
 def test_the_kernel_agrees_with_the_pytorch_tiles_of_tfedu_flash():
-    flash = pytest.importorskip("tfedu.flash", reason="tfedu.flash (the PyTorch tiles) is not importable")
     q, k, v = qkv(2, 2, 50, 16)
     for causal in (False, True):
         out, lse = flash_forward(q, k, v, causal=causal)
-        tiles_out, tiles_lse = flash.flash_forward(q, k, v, causal=causal, scale=None, block_q=16, block_k=16)
+        tiles_out, tiles_lse = tiles.flash_forward(q, k, v, causal=causal, scale=None, block_q=16, block_k=16)
         torch.testing.assert_close(out, tiles_out, atol=1e-5, rtol=0)
         torch.testing.assert_close(lse, tiles_lse.float(), atol=1e-5, rtol=0)
     # And the gradients: the same backward (D = rowsum(dO * O), P rebuilt from L), tiles in torch vs Triton.
     do = qkv(2, 2, 50, 16, seed=1)[0]
     ours = flash_grads(q, k, v, do, True)
     q2, k2, v2 = (x.detach().clone().requires_grad_() for x in (q, k, v))
-    flash.flash_attention(q2, k2, v2, causal=True, block_q=16, block_k=16).backward(do)
+    tiles.flash_attention(q2, k2, v2, causal=True, block_q=16, block_k=16).backward(do)
     for name, a, b in zip("qkv", ours, (q2.grad, k2.grad, v2.grad)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m: f"d{name}: {m}")
 
