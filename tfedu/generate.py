@@ -178,13 +178,12 @@ def _last_logits(
     return model(new, kv_cache=kv_cache)[:, -1, :].float()
 
 
-def _new_cache(model: nn.Module, ids: Tensor, max_new_tokens: int, use_cache: bool) -> KVCache | None:
-    """A cache for decoding ``max_new_tokens`` after ``ids`` if asked for and the model can keep one, else None."""
+def _new_cache(model: nn.Module, batch: int, pos: int, max_new_tokens: int, use_cache: bool) -> KVCache | None:
+    """A cache for ``max_new_tokens`` after ``batch`` prompts of ``pos`` tokens, if asked for and the model can keep one."""
     if not use_cache or not getattr(model, "supports_kv_cache", False) or max_new_tokens == 0:
         return None
     # The last forward pass reads pos + max_new_tokens - 1 tokens (the final token is never fed back).
-    capacity = min(model.cfg.n_ctx, ids.shape[1] + max_new_tokens - 1)
-    return KVCache.for_model(model, ids.shape[0], capacity=capacity)
+    return KVCache.for_model(model, batch, capacity=min(model.cfg.n_ctx, pos + max_new_tokens - 1))
 
 
 def _sample(probs: Float[Tensor, "batch d_vocab"], generator: torch.Generator | None) -> Int[Tensor, "batch"]:
@@ -245,7 +244,7 @@ def generate(
     model.eval()
     try:
         with torch.no_grad():
-            kv_cache = _new_cache(model, ids, max_new_tokens, use_cache)
+            kv_cache = _new_cache(model, *ids.shape, max_new_tokens, use_cache)
             done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)  # batch
             for _ in range(max_new_tokens):
                 logits = _last_logits(model, ids, kv_cache)  # batch d_vocab
@@ -337,7 +336,7 @@ def beam_search(
     model.eval()
     try:
         with torch.no_grad():
-            kv_cache = _new_cache(model, ids.repeat_interleave(num_beams, dim=0), max_new_tokens, use_cache)
+            kv_cache = _new_cache(model, ids.shape[0] * num_beams, ids.shape[1], max_new_tokens, use_cache)
             return _beam_search(model, ids, max_new_tokens, num_beams, float(length_penalty), eos_token_id,
                                 early_stopping, kv_cache)
     finally:

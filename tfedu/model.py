@@ -76,11 +76,11 @@ def check_ids(ids: object, cfg: ModelConfig, name: str = "ids", *, cached: int =
             f"{name} has {ids.shape[1]} positions but this model's context is n_ctx={cfg.n_ctx}: "
             f"give at most {cfg.n_ctx} tokens (crop with {name}[:, -{cfg.n_ctx}:])"
         )
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.d_vocab):
-        raise IndexError(
-            f"{name} must lie in 0..{cfg.d_vocab - 1} (d_vocab={cfg.d_vocab}), "
-            f"got values from {int(ids.min())} to {int(ids.max())}"
-        )
+    if not ids.numel():
+        return
+    low, high = (int(value) for value in torch.aminmax(ids))  # one reduction, one wait for the device
+    if low < 0 or high >= cfg.d_vocab:
+        raise IndexError(f"{name} must lie in 0..{cfg.d_vocab - 1} (d_vocab={cfg.d_vocab}), got values from {low} to {high}")
 
 
 def _check_targets(targets: object, ids: Tensor, cfg: ModelConfig) -> None:

@@ -122,6 +122,21 @@ def device_description(device: str) -> dict:
     }
 
 
+def device_lines(devices: dict[str, dict]) -> list[str]:
+    """One line per device of a bench's ``devices`` (``device_description``'s dicts), for its table.
+
+    >>> device_lines({"cpu": {"name": "x86", "cpu_count": 2, "torch_threads": 2}})
+    ['cpu: x86, 2 CPUs, torch threads 2']
+    """
+    lines = []
+    for name, d in devices.items():
+        if name == "cpu":
+            lines.append(f"cpu: {d['name']}, {d['cpu_count']} CPUs, torch threads {d['torch_threads']}")
+        else:
+            lines.append(f"{name}: {d['name']}, {d['memory_gib']} GiB, capability {d['capability']}, CUDA {d['cuda']}")
+    return lines
+
+
 def devices_to_run(bench: str, device: str | None) -> list[str]:
     """The devices a bench measures: ``device`` alone, or the CPU and then CUDA when present (None or "auto")."""
     import torch
