@@ -190,17 +190,22 @@ def test_attention_bench_is_a_cli_subcommand():
     assert args.name == "attention" and args.quick and args.device == "cpu"
 
 
-def test_quick_attention_bench_on_the_cpu_prints_a_table_then_one_json_object():
+def quick_bench_on_the_cpu(name: str) -> tuple[dict, str]:
+    """``tfedu bench NAME --json --quick --device cpu``: its JSON result and its table."""
     import contextlib
     import io
 
-    pytest.importorskip("tfedu.flash")
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        code = cli.main(["bench", "attention", "--json", "--quick", "--device", "cpu"])
+        code = cli.main(["bench", name, "--json", "--quick", "--device", "cpu"])
     assert code == 0
     lines = buffer.getvalue().strip().splitlines()
-    result = json.loads(lines[-1])
+    return json.loads(lines[-1]), "\n".join(lines[:-1])
+
+
+def test_quick_attention_bench_on_the_cpu_prints_a_table_then_one_json_object():
+    pytest.importorskip("tfedu.flash")
+    result, table = quick_bench_on_the_cpu("attention")
     for key in ("python", "torch", "triton", "triton_available", "flop_convention", "goals", "devices", "cpu"):
         assert key in result, key
     assert "cuda" not in result and result["devices"]["cpu"]["torch_threads"] >= 1
@@ -215,7 +220,6 @@ def test_quick_attention_bench_on_the_cpu_prints_a_table_then_one_json_object():
             row["timings"]["standard"]["best_s"] / row["timings"]["tiles"]["best_s"])
     # The whole point of the tiles: less memory than the (N x N) scores, more so as N grows.
     assert cpu["rows"][2]["memory_ratios"]["standard_over_tiles"] > cpu["rows"][0]["memory_ratios"]["standard_over_tiles"] > 1
-    table = "\n".join(lines[:-1])
     assert "tiles s" in table and "standard s" in table and "WARNING" not in table
 
 
@@ -289,16 +293,8 @@ def test_attention_bench_on_cuda_without_a_gpu_is_a_clear_error(monkeypatch, cap
 
 
 def test_quick_decode_bench_prints_a_table_then_one_json_object():
-    import contextlib
-    import io
-
     pytest.importorskip("transformers")
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        code = cli.main(["bench", "decode", "--json", "--quick", "--device", "cpu"])
-    assert code == 0
-    lines = buffer.getvalue().strip().splitlines()
-    result = json.loads(lines[-1])
+    result, table = quick_bench_on_the_cpu("decode")
     for key in ("cached_vs_hf", "manual_cached_vs_hf", "cached_vs_uncached"):
         assert isinstance(result[key], float) and result[key] > 0, key
     for key in ("python", "torch", "transformers", "hf_attn_implementation", "d_model", "n_layers", "prompt",
@@ -317,7 +313,6 @@ def test_quick_decode_bench_prints_a_table_then_one_json_object():
     assert result["cached_vs_uncached"] == run["ratios"]["tfedu_cached/tfedu_uncached"]
     # The cache holds prompt + new - 1 tokens: 2 * n_layers * n_kv_heads * d_head * 4 bytes each.
     assert run["kv_cache_bytes"] == 2 * 2 * 4 * 16 * 4 * (result["prompt"] + result["new_tokens"] - 1)
-    table = "\n".join(lines[:-1])
     assert "transformers, its cache" in table and "tfedu, no cache" in table and "cached_vs_uncached" in table
 
 

@@ -18,19 +18,12 @@ from tfedu.generate import beam_search, generate
 from tfedu.kv_cache import KVCache, LayerKVCache, kv_cache_bytes
 from tfedu.model import GPT, Encoder
 
+# Weights of a trained model's size (peaked next-token distributions, far from ties); pytest puts tests/ on sys.path.
+from test_checkpoints import randomise  # noqa: E402
+
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors: see tests/conftest.py
 
 D_VOCAB, N_CTX = 50, 24
-
-
-def randomise(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Weights of a trained model's size: peaked next-token distributions, far from ties."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(0.25 * noise if p.dim() >= 2 else (1 + 0.3 * noise if name.endswith("weight") else 0.3 * noise))
-    return model.eval()
 
 
 def hf_gpt2() -> GPT2LMHeadModel:

@@ -34,7 +34,7 @@ import sys
 from collections.abc import Callable
 
 from tfedu.bench.common import (
-    device_description, device_lines, devices_to_run, interleaved, machine, summary, timed, version,
+    device_description, device_lines, devices_to_run, interleaved, machine, quick_threads, summary, timed, version,
 )
 from tfedu.bench.model import GPT2_SMALL, hf_gpt2
 
@@ -152,16 +152,9 @@ def bench_device(hf, shape: dict, device: str, rounds: int) -> dict:
 
 def run(quick: bool = False, device: str | None = None) -> dict:
     """Measure on ``device``: "cpu", "cuda", or None for the CPU and then CUDA when present."""
-    import torch
-
     devices = devices_to_run("decode", device)
-    threads = torch.get_num_threads()
-    if quick:
-        torch.set_num_threads(1)  # tiny sizes: a second thread only adds hand-off cost (see bench model)
-    try:
+    with quick_threads(quick):
         return _run(quick, devices)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(quick: bool, devices: list[str]) -> dict:

@@ -42,7 +42,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from tfedu.bench.common import device_description, device_lines, devices_to_run, interleaved, machine, summary, timed, version
+from tfedu.bench.common import (
+    device_description, device_lines, devices_to_run, interleaved, machine, quick_threads, summary, timed, version,
+)
 
 GOAL = 0.9  # tfedu's tokens/s at least 0.9x Hugging Face's
 LOGIT_TOLERANCE = 1e-4  # float32; bfloat16 autocast is reported, not held to it
@@ -405,20 +407,11 @@ def bench_train(hf, shape: dict, device: str, check_steps: int, steps: int, roun
 
 def run(quick: bool = False, device: str | None = None) -> dict:
     """Measure on ``device``: "cpu", "cuda", or None for the CPU and then CUDA when present."""
-    import torch
-    import transformers
+    import transformers  # noqa: F401  (a missing peer fails here, before any work)
 
     devices = devices_to_run("model", device)
-    threads = torch.get_num_threads()
-    if quick:
-        # Tiny sizes on a busy machine: every op of a multi-threaded CPU kernel waits for a thread another
-        # process holds (a tiny forward pass took 0.15 s on 2 threads of a loaded 2-core machine, 2 ms on one).
-        # --quick checks the bench runs, not the speed, so it runs on one thread (restored after).
-        torch.set_num_threads(1)
-    try:
+    with quick_threads(quick):
         return _run(quick, devices)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(quick: bool, devices: list[str]) -> dict:
