@@ -125,6 +125,8 @@ def test_misuse_says_what_was_expected():
         model(ids, kv_cache={})
     with pytest.raises(ValueError, match="ids has batch 2 but the KV cache holds 3 sequences"):
         model(ids, kv_cache=KVCache.for_model(model, batch=3))
+    with pytest.raises(ValueError, match="the KV cache holds torch.float32 on cpu but the model computes in torch.float64"):
+        tiny().double()(ids, kv_cache=KVCache.for_model(model, batch=2))
     with pytest.raises(ValueError, match="padding_mask with a KV cache"):
         model(ids, kv_cache=KVCache.for_model(model, batch=2), padding_mask=torch.ones_like(ids, dtype=torch.bool))
     layer = LayerKVCache(batch=1, n_kv_heads=2, capacity=4, d_head=3)
@@ -133,6 +135,18 @@ def test_misuse_says_what_was_expected():
     layer.append(torch.zeros(1, 2, 3, 3), torch.zeros(1, 2, 3, 3))
     with pytest.raises(ValueError, match="KV cache full: it holds 3 of its 4 positions and 2 more"):
         layer.append(torch.zeros(1, 2, 2, 3), torch.zeros(1, 2, 2, 3))
+
+
+def test_append_matches_its_annotations(typechecked):
+    layer = LayerKVCache(batch=2, n_kv_heads=1, capacity=5, d_head=4, d_value=6)
+    append = typechecked(LayerKVCache.append)
+    append(layer, torch.ones(2, 1, 3, 4), torch.ones(2, 1, 3, 6))
+    keys, values = append(layer, torch.zeros(2, 1, 1, 4), torch.zeros(2, 1, 1, 6))  # the query's own, once
+    assert keys.shape == (2, 1, 4, 4) and values.shape == (2, 1, 4, 6) and keys[:, :, :3].eq(1).all()
+    layer.keys[1] += 1  # tell the rows apart
+    layer.reorder(torch.tensor([1, 1]))  # both rows now hold row 1's past (beam search: two children of beam 1)
+    assert layer.keys[0, :, :4].equal(layer.keys[1, :, :4]) and layer.keys[0, 0, 0, 0] == 2
+    assert layer.length == 4 and layer.nbytes == 2 * 5 * (4 + 6) * 4
 
 
 def test_an_encoder_keeps_no_cache_and_generate_runs_it_uncached():

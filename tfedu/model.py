@@ -18,8 +18,9 @@ attention instead), ``blocks``, ``ln_final`` (pre-norm models only), ``unembed``
 ``hook_embed``, ``hook_pos_embed`` plus those of every block. ``run_with_cache`` records them all.
 
 Later notebooks extend these classes rather than write new ones: a KV cache (``forward(ids,
-kv_cache=...)``, ``tfedu.kv_cache``, notebooks/10), grouped key/value heads (``cfg.n_kv_heads``), a mixture of experts in place of ``Block.mlp``, LoRA adapters
-on the ``nn.Linear`` layers, the logit lens on the hook points.
+kv_cache=...)``, ``tfedu.kv_cache``, notebooks/10), grouped key/value heads (``cfg.n_kv_heads``),
+a mixture of experts in place of ``Block.mlp``, LoRA adapters on the ``nn.Linear`` layers, the
+logit lens on the hook points.
 
 >>> from tfedu.config import preset
 >>> model = GPT(preset("tiny"))  # 2 blocks, d_model 64, a byte vocabulary of 256
@@ -348,6 +349,10 @@ class LanguageModel(Transformer):
         if len(kv_cache.layers) != len(self.blocks):
             raise ValueError(f"this kv_cache has {len(kv_cache.layers)} layers but the model {len(self.blocks)} blocks: "
                              "make it with KVCache.for_model(model, batch)")
+        keys, weight = kv_cache.layers[0].keys, self.embed.weight
+        if keys.dtype != weight.dtype or keys.device != weight.device:
+            raise ValueError(f"the KV cache holds {keys.dtype} on {keys.device} but the model computes in {weight.dtype} "
+                             f"on {weight.device}: make the cache after moving the model (KVCache.for_model)")
         if isinstance(ids, Tensor) and ids.dim() == 2 and ids.shape[0] != kv_cache.batch:
             raise ValueError(f"ids has batch {ids.shape[0]} but the KV cache holds {kv_cache.batch} sequences")
         if isinstance(ids, Tensor) and ids.dim() == 2:
