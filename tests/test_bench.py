@@ -190,17 +190,22 @@ def test_attention_bench_is_a_cli_subcommand():
     assert args.name == "attention" and args.quick and args.device == "cpu"
 
 
-def test_quick_attention_bench_on_the_cpu_prints_a_table_then_one_json_object():
+def quick_bench_on_the_cpu(name: str) -> tuple[dict, str]:
+    """``tfedu bench NAME --json --quick --device cpu``: its JSON result and its table."""
     import contextlib
     import io
 
-    pytest.importorskip("tfedu.flash")
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
-        code = cli.main(["bench", "attention", "--json", "--quick", "--device", "cpu"])
+        code = cli.main(["bench", name, "--json", "--quick", "--device", "cpu"])
     assert code == 0
     lines = buffer.getvalue().strip().splitlines()
-    result = json.loads(lines[-1])
+    return json.loads(lines[-1]), "\n".join(lines[:-1])
+
+
+def test_quick_attention_bench_on_the_cpu_prints_a_table_then_one_json_object():
+    pytest.importorskip("tfedu.flash")
+    result, table = quick_bench_on_the_cpu("attention")
     for key in ("python", "torch", "triton", "triton_available", "flop_convention", "goals", "devices", "cpu"):
         assert key in result, key
     assert "cuda" not in result and result["devices"]["cpu"]["torch_threads"] >= 1
@@ -215,7 +220,6 @@ def test_quick_attention_bench_on_the_cpu_prints_a_table_then_one_json_object():
             row["timings"]["standard"]["best_s"] / row["timings"]["tiles"]["best_s"])
     # The whole point of the tiles: less memory than the (N x N) scores, more so as N grows.
     assert cpu["rows"][2]["memory_ratios"]["standard_over_tiles"] > cpu["rows"][0]["memory_ratios"]["standard_over_tiles"] > 1
-    table = "\n".join(lines[:-1])
     assert "tiles s" in table and "standard s" in table and "WARNING" not in table
 
 
@@ -283,3 +287,52 @@ def test_attention_bench_on_cuda_without_a_gpu_is_a_clear_error(monkeypatch, cap
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert cli.main(["bench", "attention", "--device", "cuda"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- tfedu bench decode
+
+
+def test_quick_decode_bench_prints_a_table_then_one_json_object():
+    pytest.importorskip("transformers")
+    result, table = quick_bench_on_the_cpu("decode")
+    for key in ("cached_vs_hf", "manual_cached_vs_hf", "cached_vs_uncached"):
+        assert isinstance(result[key], float) and result[key] > 0, key
+    for key in ("python", "torch", "transformers", "hf_attn_implementation", "d_model", "n_layers", "prompt",
+                "new_tokens", "goals", "goal_met_cached_vs_hf", "goal_met_cached_vs_uncached", "devices"):
+        assert key in result, key
+    assert result["goals"] == {"cached_vs_hf": 1.0, "cached_vs_uncached": 5.0} and result["tokens_identical"]
+    assert list(result["runs"]) == ["cpu float32"]
+    run = result["runs"]["cpu float32"]
+    for name in ("hf_cached", "tfedu_cached", "tfedu_cached_manual", "tfedu_uncached"):
+        timing = run["timings"][name]
+        assert 0 < timing["best_s"] <= timing["median_s"] and len(timing["all_s"]) == run["rounds"]
+        assert timing["tokens_per_s_best"] == pytest.approx(result["new_tokens"] / timing["best_s"])
+        assert timing["peak_bytes"] > 0
+    cached, hf = run["timings"]["tfedu_cached"], run["timings"]["hf_cached"]
+    assert run["ratios"]["tfedu_cached/hf_cached"] == pytest.approx(hf["best_s"] / cached["best_s"])
+    assert result["cached_vs_uncached"] == run["ratios"]["tfedu_cached/tfedu_uncached"]
+    # The cache holds prompt + new - 1 tokens: 2 * n_layers * n_kv_heads * d_head * 4 bytes each.
+    assert run["kv_cache_bytes"] == 2 * 2 * 4 * 16 * 4 * (result["prompt"] + result["new_tokens"] - 1)
+    assert "transformers, its cache" in table and "tfedu, no cache" in table and "cached_vs_uncached" in table
+
+
+def test_decode_bench_asserts_identical_tokens(monkeypatch):
+    pytest.importorskip("transformers")
+    from tfedu.bench import decode as bench_decode
+
+    real = bench_decode.decoders
+
+    def one_wrong(hf, ours, ids, new_tokens):
+        fns = real(hf, ours, ids, new_tokens)
+        right = fns["tfedu_cached"]
+
+        def wrong():
+            out = right().clone()
+            out[0, -1] = (out[0, -1] + 1) % hf.config.vocab_size  # the last token changed
+            return out
+
+        return {**fns, "tfedu_cached": wrong}
+
+    monkeypatch.setattr(bench_decode, "decoders", one_wrong)
+    with pytest.raises(AssertionError, match="tfedu, KV cache \\(sdpa\\) decoded other tokens than transformers on cpu"):
+        bench_decode.run(quick=True, device="cpu")

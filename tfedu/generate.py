@@ -14,8 +14,10 @@ same weights (tests/test_generate.py checks it against ``GPT2LMHeadModel.generat
 - ``beam_search``: keep the ``num_beams`` best partial sequences by total log-probability;
 - ``sequence_logprob``: the total log-probability a model gives a continuation.
 
-There is no KV cache yet: each step runs the whole (cropped) context again, so a step costs
-O(pos) forward passes' worth of work. Notebook 10 adds the cache.
+With ``use_cache=True`` (the default) ``generate`` and ``beam_search`` keep a KV cache
+(``tfedu.kv_cache``): the prompt is run once, then each step runs the one new token, whose query
+attends over the cached keys. ``use_cache=False`` runs the whole (cropped) context again at every
+step, the path notebook 08 builds; both give the same tokens (tests/test_kv_cache.py).
 
 >>> from tfedu.config import preset
 >>> from tfedu.model import GPT
@@ -36,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
+
+from tfedu.kv_cache import KVCache
 
 # ----------------------------------------------------------------------------- argument checks
 
@@ -154,9 +158,32 @@ def next_token_distribution(
 # ----------------------------------------------------------------------------- greedy and sampling
 
 
-def _last_logits(model: nn.Module, ids: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch d_vocab"]:
-    """The next-token logits after ``ids``, the context cropped to the model's last n_ctx tokens."""
-    return model(ids[:, -model.cfg.n_ctx:])[:, -1, :].float()  # only the last position predicts the new token
+def _last_logits(
+    model: nn.Module, ids: Int[Tensor, "batch pos"], kv_cache: KVCache | None = None
+) -> Float[Tensor, "batch d_vocab"]:
+    """The next-token logits after ``ids``, the context cropped to the model's last n_ctx tokens.
+
+    With ``kv_cache``, which must hold the keys and values of ``ids[:, :kv_cache.length]``, only the
+    tokens after those are run. Past n_ctx a cache cannot slide (every position would move), so it is
+    emptied and filled again from the last n_ctx tokens: the context the uncached path crops to.
+    """
+    n_ctx = model.cfg.n_ctx
+    if kv_cache is None:
+        return model(ids[:, -n_ctx:])[:, -1, :].float()  # only the last position predicts the new token
+    if ids.shape[1] > n_ctx:
+        kv_cache.reset()
+        new = ids[:, -n_ctx:]
+    else:
+        new = ids[:, kv_cache.length:]  # the prompt at the first step, then the one newest token
+    return model(new, kv_cache=kv_cache)[:, -1, :].float()
+
+
+def _new_cache(model: nn.Module, batch: int, pos: int, max_new_tokens: int, use_cache: bool) -> KVCache | None:
+    """A cache for ``max_new_tokens`` after ``batch`` prompts of ``pos`` tokens, if asked for and the model can keep one."""
+    if not use_cache or not getattr(model, "supports_kv_cache", False) or max_new_tokens == 0:
+        return None
+    # The last forward pass reads pos + max_new_tokens - 1 tokens (the final token is never fed back).
+    return KVCache.for_model(model, batch, capacity=min(model.cfg.n_ctx, pos + max_new_tokens - 1))
 
 
 def _sample(probs: Float[Tensor, "batch d_vocab"], generator: torch.Generator | None) -> Int[Tensor, "batch"]:
@@ -178,6 +205,7 @@ def generate(
     generator: torch.Generator | None = None,
     top_k_filter: Callable[[Tensor, int], Tensor] = filter_top_k,
     top_p_filter: Callable[[Tensor, float], Tensor] = filter_top_p,
+    use_cache: bool = True,
 ) -> Int[Tensor, "batch pos_out"]:
     """The prompts ``ids`` followed by up to ``max_new_tokens`` generated tokens each.
 
@@ -193,6 +221,12 @@ def generate(
     The context is cropped to the model's last ``cfg.n_ctx`` tokens before each forward pass, so
     generation can run past the context length (each new token then sees only the last n_ctx).
     Runs in eval mode (no dropout) under ``torch.no_grad()`` and puts the model's training flag back.
+
+    ``use_cache=True`` (the default) keeps a KV cache (``tfedu.kv_cache.KVCache``) when the model
+    can (``model.supports_kv_cache``: a ``GPT``; an ``Encoder`` or a model without it decodes
+    uncached): the prompt runs once, then one token per step. The tokens are the uncached path's.
+    Past n_ctx a cache cannot slide its window, so each step from there on empties it and runs
+    the last n_ctx tokens again (what ``use_cache=False`` does at every step): same tokens, no saving.
 
     >>> from tfedu.config import preset
     >>> from tfedu.model import GPT
@@ -210,9 +244,10 @@ def generate(
     model.eval()
     try:
         with torch.no_grad():
+            kv_cache = _new_cache(model, *ids.shape, max_new_tokens, use_cache)
             done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)  # batch
             for _ in range(max_new_tokens):
-                logits = _last_logits(model, ids)  # batch d_vocab
+                logits = _last_logits(model, ids, kv_cache)  # batch d_vocab
                 if do_sample:
                     probs = next_token_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p,
                                                     top_k_filter=top_k_filter, top_p_filter=top_p_filter)
@@ -242,6 +277,7 @@ def beam_search(
     length_penalty: float = 1.0,
     eos_token_id: int | None = None,
     early_stopping: bool | str = False,
+    use_cache: bool = True,
 ) -> Int[Tensor, "batch pos_out"]:
     """The best continuation of each prompt found by beam search, as transformers' ``num_beams`` search.
 
@@ -271,6 +307,9 @@ def beam_search(
     padded with ``eos_token_id`` (transformers pads with ``pad_token_id``, which defaults to eos) to the
     longest best one, so ``pos_out <= pos + max_new_tokens``. Scores add in float32, as transformers'.
 
+    ``use_cache`` as in ``generate``: one cache row per beam, and after each step row i takes the
+    keys and values of the beam that running beam i grew from (``KVCache.reorder``).
+
     (A difference only a toy vocabulary can see: with ``d_vocab < 2 * num_beams`` transformers also
     extends copies of the prompt scored -1e9; here those copies score -inf and are never finished.)
 
@@ -297,14 +336,15 @@ def beam_search(
     model.eval()
     try:
         with torch.no_grad():
+            kv_cache = _new_cache(model, ids.shape[0] * num_beams, ids.shape[1], max_new_tokens, use_cache)
             return _beam_search(model, ids, max_new_tokens, num_beams, float(length_penalty), eos_token_id,
-                                early_stopping)
+                                early_stopping, kv_cache)
     finally:
         model.train(was_training)
 
 
 def _beam_search(model: nn.Module, ids: Tensor, max_new_tokens: int, num_beams: int, length_penalty: float,
-                 eos_token_id: int | None, early_stopping: bool | str) -> Tensor:
+                 eos_token_id: int | None, early_stopping: bool | str, kv_cache: KVCache | None) -> Tensor:
     batch, prompt_len = ids.shape
     device, n_candidates = ids.device, 2 * num_beams
     batch_index = torch.arange(batch, device=device)[:, None]  # batch 1, for gathering beams
@@ -321,7 +361,7 @@ def _beam_search(model: nn.Module, ids: Tensor, max_new_tokens: int, num_beams: 
 
     for step in range(max_new_tokens):
         length = step + 1  # generated tokens after this step
-        logits = _last_logits(model, running.flatten(0, 1))  # batch*beam d_vocab
+        logits = _last_logits(model, running.flatten(0, 1), kv_cache)  # batch*beam d_vocab
         log_probs = F.log_softmax(logits, dim=-1).view(batch, num_beams, -1)  # batch beam d_vocab
         d_vocab = log_probs.shape[-1]
         totals = (running_scores[:, :, None] + log_probs).flatten(1)  # batch beam*d_vocab
@@ -350,6 +390,8 @@ def _beam_search(model: nn.Module, ids: Tensor, max_new_tokens: int, num_beams: 
         # Running: the num_beams best candidates that do not end.
         running_scores, keep = top_scores.masked_fill(ends, float("-inf")).topk(num_beams, dim=-1)
         running = candidates[batch_index, keep]
+        if kv_cache is not None:  # each running beam takes over its parent's cached keys and values
+            kv_cache.reorder((batch_index * num_beams + from_beam[batch_index, keep]).flatten())
 
         # Done: the finished set is full and (transformers' heuristic) the best running beam cannot beat it.
         full = torch.isfinite(finished_scores).all(dim=-1)  # batch

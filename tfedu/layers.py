@@ -30,6 +30,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from tfedu.attention import MultiHeadAttention, attention_weights, causal_mask, combine_masks
+from tfedu.kv_cache import LayerKVCache
 from tfedu.positional import apply_rope
 
 if TYPE_CHECKING:
@@ -254,6 +255,10 @@ class Attention(MultiHeadAttention):
     - ``impl="sdpa"`` runs ``F.scaled_dot_product_attention`` instead of the by-hand softmax:
       the same numbers (tested), faster, but the pattern is never materialised, so
       ``hook_pattern`` does not fire.
+    - **A KV cache** (``kv_cache=``, a ``tfedu.kv_cache.LayerKVCache``): the new positions' keys and
+      values (after RoPE, before the grouped heads are repeated: only ``n_kv_heads`` are kept) are
+      appended to it and the queries attend over everything it holds. ``positions`` then default
+      to ``cache.length, cache.length + 1, ...``; ``new_kv_cache`` makes an empty one for this layer.
 
     >>> attn = Attention(d_model=16, n_heads=4, n_kv_heads=2)
     >>> attn.W_K.weight.shape  # 2 key heads of width 4
@@ -302,23 +307,32 @@ class Attention(MultiHeadAttention):
         causal: bool = False,
         positions: Int[Tensor, "query_pos"] | None = None,
         bias: Float[Tensor, "*#batch #query_pos #key_pos"] | None = None,
+        kv_cache: LayerKVCache | None = None,
     ) -> Float[Tensor, "batch query_pos d_model"]:
         self_attention = context is None
         context = self._check_inputs(x, context, mask)
-        n_query, n_key = x.shape[1], context.shape[1]
+        if kv_cache is not None and not self_attention:
+            raise ValueError("a KV cache holds self-attention's keys and values; cross-attention reads them from context")
+        n_query = x.shape[1]
+        start = 0 if kv_cache is None else kv_cache.length  # positions already cached
         q = self.split_heads(self.W_Q(x))  # batch n_heads query_pos d_head
-        k = self.split_heads(self.W_K(context), self.n_kv_heads)  # batch n_kv_heads key_pos d_head
-        v = self.split_heads(self.W_V(context), self.n_kv_heads)  # batch n_kv_heads key_pos d_head
+        k = self.split_heads(self.W_K(context), self.n_kv_heads)  # batch n_kv_heads new_pos d_head
+        v = self.split_heads(self.W_V(context), self.n_kv_heads)  # batch n_kv_heads new_pos d_head
         if self.rope_base is not None and self_attention:
             if positions is None:
-                positions = torch.arange(n_query, device=x.device)
+                positions = torch.arange(start, start + n_query, device=x.device)
             q = apply_rope(q, positions, base=self.rope_base, layout=self.rope_layout)
             k = apply_rope(k, positions, base=self.rope_base, layout=self.rope_layout)
+        if kv_cache is not None:
+            # The cache keeps the rotated keys of the n_kv_heads heads; the query sees the cached keys
+            # and its own (just appended) exactly once.
+            k, v = kv_cache.append(k, v)  # batch n_kv_heads key_pos d_head
+        n_key = k.shape[2]
         if self.n_kv_heads != self.n_heads:
             # Key/value head j serves query heads j*g .. j*g + g - 1 (Llama's repeat_kv).
             k = k.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)  # batch n_heads key_pos d_head
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
-        if causal:
+        if causal and n_query > 1:  # (a single query is the newest position: every key is visible to it)
             mask = combine_masks(mask, causal_mask(n_query, n_key, device=x.device))
         dropout = self.dropout if self.training else 0.0
         if self.impl == "sdpa":
@@ -340,6 +354,11 @@ class Attention(MultiHeadAttention):
                 scores_bias = scores_bias.masked_fill(~mask, float("-inf"))
             mask = scores_bias
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+
+    def new_kv_cache(self, batch: int, capacity: int, *, dtype: torch.dtype = torch.float32,
+                     device: torch.device | str | None = None) -> LayerKVCache:
+        """An empty cache for this layer: keys and values ``(batch, n_kv_heads, capacity, d_head)``."""
+        return LayerKVCache(batch, self.n_kv_heads, capacity, self.d_head, dtype=dtype, device=device)
 
     def extra_repr(self) -> str:
         rope = f", rope_base={self.rope_base}, rope_layout={self.rope_layout!r}" if self.rope_base is not None else ""
@@ -398,6 +417,9 @@ class Block(nn.Module):
     ``hook_resid_post``, and the pattern at ``attn.hook_pattern``. A forward hook on one of them
     sees the tensor; one that returns a tensor replaces it.
 
+    ``kv_cache`` (this block's ``tfedu.kv_cache.LayerKVCache``) goes to the self-attention; everything
+    else works per position, so a cached step runs the block on the new positions alone.
+
     >>> from tfedu.config import ModelConfig
     >>> block = Block(ModelConfig(d_vocab=10, n_ctx=8, d_model=16, n_layers=1, n_heads=2))
     >>> block(torch.randn(2, 5, 16), causal=True).shape
@@ -443,11 +465,12 @@ class Block(nn.Module):
         attn_bias: Float[Tensor, "*#batch #query_pos #key_pos"] | None = None,
         context: Float[Tensor, "batch key_pos d_model"] | None = None,
         context_mask: Bool[Tensor, "..."] | None = None,
+        kv_cache: LayerKVCache | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         resid = self.hook_resid_pre(resid)
 
         def self_attention(x: Tensor) -> Tensor:
-            return self.attn(x, mask=mask, causal=causal, positions=positions, bias=attn_bias)
+            return self.attn(x, mask=mask, causal=causal, positions=positions, bias=attn_bias, kv_cache=kv_cache)
 
         resid = self.hook_resid_mid(self._sublayer(resid, self.ln1, self_attention, self.hook_attn_out))
         if self.has_cross_attention:

@@ -17,9 +17,10 @@ attention instead), ``blocks``, ``ln_final`` (pre-norm models only), ``unembed``
 ``nn.Linear`` whose weight is ``W_E`` itself when ``cfg.tied_embeddings``), and hook points
 ``hook_embed``, ``hook_pos_embed`` plus those of every block. ``run_with_cache`` records them all.
 
-Later notebooks extend these classes rather than write new ones: a KV cache (notebooks/10), grouped
-key/value heads (``cfg.n_kv_heads``), a mixture of experts in place of ``Block.mlp``, LoRA adapters
-on the ``nn.Linear`` layers, the logit lens on the hook points.
+Later notebooks extend these classes rather than write new ones: a KV cache (``forward(ids,
+kv_cache=...)``, ``tfedu.kv_cache``, notebooks/10), grouped key/value heads (``cfg.n_kv_heads``),
+a mixture of experts in place of ``Block.mlp``, LoRA adapters on the ``nn.Linear`` layers, the
+logit lens on the hook points.
 
 >>> from tfedu.config import preset
 >>> model = GPT(preset("tiny"))  # 2 blocks, d_model 64, a byte vocabulary of 256
@@ -43,6 +44,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from tfedu.config import ModelConfig
+from tfedu.kv_cache import KVCache
 from tfedu.layers import Block, make_norm
 from tfedu.positional import LearnedPositions, alibi_bias, sinusoidal
 
@@ -52,8 +54,11 @@ IGNORE_INDEX = -100  # target value that the loss skips (padding, unmasked MLM p
 # ----------------------------------------------------------------------------- input checks
 
 
-def check_ids(ids: object, cfg: ModelConfig, name: str = "ids") -> None:
-    """A clear error unless ``ids`` is an integer (batch, pos) tensor of in-range ids, pos <= n_ctx."""
+def check_ids(ids: object, cfg: ModelConfig, name: str = "ids", *, cached: int = 0) -> None:
+    """A clear error unless ``ids`` is an integer (batch, pos) tensor of in-range ids, ``cached + pos <= n_ctx``.
+
+    ``cached`` counts the positions a KV cache already holds before these ids.
+    """
     expected = f"an integer tensor of shape (batch, pos) with 1 <= pos <= n_ctx={cfg.n_ctx}"
     if not isinstance(ids, Tensor):
         raise TypeError(f"{name} must be {expected}, got {type(ids).__name__}")
@@ -64,16 +69,19 @@ def check_ids(ids: object, cfg: ModelConfig, name: str = "ids") -> None:
         raise ValueError(f"{name} must be {expected}, got shape {tuple(ids.shape)}{hint}")
     if ids.shape[1] == 0:
         raise ValueError(f"{name} has no positions: give at least one token, shape (batch, pos) with pos >= 1")
+    if cached and cached + ids.shape[1] > cfg.n_ctx:
+        raise ValueError(f"{name} has {ids.shape[1]} position(s) after the {cached} cached: "
+                         f"{cached + ids.shape[1]} in all, more than n_ctx={cfg.n_ctx}")
     if ids.shape[1] > cfg.n_ctx:
         raise ValueError(
             f"{name} has {ids.shape[1]} positions but this model's context is n_ctx={cfg.n_ctx}: "
             f"give at most {cfg.n_ctx} tokens (crop with {name}[:, -{cfg.n_ctx}:])"
         )
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= cfg.d_vocab):
-        raise IndexError(
-            f"{name} must lie in 0..{cfg.d_vocab - 1} (d_vocab={cfg.d_vocab}), "
-            f"got values from {int(ids.min())} to {int(ids.max())}"
-        )
+    if not ids.numel():
+        return
+    low, high = (int(value) for value in torch.aminmax(ids))  # one reduction, one wait for the device
+    if low < 0 or high >= cfg.d_vocab:
+        raise IndexError(f"{name} must lie in 0..{cfg.d_vocab - 1} (d_vocab={cfg.d_vocab}), got values from {low} to {high}")
 
 
 def _check_targets(targets: object, ids: Tensor, cfg: ModelConfig) -> None:
@@ -173,25 +181,34 @@ class Transformer(nn.Module):
         """The unembedding matrix (``W_E.T`` when tied): logits = resid @ W_U."""
         return self.unembed.weight.T
 
+    @property
+    def supports_kv_cache(self) -> bool:
+        """Whether ``forward`` takes ``kv_cache=``: only a causal decoder (``GPT``) can keep one."""
+        return False
+
     def embed_tokens(
         self, ids: Int[Tensor, "batch pos"], name: str = "ids", *, embed: nn.Embedding | None = None,
-        hook: nn.Module | None = None,
+        hook: nn.Module | None = None, start: int = 0,
     ) -> Float[Tensor, "batch pos d_model"]:
         """Token embeddings (times ``embed_scale``) plus the position vectors: the residual stream's start.
 
         ``embed`` and ``hook`` default to ``self.embed`` and ``self.hook_embed`` (the encoder-decoder
-        passes its target table and ``hook_tgt_embed``).
+        passes its target table and ``hook_tgt_embed``). The tokens sit at positions ``start,
+        start + 1, ...`` (``start`` > 0 after the positions a KV cache holds).
         """
-        check_ids(ids, self.cfg, name)
+        check_ids(ids, self.cfg, name, cached=start)
         embed, hook = embed or self.embed, hook or self.hook_embed
         resid = hook(embed(ids) * self.embed_scale)  # batch pos d_model
         if self.pos_embed is not None:
-            positions = torch.arange(ids.shape[1], device=ids.device)
+            positions = torch.arange(start, start + ids.shape[1], device=ids.device)
             resid = resid + self.hook_pos_embed(self.pos_embed(positions))  # pos d_model broadcasts
         return self.drop(resid)
 
     def attention_bias(self, n_query: int, n_key: int, like: Tensor) -> Tensor | None:
-        """ALiBi's bias for ``cfg.positional == "alibi"``, else None."""
+        """ALiBi's bias for ``cfg.positional == "alibi"``, else None.
+
+        The queries are the last ``n_query`` of the ``n_key`` positions (the newest tokens after a KV cache).
+        """
         if self.cfg.positional != "alibi":
             return None
         return alibi_bias(self.cfg.n_heads, n_query, n_key, dtype=like.dtype, device=like.device)
@@ -205,16 +222,23 @@ class Transformer(nn.Module):
         padding_mask: Bool[Tensor, "batch pos"] | None = None,
         context: Tensor | None = None,
         context_padding_mask: Bool[Tensor, "batch key_pos"] | None = None,
+        kv_cache: KVCache | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
-        """Run ``blocks`` over the stream; padded keys are hidden from every query."""
+        """Run ``blocks`` over the stream; padded keys are hidden from every query.
+
+        With ``kv_cache`` the stream holds the new positions only: they sit after the ``kv_cache.length``
+        positions cached, and block i appends their keys and values to ``kv_cache.layers[i]``.
+        """
         n = resid.shape[1]
+        start = 0 if kv_cache is None else kv_cache.length
         mask = None if padding_mask is None else padding_mask[:, None, None, :]  # batch 1 1 key_pos
         context_mask = None if context_padding_mask is None else context_padding_mask[:, None, None, :]
-        positions = torch.arange(n, device=resid.device)
-        bias = self.attention_bias(n, n, resid)
-        for block in blocks:
+        positions = torch.arange(start, start + n, device=resid.device)
+        bias = self.attention_bias(n, start + n, resid)
+        layer_caches = [None] * len(blocks) if kv_cache is None else kv_cache.layers
+        for block, layer_cache in zip(blocks, layer_caches, strict=True):
             resid = block(resid, mask, causal=causal, positions=positions, attn_bias=bias,
-                          context=context, context_mask=context_mask)
+                          context=context, context_mask=context_mask, kv_cache=layer_cache)
         return resid
 
     def hook_points(self) -> dict[str, nn.Module]:
@@ -272,6 +296,10 @@ class LanguageModel(Transformer):
     ``forward(ids)`` returns logits ``(batch, pos, d_vocab)``; ``forward(ids, targets)`` returns
     ``(logits, loss)``, the mean cross-entropy over positions whose target is not -100.
     ``padding_mask`` (True = real token) hides padded keys. Subclasses set ``causal``.
+
+    A causal model (``GPT``) also takes ``kv_cache=`` (``tfedu.kv_cache.KVCache.for_model(model,
+    batch)``): ``ids`` are then the *new* tokens, placed after the positions the cache holds; their
+    keys and values are appended to it and the logits cover the new positions only.
     """
 
     causal: bool  # set by GPT (True) and Encoder (False)
@@ -292,16 +320,44 @@ class LanguageModel(Transformer):
         targets: Int[Tensor, "batch pos"] | None = None,
         *,
         padding_mask: Bool[Tensor, "batch pos"] | None = None,
+        kv_cache: KVCache | None = None,
     ) -> Float[Tensor, "batch pos d_vocab"] | tuple[Float[Tensor, "batch pos d_vocab"], Tensor]:
-        resid = self.embed_tokens(ids)
+        start = 0 if kv_cache is None else self._check_kv_cache(kv_cache, ids, padding_mask)
+        resid = self.embed_tokens(ids, start=start)
         _check_padding(padding_mask, ids, "padding_mask")
-        resid = self.run_blocks(self.blocks, resid, causal=self.causal, padding_mask=padding_mask)
+        resid = self.run_blocks(self.blocks, resid, causal=self.causal, padding_mask=padding_mask, kv_cache=kv_cache)
         logits = self.unembed(self.ln_final(resid))  # batch pos d_vocab
         if targets is None:
             return logits
         _check_targets(targets, ids, self.cfg)
         return logits, next_token_loss(logits, targets)
 
+    @property
+    def supports_kv_cache(self) -> bool:
+        return self.causal
+
+    def _check_kv_cache(self, kv_cache: object, ids: object, padding_mask: object) -> int:
+        """The positions ``kv_cache`` holds, after clear errors for a cache this forward pass cannot use."""
+        if not isinstance(kv_cache, KVCache):
+            raise TypeError(f"kv_cache must be a tfedu.kv_cache.KVCache (KVCache.for_model(model, batch)), "
+                            f"got {type(kv_cache).__name__}")
+        if not self.causal:
+            raise ValueError(f"{type(self).__name__} attends both ways: a new token changes every earlier position, "
+                             "so there is nothing to cache (a KV cache serves causal decoding, GPT)")
+        if padding_mask is not None:
+            raise ValueError("padding_mask with a KV cache is not supported: decode equal-length prompts, without padding")
+        if len(kv_cache.layers) != len(self.blocks):
+            raise ValueError(f"this kv_cache has {len(kv_cache.layers)} layers but the model {len(self.blocks)} blocks: "
+                             "make it with KVCache.for_model(model, batch)")
+        keys, weight = kv_cache.layers[0].keys, self.embed.weight
+        if keys.dtype != weight.dtype or keys.device != weight.device:
+            raise ValueError(f"the KV cache holds {keys.dtype} on {keys.device} but the model computes in {weight.dtype} "
+                             f"on {weight.device}: make the cache after moving the model (KVCache.for_model)")
+        if isinstance(ids, Tensor) and ids.dim() == 2 and ids.shape[0] != kv_cache.batch:
+            raise ValueError(f"ids has batch {ids.shape[0]} but the KV cache holds {kv_cache.batch} sequences")
+        if isinstance(ids, Tensor) and ids.dim() == 2:
+            kv_cache.check_room(ids.shape[1], self.cfg.n_ctx)
+        return kv_cache.length
 
 
 class GPT(LanguageModel):

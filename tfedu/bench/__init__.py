@@ -6,6 +6,7 @@ always the peer's time divided by tfedu's, so above 1 means tfedu is faster. Sha
 (interleaved timing, best and median, the machine's description) live in ``tfedu.bench.common``.
 """
 
-BENCHES = {"tokenizer": "tfedu.bench.tokenizer", "model": "tfedu.bench.model", "attention": "tfedu.bench.attention"}
+BENCHES = {"tokenizer": "tfedu.bench.tokenizer", "model": "tfedu.bench.model", "attention": "tfedu.bench.attention",
+           "decode": "tfedu.bench.decode"}
 
 __all__ = ["BENCHES"]

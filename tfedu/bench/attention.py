@@ -37,7 +37,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from tfedu.bench.common import device_description, devices_to_run, interleaved, machine, summary, timed, version
+from tfedu.bench.common import device_description, device_lines, devices_to_run, interleaved, machine, summary, timed, version
 
 GOALS = {"forward_vs_flash": 1.0, "forward_vs_cudnn": 0.7, "fwd_bwd_vs_flash": 0.8}
 TOKENS = 16384  # batch * N, held constant
@@ -311,11 +311,7 @@ def format_table(r: dict) -> str:
              f"torch {r['torch']}, triton {r['triton'] or 'not installed'}: "
              f"{'' if r['triton_available'][0] else 'kernel NOT usable: '}{r['triton_available'][1]}",
              f"load average {r['load_average_1min']} at the start, {r['load_average_1min_end']} at the end"]
-    for name, d in r["devices"].items():
-        if name == "cpu":
-            lines.append(f"cpu: {d['name']}, {d['cpu_count']} CPUs, torch threads {d['torch_threads']}")
-        else:
-            lines.append(f"{name}: {d['name']}, {d['memory_gib']} GiB, capability {d['capability']}, CUDA {d['cuda']}")
+    lines += device_lines(r["devices"])
     if "cpu" in r:
         lines += ["", *format_cpu(r["cpu"])]
     if "cuda" in r:

@@ -17,7 +17,7 @@ def add_parser(subparsers) -> None:
     parser.add_argument("--json", action="store_true", help="also print the results as one JSON object on the last line")
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat: checks the bench runs, not the speed")
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
-                        help="benches that run models (model, attention): only this device; default the CPU, then CUDA if present")
+                        help="benches that run models (model, attention, decode): only this device; default the CPU, then CUDA if present")
     parser.set_defaults(func=run_bench)
 
 

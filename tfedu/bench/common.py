@@ -11,7 +11,8 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 
 def timed(fn: Callable[[], object], sync: Callable[[], None] | None = None) -> tuple[float, object]:
@@ -120,6 +121,40 @@ def device_description(device: str) -> dict:
         "torch_threads": torch.get_num_threads(),  # left at torch's default, recorded
         "torch_interop_threads": torch.get_num_interop_threads(),
     }
+
+
+@contextmanager
+def quick_threads(quick: bool) -> Iterator[None]:
+    """For a ``--quick`` run, one torch thread inside the block; the count is put back after.
+
+    Tiny sizes on a busy machine: every op of a multi-threaded CPU kernel waits for a thread another
+    process holds (a tiny forward pass took 0.15 s on 2 threads of a loaded 2-core machine, 2 ms on one).
+    --quick checks the bench runs, not the speed. A full run keeps torch's default.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    if quick:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def device_lines(devices: dict[str, dict]) -> list[str]:
+    """One line per device of a bench's ``devices`` (``device_description``'s dicts), for its table.
+
+    >>> device_lines({"cpu": {"name": "x86", "cpu_count": 2, "torch_threads": 2}})
+    ['cpu: x86, 2 CPUs, torch threads 2']
+    """
+    lines = []
+    for name, d in devices.items():
+        if name == "cpu":
+            lines.append(f"cpu: {d['name']}, {d['cpu_count']} CPUs, torch threads {d['torch_threads']}")
+        else:
+            lines.append(f"{name}: {d['name']}, {d['memory_gib']} GiB, capability {d['capability']}, CUDA {d['cuda']}")
+    return lines
 
 
 def devices_to_run(bench: str, device: str | None) -> list[str]:

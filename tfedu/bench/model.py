@@ -42,7 +42,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from tfedu.bench.common import device_description, devices_to_run, interleaved, machine, summary, timed, version
+from tfedu.bench.common import (
+    device_description, device_lines, devices_to_run, interleaved, machine, quick_threads, summary, timed, version,
+)
 
 GOAL = 0.9  # tfedu's tokens/s at least 0.9x Hugging Face's
 LOGIT_TOLERANCE = 1e-4  # float32; bfloat16 autocast is reported, not held to it
@@ -64,15 +66,13 @@ RATIOS = {  # name: (tfedu model, peer)
 }
 
 
-def build_models(shape: dict, seed: int = 0) -> dict:
-    """Hugging Face's GPT-2 (default attention and eager) and tfedu's GPT (manual and sdpa), same weights.
+def hf_gpt2(shape: dict, seed: int = 0):
+    """A Hugging Face ``GPT2LMHeadModel`` of ``shape`` with dropout off and random weights from ``seed``.
 
-    The weights are drawn from ``seed`` without touching the caller's random state.
+    The weights are drawn without touching the caller's random state; nothing is downloaded.
     """
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
-
-    from tfedu.model import GPT
 
     config = GPT2Config(
         vocab_size=shape["d_vocab"], n_positions=shape["n_ctx"], n_embd=shape["d_model"],
@@ -82,7 +82,20 @@ def build_models(shape: dict, seed: int = 0) -> dict:
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        hf = GPT2LMHeadModel(config)
+        return GPT2LMHeadModel(config)
+
+
+def build_models(shape: dict, seed: int = 0) -> dict:
+    """Hugging Face's GPT-2 (default attention and eager) and tfedu's GPT (manual and sdpa), same weights.
+
+    The weights are drawn from ``seed`` without touching the caller's random state.
+    """
+    from transformers import GPT2LMHeadModel
+
+    from tfedu.model import GPT
+
+    hf = hf_gpt2(shape, seed)
+    config = hf.config
     hf_eager = copy.deepcopy(hf)
     if hasattr(hf_eager, "set_attn_implementation"):  # transformers >= 4.48
         hf_eager.set_attn_implementation("eager")
@@ -394,20 +407,11 @@ def bench_train(hf, shape: dict, device: str, check_steps: int, steps: int, roun
 
 def run(quick: bool = False, device: str | None = None) -> dict:
     """Measure on ``device``: "cpu", "cuda", or None for the CPU and then CUDA when present."""
-    import torch
-    import transformers
+    import transformers  # noqa: F401  (a missing peer fails here, before any work)
 
     devices = devices_to_run("model", device)
-    threads = torch.get_num_threads()
-    if quick:
-        # Tiny sizes on a busy machine: every op of a multi-threaded CPU kernel waits for a thread another
-        # process holds (a tiny forward pass took 0.15 s on 2 threads of a loaded 2-core machine, 2 ms on one).
-        # --quick checks the bench runs, not the speed, so it runs on one thread (restored after).
-        torch.set_num_threads(1)
-    try:
+    with quick_threads(quick):
         return _run(quick, devices)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _run(quick: bool, devices: list[str]) -> dict:
@@ -480,11 +484,7 @@ def format_table(r: dict) -> str:
         f"step: {r['step']}; torch {r['torch']}, transformers {r['transformers']}; "
         f"load average {r['load_average_1min']} at the start, {r['load_average_1min_end']} at the end",
     ]
-    for name, d in r["devices"].items():
-        if name == "cpu":
-            lines.append(f"cpu: {d['name']}, {d['cpu_count']} CPUs, torch threads {d['torch_threads']}")
-        else:
-            lines.append(f"{name}: {d['name']}, {d['memory_gib']} GiB, capability {d['capability']}, CUDA {d['cuda']}")
+    lines += device_lines(r["devices"])
     for key, run in r["runs"].items():
         title = f"{key}, {run['rounds']} rounds"
         lines += ["", f"{title:<32}{'median s':>10}{'best s':>10}{'cpu s':>8}{'tokens/s':>11}{'vs HF':>8}"
