@@ -22,6 +22,11 @@ positions. Fewer key/value heads (grouped-query attention, Ainslie et al. 2023; 
 - ``KVCache``: one ``LayerKVCache`` per block (``KVCache.for_model``); ``model(ids, kv_cache=cache)``
   appends the new tokens to every layer. ``reorder`` picks rows (beam search), ``reset`` empties it.
 - ``kv_cache_bytes``: the formula above, to set against ``KVCache.nbytes``.
+- ``decode_step``: one step of cached attention written out in full (the exercise of notebook 10), and
+  ``greedy_by_hand``: a whole model decoded greedily through it, block by block (what the
+  notebook's switch runs with the learner's step).
+- ``pool_kv_heads``: a model converted to fewer key/value heads by averaging the heads of each group
+  (Ainslie et al. 2023, sec. 2.1), the starting point of grouped-query uptraining.
 
 A cache cannot slide its window past ``n_ctx``: every position's vector (learned, sinusoidal) or
 rotation (RoPE) would change, so the keys held would all be wrong. Overflowing it is an error;
@@ -44,15 +49,17 @@ Built by hand in notebooks/10_inference_and_kv_cache.ipynb.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from torch import nn
+
 if TYPE_CHECKING:
-    from torch import nn
 
     from tfedu.config import ModelConfig
 
@@ -244,3 +251,158 @@ class KVCache:
     def __repr__(self) -> str:
         return (f"KVCache(layers={len(self.layers)}, batch={self.batch}, length={self.length}, "
                 f"capacity={self.capacity}, nbytes={self.nbytes})")
+
+
+# ----------------------------------------------------------------------------- one step, by hand
+
+
+def decode_step(
+    q: Float[Tensor, "batch n_heads 1 d_head"],
+    k_new: Float[Tensor, "batch n_heads 1 d_head"],
+    v_new: Float[Tensor, "batch n_heads 1 d_head"],
+    k_cache: Float[Tensor, "batch n_heads pos d_head"],
+    v_cache: Float[Tensor, "batch n_heads pos d_head"],
+) -> tuple[Float[Tensor, "batch n_heads 1 d_head"], Float[Tensor, "batch n_heads pos_1 d_head"],
+           Float[Tensor, "batch n_heads pos_1 d_head"]]:
+    """One decoding step of attention: append the new key and value, then attend over all of them.
+
+    ``q``, ``k_new``, ``v_new`` belong to the one new token; ``k_cache``, ``v_cache`` hold the ``pos``
+    tokens before it (``pos`` may be 0), heads before positions. Returns the new token's attention
+    output and the caches grown to ``pos + 1`` positions: new tensors, the inputs are not changed.
+    The new query attends to every cached key and to its own key, each once; no mask is needed,
+    since nothing in the cache lies in its future. (``LayerKVCache.append`` does the same append in
+    place, into preallocated memory.)
+
+    >>> q = k = v = torch.ones(1, 1, 1, 2)
+    >>> z, k_cache, v_cache = decode_step(q, k, v, torch.zeros(1, 1, 0, 2), torch.zeros(1, 1, 0, 2))
+    >>> z.shape, k_cache.shape  # the first step: the token attends to itself alone
+    (torch.Size([1, 1, 1, 2]), torch.Size([1, 1, 1, 2]))
+    """
+    k_cache = torch.cat([k_cache, k_new], dim=2)  # batch n_heads pos+1 d_head
+    v_cache = torch.cat([v_cache, v_new], dim=2)
+    scores = q @ k_cache.transpose(-2, -1) / q.shape[-1] ** 0.5  # batch n_heads 1 pos+1
+    return scores.softmax(dim=-1) @ v_cache, k_cache, v_cache
+
+
+DecodeStep = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor]]
+
+
+def _by_hand_supported(model: nn.Module) -> None:
+    cfg = getattr(model, "cfg", None)
+    if not getattr(model, "supports_kv_cache", False) or cfg is None:
+        raise TypeError(f"greedy_by_hand decodes a causal tfedu GPT, got {type(model).__name__}")
+    unsupported = []
+    if cfg.norm_position != "pre":
+        unsupported.append(f"norm_position={cfg.norm_position!r}")
+    if cfg.positional == "alibi":
+        unsupported.append("positional='alibi'")
+    if cfg.n_kv_heads != cfg.n_heads:
+        unsupported.append(f"n_kv_heads={cfg.n_kv_heads} (grouped heads)")
+    if unsupported:
+        raise ValueError("greedy_by_hand writes out a pre-norm model with one key/value head per query head and "
+                         f"no ALiBi; this one has {', '.join(unsupported)}: use tfedu.generate.generate")
+
+
+def greedy_by_hand(
+    model: nn.Module, ids: Int[Tensor, "batch pos"], max_new_tokens: int, step: DecodeStep = decode_step
+) -> Int[Tensor, "batch pos_out"]:
+    """Greedy decoding with a KV cache written out block by block, attention done by ``step``.
+
+    The same tokens as ``tfedu.generate.generate(model, ids, max_new_tokens)`` (tested), but every
+    part is visible: the prompt goes through ``step`` one token at a time, and then each new
+    token. Per block: ``ln1``; the new token's query, key and value (RoPE at its position when the
+    model uses it); ``step`` appends to that block's cache and attends; ``W_O``; the residual; the
+    MLP. ``step`` defaults to ``decode_step``; notebook 10 passes the learner's. The context must fit
+    (``pos + max_new_tokens - 1 <= n_ctx``): this loop does not start again past it.
+    """
+    from tfedu.model import check_ids
+    from tfedu.positional import apply_rope
+
+    _by_hand_supported(model)
+    check_ids(ids, model.cfg)
+    total = ids.shape[1] + max_new_tokens - 1
+    if max_new_tokens > 0 and total > model.cfg.n_ctx:
+        raise ValueError(f"{ids.shape[1]} prompt tokens + {max_new_tokens} new ones need {total} positions, more than "
+                         f"n_ctx={model.cfg.n_ctx}: greedy_by_hand keeps one cache and never crops")
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            caches = [None] * len(model.blocks)
+            out, logits = ids, None
+            for pos in range(total):
+                token = out[:, pos:pos + 1]  # batch 1
+                resid = model.embed_tokens(token, start=pos)  # batch 1 d_model
+                for i, block in enumerate(model.blocks):
+                    attn, x = block.attn, block.ln1(resid)
+                    q, k, v = (attn.split_heads(W(x)) for W in (attn.W_Q, attn.W_K, attn.W_V))  # batch n_heads 1 d_head
+                    if attn.rope_base is not None:
+                        where = torch.tensor([pos], device=ids.device)
+                        q = apply_rope(q, where, base=attn.rope_base, layout=attn.rope_layout)
+                        k = apply_rope(k, where, base=attn.rope_base, layout=attn.rope_layout)
+                    if caches[i] is None:
+                        empty = k.new_zeros(*k.shape[:2], 0, k.shape[-1])
+                        caches[i] = (empty, empty.clone())
+                    z, *caches[i] = step(q, k, v, *caches[i])
+                    resid = resid + attn.W_O(attn.merge_heads(z))
+                    resid = resid + block.mlp(block.ln2(resid))
+                logits = model.unembed(model.ln_final(resid))[:, -1]  # batch d_vocab
+                if pos + 1 >= ids.shape[1]:  # past the prompt: the prediction is the next token
+                    out = torch.cat([out, logits.argmax(dim=-1, keepdim=True)], dim=1)
+            return out
+    finally:
+        model.train(was_training)
+
+
+# ----------------------------------------------------------------------------- fewer key/value heads
+
+
+def pool_kv_weight(weight: Float[Tensor, "n_heads_d_head *rest"], n_heads: int, n_kv_heads: int
+                   ) -> Float[Tensor, "n_kv_heads_d_head *rest"]:
+    """A key or value projection's weight (or bias) with its ``n_heads`` heads averaged in groups down to ``n_kv_heads``.
+
+    The first axis holds the heads one after another, ``n_heads * d_head`` rows (``nn.Linear``'s
+    ``(out, in)`` weight, or its bias). Head j of the result is the mean of heads j*g .. j*g + g - 1,
+    g = n_heads / n_kv_heads: consecutive heads, the ones ``repeat_interleave`` will give it to serve.
+
+    >>> w = torch.arange(4.0)[:, None].repeat(1, 3)  # 4 heads of width 1, rows 0, 1, 2, 3
+    >>> pool_kv_weight(w, 4, 2)[:, 0]  # heads (0, 1) and (2, 3)
+    tensor([0.5000, 2.5000])
+    """
+    if weight.dim() < 1 or n_kv_heads < 1 or n_heads % n_kv_heads or weight.shape[0] % n_heads:
+        raise ValueError(f"weight must have a first axis of n_heads * d_head rows and n_kv_heads must divide n_heads; "
+                         f"got shape {tuple(weight.shape)}, n_heads={n_heads}, n_kv_heads={n_kv_heads}")
+    d_head = weight.shape[0] // n_heads
+    heads = weight.unflatten(0, (n_kv_heads, n_heads // n_kv_heads, d_head))  # n_kv_heads group d_head *rest
+    return heads.mean(dim=1).flatten(0, 1)
+
+
+def pool_kv_heads(model: nn.Module, n_kv_heads: int, *, pool: Callable[[Tensor, int, int], Tensor] = pool_kv_weight
+                  ) -> nn.Module:
+    """A copy of ``model`` with ``n_kv_heads`` key/value heads, each the mean of a group of the old ones.
+
+    Grouped-query attention (Ainslie et al. 2023, sec. 2.1) converts a multi-head checkpoint this
+    way: key head j becomes the mean of the key heads j*g .. j*g + g - 1 (g = old n_kv_heads /
+    n_kv_heads), which are the query heads it will serve (``Attention``'s ``repeat_interleave``);
+    values alike (``pool_kv_weight``; ``pool`` swaps in another). Queries, outputs and everything
+    else are copied. The paper then trains the converted model a little ("uptraining", 5% of the
+    original steps) to recover. The original is not changed.
+
+    >>> from tfedu.config import preset
+    >>> from tfedu.model import GPT
+    >>> mqa = pool_kv_heads(GPT(preset("tiny")), 1)  # multi-query: one key/value head
+    >>> mqa.cfg.n_kv_heads, tuple(mqa.blocks[0].attn.W_K.weight.shape)
+    (1, (16, 64))
+    """
+    cfg = model.cfg
+    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads < 1 or cfg.n_kv_heads % n_kv_heads:
+        raise ValueError(f"n_kv_heads must be a positive int dividing the model's n_kv_heads={cfg.n_kv_heads}, "
+                         f"got {n_kv_heads!r}")
+    pooled = type(model)(cfg.replace(n_kv_heads=n_kv_heads)).to(model.embed.weight)
+    state = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    for name, tensor in state.items():
+        if ".attn.W_K." in name or ".attn.W_V." in name:  # weight (heads*d_head, d_model) or bias (heads*d_head,)
+            state[name] = pool(tensor, cfg.n_kv_heads, n_kv_heads)
+    pooled.load_state_dict(state)
+    pooled.train(model.training)
+    return pooled
