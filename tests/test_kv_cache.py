@@ -15,7 +15,9 @@ from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausa
 
 from tfedu.config import preset
 from tfedu.generate import beam_search, generate
-from tfedu.kv_cache import KVCache, LayerKVCache, kv_cache_bytes
+from tfedu.kv_cache import (
+    KVCache, LayerKVCache, decode_step, greedy_by_hand, kv_cache_bytes, pool_kv_heads, pool_kv_weight,
+)
 from tfedu.model import GPT, Encoder
 
 # Weights of a trained model's size (peaked next-token distributions, far from ties); pytest puts tests/ on sys.path.
@@ -215,3 +217,76 @@ def test_greedy_and_beam_tokens_equal_transformers_with_its_cache(make):
     assert torch.equal(generate(ours, ids, 15, use_cache=True), hf_generate(hf, ids, 15, do_sample=False))
     expected = hf_generate(hf, ids, 10, do_sample=False, num_beams=3, length_penalty=1.0, early_stopping=False)
     assert torch.equal(beam_search(ours, ids, 10, num_beams=3, use_cache=True), expected)
+
+
+# ----------------------------------------------------------------------------- decode_step and greedy_by_hand
+
+
+def test_decode_step_equals_sdpa_over_the_grown_cache_and_leaves_its_inputs_alone():
+    g = torch.Generator().manual_seed(0)
+    k_cache, v_cache = torch.randn(2, 3, 5, 4, generator=g), torch.randn(2, 3, 5, 4, generator=g)
+    q, k_new, v_new = (torch.randn(2, 3, 1, 4, generator=g) for _ in range(3))
+    before = k_cache.clone()
+    z, k_grown, v_grown = decode_step(q, k_new, v_new, k_cache, v_cache)
+    assert torch.equal(k_cache, before) and k_grown.shape == (2, 3, 6, 4)
+    assert torch.equal(k_grown[:, :, -1:], k_new) and torch.equal(v_grown[:, :, :5], v_cache)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k_grown, v_grown)  # one query: nothing to mask
+    torch.testing.assert_close(z, want)
+
+
+@pytest.mark.parametrize("changes", [{}, {"positional": "rope"}, {"positional": "sinusoidal"}, {"positional": "none"}])
+def test_greedy_by_hand_gives_generates_tokens(changes):
+    model = tiny(**changes)
+    ids = prompts()
+    assert torch.equal(greedy_by_hand(model, ids, 12), generate(model, ids, 12))
+    assert torch.equal(greedy_by_hand(model, ids, 0), ids)
+
+
+def test_greedy_by_hand_refuses_what_it_does_not_write_out():
+    for changes, words in (({"norm_position": "post"}, "norm_position='post'"), ({"positional": "alibi"}, "alibi"),
+                           ({"n_kv_heads": 2}, "grouped heads")):
+        with pytest.raises(ValueError, match=words):
+            greedy_by_hand(tiny(**changes), prompts(), 3)
+    with pytest.raises(ValueError, match="never crops"):
+        greedy_by_hand(tiny(), prompts(pos=20), 6)
+    with pytest.raises(TypeError, match="causal tfedu GPT"):
+        greedy_by_hand(Encoder(preset("tiny")), prompts(), 3)
+
+
+# ----------------------------------------------------------------------------- fewer key/value heads
+
+
+def test_pool_kv_weight_averages_consecutive_heads_of_weights_and_biases():
+    heads = torch.arange(6.0).repeat_interleave(2)  # 6 heads of width 2: rows 0,0,1,1,...,5,5
+    pooled = pool_kv_weight(heads[:, None].expand(12, 3), 6, 2)  # groups (0,1,2) and (3,4,5)
+    assert torch.equal(pooled[:, 0], torch.tensor([1.0, 1.0, 4.0, 4.0]))
+    assert torch.equal(pool_kv_weight(heads, 6, 3), torch.tensor([0.5, 0.5, 2.5, 2.5, 4.5, 4.5]))
+    assert torch.equal(pool_kv_weight(heads, 6, 6), heads)
+    with pytest.raises(ValueError, match="n_kv_heads must divide n_heads"):
+        pool_kv_weight(heads, 6, 4)
+
+
+def test_pooling_heads_that_are_already_equal_within_groups_changes_no_output():
+    model = tiny(n_heads=4)
+    with torch.no_grad():
+        for block in model.blocks:
+            for W in (block.attn.W_K, block.attn.W_V):  # make heads (0, 1) and (2, 3) equal
+                for p in (W.weight, W.bias):
+                    heads = p.unflatten(0, (2, 2, -1))
+                    heads[:, 1] = heads[:, 0]
+    ids = prompts()
+    gqa = pool_kv_heads(model, 2)
+    assert gqa.cfg.n_kv_heads == 2 and model.cfg.n_kv_heads == 4
+    torch.testing.assert_close(gqa(ids), model(ids))
+    assert torch.equal(generate(gqa, ids, 8), generate(model, ids, 8))
+
+
+def test_pool_kv_heads_copies_everything_else_and_takes_another_pooling():
+    model = tiny(n_heads=4)
+    mqa = pool_kv_heads(model, 1, pool=lambda w, n_heads, n_kv: w.unflatten(0, (n_heads, -1))[0].clone())
+    assert mqa.cfg.n_kv_heads == 1 and not mqa.training and mqa is not model
+    block, source = mqa.blocks[0].attn, model.blocks[0].attn
+    assert torch.equal(block.W_K.weight, source.W_K.weight[:source.d_head])  # the first head, as asked
+    assert torch.equal(block.W_Q.weight, source.W_Q.weight) and block.W_Q.weight is not source.W_Q.weight
+    with pytest.raises(ValueError, match="dividing the model's n_kv_heads=4"):
+        pool_kv_heads(model, 3)
