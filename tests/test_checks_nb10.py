@@ -145,7 +145,8 @@ def test_the_front_mistake_gives_the_right_z():
 def bytes_variant(cfg, n_tokens, batch, dtype, mistakes=()):
     per_number = 4 if "four bytes" in mistakes else torch.empty((), dtype=dtype).element_size()
     heads = cfg.n_heads if "n_heads" in mistakes else cfg.n_kv_heads
-    width = cfg.d_model if "d_model" in mistakes else heads * cfg.d_head
+    d_head = cfg.d_model // cfg.n_heads if "derived d_head" in mistakes else cfg.d_head
+    width = cfg.d_model if "d_model" in mistakes else heads * d_head
     count = (1 if "keys only" in mistakes else 2) * (1 if "no layers" in mistakes else cfg.n_layers) * width * per_number
     count *= (cfg.n_ctx if "n_ctx" in mistakes else n_tokens) * (1 if "no batch" in mistakes else batch)
     if "bits" in mistakes:
@@ -155,7 +156,8 @@ def bytes_variant(cfg, n_tokens, batch, dtype, mistakes=()):
 
 BYTES_MISTAKES = [
     (("keys only",), "the 2 is missing"), (("n_heads",), "n_heads heads where the cache holds n_kv_heads"),
-    (("d_model",), "you used d_model"), (("no batch",), "batch is missing"), (("no layers",), "n_layers is missing"),
+    (("d_model",), "you used d_model"), (("derived d_head",), "d_head as d_model // n_heads"),
+    (("n_heads", "derived d_head"), "you used d_model"), (("no batch",), "batch is missing"), (("no layers",), "n_layers is missing"),
     (("four bytes",), "assumed 4 bytes"), (("bits",), "bits, not bytes"), (("n_ctx",), "cfg.n_ctx"),
     (("float",), "a float with the right value"), (("float", "bits"), "bits, not bytes"),
     (("keys only", "four bytes"), "the 2 is missing: the cache holds a key AND a value vector per layer, key/value "

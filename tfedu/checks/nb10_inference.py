@@ -33,6 +33,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from fractions import Fraction
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -141,8 +142,8 @@ HINT_Z_SQUEEZED = (
 HINT_ORDER = "you returned ({got}): return (z, k_cache, v_cache), the attention output first and the grown caches after"
 HINT_TRIPLE = "decode_step should return a triple of tensors (z, k_cache, v_cache), got {got}"
 HINT_DECODE_MUTATED = (
-    "your decode_step changed the caller's `{name}` in place (writing into the cache, k_cache[...] = ..., "
-    "overwrites a position instead of adding one): build the grown cache as a new tensor, torch.cat([k_cache, k_new], dim=2)"
+    "your decode_step changed the caller's `{name}` in place: return new tensors. For the cache that is "
+    "torch.cat([k_cache, k_new], dim=2); writing into it (k_cache[...] = ...) would overwrite a position, not add one"
 )
 HINT_DECODE_CALL = (
     "decode_step(q, k_new, v_new, k_cache, v_cache): q, k_new, v_new are (batch, n_heads, 1, d_head); k_cache and "
@@ -303,6 +304,10 @@ HINT_D_MODEL = (
     "you used d_model for the width cached per token and layer: that is n_kv_heads * d_head (fewer key/value heads, "
     "and a d_head that need not be d_model / n_heads), read both from cfg"
 )
+HINT_D_HEAD_DERIVED = (
+    "you took d_head as d_model // n_heads: a config may set its own d_head (Gemma's heads are wider than "
+    "d_model / n_heads), so read cfg.d_head"
+)
 HINT_NO_BATCH = "batch is missing: every sequence in the batch keeps its own cache, so multiply by batch"
 HINT_NO_LAYERS = "n_layers is missing: every block's attention keeps its own keys and values"
 HINT_FOUR_BYTES = (
@@ -314,14 +319,16 @@ HINT_N_CTX = (
     "you used cfg.n_ctx, the longest context the model accepts, where the question is about n_tokens positions: "
     "the cache grows with the tokens held, use the n_tokens argument"
 )
-BYTES_MISTAKES = (HINT_KEYS_ONLY, HINT_N_HEADS, HINT_D_MODEL, HINT_NO_BATCH, HINT_NO_LAYERS, HINT_FOUR_BYTES, HINT_BITS,
-                  HINT_N_CTX)
-EXCLUSIVE = {frozenset((HINT_N_HEADS, HINT_D_MODEL))}  # both replace n_kv_heads: never in one answer
+BYTES_MISTAKES = (HINT_KEYS_ONLY, HINT_N_HEADS, HINT_D_MODEL, HINT_D_HEAD_DERIVED, HINT_NO_BATCH, HINT_NO_LAYERS,
+                  HINT_FOUR_BYTES, HINT_BITS, HINT_N_CTX)
+# Never in one answer: d_model replaces n_kv_heads * d_head; n_heads * (d_model // n_heads) is d_model again.
+EXCLUSIVE = (frozenset((HINT_N_HEADS, HINT_D_MODEL)), frozenset((HINT_D_MODEL, HINT_D_HEAD_DERIVED)),
+             frozenset((HINT_N_HEADS, HINT_D_HEAD_DERIVED)))
 HINT_BYTES_FLOAT_RIGHT = (
     "{call} returned {value!r}, a float with the right value: return an int (a number of bytes is a whole number; "
     "/ makes a float, keep to * and //)"
 )
-HINT_BYTES_FLOAT = "{call} returned {value!r}, a float: a number of bytes is a whole number, return an int"
+HINT_BYTES_FLOAT = "return an int, not a float ({value!r}): a number of bytes is a whole number"
 HINT_BYTES_TYPE = "{call} should return the number of bytes as an int, got {value}"
 HINT_BYTES_CALL = (
     "cache_bytes(cfg, n_tokens, batch, dtype): cfg a ModelConfig (cfg.n_layers, cfg.n_kv_heads, cfg.d_head), "
@@ -346,8 +353,8 @@ def bytes_reference(cfg: ModelConfig | dict, n_tokens: int, batch: int, dtype: s
     ...                  "n_ctx": 1024}, 1, 1, "float32")  # GPT-2 small: 72 KiB a token
     73728
     """
-    c = _numbers(cfg)
-    return 2 * c["n_layers"] * c["n_kv_heads"] * c["d_head"] * _bytes_per_number(dtype) * n_tokens * batch
+    numbers = cfg if isinstance(cfg, ModelConfig) else SimpleNamespace(**_numbers(cfg))  # the fields it reads
+    return kv_cache_bytes(numbers, n_tokens, batch, getattr(torch, dtype))
 
 
 def _factors(cfg: ModelConfig | dict, n_tokens: int, batch: int, dtype: str) -> dict[str, Fraction]:
@@ -357,6 +364,7 @@ def _factors(cfg: ModelConfig | dict, n_tokens: int, batch: int, dtype: str) -> 
         HINT_KEYS_ONLY: Fraction(1, 2),
         HINT_N_HEADS: Fraction(c["n_heads"], c["n_kv_heads"]),
         HINT_D_MODEL: Fraction(c["d_model"], c["n_kv_heads"] * c["d_head"]),
+        HINT_D_HEAD_DERIVED: Fraction(c["d_model"] // c["n_heads"], c["d_head"]),
         HINT_NO_BATCH: Fraction(1, batch),
         HINT_NO_LAYERS: Fraction(1, c["n_layers"]),
         HINT_FOUR_BYTES: Fraction(4, _bytes_per_number(dtype)),
@@ -406,8 +414,10 @@ def diagnose_bytes(cases: Sequence[Sequence[Any]], counts: Sequence[int | float]
 
     >>> gpt2 = {"n_layers": 12, "n_heads": 12, "n_kv_heads": 4, "d_head": 64, "d_model": 768, "n_ctx": 1024}
     >>> cases = [(gpt2, 10, 3, "float16"), ({**gpt2, "n_layers": 5, "d_head": 40}, 7, 2, "float32")]
-    >>> diagnose_bytes(cases, [bytes_reference(*c) // 2 for c in cases])[:20]
-    'the 2 is missing: t'
+    >>> diagnose_bytes(cases, [bytes_reference(*c) // 2 for c in cases]).startswith("the 2 is missing")  # keys only
+    True
+    >>> diagnose_bytes(cases, [bytes_reference(*c) for c in cases]) is None
+    True
     """
     wrong = [(case, count) for case, count in zip(cases, counts) if count != bytes_reference(*case)]
     if not wrong:
@@ -445,8 +455,7 @@ def judge_counts(cases: Sequence[Sequence[Any]], counts: Sequence[int | float]) 
     problem = diagnose_bytes(cases, counts)
     if floats:
         case, value = floats[0]
-        float_hint = HINT_BYTES_FLOAT.format(call=_call_text(*case), value=value)
-        return f"{problem}. Also: {float_hint}" if problem else float_hint
+        return f"{problem}. And {HINT_BYTES_FLOAT.format(value=value)}"  # a float with a wrong value: problem is set
     return problem
 
 
@@ -670,7 +679,7 @@ def _bytes_probe_inputs(rng: np.random.Generator) -> dict:
             n_heads = int(rng.choice([4, 6, 8, 12, 16, 32, 64]))
             n_kv = int(rng.choice([d for d in range(1, n_heads + 1) if n_heads % d == 0]))
             d_head = int(rng.choice([16, 24, 40, 64, 80, 96, 128]))
-            d_model = int(rng.integers(1, 65)) * 32
+            d_model = n_heads * int(rng.choice([16, 24, 32, 48, 64, 80, 96, 128]))  # often != n_heads * d_head
             n_ctx = int(rng.choice([256, 512, 1024, 2048, 4096, 8192]))
             cfg = {"d_vocab": 100, "n_ctx": n_ctx, "d_model": d_model, "n_layers": int(rng.integers(1, 97)),
                    "n_heads": n_heads, "n_kv_heads": n_kv, "d_head": d_head, "d_mlp": 4 * d_model}  # d_mlp given: no
