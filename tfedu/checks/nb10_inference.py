@@ -17,9 +17,9 @@ Three exercises, each checked against tfedu's reference after first trying the k
 - 10.2 ``cache_bytes(cfg, n_tokens, batch, dtype) -> int``: the learner's number at configs with
   grouped heads and a d_head of their own is divided by the reference's, and that ratio is read
   as a product of known mistakes: the 2 forgotten (keys only), n_heads instead of n_kv_heads,
-  d_model instead of n_kv_heads * d_head, batch or n_layers forgotten, 4 bytes whatever the
-  dtype, bits instead of bytes, n_ctx instead of n_tokens (up to three at once are named). A
-  float fails, even with the right value (see :func:`check_cache_bytes` for why). Compared with
+  d_model instead of n_kv_heads * d_head, d_head taken as d_model // n_heads, batch or n_layers
+  forgotten, 4 bytes whatever the dtype, bits instead of bytes, n_ctx instead of n_tokens (up to
+  three at once are named). A float fails, even with the right value (see :func:`check_cache_bytes` for why). Compared with
   ``tfedu.kv_cache.kv_cache_bytes`` and with the bytes a real ``KVCache`` holds.
 - 10.3 ``pool_kv_weight(weight, n_heads, n_kv_heads) -> Tensor``: strided groups (heads j,
   j + n_kv_heads, ...), a sum instead of a mean, the first head of each group kept, the rows read
