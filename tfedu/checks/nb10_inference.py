@@ -1,0 +1,768 @@
+"""Checkers for notebooks/10_inference_and_kv_cache.ipynb: one cached decoding step, the cache's size, pooled heads.
+
+Three exercises, each checked against tfedu's reference after first trying the known mistakes:
+
+- 10.1 ``decode_step(q, k_new, v_new, k_cache, v_cache) -> (z, k_cache, v_cache)``: the cache
+  overwritten instead of appended (the new key returned as the cache, written over the last
+  cached position, or z taken over the new token alone), the new token attending to itself twice
+  (appended twice, or attended over cat(grown cache, k_new)), the cache in the wrong layout
+  ((batch, pos, n_heads, d_head), or grown along the heads axis), the new key put at the front, no
+  1/sqrt(d_head), the softmax over the heads or the query axis, a causal mask (hiding the new token
+  from itself, keeping the first key only, or a (pos+1, pos+1) mask that broadcasts the one query
+  into pos+1 rows), z attended before the new key is appended, the values' cache built from keys,
+  the triple returned in another order, z without its query axis, the inputs changed in place.
+  Compared with ``tfedu.kv_cache.decode_step`` step by step from an empty cache (each step from
+  the reference's state), then through a tiny GPT decoded greedily with the learner's step.
+  ``scaled_dot_product_attention`` is refused: the attention over the cache is the exercise.
+- 10.2 ``cache_bytes(cfg, n_tokens, batch, dtype) -> int``: the learner's number at configs with
+  grouped heads and a d_head of their own is divided by the reference's, and that ratio is read
+  as a product of known mistakes: the 2 forgotten (keys only), n_heads instead of n_kv_heads,
+  d_model instead of n_kv_heads * d_head, d_head taken as d_model // n_heads, batch or n_layers
+  forgotten, 4 bytes whatever the dtype, bits instead of bytes, n_ctx instead of n_tokens (up to
+  three at once are named). A float fails, even with the right value (see :func:`check_cache_bytes` for why). Compared with
+  ``tfedu.kv_cache.kv_cache_bytes`` and with the bytes a real ``KVCache`` holds.
+- 10.3 ``pool_kv_weight(weight, n_heads, n_kv_heads) -> Tensor``: strided groups (heads j,
+  j + n_kv_heads, ...), a sum instead of a mean, the first head of each group kept, the rows read
+  as (d_head, n_heads), a bias (1-D) or trailing axes not handled, the input axis pooled, the
+  input changed in place. Compared with ``tfedu.kv_cache.pool_kv_weight``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from fractions import Fraction
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import torch
+
+from tfedu.checks.core import (
+    CheckFailure,
+    Probe,
+    call_learner,
+    call_on_copies,
+    checker,
+    compare,
+    describe,
+    expect,
+    global_names,
+    is_close,
+    seeded_randn,
+)
+from tfedu.checks.nb04_attention import FUSED_ATTENTION
+from tfedu.checks.probes import CLEANUP, HELPERS, as_array, compare_outputs
+from tfedu.config import ModelConfig
+from tfedu.kv_cache import decode_step as reference_decode_step
+from tfedu.kv_cache import kv_cache_bytes, pool_kv_weight
+
+# ----------------------------------------------------------------------------- 10.1 decode_step
+
+CACHE_LAYOUT = "(batch, n_heads, pos, d_head): heads before positions, the positions on dim 2"
+HINT_OVERWRITTEN = (
+    "your cache was overwritten instead of appended: the returned {name} holds {held} position(s) where it "
+    "should hold pos + 1 = {want}. The cache keeps every earlier token's key and value; each step adds the new "
+    "token's after them, torch.cat([k_cache, k_new], dim=2), and returns that grown cache"
+)
+HINT_OVERWROTE_LAST = (
+    "your cache was overwritten instead of appended: the new token's {what} replaced the last cached position, "
+    "so that earlier token is lost. Keep every cached position and add the new one after them, "
+    "torch.cat([k_cache, k_new], dim=2)"
+)
+HINT_ONLY_NEW = (
+    "your z is the new token's own value: its query attended to its own key alone, as if the cache had been "
+    "overwritten instead of appended. It must attend over every cached key and its own, so take the scores "
+    "against the grown cache, q @ k_cache.transpose(-2, -1) with k_cache = torch.cat([k_cache, k_new], dim=2)"
+)
+HINT_SELF_TWICE = (
+    "the new token's query attends to itself twice: its key and value are in the grown cache already, and you "
+    "added them once more{how}, so its own key gets double weight. Append k_new once, then attend over that "
+    "grown cache alone"
+)
+HINT_LAYOUT = (
+    "the returned {name} is laid out (batch, pos, n_heads, d_head): the cache must stay in the layout it came "
+    "in, " + CACHE_LAYOUT + ". Grow it with torch.cat([k_cache, k_new], dim=2) and do not transpose it"
+)
+HINT_HEADS_AXIS = (
+    "your {name} grew along the heads axis (dim 1): the cache is " + CACHE_LAYOUT + ", so append the new "
+    "token with torch.cat(..., dim=2)"
+)
+HINT_FRONT = (
+    "you put the new token's {what} at the front of the cache: position order matters to every later step "
+    "(and to anything that reads the cache by position), so append it at the end, torch.cat([k_cache, k_new], dim=2). "
+    "This step's z comes out the same, which is why only the returned cache shows it"
+)
+HINT_CACHE_SHAPE = (
+    "the returned {name} has shape {got}, expected {want}: the cache is " + CACHE_LAYOUT + ", one position more "
+    "after each step"
+)
+HINT_V_FROM_K = (
+    "your value cache holds keys: grow v_cache from v_new, torch.cat([v_cache, v_new], dim=2), not from k_new"
+)
+HINT_Z_FROM_KEYS = (
+    "your z is a weighted sum of keys: the attention weights multiply the values, softmax(q K^T / sqrt(d_head)) @ V "
+    "with V the grown value cache"
+)
+HINT_NO_SCALE = (
+    "z is off as if the scores were not scaled: divide q @ K^T by sqrt(d_head) before the softmax, as in every "
+    "attention (Vaswani et al. 2017, eq. 1); a decoding step computes the same attention as the full pass"
+)
+HINT_SOFTMAX_HEADS = (
+    "your softmax ran over the heads axis (dim 1): each head has its own pattern, and the new query's weights sum "
+    "to 1 over the keys, the last axis of the scores (batch, n_heads, 1, pos + 1)"
+)
+HINT_SOFTMAX_QUERY = (
+    "your softmax ran over the query axis (dim -2), which has one entry in a decoding step, so every weight is 1 "
+    "and z is the sum of the values: take it over the keys, the last axis of the scores (batch, n_heads, 1, pos + 1)"
+)
+HINT_MASK_FIRST_KEY = (
+    "z attends to the first key alone: a causal mask built for a (1, pos + 1) score matrix (torch.tril or "
+    "torch.triu(..., diagonal=1) of ones(1, pos + 1)) treats the one query as position 0 and hides every later "
+    "key. A decoding step needs no mask: the new token is the last one, nothing in the cache is in its future"
+)
+HINT_MASK_SQUARE = (
+    "your z has pos + 1 rows: a (pos + 1, pos + 1) causal mask broadcast the one query's scores to pos + 1 rows. "
+    "A decoding step needs no mask: the new token is the last one and may see every cached key and its own"
+)
+HINT_SELF_HIDDEN = (
+    "z leaves out the new token's own key: it attends over the cached keys only (attended before appending, or "
+    "a mask that hides the diagonal). The new query sees every cached key and its own key, once: append first, "
+    "then attend, with no mask"
+)
+HINT_Z_NAN = (
+    "z holds NaN: at the first step the cache is empty and the new token's own key is the only one; a mask that "
+    "hides it leaves a softmax over nothing but -inf. A decoding step needs no mask: append first, then attend"
+)
+HINT_Z_SQUEEZED = (
+    "z has lost its query axis: return it as (batch, n_heads, 1, d_head), the shape of q, so it goes through "
+    "W_O like a one-position sequence"
+)
+HINT_ORDER = "you returned ({got}): return (z, k_cache, v_cache), the attention output first and the grown caches after"
+HINT_TRIPLE = "decode_step should return a triple of tensors (z, k_cache, v_cache), got {got}"
+HINT_DECODE_MUTATED = (
+    "your decode_step changed the caller's `{name}` in place: return new tensors. For the cache that is "
+    "torch.cat([k_cache, k_new], dim=2); writing into it (k_cache[...] = ...) would overwrite a position, not add one"
+)
+HINT_DECODE_CALL = (
+    "decode_step(q, k_new, v_new, k_cache, v_cache): q, k_new, v_new are (batch, n_heads, 1, d_head); k_cache and "
+    "v_cache are " + CACHE_LAYOUT + ", and pos is 0 at the first step (an empty cache). Append along dim 2, "
+    "then attend; return (z, k_cache, v_cache)"
+)
+HINT_DECODE_SHORTCUT = (
+    "your decode_step calls {name}: the exercise is the attention over the cache itself, softmax(q K^T / "
+    "sqrt(d_head)) V, written with @ and torch.softmax"
+)
+DECODE_SHORTCUTS = ("scaled_dot_product_attention", "multi_head_attention_forward", "MultiheadAttention")
+
+
+# The wrong orders, the likeliest first: at the first step z equals v_cache (one key, weight 1), so two orders match.
+ORDERS = ((1, 2, 0), (0, 2, 1), (2, 1, 0), (1, 0, 2), (2, 0, 1))  # got[j] is the reference's result ORDERS[j]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: bool = True, dim: int = -1) -> torch.Tensor:
+    scores = q @ k.transpose(-2, -1)  # batch n_heads 1 key_pos
+    if scale:
+        scores = scores / math.sqrt(q.shape[-1])
+    return scores.softmax(dim=dim) @ v
+
+
+def _cache_mistakes(old: torch.Tensor, new: torch.Tensor, name: str, what: str) -> list[tuple[str, torch.Tensor]]:
+    """(hint, wrong cache) for one of the two caches, ``old`` the cache passed in, ``new`` the new token's tensor."""
+    grown = torch.cat([old, new], dim=2)
+    mistakes = [
+        (HINT_OVERWRITTEN.format(name=name, held=1, want=grown.shape[2]), new),
+        (HINT_SELF_TWICE.format(how=" (appended twice)"), torch.cat([old, new, new], dim=2)),
+        (HINT_FRONT.format(what=what), torch.cat([new, old], dim=2)),
+        (HINT_LAYOUT.format(name=name), grown.transpose(1, 2)),
+    ]
+    if old.shape[2] >= 1:
+        mistakes.append((HINT_OVERWROTE_LAST.format(what=what), torch.cat([old[:, :, :-1], new], dim=2)))
+    if old.shape[2] == 1:  # only then do the sizes let torch.cat(..., dim=1) run
+        mistakes.append((HINT_HEADS_AXIS.format(name=name), torch.cat([old, new], dim=1)))
+    return mistakes
+
+
+def _z_mistakes(q, k_new, v_new, k_cache, v_cache) -> list[tuple[str, torch.Tensor]]:
+    K, V = torch.cat([k_cache, k_new], dim=2), torch.cat([v_cache, v_new], dim=2)  # batch n_heads pos+1 d_head
+    positions = K.shape[2]
+    square = torch.ones(positions, positions).triu(diagonal=1).bool()  # a full causal mask, key after query
+    scores = (q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])).masked_fill(square, float("-inf"))
+    return [
+        (HINT_ONLY_NEW, v_new),
+        (HINT_SELF_TWICE.format(how=" (attended over cat(grown cache, k_new))"),
+         _attend(q, torch.cat([K, k_new], dim=2), torch.cat([V, v_new], dim=2))),
+        (HINT_NO_SCALE, _attend(q, K, V, scale=False)),
+        (HINT_SOFTMAX_HEADS, _attend(q, K, V, dim=1)),
+        (HINT_SOFTMAX_QUERY, _attend(q, K, V, dim=-2)),
+        (HINT_MASK_FIRST_KEY, V[:, :, :1]),
+        (HINT_SELF_HIDDEN, _attend(q, k_cache, v_cache)),  # zeros at the first step: a softmax over no key
+        (HINT_Z_FROM_KEYS, _attend(q, K, K)),
+        (HINT_MASK_SQUARE, scores.softmax(dim=-1) @ V),  # batch n_heads pos+1 d_head
+    ]
+
+
+def _triple(got: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if not (isinstance(got, (tuple, list)) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got)):
+        raise CheckFailure(HINT_TRIPLE.format(got=describe(got) if not isinstance(got, (tuple, list)) else
+                                              f"a {type(got).__name__} of " + ", ".join(describe(t) for t in got)))
+    return tuple(t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t for t in got)
+
+
+def _check_cache(got: torch.Tensor, want: torch.Tensor, mistakes: list[tuple[str, torch.Tensor]], name: str,
+                 what: str) -> None:
+    for hint, wrong in mistakes:
+        if is_close(got, wrong) and not is_close(wrong, want):
+            raise CheckFailure(hint)
+    if got.shape != want.shape:
+        raise CheckFailure(HINT_CACHE_SHAPE.format(name=name, got=tuple(got.shape), want=tuple(want.shape)))
+    compare(got, want, what=f"{what}: the returned {name}")
+
+
+def diagnose_decode_step(got: Any, q, k_new, v_new, k_cache, v_cache, what: str) -> None:
+    """Raise CheckFailure naming what is wrong with ``got``, one step's answer; shared with the hidden test."""
+    z, k_grown, v_grown = _triple(got)
+    want = reference_decode_step(q, k_new, v_new, k_cache, v_cache)
+    names = ("z", "k_cache", "v_cache")
+    if not all(is_close(g, w) for g, w in zip((z, k_grown, v_grown), want)):
+        for order in ORDERS:
+            if all(is_close(g, want[i]) for g, i in zip((z, k_grown, v_grown), order)):
+                raise CheckFailure(HINT_ORDER.format(got=", ".join(names[i] for i in order)))
+    _check_cache(k_grown, want[1], _cache_mistakes(k_cache, k_new, "k_cache", "key"), "k_cache", what)
+    v_mistakes = [(HINT_V_FROM_K, want[1]), (HINT_V_FROM_K, torch.cat([v_cache, k_new], dim=2)),
+                  *_cache_mistakes(v_cache, v_new, "v_cache", "value")]
+    _check_cache(v_grown, want[2], v_mistakes, "v_cache", what)
+    mistakes = dict(_z_mistakes(q, k_new, v_new, k_cache, v_cache))  # in order: the first that matches is named
+    mistakes[HINT_Z_SQUEEZED] = want[0].squeeze(2)
+    compare(z, want[0], what=f"{what}: z", mistakes=mistakes, nan_hint=HINT_Z_NAN)
+
+
+def _check_decode_call(fn: Any, q, k_new, v_new, k_cache, v_cache, what: str) -> None:
+    got = call_on_copies(fn, {"q": q, "k_new": k_new, "v_new": v_new, "k_cache": k_cache, "v_cache": v_cache},
+                         name="decode_step", mutated_hint=HINT_DECODE_MUTATED, error_hint=HINT_DECODE_CALL)
+    diagnose_decode_step(got, q, k_new, v_new, k_cache, v_cache, what)
+
+
+def decode_inputs(seed: int, batch: int, n_heads: int, d_head: int, start: int, steps: int):
+    """The new tokens' (q, k_new, v_new) for ``steps`` steps, and the cache of ``start`` earlier tokens.
+
+    Keys and values are scaled so that the scores spread (no-scaling and other mistakes show).
+    """
+    g = torch.Generator().manual_seed(seed)
+    draw = lambda pos: 1.5 * torch.randn(batch, n_heads, pos, d_head, generator=g)  # noqa: E731
+    tokens = [(draw(1), draw(1), draw(1)) for _ in range(steps)]
+    return tokens, (draw(start), draw(start))
+
+
+def _run_decode(fn: Any, seed: int, batch: int, n_heads: int, d_head: int, start: int, steps: int) -> None:
+    tokens, (k_cache, v_cache) = decode_inputs(seed, batch, n_heads, d_head, start, steps)
+    for step, (q, k_new, v_new) in enumerate(tokens):
+        pos = k_cache.shape[2]
+        what = (f"step {step + 1} of {steps} (batch {batch}, {n_heads} heads, d_head {d_head}, "
+                f"{pos} cached position{'s' if pos != 1 else ''})")
+        _check_decode_call(fn, q, k_new, v_new, k_cache, v_cache, what)
+        _, k_cache, v_cache = reference_decode_step(q, k_new, v_new, k_cache, v_cache)  # go on from the reference
+
+
+@checker("one decoding step with a KV cache")
+def check_decode_step(decode_step) -> None:
+    """Check a learner's ``decode_step(q, k_new, v_new, k_cache, v_cache) -> (z, k_cache, v_cache)``.
+
+    Step by step from an empty cache (pos = 0) through six steps with batch 2, 3 heads, d_head 5,
+    then from a cache of 6 positions with one sequence, 4 heads, d_head 6; each step starts from
+    the reference's cache, so one wrong step is one failure. Then a tiny GPT is decoded greedily
+    with the learner's step (``tfedu.kv_cache.greedy_by_hand``), against the reference's tokens.
+    """
+    used = sorted(global_names(decode_step) & set(DECODE_SHORTCUTS))
+    expect(not used, HINT_DECODE_SHORTCUT.format(name=", ".join(used)))
+    _run_decode(decode_step, 0, batch=2, n_heads=3, d_head=5, start=0, steps=6)
+    _run_decode(decode_step, 1, batch=1, n_heads=4, d_head=6, start=6, steps=2)
+    from tfedu.config import preset
+    from tfedu.kv_cache import greedy_by_hand
+    from tfedu.model import GPT
+
+    with torch.random.fork_rng():  # the learner's random state stays as it was
+        torch.manual_seed(0)
+        model = GPT(preset("tiny").replace(n_layers=1)).eval()
+    ids = torch.randint(0, model.cfg.d_vocab, (2, 3), generator=torch.Generator().manual_seed(0))
+    want = greedy_by_hand(model, ids, 4)
+    got = call_learner(lambda: greedy_by_hand(model, ids, 4, step=decode_step), name="greedy_by_hand",
+                       error_hint=HINT_DECODE_CALL)
+    expect(torch.equal(got, want), f"a tiny GPT decoded greedily with your decode_step gives {got.tolist()}, with the "
+                                   f"reference's {want.tolist()}")
+
+
+# ----------------------------------------------------------------------------- 10.2 cache_bytes
+
+HINT_KEYS_ONLY = "the 2 is missing: the cache holds a key AND a value vector per layer, key/value head and token"
+HINT_N_HEADS = (
+    "you counted n_heads heads where the cache holds n_kv_heads: with grouped-query attention several query heads "
+    "share one key/value head, and only those are cached (that is the saving)"
+)
+HINT_D_MODEL = (
+    "you used d_model for the width cached per token and layer: that is n_kv_heads * d_head (fewer key/value heads, "
+    "and a d_head that need not be d_model / n_heads), read both from cfg"
+)
+HINT_D_HEAD_DERIVED = (
+    "you took d_head as d_model // n_heads: a config may set its own d_head (Gemma's heads are wider than "
+    "d_model / n_heads), so read cfg.d_head"
+)
+HINT_NO_BATCH = "batch is missing: every sequence in the batch keeps its own cache, so multiply by batch"
+HINT_NO_LAYERS = "n_layers is missing: every block's attention keeps its own keys and values"
+HINT_FOUR_BYTES = (
+    "you assumed 4 bytes a number: the size depends on the dtype (float16 and bfloat16 take 2, float64 8); "
+    "ask torch, torch.empty((), dtype=dtype).element_size() or dtype.itemsize"
+)
+HINT_BITS = "the count is 8 times too large: bits, not bytes (element_size() and itemsize are already in bytes)"
+HINT_N_CTX = (
+    "you used cfg.n_ctx, the longest context the model accepts, where the question is about n_tokens positions: "
+    "the cache grows with the tokens held, use the n_tokens argument"
+)
+BYTES_MISTAKES = (HINT_KEYS_ONLY, HINT_N_HEADS, HINT_D_MODEL, HINT_D_HEAD_DERIVED, HINT_NO_BATCH, HINT_NO_LAYERS,
+                  HINT_FOUR_BYTES, HINT_BITS, HINT_N_CTX)
+# Never in one answer: d_model replaces n_kv_heads * d_head; n_heads * (d_model // n_heads) is d_model again.
+EXCLUSIVE = (frozenset((HINT_N_HEADS, HINT_D_MODEL)), frozenset((HINT_D_MODEL, HINT_D_HEAD_DERIVED)),
+             frozenset((HINT_N_HEADS, HINT_D_HEAD_DERIVED)))
+HINT_BYTES_FLOAT_RIGHT = (
+    "{call} returned {value!r}, a float with the right value: return an int (a number of bytes is a whole number; "
+    "/ makes a float, keep to * and //)"
+)
+HINT_BYTES_FLOAT = "return an int, not a float ({value!r}): a number of bytes is a whole number"
+HINT_BYTES_TYPE = "{call} should return the number of bytes as an int, got {value}"
+HINT_BYTES_CALL = (
+    "cache_bytes(cfg, n_tokens, batch, dtype): cfg a ModelConfig (cfg.n_layers, cfg.n_kv_heads, cfg.d_head), "
+    "n_tokens and batch ints, dtype a torch.dtype; bytes per number from torch.empty((), dtype=dtype).element_size()"
+)
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+def _numbers(cfg: ModelConfig | dict) -> dict[str, int]:
+    fields = ("n_layers", "n_heads", "n_kv_heads", "d_head", "d_model", "n_ctx")
+    return {f: int(cfg[f] if isinstance(cfg, dict) else getattr(cfg, f)) for f in fields}
+
+
+def _bytes_per_number(dtype: str) -> int:
+    return getattr(torch, dtype).itemsize
+
+
+def bytes_reference(cfg: ModelConfig | dict, n_tokens: int, batch: int, dtype: str) -> int:
+    """The reference's bytes for a case given as plain data (cfg's numbers, dtype by name).
+
+    >>> bytes_reference({"n_layers": 12, "n_heads": 12, "n_kv_heads": 12, "d_head": 64, "d_model": 768,
+    ...                  "n_ctx": 1024}, 1, 1, "float32")  # GPT-2 small: 72 KiB a token
+    73728
+    """
+    numbers = cfg if isinstance(cfg, ModelConfig) else SimpleNamespace(**_numbers(cfg))  # the fields it reads
+    return kv_cache_bytes(numbers, n_tokens, batch, getattr(torch, dtype))
+
+
+def _factors(cfg: ModelConfig | dict, n_tokens: int, batch: int, dtype: str) -> dict[str, Fraction]:
+    """What each mistake multiplies the right count by, for one case."""
+    c = _numbers(cfg)
+    return {
+        HINT_KEYS_ONLY: Fraction(1, 2),
+        HINT_N_HEADS: Fraction(c["n_heads"], c["n_kv_heads"]),
+        HINT_D_MODEL: Fraction(c["d_model"], c["n_kv_heads"] * c["d_head"]),
+        HINT_D_HEAD_DERIVED: Fraction(c["d_model"] // c["n_heads"], c["d_head"]),
+        HINT_NO_BATCH: Fraction(1, batch),
+        HINT_NO_LAYERS: Fraction(1, c["n_layers"]),
+        HINT_FOUR_BYTES: Fraction(4, _bytes_per_number(dtype)),
+        HINT_BITS: Fraction(8),
+        HINT_N_CTX: Fraction(c["n_ctx"], n_tokens),
+    }
+
+
+def _mistake_sets(most: int = 3) -> list[tuple[str, ...]]:
+    sets = []
+    for size in range(1, most + 1):
+        sets += [s for s in itertools.combinations(BYTES_MISTAKES, size)
+                 if not any(pair <= set(s) for pair in EXCLUSIVE)]
+    return sets
+
+
+def _ratios(cases: Sequence[Sequence[Any]], mistakes: tuple[str, ...]) -> tuple[Fraction, ...]:
+    out = []
+    for case in cases:
+        factors = _factors(*case)
+        out.append(math.prod((factors[m] for m in mistakes), start=Fraction(1)))
+    return tuple(out)
+
+
+def separates_mistakes(cases: Sequence[Sequence[Any]]) -> bool:
+    """True when every set of up to three mistakes changes the counts at ``cases`` in its own way."""
+    seen = {tuple(Fraction(1) for _ in cases)}
+    for mistakes in _mistake_sets():
+        ratios = _ratios(cases, mistakes)
+        if ratios in seen:
+            return False
+        seen.add(ratios)
+    return True
+
+
+def _call_text(cfg: Any, n_tokens: int, batch: int, dtype: str) -> str:
+    c = _numbers(cfg)
+    return (f"cache_bytes(cfg with n_layers={c['n_layers']}, n_heads={c['n_heads']}, n_kv_heads={c['n_kv_heads']}, "
+            f"d_head={c['d_head']}, d_model={c['d_model']}, n_ctx={c['n_ctx']}; n_tokens={n_tokens}, batch={batch}, "
+            f"torch.{dtype})")
+
+
+def diagnose_bytes(cases: Sequence[Sequence[Any]], counts: Sequence[int | float]) -> str | None:
+    """Feedback on the learner's counts at ``cases`` ((cfg, n_tokens, batch, dtype name) each); None when right.
+
+    The ratio to the reference at every case is read as a product of up to three known mistakes.
+
+    >>> gpt2 = {"n_layers": 12, "n_heads": 12, "n_kv_heads": 4, "d_head": 64, "d_model": 768, "n_ctx": 1024}
+    >>> cases = [(gpt2, 10, 3, "float16"), ({**gpt2, "n_layers": 5, "d_head": 40}, 7, 2, "float32")]
+    >>> diagnose_bytes(cases, [bytes_reference(*c) // 2 for c in cases]).startswith("the 2 is missing")  # keys only
+    True
+    >>> diagnose_bytes(cases, [bytes_reference(*c) for c in cases]) is None
+    True
+    """
+    wrong = [(case, count) for case, count in zip(cases, counts) if count != bytes_reference(*case)]
+    if not wrong:
+        return None
+    case, count = wrong[0]
+    want = bytes_reference(*case)
+    detail = (f"{_call_text(*case)} returned {count:,}, expected {want:,} = 2 * n_layers * n_kv_heads * d_head * "
+              f"bytes per number ({_bytes_per_number(case[3])}) * n_tokens * batch")
+    got = tuple(Fraction(c) / bytes_reference(*k) for k, c in zip(cases, counts))
+    for mistakes in _mistake_sets():
+        if _ratios(cases, mistakes) == got:
+            return f"{'; and '.join(mistakes)}. {detail}"
+    return detail
+
+
+def _as_count(value: Any, case: Sequence[Any]) -> int | float:
+    """The learner's count (an int; a float only to diagnose it), or CheckFailure for anything else."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    call = _call_text(*case)
+    if isinstance(value, torch.Tensor):
+        raise CheckFailure(HINT_BYTES_TYPE.format(call=call, value=describe(value)) + ": count with Python ints, "
+                           "not tensors (or return .item() of an integer tensor)")
+    if isinstance(value, (float, np.floating)) and math.isfinite(value):
+        return float(value)
+    raise CheckFailure(HINT_BYTES_TYPE.format(call=call, value=describe(value)))
+
+
+def judge_counts(cases: Sequence[Sequence[Any]], counts: Sequence[int | float]) -> str | None:
+    """Feedback on counts (ints, or floats the learner returned); shared with the hidden test."""
+    floats = [(case, c) for case, c in zip(cases, counts) if isinstance(c, float)]
+    if floats and all(c == bytes_reference(*case) for case, c in zip(cases, counts)):
+        case, value = floats[0]
+        return HINT_BYTES_FLOAT_RIGHT.format(call=_call_text(*case), value=value)
+    problem = diagnose_bytes(cases, counts)
+    if floats:
+        case, value = floats[0]
+        return f"{problem}. And {HINT_BYTES_FLOAT.format(value=value)}"  # a float with a wrong value: problem is set
+    return problem
+
+
+def _config(n_layers: int, n_heads: int, n_kv_heads: int | None, d_head: int | None, d_model: int, n_ctx: int
+            ) -> ModelConfig:
+    return ModelConfig(d_vocab=100, n_ctx=n_ctx, d_model=d_model, n_layers=n_layers, n_heads=n_heads,
+                       n_kv_heads=n_kv_heads, d_head=d_head, d_mlp=4 * d_model)
+
+
+# Grouped heads (n_kv_heads < n_heads), d_head given apart from d_model / n_heads, every dtype, batches > 1,
+# n_tokens != n_ctx: each mistake (and each pair and triple of them) changes the counts in its own way.
+BYTES_CASES = (
+    (_config(6, 8, 2, 48, 512, 2048), 100, 3, "float16"),
+    (_config(4, 12, 4, 40, 384, 1024), 1000, 2, "float32"),
+    (_config(80, 64, 8, None, 8192, 4096), 4096, 1, "bfloat16"),  # Llama 2 70B's attention, 4096 tokens
+    (_config(3, 4, None, 24, 64, 16), 7, 5, "float64"),  # multi-head, d_head 24 != 64 / 4
+    (_config(12, 12, None, None, 768, 1024), 1024, 1, "float32"),  # GPT-2 small: 72 MiB for its context
+    (_config(2, 16, 1, 8, 96, 64), 33, 6, "float16"),  # multi-query: one key/value head
+)
+
+
+@checker("the KV cache's size in bytes")
+def check_cache_bytes(cache_bytes) -> None:
+    """Check a learner's ``cache_bytes(cfg, n_tokens, batch, dtype) -> int``.
+
+    Six cases: grouped and multi-query heads, a d_head of its own (not d_model / n_heads), float16,
+    bfloat16, float32 and float64, batches of 1 to 6, n_tokens below and at n_ctx. Then the count
+    must equal what a real ``KVCache.for_model(GPT(cfg), batch, capacity=n_tokens)`` holds, in
+    float32 and bfloat16.
+
+    Only an int passes (a NumPy integer too); a float fails even when its value is right. A number of
+    bytes is a whole number, and every factor of it is an int (element_size() and itemsize included),
+    so a float shows that a / crept in (bits / 8, a per-token size in KiB); it is also what ``nbytes``
+    of a tensor or ``KVCache`` returns, and an exact count is what a memory budget is compared with.
+    """
+    counts = []
+    for case in BYTES_CASES:
+        cfg, n_tokens, batch, dtype = case
+        got = call_learner(cache_bytes, cfg, n_tokens, batch, getattr(torch, dtype), name="cache_bytes",
+                           error_hint=HINT_BYTES_CALL)
+        counts.append(_as_count(got, case))
+    problem = judge_counts(BYTES_CASES, counts)
+    if problem:
+        raise CheckFailure(problem)
+    from tfedu.kv_cache import KVCache
+    from tfedu.model import GPT
+
+    cfg = _config(3, 6, 2, 10, 48, 32)
+    for dtype in (torch.float32, torch.bfloat16):
+        model = GPT(cfg).to(dtype)
+        held = KVCache.for_model(model, batch=3, capacity=20).nbytes
+        got = call_learner(cache_bytes, cfg, 20, 3, dtype, name="cache_bytes", error_hint=HINT_BYTES_CALL)
+        expect(got == held, f"cache_bytes(cfg, 20, 3, {dtype}) = {got!r}, but a real KVCache for that model in "
+                            f"{dtype} holds {held:,} bytes (KVCache.for_model(GPT(cfg), batch=3, capacity=20).nbytes)")
+
+
+# ----------------------------------------------------------------------------- 10.3 pool_kv_weight
+
+HINT_STRIDED = (
+    "you pooled strided heads (j, j + n_kv_heads, j + 2 n_kv_heads, ...): key/value head j will serve the query "
+    "heads j*g .. j*g + g - 1 (g = n_heads // n_kv_heads, consecutive: repeat_interleave, Llama's repeat_kv), so "
+    "it must start as the mean of exactly those heads. Split the rows as (n_kv_heads, g, d_head) and average over g"
+)
+HINT_SUM = (
+    "you summed the heads of each group: take their mean, so the pooled key (value) keeps the scale of one head "
+    "(a sum makes the scores g times larger)"
+)
+HINT_FIRST_HEAD = (
+    "you kept the first head of each group: that is selection, one of the alternatives Ainslie et al. 2023 "
+    "compare (sec. 2.1, 3.3: mean pooling, the first head, random init); mean pooling works best, so average "
+    "the g heads of each group"
+)
+HINT_ROWS_TRANSPOSED = (
+    "you read the rows as (d_head, n_heads): nn.Linear's output features are the heads one after another, "
+    "head h in rows h*d_head .. (h+1)*d_head - 1, so unflatten the first axis as (n_heads, d_head), "
+    "or (n_kv_heads, g, d_head)"
+)
+HINT_TRAILING = (
+    "keep the trailing axes as they are: the first axis holds the heads, and a weight (out, in) has one more axis "
+    "while a bias (out,) has none. weight.unflatten(0, (n_kv_heads, g, d_head)), or "
+    "weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:]), works for both"
+)
+HINT_INPUT_AXIS = (
+    "you pooled the input axis: nn.Linear stores its weight as (out_features, in_features), so the heads are the "
+    "rows (the first axis); pool those and keep the columns"
+)
+HINT_POOL_SHAPE = (
+    "pool_kv_weight(weight of shape {shape}, n_heads={n_heads}, n_kv_heads={n_kv}) has shape {got}, expected "
+    "{want}: the first axis goes from n_heads * d_head rows to n_kv_heads * d_head, the trailing axes stay"
+)
+HINT_POOL_MUTATED = "your pool_kv_weight changed the caller's `{name}` in place: return a new tensor"
+HINT_POOL_CALL = (
+    "pool_kv_weight(weight, n_heads, n_kv_heads): weight has n_heads * d_head rows (a 2-D weight or a 1-D bias); "
+    "return n_kv_heads * d_head rows, each group of g = n_heads // n_kv_heads consecutive heads averaged"
+)
+
+
+def _pool_mistakes(weight: torch.Tensor, n_heads: int, n_kv: int) -> list[tuple[str, torch.Tensor]]:
+    g, d_head = n_heads // n_kv, weight.shape[0] // n_heads
+    rest = weight.shape[1:]
+    heads = weight.reshape(n_kv, g, d_head, *rest)
+    mistakes = [
+        (HINT_STRIDED, weight.reshape(g, n_kv, d_head, *rest).mean(0).flatten(0, 1)),
+        (HINT_SUM, heads.sum(1).flatten(0, 1)),
+        (HINT_FIRST_HEAD, heads[:, 0].flatten(0, 1)),
+        (HINT_ROWS_TRANSPOSED, weight.reshape(d_head, n_kv, g, *rest).mean(2).flatten(0, 1)),
+        (HINT_TRAILING, heads.mean(1).reshape(n_kv * d_head, -1)),  # a bias comes back (rows, 1)
+    ]
+    if weight.dim() == 2 and weight.shape[1] % n_heads == 0:
+        mistakes.append((HINT_INPUT_AXIS, weight.unflatten(1, (n_kv, g, -1)).mean(2).flatten(1)))
+    return mistakes
+
+
+def diagnose_pool(got: Any, weight: torch.Tensor, n_heads: int, n_kv: int) -> None:
+    """Raise CheckFailure naming what is wrong with ``got``; shared with the hidden test."""
+    want = pool_kv_weight(weight, n_heads, n_kv)
+    if isinstance(got, torch.Tensor) and not (got.shape == want.shape and is_close(got, want)):
+        for hint, wrong in _pool_mistakes(weight, n_heads, n_kv):
+            if is_close(got, wrong) and not is_close(wrong, want):
+                raise CheckFailure(hint)
+        if got.shape != want.shape:
+            raise CheckFailure(HINT_POOL_SHAPE.format(shape=tuple(weight.shape), n_heads=n_heads, n_kv=n_kv,
+                                                      got=tuple(got.shape), want=tuple(want.shape)))
+    what = f"pool_kv_weight(weight of shape {tuple(weight.shape)}, n_heads={n_heads}, n_kv_heads={n_kv})"
+    compare(got, want, what=what)
+
+
+def _check_pool_call(fn: Any, weight: torch.Tensor, n_heads: int, n_kv: int) -> None:
+    error_hint = HINT_TRAILING if weight.dim() != 2 else HINT_POOL_CALL
+    got = call_on_copies(fn, {"weight": weight, "n_heads": n_heads, "n_kv_heads": n_kv}, name="pool_kv_weight",
+                         mutated_hint=HINT_POOL_MUTATED, error_hint=error_hint)
+    diagnose_pool(got, weight, n_heads, n_kv)
+
+
+# (rows as n_heads, d_head; trailing axes; n_heads; n_kv_heads): groups of 3, 2 and 4 heads, multi-query,
+# no pooling at all, a bias and a weight with two trailing axes. d_head != n_heads, so a transposed read shows.
+POOL_CASES = (((6, 4), (12,), 6, 2), ((8, 3), (16,), 8, 4), ((4, 5), (8,), 4, 1), ((6, 2), (6,), 6, 6),
+              ((6, 4), (), 6, 3), ((8, 3), (2, 5), 8, 2), ((12, 2), (12,), 12, 3))
+
+
+@checker("pooling key/value heads")
+def check_pool_kv_weight(pool_kv_weight) -> None:
+    """Check a learner's ``pool_kv_weight(weight, n_heads, n_kv_heads) -> Tensor``.
+
+    Weights (n_heads * d_head, d_model) with groups of 2 to 4 heads, multi-query (one key/value head)
+    and no pooling (n_kv_heads = n_heads); then a 1-D bias and a weight with two trailing axes.
+    """
+    for seed, ((n_heads, d_head), rest, _, n_kv) in enumerate(POOL_CASES):
+        _check_pool_call(pool_kv_weight, seeded_randn(seed, n_heads * d_head, *rest), n_heads, n_kv)
+
+
+# ----------------------------------------------------------------------------- probes
+
+# decode_step: from an empty cache through several steps, each from the reference's cache (drawn with the inputs).
+DECODE_PROBE_RUN = HELPERS + """\
+_results = [_call(decode_step, *(torch.from_numpy(_a) for _a in _step)) for _step in inputs['steps']]
+_ok = lambda _r: isinstance(_r, (tuple, list)) and len(_r) == 3 and all(isinstance(_t, torch.Tensor) for _t in _r)
+outputs = {'returned': ['a triple' if _ok(_r) else _kind(_r) for _r in _results], 'mutated': _MUTATED,
+           'results': [[_array(_t) for _t in _r] if _ok(_r) else None for _r in _results]}
+del _results, _ok
+""" + CLEANUP
+
+
+def _decode_probe_inputs(rng: np.random.Generator) -> dict:
+    batch, n_heads = int(rng.integers(1, 4)), int(rng.integers(2, 5))
+    d_head = int(rng.choice([3, 5, 6, 7, 10, 12]))  # no square: 1/sqrt(d_head) is not a round number
+    draw = lambda pos: (1.5 * rng.standard_normal((batch, n_heads, pos, d_head))).astype(np.float32)  # noqa: E731
+    k_cache, v_cache = torch.from_numpy(draw(0)), torch.from_numpy(draw(0))
+    steps = []
+    for _ in range(int(rng.integers(4, 7))):
+        q, k_new, v_new = draw(1), draw(1), draw(1)
+        steps.append([q, k_new, v_new, as_array(k_cache), as_array(v_cache)])
+        _, k_cache, v_cache = reference_decode_step(*(torch.from_numpy(a) for a in (q, k_new, v_new)), k_cache, v_cache)
+    return {"steps": steps}
+
+
+def _decode_probe_reference(inputs: dict) -> dict:
+    results = [[as_array(t) for t in reference_decode_step(*(torch.from_numpy(a) for a in step))]
+               for step in inputs["steps"]]
+    return {"returned": ["a triple"] * len(results), "results": results, "steps": inputs["steps"]}
+
+
+def _tensor(value: Any) -> Any:
+    return torch.from_numpy(np.array(value)) if isinstance(value, (np.ndarray, list)) else value
+
+
+def _compare_decode(outputs: dict, expected: dict) -> str | None:
+    kinds = {k: HINT_DECODE_CALL for k in ("tensor", "a tuple of two tensors")}
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="decode_step", kind_hints=kinds)
+    if problem:
+        return problem
+    results = outputs.get("results")
+    if not isinstance(results, list) or len(results) != len(expected["steps"]):
+        return "decode_step's hidden test did not run every step"
+    for step, (got, inputs) in enumerate(zip(results, expected["steps"])):
+        pos = np.shape(inputs[3])[2]
+        try:
+            diagnose_decode_step([_tensor(t) for t in got], *(torch.from_numpy(a) for a in inputs),
+                                 f"hidden test, step {step + 1} ({pos} cached positions)")
+        except CheckFailure as failure:
+            return str(failure)
+    return None
+
+
+# cache_bytes: fresh configs (grouped heads, a d_head of their own), drawn until every mistake shows apart.
+BYTES_PROBE_RUN = HELPERS + """\
+from tfedu.config import ModelConfig as _Config
+_results = [cache_bytes(_Config(**_cfg), _n, _b, getattr(torch, _d)) for _cfg, _n, _b, _d in inputs['cases']]
+outputs = {'returned': [_kind(_r) for _r in _results],
+           'counts': [int(_r) if isinstance(_r, (int, np.integer)) and not isinstance(_r, (bool, np.bool_)) else None
+                      for _r in _results],
+           'floats': [float(_r) if isinstance(_r, (float, np.floating)) else None for _r in _results]}
+del _Config, _results
+""" + CLEANUP
+
+
+def _bytes_probe_inputs(rng: np.random.Generator) -> dict:
+    while True:
+        cases = []
+        for _ in range(6):
+            n_heads = int(rng.choice([4, 6, 8, 12, 16, 32, 64]))
+            n_kv = int(rng.choice([d for d in range(1, n_heads + 1) if n_heads % d == 0]))
+            d_head = int(rng.choice([16, 24, 40, 64, 80, 96, 128]))
+            d_model = n_heads * int(rng.choice([16, 24, 32, 48, 64, 80, 96, 128]))  # often != n_heads * d_head
+            n_ctx = int(rng.choice([256, 512, 1024, 2048, 4096, 8192]))
+            cfg = {"d_vocab": 100, "n_ctx": n_ctx, "d_model": d_model, "n_layers": int(rng.integers(1, 97)),
+                   "n_heads": n_heads, "n_kv_heads": n_kv, "d_head": d_head, "d_mlp": 4 * d_model}  # d_mlp given: no
+            # derivation inside the grader's watch
+            cases.append([cfg, int(rng.integers(1, n_ctx)), int(rng.integers(1, 9)), str(rng.choice(DTYPES))])
+        if separates_mistakes(cases):
+            return {"cases": cases}
+
+
+def _bytes_probe_reference(inputs: dict) -> dict:
+    return {"cases": inputs["cases"], "counts": [bytes_reference(*case) for case in inputs["cases"]]}
+
+
+def _compare_bytes(outputs: dict, expected: dict) -> str | None:
+    if not isinstance(outputs, dict) or not all(isinstance(outputs.get(k), list) for k in ("returned", "counts", "floats")):
+        return "the hidden test's outputs should be a dict of lists"
+    cases = expected["cases"]
+    if not len(outputs["counts"]) == len(outputs["floats"]) == len(cases):
+        return f"cache_bytes should have been called {len(cases)} times"
+    counts = []
+    for case, kind, count, value in zip(cases, outputs["returned"], outputs["counts"], outputs["floats"]):
+        if count is None and value is None:
+            return HINT_BYTES_TYPE.format(call=_call_text(*case), value=kind)
+        counts.append(int(count) if count is not None else float(value))
+    return judge_counts(cases, counts)
+
+
+# pool_kv_weight: weights and biases with fresh sizes and groups.
+POOL_PROBE_RUN = HELPERS + """\
+_results = [_call(pool_kv_weight, torch.from_numpy(_w), _h, _g) for _w, _h, _g in zip(inputs['weights'],
+            inputs['n_heads'], inputs['n_kv_heads'])]
+outputs = {'returned': [_kind(_r) for _r in _results], 'mutated': _MUTATED, 'pooled': [_array(_r) for _r in _results]}
+del _results
+""" + CLEANUP
+
+
+def _pool_probe_inputs(rng: np.random.Generator) -> dict:
+    weights, heads, kvs = [], [], []
+    for trailing in ("d_model", (), "d_model", (2, int(rng.integers(2, 5)))):  # weights, a bias, two trailing axes
+        n_kv = int(rng.integers(1, 4))
+        n_heads = n_kv * int(rng.integers(2, 5))
+        d_head = int(rng.integers(2, 6))
+        if trailing == "d_model":  # the input width of W_K, W_V: d_model, a multiple of n_heads
+            trailing = (n_heads * int(rng.integers(1, 4)),)
+        weights.append(rng.standard_normal((n_heads * d_head, *trailing)).astype(np.float32))
+        heads.append(n_heads)
+        kvs.append(n_kv)
+    return {"weights": weights, "n_heads": heads, "n_kv_heads": kvs}
+
+
+def _pool_probe_reference(inputs: dict) -> dict:
+    pooled = [as_array(pool_kv_weight(torch.from_numpy(w), h, g))
+              for w, h, g in zip(inputs["weights"], inputs["n_heads"], inputs["n_kv_heads"])]
+    return {"returned": ["tensor"] * len(pooled), "pooled": pooled, "inputs": inputs}
+
+
+def _compare_pool(outputs: dict, expected: dict) -> str | None:
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="pool_kv_weight")
+    if problem:
+        return problem
+    pooled, inputs = outputs.get("pooled"), expected["inputs"]
+    if not isinstance(pooled, list) or len(pooled) != len(inputs["weights"]):
+        return "pool_kv_weight's hidden test did not run every case"
+    for got, weight, n_heads, n_kv in zip(pooled, inputs["weights"], inputs["n_heads"], inputs["n_kv_heads"]):
+        try:
+            diagnose_pool(_tensor(got), torch.from_numpy(weight), n_heads, n_kv)
+        except CheckFailure as failure:
+            return str(failure)
+    return None
+
+
+DECODE_FORBIDDEN = ("tfedu.kv_cache", "tfedu.attention", "tfedu.flash", "tfedu.layers", "tfedu.model", "tfedu.generate",
+                    "tfedu.mla", *FUSED_ATTENTION)
+
+PROBES = {
+    "check_decode_step": Probe(
+        exercise="ex_decode_step", make_inputs=_decode_probe_inputs, run=DECODE_PROBE_RUN,
+        reference=_decode_probe_reference, compare=_compare_decode, forbidden=DECODE_FORBIDDEN),
+    "check_cache_bytes": Probe(
+        exercise="ex_cache_bytes", make_inputs=_bytes_probe_inputs, run=BYTES_PROBE_RUN,
+        reference=_bytes_probe_reference, compare=_compare_bytes,
+        forbidden=("tfedu.kv_cache", "tfedu.mla", "tfedu.model", "tfedu.layers")),
+    "check_pool_kv_weight": Probe(
+        exercise="ex_pool_kv_weight", make_inputs=_pool_probe_inputs, run=POOL_PROBE_RUN,
+        reference=_pool_probe_reference, compare=_compare_pool, forbidden=("tfedu.kv_cache", "tfedu.model")),
+}
