@@ -144,6 +144,7 @@ def test_the_front_mistake_gives_the_right_z():
 
 def bytes_variant(cfg, n_tokens, batch, dtype, mistakes=()):
     per_number = 4 if "four bytes" in mistakes else torch.empty((), dtype=dtype).element_size()
+    per_number = 1 if "numbers" in mistakes else per_number
     heads = cfg.n_heads if "n_heads" in mistakes else cfg.n_kv_heads
     d_head = cfg.d_model // cfg.n_heads if "derived d_head" in mistakes else cfg.d_head
     width = cfg.d_model if "d_model" in mistakes else heads * d_head
@@ -159,6 +160,7 @@ BYTES_MISTAKES = [
     (("d_model",), "you used d_model"), (("derived d_head",), "d_head as d_model // n_heads"),
     (("n_heads", "derived d_head"), "you used d_model"), (("no batch",), "batch is missing"), (("no layers",), "n_layers is missing"),
     (("four bytes",), "assumed 4 bytes"), (("bits",), "bits, not bytes"), (("n_ctx",), "cfg.n_ctx"),
+    (("numbers",), "you counted numbers, not bytes"),
     (("float",), "a float with the right value"), (("float", "bits"), "bits, not bytes"),
     (("keys only", "four bytes"), "the 2 is missing: the cache holds a key AND a value vector per layer, key/value "
                                   "head and token; and you assumed 4 bytes"),

@@ -290,3 +290,23 @@ def test_pool_kv_heads_copies_everything_else_and_takes_another_pooling():
     assert torch.equal(block.W_Q.weight, source.W_Q.weight) and block.W_Q.weight is not source.W_Q.weight
     with pytest.raises(ValueError, match="dividing the model's n_kv_heads=4"):
         pool_kv_heads(model, 3)
+
+
+# ----------------------------------------------------------------------------- on a GPU (skipped without one)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_cuda_the_cache_lives_on_the_gpu_and_gives_the_uncached_tokens(dtype):
+    model = tiny(positional="rope", n_kv_heads=2, attention="sdpa").to("cuda", dtype)
+    cache = KVCache.for_model(model, batch=2)
+    assert cache.layers[0].keys.device.type == "cuda" and cache.layers[0].keys.dtype == dtype
+    ids = prompts().cuda()
+    assert torch.equal(generate(model, ids, 15), generate(model, ids, 15, use_cache=False))
+
+    def sample(use_cache):
+        return generate(model, ids, 15, do_sample=True, top_k=10, use_cache=use_cache,
+                        generator=torch.Generator(device="cuda").manual_seed(0))
+
+    assert torch.equal(sample(True), sample(False))
+    assert torch.equal(beam_search(model, ids, 8, num_beams=3), beam_search(model, ids, 8, num_beams=3, use_cache=False))

@@ -164,7 +164,7 @@ def _last_logits(
     """The next-token logits after ``ids``, the context cropped to the model's last n_ctx tokens.
 
     With ``kv_cache``, which must hold the keys and values of ``ids[:, :kv_cache.length]``, only the
-    tokens after those are run. Past n_ctx a cache cannot slide (every position would move), so it is
+    tokens after those are run. Past n_ctx a cache cannot slide (its keys saw the tokens a crop drops), so it is
     emptied and filled again from the last n_ctx tokens: the context the uncached path crops to.
     """
     n_ctx = model.cfg.n_ctx

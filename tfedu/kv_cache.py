@@ -28,9 +28,13 @@ positions. Fewer key/value heads (grouped-query attention, Ainslie et al. 2023; 
 - ``pool_kv_heads``: a model converted to fewer key/value heads by averaging the heads of each group
   (Ainslie et al. 2023, sec. 2.1), the starting point of grouped-query uptraining.
 
-A cache cannot slide its window past ``n_ctx``: every position's vector (learned, sinusoidal) or
-rotation (RoPE) would change, so the keys held would all be wrong. Overflowing it is an error;
-``tfedu.generate.generate`` starts again from the last n_ctx tokens instead.
+A cache cannot slide its window past ``n_ctx`` and still give what the uncached path gives (it crops
+the context to the last n_ctx tokens and computes them again): past the first block, every cached key
+and value came from hidden states that attended to the tokens a crop drops, and learned or sinusoidal
+position vectors would all have to shift. (RoPE alone would not forbid sliding, since its scores depend
+only on offsets; models trained with sliding-window attention keep a rolling cache, e.g. Mistral 7B,
+Jiang et al. 2023, sec. 2.) Overflowing it is an error; ``tfedu.generate.generate`` starts again from
+the last n_ctx tokens instead.
 
 >>> from tfedu.config import preset
 >>> from tfedu.model import GPT
@@ -143,8 +147,8 @@ class LayerKVCache:
         if start + n_new > capacity:
             raise ValueError(
                 f"KV cache full: it holds {start} of its {capacity} positions and {n_new} more were appended. "
-                "A cache cannot slide its window (every cached key would need new positions): start a fresh one "
-                "from the last tokens instead"
+                "A cache cannot slide its window and match the uncached model (past the first block, cached keys saw the "
+                "tokens a crop drops): start a fresh one from the last tokens instead"
             )
         self.keys[:, :, start:start + n_new] = k
         self.values[:, :, start:start + n_new] = v
@@ -232,8 +236,8 @@ class KVCache:
             limit = f"n_ctx={n_ctx}" if self.capacity == n_ctx else f"its capacity={self.capacity} (n_ctx={n_ctx})"
             raise ValueError(
                 f"KV cache overflow: {n_new} new token(s) after the {start} already cached make {start + n_new} "
-                f"positions, more than {limit}. A cache cannot slide its window (every position's vector or "
-                f"rotation would change): start again with the last tokens, e.g. cache.reset(); "
+                f"positions, more than {limit}. A cache cannot slide its window and match the uncached model (past "
+                f"the first block, cached keys saw the tokens a crop drops): start again with the last tokens, e.g. cache.reset(); "
                 f"model(ids[:, -{n_ctx}:], kv_cache=cache)"
             )
         return start

@@ -315,15 +315,20 @@ HINT_FOUR_BYTES = (
     "ask torch, torch.empty((), dtype=dtype).element_size() or dtype.itemsize"
 )
 HINT_BITS = "the count is 8 times too large: bits, not bytes (element_size() and itemsize are already in bytes)"
+HINT_NO_BYTES = (
+    "you counted numbers, not bytes: multiply by the bytes each number takes in dtype, dtype.itemsize "
+    "(or torch.empty((), dtype=dtype).element_size()): 4 in float32, 2 in float16 and bfloat16"
+)
 HINT_N_CTX = (
     "you used cfg.n_ctx, the longest context the model accepts, where the question is about n_tokens positions: "
     "the cache grows with the tokens held, use the n_tokens argument"
 )
 BYTES_MISTAKES = (HINT_KEYS_ONLY, HINT_N_HEADS, HINT_D_MODEL, HINT_D_HEAD_DERIVED, HINT_NO_BATCH, HINT_NO_LAYERS,
-                  HINT_FOUR_BYTES, HINT_BITS, HINT_N_CTX)
+                  HINT_FOUR_BYTES, HINT_BITS, HINT_NO_BYTES, HINT_N_CTX)
 # Never in one answer: d_model replaces n_kv_heads * d_head; n_heads * (d_model // n_heads) is d_model again.
 EXCLUSIVE = (frozenset((HINT_N_HEADS, HINT_D_MODEL)), frozenset((HINT_D_MODEL, HINT_D_HEAD_DERIVED)),
-             frozenset((HINT_N_HEADS, HINT_D_HEAD_DERIVED)))
+             frozenset((HINT_N_HEADS, HINT_D_HEAD_DERIVED)), frozenset((HINT_NO_BYTES, HINT_FOUR_BYTES)),
+             frozenset((HINT_NO_BYTES, HINT_BITS)))
 HINT_BYTES_FLOAT_RIGHT = (
     "{call} returned {value!r}, a float with the right value: return an int (a number of bytes is a whole number; "
     "/ makes a float, keep to * and //)"
@@ -369,6 +374,7 @@ def _factors(cfg: ModelConfig | dict, n_tokens: int, batch: int, dtype: str) -> 
         HINT_NO_LAYERS: Fraction(1, c["n_layers"]),
         HINT_FOUR_BYTES: Fraction(4, _bytes_per_number(dtype)),
         HINT_BITS: Fraction(8),
+        HINT_NO_BYTES: Fraction(1, _bytes_per_number(dtype)),
         HINT_N_CTX: Fraction(c["n_ctx"], n_tokens),
     }
 
