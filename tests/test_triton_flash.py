@@ -31,7 +31,11 @@ DEVICE = "cuda" if GPU else "cpu"
 # Interpreter blocks are BLOCK_M 32 / BLOCK_N 16 (forward, dQ) and 16 / 32 (dK, dV): 50 and 100 are
 # ragged for both, 64 is whole, 7 is shorter than one block.
 LENGTHS = (7, 50, 64, 100)
-TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+# float32 on a GPU goes through tl.dot's TF32 (10-bit mantissa), as the kernel's docstring says: measured on
+# an H100, errors of 1.6e-3 to 5.8e-3 against SDPA in full float32. Under the interpreter tl.dot is exact float32.
+F32 = 1e-2 if GPU else 1e-4
+TOLERANCE = {torch.float32: F32, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+TILES = 1e-2 if GPU else 1e-5  # the kernel against tfedu.flash's tiles in float32 (exact float32 in torch)
 
 
 def qkv(batch, n_heads, pos, d_head, dtype=torch.float32, device=DEVICE, seed=0):
@@ -82,15 +86,15 @@ def test_log_sum_exp_is_the_rows_logsumexp(causal):
     q, k, v = qkv(1, 2, 50, 16)
     out, lse = flash_forward(q, k, v, causal=causal, scale=0.3)
     assert lse.shape == q.shape[:-1] and lse.dtype == torch.float32
-    torch.testing.assert_close(lse, reference_lse(q, k, causal, 0.3), atol=1e-4, rtol=0)
-    torch.testing.assert_close(out, reference(q, k, v, causal, scale=0.3), atol=1e-4, rtol=0)
+    torch.testing.assert_close(lse, reference_lse(q, k, causal, 0.3), atol=F32, rtol=0)
+    torch.testing.assert_close(out, reference(q, k, v, causal, scale=0.3), atol=F32, rtol=0)
 
 
 def test_scale_defaults_to_one_over_sqrt_d_head_and_can_be_set():
     q, k, v = qkv(1, 1, 20, 16)
     torch.testing.assert_close(flash_attention(q, k, v), flash_attention(q, k, v, scale=1 / math.sqrt(16)))
     torch.testing.assert_close(flash_attention(q, k, v, scale=1.0), reference(q, k, v, False, scale=1.0),
-                               atol=1e-4, rtol=0)
+                               atol=F32, rtol=0)
 
 
 def test_causal_output_ignores_the_future():
@@ -106,7 +110,7 @@ def test_non_contiguous_inputs_are_fine():
     # (batch, pos, n_heads, d_head) viewed as (batch, n_heads, pos, d_head), as a model's head split gives them.
     q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in qkv(2, 2, 33, 16))
     assert not q.is_contiguous()
-    torch.testing.assert_close(flash_attention(q, k, v), reference(q, k, v, False), atol=1e-4, rtol=0)
+    torch.testing.assert_close(flash_attention(q, k, v), reference(q, k, v, False), atol=F32, rtol=0)
 
 
 def sdpa_grads(q, k, v, do, causal):
@@ -127,7 +131,7 @@ def test_gradients_match_sdpa_in_float32(pos, d_head, causal):
     q, k, v = qkv(2, 2, pos, d_head)
     do = qkv(2, 2, pos, d_head, seed=1)[0]
     for name, ours, theirs in zip("qkv", flash_grads(q, k, v, do, causal), sdpa_grads(q, k, v, do, causal)):
-        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4, msg=lambda m: f"d{name}: {m}")
+        torch.testing.assert_close(ours, theirs, atol=F32, rtol=F32, msg=lambda m: f"d{name}: {m}")
 
 
 def test_gradients_in_float16():
@@ -155,15 +159,15 @@ def test_the_kernel_agrees_with_the_pytorch_tiles_of_tfedu_flash():
     for causal in (False, True):
         out, lse = flash_forward(q, k, v, causal=causal)
         tiles_out, tiles_lse = tiles.flash_forward(q, k, v, causal=causal, scale=None, block_q=16, block_k=16)
-        torch.testing.assert_close(out, tiles_out, atol=1e-5, rtol=0)
-        torch.testing.assert_close(lse, tiles_lse.float(), atol=1e-5, rtol=0)
+        torch.testing.assert_close(out, tiles_out, atol=TILES, rtol=0)
+        torch.testing.assert_close(lse, tiles_lse.float(), atol=TILES, rtol=0)
     # And the gradients: the same backward (D = rowsum(dO * O), P rebuilt from L), tiles in torch vs Triton.
     do = qkv(2, 2, 50, 16, seed=1)[0]
     ours = flash_grads(q, k, v, do, True)
     q2, k2, v2 = (x.detach().clone().requires_grad_() for x in (q, k, v))
     tiles.flash_attention(q2, k2, v2, causal=True, block_q=16, block_k=16).backward(do)
     for name, a, b in zip("qkv", ours, (q2.grad, k2.grad, v2.grad)):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m: f"d{name}: {m}")
+        torch.testing.assert_close(a, b, atol=TILES, rtol=TILES, msg=lambda m: f"d{name}: {m}")
 
 
 # ----------------------------------------------------------------------------- bad input
@@ -176,7 +180,7 @@ def test_the_kernel_agrees_with_the_pytorch_tiles_of_tfedu_flash():
     (lambda q: (q.int(), q.int(), q.int()), TypeError, "not supported"),
     (lambda q: (q[..., :8], q[..., :8], q[..., :8]), ValueError, "d_head = 8 is not supported"),
     (lambda q: (q[:, :, :0], q[:, :, :0], q[:, :, :0]), ValueError, "no rows"),
-    (lambda q: (q.numpy(), q, q), TypeError, "must be a torch.Tensor"),
+    (lambda q: (q.cpu().numpy(), q, q), TypeError, "must be a torch.Tensor"),
 ])
 def test_bad_input_is_named(make, error, match):
     q = qkv(1, 2, 20, 16)[0]
@@ -197,6 +201,7 @@ def test_cpu_tensors_without_the_interpreter_say_how_to_turn_it_on(monkeypatch):
         flash_attention(q, q, q)
 
 
+@pytest.mark.skipif(GPU, reason="with a GPU the interpreter is off: CPU tensors are refused before their dtype")
 def test_bfloat16_on_the_cpu_is_refused_because_the_interpreter_gets_it_wrong():
     q = qkv(1, 1, 20, 16, torch.bfloat16, device="cpu")[0]
     with pytest.raises(TypeError, match="bfloat16 is not supported by Triton's CPU interpreter"):
