@@ -9,7 +9,7 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 
 from tfedu.attention import causal_mask
 from tfedu.config import ModelConfig
-from tfedu.layers import ACTIVATIONS, MLP, Attention, Block, LayerNorm, RMSNorm, swiglu_hidden
+from tfedu.layers import ACTIVATIONS, MLP, Attention, Block, LayerNorm, RMSNorm, layer_norm_by_hand, swiglu_hidden
 from tfedu.positional import alibi_bias
 
 D_MODEL = 16
@@ -52,6 +52,19 @@ def test_layernorm_matches_torch_forward_and_gradients(dtype, shape, bias, typec
     torch.testing.assert_close(ours.weight.grad, ref.weight.grad)
     if bias:
         torch.testing.assert_close(ours.bias.grad, ref.bias.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("scale", [1.0, 1e3])
+def test_layernorm_fused_forward_equals_the_formula_by_hand(dtype, bias, scale, typechecked):
+    # forward calls F.layer_norm; layer_norm_by_hand is the formula it stands for, step by step.
+    ours = LayerNorm(D_MODEL, bias=bias).to(dtype)
+    _randomise(ours)
+    x = _x(2, 5, D_MODEL, dtype=dtype) * scale + 7 * scale  # large and off-centre too
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), typechecked(layer_norm_by_hand)(x, ours.weight, ours.bias, ours.eps))
+    assert torch.equal(layer_norm_by_hand(torch.full((1, 4), 7.0), torch.ones(4), None), torch.zeros(1, 4))
 
 
 def test_layernorm_state_dict_and_names():

@@ -6,7 +6,8 @@ attention's job (``tfedu.attention``); these layers rescale and transform what e
 holds.
 
 - ``LayerNorm`` (Ba et al. 2016, eq. 4): centre, divide by the standard deviation, then a
-  learned gain and bias. The original Transformer and GPT-2 use it.
+  learned gain and bias. The original Transformer and GPT-2 use it. ``layer_norm_by_hand``
+  spells the steps out; the module runs the same formula fused (``F.layer_norm``).
 - ``RMSNorm`` (Zhang & Sennrich 2019, eq. 4): only divide by the root mean square; no
   centring, no bias. Llama and most later models use it.
 - ``MLP``: the position-wise feed-forward network (Vaswani et al. 2017, eq. 2),
@@ -69,17 +70,43 @@ def _check_input(layer: str, x: object, d_model: int) -> None:
 # ----------------------------------------------------------------------------- norms
 
 
+def layer_norm_by_hand(
+    x: Float[Tensor, "... d_model"], weight: Float[Tensor, "d_model"], bias: Float[Tensor, "d_model"] | None,
+    eps: float = 1e-5,
+) -> Float[Tensor, "... d_model"]:
+    """LayerNorm's formula step by step (Ba et al. 2016, eq. 4): what ``LayerNorm.forward`` computes.
+
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``, mean and *biased* variance over the last
+    axis. ``LayerNorm`` runs the same formula through the fused ``F.layer_norm`` (one kernel instead
+    of eight: a decode step of GPT-2 small calls it 25 times); tests/test_layers.py checks the two
+    agree to float rounding. Built by hand in notebooks/07_transformer_block.ipynb (exercise 7.1).
+
+    >>> layer_norm_by_hand(torch.tensor([[1.0, 2.0, 3.0, 4.0]]), torch.ones(4), torch.zeros(4))
+    tensor([[-1.3416, -0.4472,  0.4472,  1.3416]])
+    """
+    mean = x.mean(dim=-1, keepdim=True)  # ... 1
+    centred = x - mean  # ... d_model
+    # Biased variance (1/d_model), as in Ba et al. 2016 eq. 4 and torch.nn.LayerNorm.
+    var = centred.pow(2).mean(dim=-1, keepdim=True)  # ... 1
+    # eps inside the sqrt: a constant vector gives 0 / sqrt(eps) = 0, not 0 / 0.
+    x_hat = centred / torch.sqrt(var + eps)  # ... d_model
+    out = x_hat * weight
+    return out if bias is None else out + bias
+
+
 class LayerNorm(nn.Module):
-    """Layer normalisation over the last axis, by hand (Ba et al. 2016).
+    """Layer normalisation over the last axis (Ba et al. 2016), the formula of ``layer_norm_by_hand``.
 
     ``y = (x - mean) / sqrt(var + eps) * weight + bias``, with the mean and the *biased*
     variance (divide by d_model, not d_model - 1) taken over ``d_model``. Same maths and the
     same parameter names as ``torch.nn.LayerNorm(d_model)``, so its state dict loads here.
-    ``bias=False`` drops the additive term (as GPT configs with ``bias=False`` do).
+    ``bias=False`` drops the additive term (as GPT configs with ``bias=False`` do). ``forward``
+    calls the fused ``F.layer_norm``: the same numbers as ``layer_norm_by_hand`` (tested), in one
+    kernel.
 
     >>> ln = LayerNorm(4)
-    >>> ln(torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
-    tensor([[-1.3416, -0.4472,  0.4472,  1.3416]], grad_fn=<AddBackward0>)
+    >>> ln(torch.tensor([[1.0, 2.0, 3.0, 4.0]])).detach()
+    tensor([[-1.3416, -0.4472,  0.4472,  1.3416]])
     >>> sorted(name for name, _ in ln.named_parameters())
     ['bias', 'weight']
 
@@ -101,16 +128,8 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         _check_input("LayerNorm", x, self.d_model)
-        mean = x.mean(dim=-1, keepdim=True)  # ... 1
-        centred = x - mean  # ... d_model
-        # Biased variance (1/d_model), as in Ba et al. 2016 eq. 4 and torch.nn.LayerNorm.
-        var = centred.pow(2).mean(dim=-1, keepdim=True)  # ... 1
-        # eps inside the sqrt: a constant vector gives 0 / sqrt(eps) = 0, not 0 / 0.
-        x_hat = centred / torch.sqrt(var + self.eps)  # ... d_model
-        out = x_hat * self.weight
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+        # layer_norm_by_hand's formula in one fused kernel (its eight element-wise steps cost ~10x more).
+        return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, eps={self.eps}, bias={self.bias is not None}"
