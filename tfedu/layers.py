@@ -67,6 +67,21 @@ def _check_input(layer: str, x: object, d_model: int) -> None:
         raise ValueError(f"{layer} expects shape {expected}, got shape {tuple(x.shape)} (last dim must be d_model)")
 
 
+def dropout(drop: nn.Module, x: Tensor) -> Tensor:
+    """``drop(x)``, or ``x`` itself without the module call when ``drop`` is an ``nn.Dropout`` that would return it.
+
+    In eval mode, or with ``p = 0``, dropout is the identity; skipping the call saves a few
+    microseconds per sub-layer, which count when a decode step runs one position through 12 blocks.
+
+    >>> x = torch.ones(3)
+    >>> dropout(nn.Dropout(0.5).eval(), x) is x, dropout(nn.Dropout(0.0), x) is x
+    (True, True)
+    """
+    if isinstance(drop, nn.Dropout) and (not drop.training or drop.p == 0):
+        return x
+    return drop(x)
+
+
 # ----------------------------------------------------------------------------- norms
 
 
@@ -466,13 +481,13 @@ class Block(nn.Module):
 
     @property
     def has_cross_attention(self) -> bool:
-        return hasattr(self, "cross_attn")
+        return "cross_attn" in self._modules  # (hasattr goes through nn.Module.__getattr__'s AttributeError: slow)
 
     def _sublayer(self, resid: Tensor, norm: nn.Module, layer: Callable[[Tensor], Tensor], hook: nn.Module) -> Tensor:
         """One residual sub-layer, pre- or post-norm; ``hook`` sees the sub-layer's output."""
         if self.norm_position == "pre":
-            return resid + hook(self.drop(layer(norm(resid))))  # x + F(norm(x))
-        return norm(resid + hook(self.drop(layer(resid))))  # norm(x + F(x))
+            return resid + hook(dropout(self.drop, layer(norm(resid))))  # x + F(norm(x))
+        return norm(resid + hook(dropout(self.drop, layer(resid))))  # norm(x + F(x))
 
     def forward(
         self,
