@@ -3,6 +3,7 @@
 import doctest
 import math
 
+import einops
 import pytest
 import torch
 import torch.nn.functional as F
@@ -524,3 +525,13 @@ def test_bad_bias_is_named(bias, error, words):
     q = k = v = torch.randn(3, 6, 8)
     with pytest.raises(error, match=words):
         scaled_dot_product_attention(q, k, v, bias=bias)
+
+
+@pytest.mark.parametrize("n_heads", [None, 2])
+def test_split_and_merge_heads_are_the_einops_rearranges_and_inverse(n_heads):
+    mha = MultiHeadAttention(d_model=12, n_heads=4)
+    x = torch.randn(2, 5, 12, generator=torch.Generator().manual_seed(0))
+    heads = mha.split_heads(x, n_heads)
+    expected = einops.rearrange(x, "batch pos (n_heads d_head) -> batch n_heads pos d_head", n_heads=n_heads or 4)
+    assert torch.equal(heads, expected) and heads.data_ptr() == x.data_ptr()  # a view, no copy
+    assert torch.equal(mha.merge_heads(heads), x)

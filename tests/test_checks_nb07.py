@@ -114,9 +114,15 @@ def module_layer_norm(x, weight, bias, eps=1e-5):
 
 def test_layer_norm_reference_and_learner_solutions_pass(capsys):
     for fn in (solution("ex_layer_norm")["layer_norm"], make_layer_norm(), var_mean_layer_norm, unbiased_false_layer_norm,
-               nb07.reference_layer_norm, module_layer_norm):
+               nb07.reference_layer_norm, layers.layer_norm_by_hand):
         nb07.check_layer_norm(fn)
     assert capsys.readouterr().out.count("\N{CHECK MARK} layer norm: all checks passed") == 6
+
+
+def test_layer_norm_handed_to_tfedus_module_is_refused_as_fused():
+    # tfedu.layers.LayerNorm runs F.layer_norm (the grader's scan refuses tfedu.layers here anyway).
+    with pytest.raises(CheckFailure, match="tfedu.layers.LayerNorm"):
+        nb07.check_layer_norm(module_layer_norm)
 
 
 @pytest.mark.parametrize(

@@ -99,6 +99,12 @@ def test_generate_runs_in_eval_mode_without_grad_and_restores_the_training_flag(
     assert torch.equal(out, generate(model, ids, 6))  # no dropout while generating: deterministic
     assert torch.equal(out, generate(model.eval(), ids, 6))
     assert not out.requires_grad
+    # Decoding runs under inference_mode, but what it returns is an ordinary tensor: a model can train on it.
+    assert not out.is_inference()
+    model.train()
+    _, loss = model(out[:, :-1], targets=out[:, 1:])
+    loss.backward()
+    assert model.embed.weight.grad is not None
 
 
 def test_zero_new_tokens_returns_the_prompt(models):

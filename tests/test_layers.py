@@ -9,7 +9,9 @@ from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, L
 
 from tfedu.attention import causal_mask
 from tfedu.config import ModelConfig
-from tfedu.layers import ACTIVATIONS, MLP, Attention, Block, LayerNorm, RMSNorm, swiglu_hidden
+from tfedu.layers import (
+    ACTIVATIONS, MLP, Attention, Block, LayerNorm, RMSNorm, dropout, layer_norm_by_hand, swiglu_hidden,
+)
 from tfedu.positional import alibi_bias
 
 D_MODEL = 16
@@ -52,6 +54,19 @@ def test_layernorm_matches_torch_forward_and_gradients(dtype, shape, bias, typec
     torch.testing.assert_close(ours.weight.grad, ref.weight.grad)
     if bias:
         torch.testing.assert_close(ours.bias.grad, ref.bias.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("scale", [1.0, 1e3])
+def test_layernorm_fused_forward_equals_the_formula_by_hand(dtype, bias, scale, typechecked):
+    # forward calls F.layer_norm; layer_norm_by_hand is the formula it stands for, step by step.
+    ours = LayerNorm(D_MODEL, bias=bias).to(dtype)
+    _randomise(ours)
+    x = _x(2, 5, D_MODEL, dtype=dtype) * scale + 7 * scale  # large and off-centre too
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), typechecked(layer_norm_by_hand)(x, ours.weight, ours.bias, ours.eps))
+    assert torch.equal(layer_norm_by_hand(torch.full((1, 4), 7.0), torch.ones(4), None), torch.zeros(1, 4))
 
 
 def test_layernorm_state_dict_and_names():
@@ -489,3 +504,18 @@ def test_block_context_errors():
         Block(_block_config(), cross_attention=True)(x)
     with pytest.raises(ValueError, match="has no cross-attention.*cross_attention=True"):
         Block(_block_config())(x, context=x)
+
+
+def test_dropout_skips_only_a_no_op_dropout_module():
+    x = torch.ones(1000)
+    assert dropout(torch.nn.Dropout(0.5).eval(), x) is x  # eval: the identity, no call
+    assert dropout(torch.nn.Dropout(0.0), x) is x  # p = 0: the identity too
+    dropped = dropout(torch.nn.Dropout(0.5).train(), x)
+    assert (dropped == 0).any() and torch.equal(dropped[dropped != 0], torch.full_like(dropped[dropped != 0], 2.0))
+    doubled = dropout(_Double().eval(), x)  # not an nn.Dropout: always called, even in eval
+    assert torch.equal(doubled, 2 * x)
+
+
+class _Double(torch.nn.Module):
+    def forward(self, x):
+        return 2 * x

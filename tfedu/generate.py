@@ -220,7 +220,10 @@ def generate(
 
     The context is cropped to the model's last ``cfg.n_ctx`` tokens before each forward pass, so
     generation can run past the context length (each new token then sees only the last n_ctx).
-    Runs in eval mode (no dropout) under ``torch.no_grad()`` and puts the model's training flag back.
+    Runs in eval mode (no dropout) under ``torch.inference_mode()`` (no autograd bookkeeping at all,
+    cheaper per op than ``no_grad``) and puts the model's training flag back. The ids returned are an
+    ordinary tensor, fine to train on; a tensor a hook keeps from inside the call is an inference
+    tensor (``.clone()`` it outside before it meets autograd).
 
     ``use_cache=True`` (the default) keeps a KV cache (``tfedu.kv_cache.KVCache``) when the model
     can (``model.supports_kv_cache``: a ``GPT``; an ``Encoder`` or a model without it decodes
@@ -243,7 +246,7 @@ def generate(
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
+        with torch.inference_mode():
             kv_cache = _new_cache(model, *ids.shape, max_new_tokens, use_cache)
             done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)  # batch
             for _ in range(max_new_tokens):
@@ -258,11 +261,14 @@ def generate(
                     next_id = next_id.masked_fill(done, eos_token_id)  # a finished row only pads
                     done = done | (next_id == eos_token_id)
                 ids = torch.cat([ids, next_id[:, None].to(ids.dtype)], dim=1)
-                if bool(done.all()):
+                # Only a row that can end can stop the loop (bool() waits for the device: skip it otherwise).
+                if eos_token_id is not None and bool(done.all()):
                     break
     finally:
         model.train(was_training)
-    return ids
+    # A tensor made under inference_mode can never enter autograd (an embedding saves its ids for the
+    # backward pass); its clone made out here is an ordinary tensor.
+    return ids.clone()
 
 
 # ----------------------------------------------------------------------------- beam search

@@ -6,7 +6,8 @@ attention's job (``tfedu.attention``); these layers rescale and transform what e
 holds.
 
 - ``LayerNorm`` (Ba et al. 2016, eq. 4): centre, divide by the standard deviation, then a
-  learned gain and bias. The original Transformer and GPT-2 use it.
+  learned gain and bias. The original Transformer and GPT-2 use it. ``layer_norm_by_hand``
+  spells the steps out; the module runs the same formula fused (``F.layer_norm``).
 - ``RMSNorm`` (Zhang & Sennrich 2019, eq. 4): only divide by the root mean square; no
   centring, no bias. Llama and most later models use it.
 - ``MLP``: the position-wise feed-forward network (Vaswani et al. 2017, eq. 2),
@@ -66,20 +67,61 @@ def _check_input(layer: str, x: object, d_model: int) -> None:
         raise ValueError(f"{layer} expects shape {expected}, got shape {tuple(x.shape)} (last dim must be d_model)")
 
 
+def dropout(drop: nn.Module, x: Tensor) -> Tensor:
+    """``drop(x)``, or ``x`` itself without the module call when ``drop`` is an ``nn.Dropout`` that would return it.
+
+    In eval mode, or with ``p = 0``, dropout is the identity; skipping the call saves a few
+    microseconds per sub-layer, which count when a decode step runs one position through 12 blocks.
+
+    >>> x = torch.ones(3)
+    >>> dropout(nn.Dropout(0.5).eval(), x) is x, dropout(nn.Dropout(0.0), x) is x
+    (True, True)
+    """
+    if isinstance(drop, nn.Dropout) and (not drop.training or drop.p == 0):
+        return x
+    return drop(x)
+
+
 # ----------------------------------------------------------------------------- norms
 
 
+def layer_norm_by_hand(
+    x: Float[Tensor, "... d_model"], weight: Float[Tensor, "d_model"], bias: Float[Tensor, "d_model"] | None,
+    eps: float = 1e-5,
+) -> Float[Tensor, "... d_model"]:
+    """LayerNorm's formula step by step (Ba et al. 2016, eq. 4): what ``LayerNorm.forward`` computes.
+
+    ``y = (x - mean) / sqrt(var + eps) * weight + bias``, mean and *biased* variance over the last
+    axis. ``LayerNorm`` runs the same formula through the fused ``F.layer_norm`` (one kernel instead
+    of eight: a decode step of GPT-2 small calls it 25 times); tests/test_layers.py checks the two
+    agree to float rounding. Built by hand in notebooks/07_transformer_block.ipynb (exercise 7.1).
+
+    >>> layer_norm_by_hand(torch.tensor([[1.0, 2.0, 3.0, 4.0]]), torch.ones(4), torch.zeros(4))
+    tensor([[-1.3416, -0.4472,  0.4472,  1.3416]])
+    """
+    mean = x.mean(dim=-1, keepdim=True)  # ... 1
+    centred = x - mean  # ... d_model
+    # Biased variance (1/d_model), as in Ba et al. 2016 eq. 4 and torch.nn.LayerNorm.
+    var = centred.pow(2).mean(dim=-1, keepdim=True)  # ... 1
+    # eps inside the sqrt: a constant vector gives 0 / sqrt(eps) = 0, not 0 / 0.
+    x_hat = centred / torch.sqrt(var + eps)  # ... d_model
+    out = x_hat * weight
+    return out if bias is None else out + bias
+
+
 class LayerNorm(nn.Module):
-    """Layer normalisation over the last axis, by hand (Ba et al. 2016).
+    """Layer normalisation over the last axis (Ba et al. 2016), the formula of ``layer_norm_by_hand``.
 
     ``y = (x - mean) / sqrt(var + eps) * weight + bias``, with the mean and the *biased*
     variance (divide by d_model, not d_model - 1) taken over ``d_model``. Same maths and the
     same parameter names as ``torch.nn.LayerNorm(d_model)``, so its state dict loads here.
-    ``bias=False`` drops the additive term (as GPT configs with ``bias=False`` do).
+    ``bias=False`` drops the additive term (as GPT configs with ``bias=False`` do). ``forward``
+    calls the fused ``F.layer_norm``: the same numbers as ``layer_norm_by_hand`` (tested), in one
+    kernel.
 
     >>> ln = LayerNorm(4)
-    >>> ln(torch.tensor([[1.0, 2.0, 3.0, 4.0]]))
-    tensor([[-1.3416, -0.4472,  0.4472,  1.3416]], grad_fn=<AddBackward0>)
+    >>> ln(torch.tensor([[1.0, 2.0, 3.0, 4.0]])).detach()
+    tensor([[-1.3416, -0.4472,  0.4472,  1.3416]])
     >>> sorted(name for name, _ in ln.named_parameters())
     ['bias', 'weight']
 
@@ -101,16 +143,8 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         _check_input("LayerNorm", x, self.d_model)
-        mean = x.mean(dim=-1, keepdim=True)  # ... 1
-        centred = x - mean  # ... d_model
-        # Biased variance (1/d_model), as in Ba et al. 2016 eq. 4 and torch.nn.LayerNorm.
-        var = centred.pow(2).mean(dim=-1, keepdim=True)  # ... 1
-        # eps inside the sqrt: a constant vector gives 0 / sqrt(eps) = 0, not 0 / 0.
-        x_hat = centred / torch.sqrt(var + self.eps)  # ... d_model
-        out = x_hat * self.weight
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+        # layer_norm_by_hand's formula in one fused kernel (its eight element-wise steps cost ~10x more).
+        return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, eps={self.eps}, bias={self.bias is not None}"
@@ -447,13 +481,13 @@ class Block(nn.Module):
 
     @property
     def has_cross_attention(self) -> bool:
-        return hasattr(self, "cross_attn")
+        return "cross_attn" in self._modules  # (hasattr goes through nn.Module.__getattr__'s AttributeError: slow)
 
     def _sublayer(self, resid: Tensor, norm: nn.Module, layer: Callable[[Tensor], Tensor], hook: nn.Module) -> Tensor:
         """One residual sub-layer, pre- or post-norm; ``hook`` sees the sub-layer's output."""
         if self.norm_position == "pre":
-            return resid + hook(self.drop(layer(norm(resid))))  # x + F(norm(x))
-        return norm(resid + hook(self.drop(layer(resid))))  # norm(x + F(x))
+            return resid + hook(dropout(self.drop, layer(norm(resid))))  # x + F(norm(x))
+        return norm(resid + hook(dropout(self.drop, layer(resid))))  # norm(x + F(x))
 
     def forward(
         self,

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from tfedu.config import ModelConfig
 from tfedu.kv_cache import KVCache
-from tfedu.layers import Block, make_norm
+from tfedu.layers import Block, dropout, make_norm
 from tfedu.positional import LearnedPositions, alibi_bias, sinusoidal
 
 IGNORE_INDEX = -100  # target value that the loss skips (padding, unmasked MLM positions), as in F.cross_entropy
@@ -202,7 +202,7 @@ class Transformer(nn.Module):
         if self.pos_embed is not None:
             positions = torch.arange(start, start + ids.shape[1], device=ids.device)
             resid = resid + self.hook_pos_embed(self.pos_embed(positions))  # pos d_model broadcasts
-        return self.drop(resid)
+        return dropout(self.drop, resid)
 
     def attention_bias(self, n_query: int, n_key: int, like: Tensor) -> Tensor | None:
         """ALiBi's bias for ``cfg.positional == "alibi"``, else None.

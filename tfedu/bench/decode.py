@@ -169,7 +169,8 @@ def _run(quick: bool, devices: list[str]) -> dict:
         "shape": "quick (tiny)" if quick else "gpt2 small",
         **shape,
         "n_params": sum(p.numel() for p in hf.parameters()),
-        "decoding": "greedy, batch 1, float32, under torch.no_grad; tokens/s = new tokens / seconds of the whole call",
+        "decoding": ("greedy, batch 1, float32 (tfedu's generate under torch.inference_mode, transformers' under its "
+                     "torch.no_grad); tokens/s = new tokens / seconds of the whole call"),
         **machine(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

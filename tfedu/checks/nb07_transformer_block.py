@@ -140,7 +140,7 @@ HINT_LN_GRAD = (
 
 
 def reference_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    """LayerNorm over the last dim, as ``tfedu.layers.LayerNorm`` computes it (the exercise's answer)."""
+    """LayerNorm over the last dim, as ``tfedu.layers.layer_norm_by_hand`` spells it out (the exercise's answer)."""
     mean = x.mean(dim=-1, keepdim=True)  # ... 1
     var = (x - mean).pow(2).mean(dim=-1, keepdim=True)  # ... 1, biased
     return (x - mean) / torch.sqrt(var + eps) * weight + bias
@@ -228,7 +228,7 @@ LAYER_NORM_WATCHED = tuple(
 )
 HINT_LN_FUSED = (
     "you called {route}: the exercise is to build LayerNorm yourself from mean and arithmetic "
-    "(the grader scores a fused norm zero)"
+    "(the grader scores a fused norm zero; nn.LayerNorm and tfedu.layers.LayerNorm call it too)"
 )
 
 
