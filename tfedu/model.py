@@ -237,8 +237,11 @@ class Transformer(nn.Module):
         bias = self.attention_bias(n, start + n, resid)
         layer_caches = [None] * len(blocks) if kv_cache is None else kv_cache.layers
         for block, layer_cache in zip(blocks, layer_caches, strict=True):
+            # kv_cache only when there is one: a block written before notebook 10 (a learner's, in
+            # notebook 07's switch) need not know the argument.
+            cached = {} if layer_cache is None else {"kv_cache": layer_cache}
             resid = block(resid, mask, causal=causal, positions=positions, attn_bias=bias,
-                          context=context, context_mask=context_mask, kv_cache=layer_cache)
+                          context=context, context_mask=context_mask, **cached)
         return resid
 
     def hook_points(self) -> dict[str, nn.Module]:
