@@ -1,0 +1,180 @@
+"""Checker and probe of notebook 11: each passes the reference and right alternatives, and names realistic mistakes."""
+
+import einops
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.functional import unfold as imported_unfold
+
+from tfedu.checks import nb11_beyond_text as nb11
+from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
+from tfedu.grading.scan import scan_answer
+from tfedu.vision import patchify
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def not_done(*args):
+    raise NotImplementedError
+
+
+def verdict(probe, namespace, seed):
+    outputs, expected = run_probe(probe, namespace, seed)
+    return probe.compare(outputs, expected)
+
+
+def failure_of(check, fn) -> str:
+    with pytest.raises(CheckFailure) as failure:
+        check(fn)
+    return str(failure.value)
+
+
+def rearranged(pattern):
+    """A patchify written with einops, cutting to ``pattern`` (right or wrong)."""
+    return lambda images, P: einops.rearrange(images, f"b c (h p1) (w p2) -> {pattern}", p1=P, p2=P)
+
+
+def by_reshape(images, P):
+    b, c, H, W = images.shape
+    return images.reshape(b, c, H // P, P, W // P, P).permute(0, 2, 4, 1, 3, 5).reshape(b, -1, c * P * P)
+
+
+def by_tensor_unfold(images, P, stride=None):
+    windows = images.unfold(2, P, stride or P).unfold(3, P, stride or P)  # b c rows cols P P
+    return windows.permute(0, 2, 3, 1, 4, 5).flatten(1, 2).flatten(2)
+
+
+def in_place(images, P):
+    images -= images.mean()  # "normalise" the caller's images
+    return by_reshape(images + images.mean(), P)
+
+
+RIGHT = {"reshape": by_reshape, "einops": rearranged("b (h w) (c p1 p2)"),
+         "tensor unfold": by_tensor_unfold}
+
+MISTAKES = {  # name: (wrong patchify, a phrase its hint must contain)
+    "channel last in patch": (rearranged("b (h w) (p1 p2 c)"), "flattened with the channel last ((p1 p2 c)"),
+    "patch rows and columns swapped": (rearranged("b (h w) (c p2 p1)"), "columns before the rows ((c p2 p1)"),
+    "channel in the middle": (rearranged("b (h w) (p1 c p2)"), "channel is not the first axis"),
+    "grid column by column": (rearranged("b (w h) (c p1 p2)"), "down the columns of the patch grid first ((w h))"),
+    "three at once": (rearranged("b (w h) (p2 p1 c)"), "in the wrong order in 3 ways"),
+    "channels-last input": (lambda x, P: einops.rearrange(x, "b (h p1) (w p2) c -> b (h w) (c p1 p2)", p1=P, p2=P),
+                            "treats images as (batch, height, width, channels)"),
+    "channels-last input, (p1 p2 c)": (
+        lambda x, P: einops.rearrange(x, "b (h p1) (w p2) c -> b (h w) (p1 p2 c)", p1=P, p2=P),
+        "channels last: it cuts correctly when given images.permute(0, 2, 3, 1)"),
+    "overlapping strides": (lambda x, P: by_tensor_unfold(x, P, stride=1), "your patches overlap"),
+    "stride 2 of 4": (lambda x, P: by_tensor_unfold(x, P, stride=max(1, P // 2)), "a stride of"),
+    "naive reshape": (lambda x, P: x.reshape(x.shape[0], -1, x.shape[1] * P * P), "not a P x P square"),
+    "split as (P, H/P)": (lambda x, P: einops.rearrange(x, "b c (p1 h) (p2 w) -> b (h w) (c p1 p2)", p1=P, p2=P),
+                          "strided samples"),
+    "channel not moved": (lambda x, P: rearranged("b (c h w p1 p2)")(x, P).reshape(x.shape[0], -1, x.shape[1] * P * P),
+                          "channel axis stayed in front of the grid"),
+    "transposed output": (lambda x, P: by_reshape(x, P).transpose(1, 2), "(batch, patch_dim, n_patches), transposed"),
+    "channels dropped": (lambda x, P: by_reshape(x[:, :1], P), "every channel, channels * P * P"),
+    "square grid assumed": (lambda x, P: by_reshape(x, P)[:, :(x.shape[2] // P) ** 2], "(H/P) * (W/P)"),
+    "float64": (lambda x, P: by_reshape(x.double(), P), "keep their dtype"),
+    "changed in place": (in_place, "changed the caller's `images` in place"),
+    "view after permute": (lambda x, P: x.reshape(x.shape[0], x.shape[1], x.shape[2] // P, P, x.shape[3] // P, P)
+                           .permute(0, 2, 4, 1, 3, 5).view(x.shape[0], -1, x.shape[1] * P * P), "use .reshape"),
+    "not a tensor": (lambda x, P: by_reshape(x, P).tolist(), "should return a torch.Tensor"),
+    "one patch wrong": (lambda x, P: torch.cat([by_reshape(x, P)[:, :-1], by_reshape(x, P)[:, -1:] + 1], 1),
+                        "not the reference's"),
+}
+
+
+@pytest.mark.parametrize("name", RIGHT)
+def test_patchify_passes_right_answers(name, capsys):
+    nb11.check_patchify(RIGHT[name])
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", MISTAKES)
+def test_patchify_names_each_mistake(name):
+    wrong, fragment = MISTAKES[name]
+    message = failure_of(nb11.check_patchify, wrong)
+    assert fragment in message, message
+
+
+def test_the_feedback_shows_the_learners_patches_of_a_small_image():
+    message = failure_of(nb11.check_patchify, rearranged("b (w h) (c p1 p2)"))
+    assert "torch.arange(48.).reshape(1, 2, 4, 6)" in message
+    assert "your first two patches are [[0, 1, 6, 7, 24, 25, 30, 31], [12, 13, 18, 19, 36, 37, 42, 43]]" in message
+    assert "expected [[0, 1, 6, 7, 24, 25, 30, 31], [2, 3, 8, 9, 26, 27, 32, 33]]" in message
+    assert "AST, the Audio Spectrogram Transformer" in failure_of(nb11.check_patchify, MISTAKES["overlapping strides"][0])
+
+
+def test_patchify_refuses_the_shortcuts_and_says_when_not_done():
+    def with_unfold(images, P):
+        return F.unfold(images, P, stride=P).transpose(1, 2)
+
+    def with_imported_unfold(images, P):
+        return imported_unfold(images, P, stride=P).transpose(1, 2)
+
+    def with_conv(images, P):
+        kernel = torch.eye(images.shape[1] * P * P).reshape(-1, images.shape[1], P, P)
+        return F.conv2d(images, kernel, stride=P).flatten(2).transpose(1, 2)
+
+    assert "calls torch.nn.functional.unfold: the exercise is the cut itself" in failure_of(nb11.check_patchify, with_unfold)
+    assert "calls F.unfold" in failure_of(nb11.check_patchify, with_imported_unfold)
+    assert "calls conv2d" in failure_of(nb11.check_patchify, with_conv)
+    assert "calls tfedu.vision.patchify" in failure_of(nb11.check_patchify, lambda x, P: patchify(x, P).clone())
+    assert "calls torch.nn.functional.unfold" in failure_of(nb11.check_patchify, patchify)  # the reference cuts with it
+    assert "einops.rearrange" in failure_of(nb11.check_patchify, with_unfold)  # says what to use instead
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb11.check_patchify(not_done)
+
+
+def test_every_layout_mistake_differs_from_the_reference_on_the_first_case():
+    seed, batch, channels, height, width, P = nb11.PATCHIFY_CASES[0]
+    images = torch.randn(batch, channels, height, width, generator=torch.Generator().manual_seed(seed))
+    want = patchify(images, P)
+    wrongs = [wrong for _, wrong in nb11.layout_mistakes(images, P)]
+    assert all(not torch.equal(wrong, want) for wrong in wrongs)
+    assert all(not torch.equal(a, b) for i, a in enumerate(wrongs) for b in wrongs[:i])  # each told apart
+
+
+# ----------------------------------------------------------------------------- probe
+
+PROBE = nb11.PROBES["check_patchify"]
+# Left out: those that raise on the probe's images (the grader scores an exception zero), and float64, which the probe
+# lets pass: it exports every float answer as float32, and a float64 copy of the pixels holds the same values.
+PROBE_MISTAKES = [name for name in MISTAKES if not name.startswith(("channels-last input", "float64", "view"))]
+
+
+@pytest.mark.parametrize("name", [*RIGHT, "reference"])
+def test_probe_passes_right_answers(name):  # the probe judges outputs only: the grader's scan refuses F.unfold
+    for seed in range(4):
+        assert verdict(PROBE, {"patchify": RIGHT.get(name, patchify)}, seed) is None, seed
+
+
+def test_probe_names_mistakes():
+    hints = {"changed in place": "changed its input in place", "not a tensor": "should return tensor",
+             "one patch wrong": "not the reference's", "stride 2 of 4": "overlap"}
+    for name in PROBE_MISTAKES:
+        wrong, fragment = MISTAKES[name]
+        for seed in range(2):
+            feedback = verdict(PROBE, {"patchify": wrong}, seed)
+            assert feedback is not None and hints.get(name, fragment) in feedback, (name, seed, feedback)
+
+
+def test_probe_errors_fail_and_channels_last_is_named_when_it_runs():
+    with pytest.raises(Exception):  # in the grader, an exception in the kernel scores zero
+        run_probe(PROBE, {"patchify": MISTAKES["channels-last input"][0]}, 0)
+    assert "treats images as (batch, height, width, channels)" in PROBE.compare(
+        {"returned": ["tensor"], "mutated": [], "patches": [torch.zeros(1, 2, 12).numpy()],
+         "channels_last": [patchify(torch.arange(24.).reshape(1, 3, 2, 4), 2).numpy()], "demo": None},
+        {"returned": ["tensor"], "inputs": {"images": [torch.arange(24.).reshape(1, 3, 2, 4).numpy()], "patch_sizes": [2]}})
+
+
+def test_probe_forbids_the_shortcuts_but_not_einops_or_tensor_unfold():
+    assert PROBE.exercise == "ex_patchify"
+    context = ["import torch\nimport torch.nn.functional as F\nfrom torch import nn\nimport math, einops"]
+    head = "def patchify(images, P):\n    return "
+    for body in ("F.unfold(images, P, stride=P).mT", "nn.Unfold(P, stride=P)(images).mT", "torch.conv2d(images, w, stride=P)",
+                 "nn.Conv2d(3, 12, P, stride=P)(images)"):
+        assert scan_answer(head + body, context=context, forbidden=PROBE.forbidden), body
+    assert scan_answer("from tfedu.vision import patchify as cut\n", context=context, forbidden=PROBE.forbidden)
+    for body in ("images.unfold(2, P, P).unfold(3, P, P).permute(0, 2, 3, 1, 4, 5).flatten(1, 2).flatten(2)",
+                 "einops.rearrange(images, 'b c (h p1) (w p2) -> b (h w) (c p1 p2)', p1=P, p2=P)"):
+        assert scan_answer(head + body, context=context, forbidden=PROBE.forbidden) == [], body
