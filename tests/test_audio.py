@@ -375,8 +375,8 @@ def test_fit_classifier_is_seeded_and_leaves_eval_mode(one_torch_thread):
 def test_the_conformer_learns_the_six_sounds(one_torch_thread):
     """Held-out accuracy over three seeds (train 100 clips per class, test 30 per class, 150 steps of 32).
 
-    Measured on a 2-core CPU on one thread: 0.994, 0.972, 0.978 (about 3-6 s per seed); chance is 1/6.
-    Without the convolution module (conv=False) the same run reached about 0.74: order within a short
+    Measured on a loaded 2-core CPU on one thread: 0.994, 0.972, 0.978 (2.6-5.8 s per seed); chance is 1/6.
+    Without the convolution module (conv=False) the same runs reached 0.789, 0.761, 0.789: order within a short
     window is what tells a chirp from a tone.
     """
     train, test = synthetic_audio(100, seed=1), synthetic_audio(30, seed=2)

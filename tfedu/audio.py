@@ -193,8 +193,8 @@ def mel_filterbank(
 
 def mel_spectrogram(
     wave: Float[Tensor, "*batch time"], sample_rate: int | float, *, n_fft: int = 256, hop_length: int = 64,
-    n_mels: int = 32, f_min: int | float = 0.0, f_max: int | float | None = None, power: int | float = 2.0, htk: bool = False,
-    norm: str | None = "slaney",
+    n_mels: int = 32, f_min: int | float = 0.0, f_max: int | float | None = None, power: int | float = 2.0,
+    htk: bool = False, norm: str | None = "slaney",
 ) -> Float[Tensor, "*batch n_mels frames"]:
     """The mel spectrogram of ``wave`` (shape ``(time,)`` or ``(batch, time)``): STFT, ``|X|^power``, mel filters.
 
@@ -246,8 +246,8 @@ def mel_frequencies(n_mels: int, *, sample_rate: int | float, f_min: int | float
 
 def log_mel_spectrogram(
     wave: Float[Tensor, "*batch time"], sample_rate: int | float, *, n_fft: int = 256, hop_length: int = 64,
-    n_mels: int = 32, f_min: int | float = 0.0, f_max: int | float | None = None, power: int | float = 2.0, htk: bool = False,
-    norm: str | None = "slaney", amin: int | float = 1e-10, top_db: int | float | None = 80.0,
+    n_mels: int = 32, f_min: int | float = 0.0, f_max: int | float | None = None, power: int | float = 2.0,
+    htk: bool = False, norm: str | None = "slaney", amin: int | float = 1e-10, top_db: int | float | None = 80.0,
 ) -> Float[Tensor, "*batch n_mels frames"]:
     """``mel_spectrogram`` in decibels: ``10 log10(max(S, amin))`` for power 2, floored at ``top_db`` below each clip's peak.
 
