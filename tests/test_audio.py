@@ -11,9 +11,11 @@ import torch
 
 from tfedu.audio import (
     CLASS_NAMES, ConformerAttention, ConformerBlock, ConformerClassifier, ConformerConvModule, ConformerFeedForward,
-    accuracy, fit_classifier, hz_to_mel, log_mel_spectrogram, mel_filterbank, mel_frequencies, mel_spectrogram,
+    hz_to_mel, log_mel_spectrogram, mel_filterbank, mel_frequencies, mel_spectrogram,
     mel_to_hz, synthetic_audio,
 )
+
+from tfedu.vision import accuracy, fit_classifier  # noqa: E402  (one trainer for images and sounds)
 
 librosa = pytest.importorskip("librosa")
 
@@ -354,41 +356,54 @@ def test_classifier_shapes_conv_ablation_and_masked_pooling(typechecked):
         model(torch.randn(20, 10))
 
 
-def test_fit_classifier_is_seeded_and_leaves_eval_mode(one_torch_thread):
-    x, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
-    runs = []
-    for _ in range(2):
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.1), torch.nn.Linear(8, 2))
-        runs.append(fit_classifier(model, x, y, steps=12, batch_size=16, lr=1e-2, seed=5))
-        assert not model.training
-    assert runs[0] == runs[1] and len(runs[0]) == 12
-    model.train()
-    accuracy(model, x, y)
-    assert model.training  # accuracy puts the mode back
-    with pytest.raises(ValueError, match="integer class indices"):
-        fit_classifier(model, x, y.float(), steps=1, batch_size=4, lr=1e-2, seed=0)
-    with pytest.raises(ValueError, match="same first axis"):
-        accuracy(model, x, y[:5])
-
-
-def test_the_conformer_learns_the_six_sounds(one_torch_thread):
-    """Held-out accuracy over three seeds (train 100 clips per class, test 30 per class, 150 steps of 32).
-
-    Measured on a loaded 2-core CPU on one thread: 0.994, 0.972, 0.978 (2.6-5.8 s per seed); chance is 1/6.
-    Without the convolution module (conv=False) the same runs reached 0.789, 0.761, 0.789: order within a short
-    window is what tells a chirp from a tone.
-    """
+@pytest.fixture(scope="module")
+def notebook_sounds():
+    """Notebook 11's audio set-up: 100 training and 30 test clips per class, HTK mel filters, 16 frames a clip."""
+    features = dict(n_fft=512, hop_length=256, filterbank=mel_filterbank(257, 32, 8000, htk=True, norm=None))
     train, test = synthetic_audio(100, seed=1), synthetic_audio(30, seed=2)
-    features = dict(sample_rate=8000, n_fft=512, hop_length=256)
-    x_train, x_test = log_mel_spectrogram(train.waves, **features), log_mel_spectrogram(test.waves, **features)
-    start = time.perf_counter()
-    scores = []
-    for seed in range(3):
+    return (log_mel_spectrogram(train.waves, 8000, **features).float(), train.labels,
+            log_mel_spectrogram(test.waves, 8000, **features).float(), test.labels)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_conformer_learns_the_six_sounds_and_its_convolutions_help(notebook_sounds, seed, one_torch_thread):
+    """The notebook's claim over three seeds (150 steps of 32; about 4 s a seed on one thread).
+
+    Measured: with the convolution modules 0.989, 0.978, 0.989; without (conv=False) 0.817, 0.783, 0.800.
+    Chance is 1/6. Order within a short window is what tells a chirp from a tone.
+    """
+    x_train, y_train, x_test, y_test = notebook_sounds
+    scores = {}
+    for conv in (True, False):
         torch.manual_seed(seed)
-        model = ConformerClassifier(32, len(CLASS_NAMES))
-        losses = fit_classifier(model, x_train, train.labels, steps=150, batch_size=32, lr=3e-3, seed=seed)
+        model = ConformerClassifier(32, len(CLASS_NAMES), conv=conv)
+        losses = fit_classifier(model, x_train, y_train, steps=150, batch_size=32, lr=3e-3, seed=seed)
         assert np.mean(losses[-10:]) < 0.5 * np.mean(losses[:10])
-        scores.append(accuracy(model, x_test, test.labels))
-    assert min(scores) >= 0.9, scores
-    assert time.perf_counter() - start < 60  # a budget with room for a loaded machine
+        scores[conv] = accuracy(model, x_test, y_test)
+    assert scores[True] >= 0.9 and scores[True] > scores[False] + 0.05, scores
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_spectrogram_transformer_learns_the_six_sounds(notebook_sounds, seed, one_torch_thread):
+    """The notebook's AST-style ViT over three seeds: measured 0.700, 0.889, 0.894 (chance 1/6)."""
+    from tfedu.vision import ViT, ViTConfig
+
+    x_train, y_train, x_test, y_test = notebook_sounds
+    mean, std = x_train.mean(), x_train.std()
+    x_train, x_test = ((x_train - mean) / std)[:, None], ((x_test - mean) / std)[:, None]  # clips 1 n_mels frames
+    torch.manual_seed(seed)
+    model = ViT(ViTConfig(image_size=(32, 16), patch_size=(8, 4), n_classes=len(CLASS_NAMES), d_model=32,
+                          n_layers=2, n_heads=2))
+    fit_classifier(model, x_train, y_train, steps=300, batch_size=50, lr=3e-3, seed=seed)
+    assert accuracy(model, x_test, y_test) > 0.6
+
+
+def test_a_filterbank_passed_in_replaces_the_built_in_one():
+    wave = synthetic_audio(1, seed=3).waves
+    fb = mel_filterbank(129, 20, 8000, htk=True, norm=None)
+    torch.testing.assert_close(mel_spectrogram(wave, 8000, n_fft=256, filterbank=fb),
+                               mel_spectrogram(wave, 8000, n_fft=256, n_mels=20, htk=True, norm=None))
+    torch.testing.assert_close(log_mel_spectrogram(wave, 8000, n_fft=256, filterbank=fb),
+                               log_mel_spectrogram(wave, 8000, n_fft=256, n_mels=20, htk=True, norm=None))
+    with pytest.raises(ValueError, match=r"\(n_mels, n_fft // 2 \+ 1\) = \(n_mels, 129\)"):
+        mel_spectrogram(wave, 8000, n_fft=256, filterbank=fb.T)

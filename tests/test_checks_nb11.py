@@ -178,3 +178,86 @@ def test_probe_forbids_the_shortcuts_but_not_einops_or_tensor_unfold():
     for body in ("images.unfold(2, P, P).unfold(3, P, P).permute(0, 2, 3, 1, 4, 5).flatten(1, 2).flatten(2)",
                  "einops.rearrange(images, 'b c (h p1) (w p2) -> b (h w) (c p1 p2)', p1=P, p2=P)"):
         assert scan_answer(head + body, context=context, forbidden=PROBE.forbidden) == [], body
+
+
+# ----------------------------------------------------------------------------- 11.2 mel_filterbank
+
+def mel_by_hand(n_freqs, n_mels, sample_rate):
+    """A learner's answer, written as the exercise asks (not through tfedu)."""
+    def hz_to_mel(f):
+        return 2595 * torch.log10(1 + f / 700)
+
+    def mel_to_hz(m):
+        return 700 * (10 ** (m / 2595) - 1)
+
+    bins = torch.linspace(0, sample_rate / 2, n_freqs, dtype=torch.float64)
+    top = hz_to_mel(torch.tensor(sample_rate / 2, dtype=torch.float64))
+    edges = mel_to_hz(torch.linspace(0, top, n_mels + 2, dtype=torch.float64))
+    low, centre, high = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    return torch.minimum((bins - low) / (centre - low), (high - bins) / (high - centre)).clamp(min=0)
+
+
+def mel_float32_loop(n_freqs, n_mels, sample_rate):
+    """Another right answer: a loop over filters, in float32, with math instead of torch for the scale."""
+    import math
+    top = 2595 * math.log10(1 + sample_rate / 2 / 700)
+    edges = [700 * (10 ** (top * i / (n_mels + 1) / 2595) - 1) for i in range(n_mels + 2)]
+    bins = torch.linspace(0, sample_rate / 2, n_freqs)
+    rows = []
+    for m in range(n_mels):
+        up = (bins - edges[m]) / (edges[m + 1] - edges[m])
+        down = (edges[m + 2] - bins) / (edges[m + 2] - edges[m + 1])
+        rows.append(torch.clamp(torch.minimum(up, down), min=0))
+    return torch.stack(rows)
+
+
+MEL_MISTAKES = {
+    "linear in Hz": (lambda n, m, sr: nb11.mel_variant(n, m, sr, scale="linear"), "evenly spaced in Hz"),
+    "Slaney scale": (lambda n, m, sr: nb11.mel_variant(n, m, sr, scale="slaney"), "Slaney's mel scale"),
+    "ln with 2595": (lambda n, m, sr: nb11.mel_variant(n, m, sr, scale="mixed"), "do not undo each other"),
+    "bins to sample_rate": (lambda n, m, sr: nb11.mel_variant(n, m, sr, bins_to_sr=True), "0 to sample_rate /"),
+    "triangles in mel": (lambda n, m, sr: nb11.mel_variant(n, m, sr, in_mel=True), "straight lines in mel"),
+    "no clamp": (lambda n, m, sr: nb11.mel_variant(n, m, sr, clamp=False), "go negative"),
+    "area normalised": (lambda n, m, sr: nb11.mel_variant(n, m, sr, area=True), "area 1"),
+    "rows rescaled": (lambda n, m, sr: nb11.mel_variant(n, m, sr, max_peak=True), "peaks at exactly 1"),
+    "transposed": (lambda n, m, sr: mel_by_hand(n, m, sr).T, "transposed"),
+    "n_mels edges": (lambda n, m, sr: mel_by_hand(n, m - 2, sr), "n_mels \\+ 2 edges"),
+    "numpy": (lambda n, m, sr: mel_by_hand(n, m, sr).numpy(), "should return a torch.Tensor"),
+}
+
+
+@pytest.mark.parametrize("answer", [mel_by_hand, mel_float32_loop], ids=["vectorised", "loop float32"])
+def test_mel_filterbank_passes_right_answers(answer, capsys):
+    nb11.check_mel_filterbank(answer)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", MEL_MISTAKES)
+def test_mel_filterbank_names_each_mistake(name):
+    answer, phrase = MEL_MISTAKES[name]
+    with pytest.raises(CheckFailure, match=phrase):
+        nb11.check_mel_filterbank(answer)
+
+
+def test_mel_filterbank_refuses_librosa_and_says_when_not_done():
+    import types
+    fake = types.SimpleNamespace(filters=types.SimpleNamespace(mel=lambda **kw: None))
+    namespace = {"librosa": fake}
+    exec("def mel_filterbank(n_freqs, n_mels, sample_rate):\n"
+         "    return librosa.filters.mel(sr=sample_rate, n_fft=2 * (n_freqs - 1), n_mels=n_mels)\n", namespace)
+    assert "librosa" in failure_of(nb11.check_mel_filterbank, namespace["mel_filterbank"])
+    with pytest.raises(ExerciseNotDone):
+        nb11.check_mel_filterbank(not_done)
+
+
+MEL_PROBE = nb11.PROBES["check_mel_filterbank"]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mel_probe_passes_right_answers_and_names_mistakes(seed):
+    assert verdict(MEL_PROBE, {"mel_filterbank": mel_by_hand}, seed) is None
+    assert verdict(MEL_PROBE, {"mel_filterbank": mel_float32_loop}, seed) is None
+    for name in ("linear in Hz", "area normalised", "transposed"):
+        answer, phrase = MEL_MISTAKES[name]
+        problem = verdict(MEL_PROBE, {"mel_filterbank": answer}, seed)
+        assert problem is not None and __import__("re").search(phrase, problem), (name, problem)

@@ -34,6 +34,7 @@ from tfedu.checks import nb07_transformer_block as nb07
 from tfedu.checks import nb08_training_decoding as nb08
 from tfedu.checks import nb09_efficient_attention as nb09
 from tfedu.checks import nb10_inference as nb10
+from tfedu.checks import nb11_beyond_text as nb11
 from tfedu.checks.core import Probe, is_plain_data, run_probe, standin_objects, standins_bound
 from tfedu.embeddings import sgns_loss
 from tfedu.grading.scan import scan_answer
@@ -43,7 +44,7 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 MODULES = {"00_start_here": nb00, "01_tokenization": nb01, "02_embeddings": nb02, "03_rnns_to_attention": nb03,
            "04_attention": nb04, "05_masks_and_heads": nb05,
            "06_positional_encoding": nb06, "07_transformer_block": nb07, "08_training_and_decoding": nb08,
-           "09_efficient_attention": nb09, "10_inference_and_kv_cache": nb10}
+           "09_efficient_attention": nb09, "10_inference_and_kv_cache": nb10, "11_beyond_text": nb11}
 ALL_PROBES = [(stem, grade_id) for stem, module in MODULES.items() for grade_id in module.PROBES]
 
 

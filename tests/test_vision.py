@@ -159,14 +159,22 @@ def test_digits_load_offline_scaled_and_split(digits):
     assert torch.bincount(digits.test_labels).min() >= 48  # stratified: about 497 / 10 per class
 
 
-def test_fit_classifier_is_reproducible_and_refuses_float_labels(digits, one_torch_thread):
+def test_fit_classifier_is_seeded_and_leaves_eval_mode(one_torch_thread):
+    x, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
     runs = []
     for _ in range(2):
         torch.manual_seed(0)
-        runs.append(fit_classifier(SmallCNN(), digits.train_images, digits.train_labels, steps=5, seed=3))
-    assert runs[0] == runs[1]
-    with pytest.raises(ValueError, match="int64 labels"):
-        fit_classifier(SmallCNN(), digits.train_images, digits.train_labels.float(), steps=1)
+        model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.1), torch.nn.Linear(8, 2))
+        runs.append(fit_classifier(model, x, y, steps=12, batch_size=16, lr=1e-2, seed=5))
+        assert not model.training
+    assert runs[0] == runs[1] and len(runs[0]) == 12
+    model.train()
+    accuracy(model, x, y)
+    assert model.training  # accuracy puts the mode back
+    with pytest.raises(ValueError, match="integer class indices"):
+        fit_classifier(model, x, y.float(), steps=1, batch_size=4, lr=1e-2, seed=0)
+    with pytest.raises(ValueError, match="same first axis"):
+        accuracy(model, x, y[:5])
 
 
 # The notebook's claims, over three seeds (notebook settings: ViT d_model=32, 2 layers, 2 heads, patches 2x2).
@@ -175,8 +183,8 @@ NOTEBOOK_VIT = ViTConfig(d_model=32, n_layers=2, n_heads=2)
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_cnn_beats_the_vit_on_the_smallest_training_set(digits, seed, one_torch_thread):
-    # Measured (seeds 0, 1, 2; 30 images, 150 steps): CNN about 0.81-0.86, ViT about 0.31-0.46.
-    acc = data_efficiency(digits, [30], {"cnn": SmallCNN, "vit": lambda: ViT(NOTEBOOK_VIT)}, steps=150, seed=seed)
+    # Measured (seeds 0, 1, 2; 30 images, 300 steps): CNN 0.813, 0.863, 0.807; ViT 0.455, 0.423, 0.457.
+    acc = data_efficiency(digits, [30], {"cnn": SmallCNN, "vit": lambda: ViT(NOTEBOOK_VIT)}, steps=300, seed=seed)
     assert acc["cnn"][0] > acc["vit"][0] + 0.15, acc
 
 
@@ -184,7 +192,7 @@ def test_the_cnn_beats_the_vit_on_the_smallest_training_set(digits, seed, one_to
 def test_the_notebook_vit_learns_the_digits(digits, seed, one_torch_thread):
     torch.manual_seed(seed)
     model = ViT(NOTEBOOK_VIT)
-    fit_classifier(model, digits.train_images, digits.train_labels, steps=400, seed=seed)
+    fit_classifier(model, digits.train_images, digits.train_labels, steps=300, batch_size=64, lr=3e-3, seed=seed)
     acc = accuracy(model, digits.test_images, digits.test_labels)
-    assert acc > 0.8, acc  # measured 0.84-0.92 on seeds 0-2 (chance: 0.10)
+    assert acc > 0.75, acc  # measured 0.885, 0.885, 0.807 on seeds 0-2 (chance: 0.10)
     assert not math.isnan(acc)

@@ -16,7 +16,7 @@ and take decibels. Each column (one *frame*, ``hop_length`` samples apart) becom
 - ``ConformerBlock`` (Gulati et al. 2020, arXiv 2005.08100, fig. 1 and eq. 1): two half-step
   feed-forward modules sandwiching self-attention and a convolution module.
 - ``ConformerClassifier``: mel frames as tokens, Conformer blocks, mean pool, a linear head.
-- ``fit_classifier`` / ``accuracy``: a small seeded training loop for any classifier.
+- Training: ``tfedu.vision.fit_classifier`` and ``accuracy`` serve the audio models too.
 
 Built by hand in notebooks/11_beyond_text.ipynb.
 """
@@ -194,7 +194,7 @@ def mel_filterbank(
 def mel_spectrogram(
     wave: Float[Tensor, "*batch time"], sample_rate: int | float, *, n_fft: int = 256, hop_length: int = 64,
     n_mels: int = 32, f_min: int | float = 0.0, f_max: int | float | None = None, power: int | float = 2.0,
-    htk: bool = False, norm: str | None = "slaney",
+    htk: bool = False, norm: str | None = "slaney", filterbank: Float[Tensor, "n_mels n_freqs"] | None = None,
 ) -> Float[Tensor, "*batch n_mels frames"]:
     """The mel spectrogram of ``wave`` (shape ``(time,)`` or ``(batch, time)``): STFT, ``|X|^power``, mel filters.
 
@@ -205,6 +205,8 @@ def mel_spectrogram(
     ``mel_filterbank`` over the bins' frequencies ``k * sample_rate / n_fft``. Equal to
     ``librosa.feature.melspectrogram(y=wave, sr=sample_rate, n_fft=n_fft, hop_length=hop_length,
     n_mels=n_mels, fmin=f_min, fmax=f_max, power=power)`` (tested). Keeps the wave's dtype.
+    ``filterbank`` (``(n_mels, n_fft // 2 + 1)``, e.g. one built by hand) replaces the built-in
+    filters; ``n_mels``, ``f_min``, ``f_max``, ``htk`` and ``norm`` are then not used.
 
     >>> t = torch.arange(8000) / 8000
     >>> S = mel_spectrogram(torch.sin(2 * torch.pi * 1000 * t), 8000)  # 1 kHz, one second
@@ -217,13 +219,22 @@ def mel_spectrogram(
     _positive_int("n_fft", n_fft)
     _positive_int("hop_length", hop_length)
     _positive_number("power", power)
-    f_max = _check_filterbank_args(n_mels, sample_rate, f_min, f_max, norm)
+    if filterbank is None:
+        f_max = _check_filterbank_args(n_mels, sample_rate, f_min, f_max, norm)
     window = torch.hann_window(n_fft, periodic=True, dtype=wave.dtype, device=wave.device)  # as scipy's "hann"
     spec = torch.stft(wave, n_fft, hop_length=hop_length, window=window, center=True, pad_mode="constant",
                       return_complex=True)  # *batch n_freqs frames
     spec = spec.abs() ** power
-    bin_freqs = torch.fft.rfftfreq(n_fft, d=1.0 / sample_rate, dtype=torch.float64)  # exact for odd n_fft too
-    fb = _filterbank(bin_freqs, n_mels, float(f_min), f_max, htk, norm).to(spec.dtype).to(wave.device)
+    if filterbank is None:
+        bin_freqs = torch.fft.rfftfreq(n_fft, d=1.0 / sample_rate, dtype=torch.float64)  # exact for odd n_fft too
+        fb = _filterbank(bin_freqs, n_mels, float(f_min), f_max, htk, norm)
+    else:
+        fb = filterbank
+        if (not isinstance(fb, Tensor) or fb.dim() != 2 or fb.shape[1] != n_fft // 2 + 1
+                or not fb.is_floating_point()):
+            raise ValueError(f"filterbank must be a float tensor (n_mels, n_fft // 2 + 1) = (n_mels, {n_fft // 2 + 1}), "
+                             f"got {type(fb).__name__} {tuple(getattr(fb, 'shape', ()))}")
+    fb = fb.to(spec.dtype).to(wave.device)
     return torch.einsum("mf,...ft->...mt", fb, spec)  # *batch n_mels frames
 
 
@@ -248,6 +259,7 @@ def log_mel_spectrogram(
     wave: Float[Tensor, "*batch time"], sample_rate: int | float, *, n_fft: int = 256, hop_length: int = 64,
     n_mels: int = 32, f_min: int | float = 0.0, f_max: int | float | None = None, power: int | float = 2.0,
     htk: bool = False, norm: str | None = "slaney", amin: int | float = 1e-10, top_db: int | float | None = 80.0,
+    filterbank: Float[Tensor, "n_mels n_freqs"] | None = None,
 ) -> Float[Tensor, "*batch n_mels frames"]:
     """``mel_spectrogram`` in decibels: ``10 log10(max(S, amin))`` for power 2, floored at ``top_db`` below each clip's peak.
 
@@ -269,7 +281,7 @@ def log_mel_spectrogram(
     if top_db is not None and (isinstance(top_db, bool) or not isinstance(top_db, (int, float)) or top_db < 0):
         raise ValueError(f"top_db must be a non-negative number of decibels or None, got {top_db!r}")
     S = mel_spectrogram(wave, sample_rate, n_fft=n_fft, hop_length=hop_length, n_mels=n_mels, f_min=f_min,
-                        f_max=f_max, power=power, htk=htk, norm=norm)
+                        f_max=f_max, power=power, htk=htk, norm=norm, filterbank=filterbank)
     db = (20.0 / power) * torch.log10(S.clamp(min=amin))  # *batch n_mels frames
     if top_db is not None:
         peak = db.amax(dim=(-2, -1), keepdim=True)  # *batch 1 1: each clip's own loudest bin
@@ -623,70 +635,3 @@ class ConformerClassifier(nn.Module):
             weights = mask.to(x.dtype)[..., None]  # batch frames 1
             pooled = (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
         return self.head(pooled)  # batch n_classes
-
-
-# ----------------------------------------------------------------------------- training
-
-
-def fit_classifier(
-    model: nn.Module, x: Float[Tensor, "n *features"], y: Int[Tensor, "n"], *, steps: int, batch_size: int,
-    lr: int | float, seed: int, weight_decay: int | float = 0.0,
-) -> list[float]:
-    """Train ``model`` (inputs -> logits) with AdamW on cross-entropy; returns the loss of each step.
-
-    Batches are drawn by shuffling the examples each epoch with a private ``torch.Generator``
-    seeded by ``seed``, so the same model, data and seed give the same run. The model is put in
-    training mode for the loop and left in eval mode. (Seed the model's *initial weights* yourself,
-    e.g. ``torch.manual_seed`` before building it.)
-
-    >>> _ = torch.manual_seed(0)
-    >>> model = nn.Linear(2, 2)
-    >>> x = torch.tensor([[1.0, 0.0], [0.0, 1.0]]); y = torch.tensor([0, 1])
-    >>> losses = fit_classifier(model, x, y, steps=50, batch_size=2, lr=0.1, seed=0)
-    >>> losses[-1] < losses[0], accuracy(model, x, y)
-    (True, 1.0)
-
-    Built by hand in notebooks/11_beyond_text.ipynb.
-    """
-    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or y.dim() != 1 or len(x) != len(y):
-        raise ValueError("x and y must be tensors with the same first axis: x (n, ...), y (n,) of class indices")
-    if y.is_floating_point():
-        raise ValueError(f"y must hold integer class indices, got dtype {y.dtype}")
-    _positive_int("steps", steps)
-    _positive_int("batch_size", batch_size)
-    _positive_number("lr", lr)
-    gen = torch.Generator().manual_seed(seed)
-    # foreach: one batched update for all parameters (a third faster for small models on the CPU).
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, foreach=True)
-    model.train()
-    losses, order = [], torch.empty(0, dtype=torch.long)
-    for _ in range(steps):
-        if len(order) < min(batch_size, len(x)):
-            order = torch.randperm(len(x), generator=gen)  # a new epoch
-        idx, order = order[:batch_size], order[batch_size:]
-        loss = F.cross_entropy(model(x[idx]), y[idx])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    model.eval()
-    return losses
-
-
-@torch.no_grad()
-def accuracy(model: nn.Module, x: Float[Tensor, "n *features"], y: Int[Tensor, "n"], *, batch_size: int = 256) -> float:
-    """The fraction of ``x`` whose argmax logit is ``y``, in eval mode (the model's mode is put back after).
-
-    >>> accuracy(nn.Identity(), torch.tensor([[2.0, 1.0], [0.0, 3.0]]), torch.tensor([0, 0]))
-    0.5
-
-    Built by hand in notebooks/11_beyond_text.ipynb.
-    """
-    if not isinstance(x, torch.Tensor) or not isinstance(y, torch.Tensor) or y.dim() != 1 or len(x) != len(y):
-        raise ValueError("x and y must be tensors with the same first axis: x (n, ...), y (n,) of class indices")
-    was_training = model.training
-    model.eval()
-    correct = sum(int((model(x[i:i + batch_size]).argmax(dim=-1) == y[i:i + batch_size]).sum())
-                  for i in range(0, len(x), batch_size))
-    model.train(was_training)
-    return correct / max(len(x), 1)

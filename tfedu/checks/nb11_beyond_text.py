@@ -1,6 +1,6 @@
-"""Checkers for notebooks/11_beyond_text.ipynb: cutting images into patches for a Vision Transformer.
+"""Checkers for notebooks/11_beyond_text.ipynb: cutting images into patches, and the mel filterbank.
 
-One exercise so far, checked against tfedu's reference after first trying the known mistakes:
+Two exercises, each checked against tfedu's reference after first trying the known mistakes:
 
 - 11.1 ``patchify(images, patch_size) -> (batch, n_patches, channels * P * P)``: each patch
   flattened in the wrong order (the channel last, ``(p1 p2 c)``, or the patch's rows and columns
@@ -16,6 +16,13 @@ One exercise so far, checked against tfedu's reference after first trying the kn
   (``LinearPatchEmbedding.from_conv``). ``F.unfold``, ``nn.Unfold``, a convolution and
   ``tfedu.vision``'s patchify are refused: the cut is the exercise (``einops.rearrange`` and the
   method ``Tensor.unfold`` are allowed).
+- 11.2 ``mel_filterbank(n_freqs, n_mels, sample_rate) -> (n_mels, n_freqs)``, HTK mel scale, no
+  normalisation: edges evenly spaced in Hz instead of mel, Slaney's mel scale, a natural log with
+  HTK's 2595 (the conversions do not undo each other), FFT bins spread to sample_rate instead of
+  sample_rate / 2, triangles linear in mel instead of Hz, no clamp at 0, Slaney's area
+  normalisation, each row rescaled to peak at 1, the output transposed, the wrong number of filters
+  (n_mels + 2 edges). Compared with ``tfedu.audio.mel_filterbank(..., htk=True, norm=None)``, then
+  used for a log-mel spectrogram of a chirp. librosa and torchaudio are refused.
 
 The feedback after a wrong layout shows the learner's first patches of a small image whose values
 are their own positions, ``torch.arange(48.).reshape(1, 2, 4, 6)`` with P = 2 (:data:`DEMO_SHAPE`).
@@ -342,7 +349,7 @@ def check_patchify(patchify) -> None:
     with torch.random.fork_rng():  # the learner's random state stays as it was
         torch.manual_seed(0)
         conv = PatchEmbedding(in_channels=3, d_model=16, patch_size=4)
-    linear = LinearPatchEmbedding.from_conv(conv, patchify=lambda images, size: patchify(images, size[0]))
+    linear = LinearPatchEmbedding.from_conv(conv, patchify=patchify)  # square patches: called with an int P
     images = seeded_randn(10, 2, 3, 8, 12)
     with torch.no_grad():
         want = conv(images)
@@ -414,8 +421,213 @@ def _compare_patchify(outputs: dict, expected: dict) -> str | None:
 PATCHIFY_FORBIDDEN = ("tfedu.vision", "torch.nn.functional.unfold", "torch.nn.Unfold", "torch.nn.modules.fold",
                       "torch.nn.functional.conv2d", "torch.conv2d", "torch.nn.Conv2d", "torch.nn.modules.conv")
 
+
+# ----------------------------------------------------------------------------- 11.2 mel_filterbank
+
+HINT_MEL_CALL = (
+    "mel_filterbank(n_freqs, n_mels, sample_rate): return a float tensor (n_mels, n_freqs), row m filter m's "
+    "weight on each FFT bin, the bins evenly spaced from 0 to sample_rate / 2 Hz"
+)
+HINT_MEL_NOT_TENSOR = "mel_filterbank should return a torch.Tensor (n_mels, n_freqs), got {got}"
+HINT_MEL_TRANSPOSED = (
+    "your filterbank is (n_freqs, n_mels), transposed: one row per filter, (n_mels, n_freqs), so that "
+    "filterbank @ power_spectrum turns (n_freqs, frames) into (n_mels, frames)"
+)
+HINT_MEL_ROWS = (
+    "your filterbank has {got} rows for n_mels = {want}: n_mels triangles need n_mels + 2 edges (each filter "
+    "uses three consecutive edges: where it starts, peaks and ends), evenly spaced in mel from mel(0) to "
+    "mel(sample_rate / 2)"
+)
+HINT_MEL_SHAPE = "mel_filterbank({args}) has shape {got}, expected (n_mels, n_freqs) = {want}"
+HINT_MEL_LINEAR_HZ = (
+    "your edges are evenly spaced in Hz: space them evenly in mel, mel(f) = 2595 log10(1 + f / 700), then convert "
+    "each back to Hz, f = 700 (10^(mel / 2595) - 1). On the mel scale the low filters are narrow and the high ones "
+    "wide, as pitch is heard"
+)
+HINT_MEL_SLANEY = (
+    "your edges follow Slaney's mel scale (librosa's default: linear below 1 kHz, logarithmic above); this "
+    "exercise uses the HTK formula, mel(f) = 2595 log10(1 + f / 700)"
+)
+HINT_MEL_MIXED_LOG = (
+    "your mel conversions do not undo each other: 2595 goes with log10 (mel = 2595 log10(1 + f / 700), "
+    "f = 700 (10^(mel / 2595) - 1)); with the natural log the constant is 1127. Check that mel_to_hz(hz_to_mel(f)) "
+    "gives f back"
+)
+HINT_MEL_BINS_TO_SR = (
+    "your FFT bins run from 0 to sample_rate: the n_freqs = n_fft / 2 + 1 bins of a real signal's FFT go from "
+    "0 to sample_rate / 2 (the Nyquist frequency), torch.linspace(0, sample_rate / 2, n_freqs)"
+)
+HINT_MEL_IN_MEL = (
+    "your triangles are straight lines in mel: the exercise's (and HTK's and librosa's) triangles rise and fall "
+    "linearly in Hz between the edges. Compute the slopes from the bins' frequencies and the edges in Hz"
+)
+HINT_MEL_NO_CLAMP = (
+    "your filters go negative away from their triangle: each is 0 outside [edge m, edge m + 2]; clamp the "
+    "minimum of the rising and falling slopes at 0"
+)
+HINT_MEL_AREA = (
+    "your filters are normalised to area 1 (Slaney's 2 / (f_m+2 - f_m)): this exercise leaves that out, so each "
+    "triangle peaks at 1 (or just under, when no bin falls on its peak)"
+)
+HINT_MEL_MAX_PEAK = (
+    "every one of your filters peaks at exactly 1: the triangles are defined by the edges, and a filter only "
+    "reaches 1 where a bin falls exactly on its centre; do not rescale each row by its maximum"
+)
+HINT_MEL_VALUES = (
+    "mel_filterbank({args}) has the right shape but filter {m} differs from the reference (largest difference "
+    "{diff:.2g} at bin {k}): n_mels + 2 edges evenly spaced in HTK mel from 0 to sample_rate / 2, converted to Hz; "
+    "filter m rises from edge m to edge m + 1 and falls to edge m + 2, linearly in Hz"
+)
+HINT_MEL_NAN = "your filterbank holds NaN or inf: a division by zero? Two edges coincide only if n_mels + 2 points are not distinct"
+HINT_MEL_SHORTCUT = (
+    "your mel_filterbank calls {name}: the exercise is to build the triangles yourself, from the HTK mel formula "
+    "and torch.linspace"
+)
+MEL_SHORTCUT_NAMES = ("librosa", "torchaudio", "melscale_fbanks")
+
+
+def _htk(f: torch.Tensor) -> torch.Tensor:
+    return 2595 * torch.log10(1 + f / 700)
+
+
+def _htk_inverse(m: torch.Tensor) -> torch.Tensor:
+    return 700 * (10 ** (m / 2595) - 1)
+
+
+def mel_variant(n_freqs: int, n_mels: int, sample_rate: float, *, scale: str = "htk", bins_to_sr: bool = False,
+                in_mel: bool = False, clamp: bool = True, area: bool = False, max_peak: bool = False) -> torch.Tensor:
+    """The exercise's filterbank (float64), or one of the known mistakes when a keyword is set."""
+    from tfedu.audio import hz_to_mel, mel_to_hz
+
+    to_mel, to_hz = {
+        "htk": (_htk, _htk_inverse),
+        "slaney": (lambda f: hz_to_mel(f), lambda m: mel_to_hz(m)),
+        "linear": (lambda f: f, lambda m: m),
+        "mixed": (lambda f: 2595 * torch.log(1 + f / 700), _htk_inverse),
+    }[scale]
+    top = torch.tensor(sample_rate / 2, dtype=torch.float64)
+    bins = torch.linspace(0, sample_rate if bins_to_sr else sample_rate / 2, n_freqs, dtype=torch.float64)
+    edges = to_hz(torch.linspace(float(to_mel(torch.zeros((), dtype=torch.float64))), float(to_mel(top)),
+                                 n_mels + 2, dtype=torch.float64))
+    if in_mel:
+        bins, edges = _htk(bins), _htk(edges)
+    low, centre, high = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    weights = torch.minimum((bins - low) / (centre - low), (high - bins) / (high - centre))
+    if clamp:
+        weights = weights.clamp(min=0)
+    if area:
+        weights = weights * (2 / (edges[2:] - edges[:-2]))[:, None]
+    if max_peak:
+        weights = weights / weights.amax(dim=1, keepdim=True)
+    return weights
+
+
+MEL_MISTAKES = ((HINT_MEL_LINEAR_HZ, dict(scale="linear")), (HINT_MEL_SLANEY, dict(scale="slaney")),
+                (HINT_MEL_MIXED_LOG, dict(scale="mixed")), (HINT_MEL_BINS_TO_SR, dict(bins_to_sr=True)),
+                (HINT_MEL_IN_MEL, dict(in_mel=True)), (HINT_MEL_NO_CLAMP, dict(clamp=False)),
+                (HINT_MEL_AREA, dict(area=True)), (HINT_MEL_MAX_PEAK, dict(max_peak=True)))
+
+
+def diagnose_mel(got: Any, n_freqs: int, n_mels: int, sample_rate: float) -> None:
+    """Raise CheckFailure naming what is wrong with ``got``, a learner's filterbank for these arguments."""
+    args = f"{n_freqs}, {n_mels}, {sample_rate}"
+    expect(isinstance(got, torch.Tensor), HINT_MEL_NOT_TENSOR.format(got=describe(got)))
+    expect(got.is_floating_point(), HINT_MEL_NOT_TENSOR.format(got=describe(got)) + " of floats")
+    want = mel_variant(n_freqs, n_mels, sample_rate)
+    got = got.detach().to("cpu", torch.float64)
+    if tuple(got.shape) != tuple(want.shape):
+        expect(tuple(got.shape) != (n_freqs, n_mels), HINT_MEL_TRANSPOSED)
+        expect(got.dim() != 2 or got.shape[1] != n_freqs, HINT_MEL_ROWS.format(got=got.shape[0], want=n_mels))
+        raise CheckFailure(HINT_MEL_SHAPE.format(args=args, got=tuple(got.shape), want=tuple(want.shape)))
+    expect(bool(torch.isfinite(got).all()), HINT_MEL_NAN)
+    if torch.allclose(got, want, rtol=1e-5, atol=1e-6):
+        return
+    for hint, mistake in MEL_MISTAKES:
+        wrong = mel_variant(n_freqs, n_mels, sample_rate, **mistake)
+        if torch.isfinite(wrong).all() and torch.allclose(got, wrong, rtol=1e-5, atol=1e-6):
+            raise CheckFailure(hint)
+    diff = (got - want).abs()
+    m, k = divmod(int(diff.argmax()), n_freqs)
+    raise CheckFailure(HINT_MEL_VALUES.format(args=args, m=m, k=k, diff=float(diff.max())))
+
+
+# (n_freqs, n_mels, sample_rate): the notebook's (n_fft 512 at 8 kHz), a speech front end's, a small one, CD audio.
+MEL_CASES = ((257, 32, 8000), (201, 40, 16000), (33, 6, 8000), (513, 64, 44100))
+
+
+@checker("the mel filterbank")
+def check_mel_filterbank(mel_filterbank) -> None:
+    """Check a learner's ``mel_filterbank(n_freqs, n_mels, sample_rate) -> (n_mels, n_freqs)``.
+
+    Against ``tfedu.audio.mel_filterbank(..., htk=True, norm=None)`` on :data:`MEL_CASES`, after trying
+    the known mistakes (:data:`MEL_MISTAKES`), then used for a log-mel spectrogram of a chirp, which must
+    equal the reference's. librosa and torchaudio are refused.
+    """
+    from tfedu.audio import log_mel_spectrogram
+    from tfedu.audio import mel_filterbank as reference
+
+    used = sorted(global_names(mel_filterbank) & set(MEL_SHORTCUT_NAMES))
+    expect(not used, HINT_MEL_SHORTCUT.format(name=", ".join(used)))
+    for n_freqs, n_mels, sample_rate in MEL_CASES:
+        got = call_learner(mel_filterbank, n_freqs, n_mels, sample_rate, name="mel_filterbank",
+                           error_hint=HINT_MEL_CALL)
+        diagnose_mel(got, n_freqs, n_mels, sample_rate)
+        torch.testing.assert_close(mel_variant(n_freqs, n_mels, sample_rate),
+                                   reference(n_freqs, n_mels, sample_rate, htk=True, norm=None))  # our own guard
+    t = torch.arange(4000, dtype=torch.float64) / 8000
+    chirp = torch.sin(2 * torch.pi * 300 * 0.5 * (8 ** (t / 0.5) - 1) / torch.log(torch.tensor(8.0)))
+    mine = log_mel_spectrogram(chirp, 8000, n_fft=512, hop_length=128,
+                               filterbank=call_learner(mel_filterbank, 257, 32, 8000, name="mel_filterbank"))
+    theirs = log_mel_spectrogram(chirp, 8000, n_fft=512, hop_length=128, n_mels=32, htk=True, norm=None)
+    expect(torch.allclose(mine, theirs, atol=1e-4), "a log-mel spectrogram made with your filterbank differs from "
+                                                   "the reference's, although the filterbank matched: tell the course staff")
+
+
+# The probe: fresh (n_freqs, n_mels, sample_rate), few enough bands that no filter falls between two bins.
+MEL_PROBE_RUN = HELPERS + """\
+_results = [_call(mel_filterbank, _n_freqs, _n_mels, _sr) for _n_freqs, _n_mels, _sr in inputs['cases']]
+outputs = {'returned': [_kind(_r) for _r in _results], 'mutated': _MUTATED,
+           'filterbanks': [None if _r is None or not isinstance(_r, torch.Tensor) else
+                           _r.detach().to('cpu', torch.float64).numpy() for _r in _results]}
+del _results
+""" + CLEANUP
+
+
+def _mel_probe_inputs(rng: np.random.Generator) -> dict:
+    cases = []
+    for n_fft, sample_rate in ((512, 8000), (int(rng.choice([256, 400, 512])), int(rng.choice([16000, 22050]))),
+                               (int(rng.choice([128, 256])), int(rng.choice([8000, 11025])))):
+        n_freqs = n_fft // 2 + 1
+        cases.append([n_freqs, int(rng.integers(4, max(5, n_freqs // 8))), sample_rate])
+    return {"cases": cases}
+
+
+def _mel_probe_reference(inputs: dict) -> dict:
+    return {"returned": ["tensor"] * len(inputs["cases"]), "cases": inputs["cases"]}
+
+
+def _compare_mel(outputs: dict, expected: dict) -> str | None:
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="mel_filterbank")
+    if problem:
+        return problem
+    banks = outputs.get("filterbanks")
+    if not isinstance(banks, list) or len(banks) != len(expected["cases"]):
+        return "mel_filterbank's hidden test did not run every case"
+    for bank, (n_freqs, n_mels, sample_rate) in zip(banks, expected["cases"]):
+        try:
+            diagnose_mel(_tensor(bank) if bank is not None else None, n_freqs, n_mels, sample_rate)
+        except CheckFailure as failure:
+            return str(failure)
+    return None
+
+
+MEL_FORBIDDEN = ("tfedu.audio", "librosa", "torchaudio")
+
 PROBES = {
     "check_patchify": Probe(
         exercise="ex_patchify", make_inputs=_patchify_probe_inputs, run=PATCHIFY_PROBE_RUN,
         reference=_patchify_probe_reference, compare=_compare_patchify, forbidden=PATCHIFY_FORBIDDEN),
+    "check_mel_filterbank": Probe(
+        exercise="ex_mel_filterbank", make_inputs=_mel_probe_inputs, run=MEL_PROBE_RUN,
+        reference=_mel_probe_reference, compare=_compare_mel, forbidden=MEL_FORBIDDEN),
 }
