@@ -261,3 +261,23 @@ def test_mel_probe_passes_right_answers_and_names_mistakes(seed):
         answer, phrase = MEL_MISTAKES[name]
         problem = verdict(MEL_PROBE, {"mel_filterbank": answer}, seed)
         assert problem is not None and __import__("re").search(phrase, problem), (name, problem)
+
+
+def test_mel_filterbank_passes_float32_work_and_refuses_tfedu_audio():
+    import functools
+    import tfedu.audio
+
+    def float32_then_cast(n_freqs, n_mels, sample_rate):
+        top = 2595 * torch.log10(torch.tensor(1 + sample_rate / 2 / 700))  # float32 throughout
+        edges = 700 * (10 ** (torch.linspace(0, float(top), n_mels + 2) / 2595) - 1)
+        bins = torch.linspace(0, sample_rate / 2, n_freqs)
+        low, centre, high = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+        return torch.minimum((bins - low) / (centre - low), (high - bins) / (high - centre)).clamp(min=0).double()
+
+    nb11.check_mel_filterbank(float32_then_cast)
+    namespace = {"mel_fn": functools.partial(tfedu.audio.mel_filterbank, htk=True, norm=None), "audio": tfedu.audio}
+    exec("def wrapped(n_freqs, n_mels, sample_rate):\n    return mel_fn(n_freqs, n_mels, sample_rate)\n"
+         "def direct(n_freqs, n_mels, sample_rate):\n"
+         "    return audio.mel_filterbank(n_freqs, n_mels, sample_rate, htk=True, norm=None)\n", namespace)
+    for name in ("wrapped", "direct"):
+        assert "tfedu.audio" in failure_of(nb11.check_mel_filterbank, namespace[name]), name

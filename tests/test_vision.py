@@ -196,3 +196,15 @@ def test_the_notebook_vit_learns_the_digits(digits, seed, one_torch_thread):
     acc = accuracy(model, digits.test_images, digits.test_labels)
     assert acc > 0.75, acc  # measured 0.885, 0.885, 0.807 on seeds 0-2 (chance: 0.10)
     assert not math.isnan(acc)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_training_on_a_gpu_with_the_data_on_the_cpu_matches_the_cpu(digits):
+    losses = {}
+    for device in ("cpu", "cuda"):
+        torch.manual_seed(0)
+        model = ViT(NOTEBOOK_VIT).to(device)
+        losses[device] = fit_classifier(model, digits.train_images, digits.train_labels, steps=20, batch_size=64,
+                                        lr=3e-3, seed=0)
+        assert 0 <= accuracy(model, digits.test_images, digits.test_labels) <= 1
+    torch.testing.assert_close(losses["cuda"], losses["cpu"], rtol=1e-2, atol=1e-2)  # TF32 and kernel order differ
