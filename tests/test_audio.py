@@ -2,7 +2,6 @@
 Conformer's structure (Gulati et al. 2020, eq. 1): half-step FFNs, a time-shift-equivariant depthwise conv module,
 padding that never leaks, and a classifier that learns the six classes."""
 
-import time
 import warnings
 
 import numpy as np

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from tfedu.checks import nb09_efficient_attention as nb09
-from tfedu.checks.core import CheckFailure, run_probe
+from checker_helpers import verdict
+from tfedu.checks.core import CheckFailure
 from tfedu.flash import tile_update
 from tfedu.softmax import online_softmax_step
 
@@ -166,9 +167,6 @@ PROBE_CASES = [
 ]
 
 
-def verdict(probe, namespace, seed):
-    outputs, expected = run_probe(probe, namespace, seed)
-    return probe.compare(outputs, expected)
 
 
 @pytest.mark.parametrize("grade_id, name, right, wrongs", PROBE_CASES, ids=[c[0] for c in PROBE_CASES])

@@ -7,25 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from tfedu.checks import nb10_inference as nb10
-from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
+from checker_helpers import failure_of, not_done, verdict
+from tfedu.checks.core import ExerciseNotDone, run_probe
 from tfedu.kv_cache import decode_step, kv_cache_bytes, pool_kv_weight
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def not_done(*args):
-    raise NotImplementedError
-
-
-def verdict(probe, namespace, seed):
-    outputs, expected = run_probe(probe, namespace, seed)
-    return probe.compare(outputs, expected)
-
-
-def failure_of(check, fn) -> str:
-    with pytest.raises(CheckFailure) as failure:
-        check(fn)
-    return str(failure.value)
 
 
 # ----------------------------------------------------------------------------- 10.1 decode_step

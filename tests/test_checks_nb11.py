@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch.nn.functional import unfold as imported_unfold
 
 from tfedu.checks import nb11_beyond_text as nb11
+from checker_helpers import failure_of, not_done, verdict
 from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
 from tfedu.grading.scan import scan_answer
 from tfedu.vision import patchify
@@ -14,19 +15,6 @@ from tfedu.vision import patchify
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def not_done(*args):
-    raise NotImplementedError
-
-
-def verdict(probe, namespace, seed):
-    outputs, expected = run_probe(probe, namespace, seed)
-    return probe.compare(outputs, expected)
-
-
-def failure_of(check, fn) -> str:
-    with pytest.raises(CheckFailure) as failure:
-        check(fn)
-    return str(failure.value)
 
 
 def rearranged(pattern):
