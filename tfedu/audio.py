@@ -15,6 +15,7 @@ and take decibels. Each column (one *frame*, ``hop_length`` samples apart) becom
   chords, tremolo) with random pitches, onsets and background noise; seeded, no download.
 - ``ConformerBlock`` (Gulati et al. 2020, arXiv 2005.08100, fig. 1 and eq. 1): two half-step
   feed-forward modules sandwiching self-attention and a convolution module.
+- ``spectrogram_transformer``: an AST-style ViT on spectrogram patches.
 - ``ConformerClassifier``: mel frames as tokens, Conformer blocks, mean pool, a linear head.
 - Training: ``tfedu.vision.fit_classifier`` and ``accuracy`` serve the audio models too.
 
@@ -574,6 +575,28 @@ class ConformerBlock(nn.Module):
             x = x + self.conv(x, mask)
         x = x + 0.5 * self.ff2(x)
         return self.norm_out(x)
+
+
+def spectrogram_transformer(
+    n_mels: int, n_frames: int, n_classes: int, *, patch_size: tuple[int, int] = (8, 4), d_model: int = 32,
+    n_layers: int = 2, n_heads: int = 2, attention: str = "sdpa",
+) -> "ViT":
+    """An AST-style classifier (Gong et al. 2021): the course's ``ViT`` on a one-channel spectrogram image.
+
+    The log-mel spectrogram ``(n_mels, n_frames)`` is the image; ``patch_size`` (mel bands, frames)
+    cuts it into non-overlapping patches (AST's own are 16x16 with a stride of 10, overlapping).
+    Feed it ``(batch, 1, n_mels, n_frames)``, standardised (AST normalises its inputs too).
+
+    >>> model = spectrogram_transformer(32, 16, 6)
+    >>> model(torch.randn(2, 1, 32, 16)).shape, model.cfg.n_patches
+    (torch.Size([2, 6]), 16)
+
+    Built in notebooks/11_beyond_text.ipynb (as ``ViT(ViTConfig(...))``).
+    """
+    from tfedu.vision import ViT, ViTConfig  # here: tfedu.vision imports nothing from audio, keep it that way
+
+    return ViT(ViTConfig(image_size=(n_mels, n_frames), patch_size=patch_size, in_channels=1, n_classes=n_classes,
+                         d_model=d_model, n_layers=n_layers, n_heads=n_heads, attention=attention))
 
 
 class ConformerClassifier(nn.Module):
