@@ -269,3 +269,14 @@ def test_mel_filterbank_passes_float32_work_and_refuses_tfedu_audio():
          "    return audio.mel_filterbank(n_freqs, n_mels, sample_rate, htk=True, norm=None)\n", namespace)
     for name in ("wrapped", "direct"):
         assert "tfedu.audio" in failure_of(nb11.check_mel_filterbank, namespace[name]), name
+
+
+def test_patchify_through_tfedu_vision_is_named_as_such():
+    import tfedu.vision
+
+    namespace = {"vision": tfedu.vision}
+    exec("def patchify(images, patch_size):\n    return vision.patchify(images, patch_size)\n", namespace)
+    assert "tfedu.vision (as vision)" in failure_of(nb11.check_patchify, namespace["patchify"])
+    hidden = {"fn": getattr(tfedu.vision, "patchify")}  # reached through another name: caught while it runs
+    exec("def patchify(images, patch_size):\n    return fn(images, patch_size)\n", hidden)
+    assert "patchify calls" in failure_of(nb11.check_patchify, hidden["patchify"])

@@ -52,6 +52,7 @@ from tfedu.checks.core import (
     watch_calls,
 )
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, compare_outputs
+import tfedu.vision as _vision
 from tfedu.vision import LinearPatchEmbedding, PatchEmbedding
 from tfedu.vision import patchify as reference_patchify
 
@@ -155,7 +156,7 @@ SHORTCUT_NAMES = ("Unfold", "im2col", "conv2d", "Conv2d", "PatchEmbedding", "Lin
 SHORTCUT_OBJECTS = {id(F.unfold): "F.unfold", id(nn.Unfold): "nn.Unfold", id(F.conv2d): "F.conv2d",
                     id(torch.conv2d): "torch.conv2d", id(nn.Conv2d): "nn.Conv2d", id(reference_patchify): "tfedu.vision.patchify",
                     id(PatchEmbedding): "tfedu.vision.PatchEmbedding", id(LinearPatchEmbedding): "tfedu.vision.LinearPatchEmbedding"}
-WATCHED = ((F, "unfold"), (F, "conv2d"), (torch, "conv2d"))  # caught at run time, however they are reached
+WATCHED = ((F, "unfold"), (F, "conv2d"), (torch, "conv2d"), (_vision, "patchify"))  # caught at run time, however reached
 
 # The small image the feedback shows: its values are their own flat positions (channel, row, column).
 DEMO_SHAPE, DEMO_P = (1, 2, 4, 6), 2
@@ -305,6 +306,7 @@ def _refuse_shortcuts(fn: Any) -> None:
     scope = getattr(fn, "__globals__", {})
     used += sorted(SHORTCUT_OBJECTS[id(scope[n])] for n in names if n in scope and id(scope[n]) in SHORTCUT_OBJECTS
                    and n not in used)
+    used += [f"tfedu.vision (as {n})" for n in sorted(names) if n in scope and scope[n] is _vision]
     expect(not used, HINT_SHORTCUT.format(name=", ".join(used)))
 
 
