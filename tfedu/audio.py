@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from tfedu.config import ModelConfig
 from tfedu.layers import LayerNorm, dropout, make_attention
 from tfedu.positional import sinusoidal
+from tfedu.vision import ViT, ViTConfig, _positive_int, _positive_number  # (vision imports nothing from audio)
 
 # Slaney's mel scale (Auditory Toolbox; librosa's default): linear, 200/3 Hz per mel, up to
 # 1 kHz (= 15 mel), then logarithmic with 27 mel per factor 6.4 in frequency.
@@ -47,16 +48,6 @@ NORMS = ("slaney", None)
 
 
 # ----------------------------------------------------------------------------- checks
-
-
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-
-
-def _positive_number(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
 def _check_wave(wave: object) -> None:
@@ -580,7 +571,7 @@ class ConformerBlock(nn.Module):
 def spectrogram_transformer(
     n_mels: int, n_frames: int, n_classes: int, *, patch_size: tuple[int, int] = (8, 4), d_model: int = 32,
     n_layers: int = 2, n_heads: int = 2, attention: str = "sdpa",
-) -> "ViT":
+) -> ViT:
     """An AST-style classifier (Gong et al. 2021): the course's ``ViT`` on a one-channel spectrogram image.
 
     The log-mel spectrogram ``(n_mels, n_frames)`` is the image; ``patch_size`` (mel bands, frames)
@@ -593,8 +584,6 @@ def spectrogram_transformer(
 
     Built in notebooks/11_beyond_text.ipynb (as ``ViT(ViTConfig(...))``).
     """
-    from tfedu.vision import ViT, ViTConfig  # here: tfedu.vision imports nothing from audio, keep it that way
-
     return ViT(ViTConfig(image_size=(n_mels, n_frames), patch_size=patch_size, in_channels=1, n_classes=n_classes,
                          d_model=d_model, n_layers=n_layers, n_heads=n_heads, attention=attention))
 

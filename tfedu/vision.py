@@ -14,6 +14,7 @@ Built by hand in notebooks/11_beyond_text.ipynb.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -52,8 +53,13 @@ def _pair(value: object, name: str) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
-def _positive(name: str, value: object, kind: type | tuple[type, ...]) -> None:
-    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+def _positive_number(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
@@ -406,9 +412,9 @@ def fit_classifier(
         raise ValueError("x and y must be tensors with the same first axis: x (n, ...), y (n,) of class indices")
     if y.is_floating_point():
         raise ValueError(f"y must hold integer class indices, got dtype {y.dtype}")
-    _positive("steps", steps, int)
-    _positive("batch_size", batch_size, int)
-    _positive("lr", lr, (int, float))
+    _positive_int("steps", steps)
+    _positive_int("batch_size", batch_size)
+    _positive_number("lr", lr)
     device = _device_of(model, x)  # batches go to the model's device (a GPU), the data set can stay on the CPU
     gen = torch.Generator().manual_seed(seed)
     # foreach: one batched update for all parameters (a third faster for small models on the CPU).
