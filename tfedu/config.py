@@ -72,6 +72,11 @@ class ModelConfig:
     attention: str = "manual"  # manual (tfedu.attention, by hand) | sdpa (torch's fused kernel)
     init_std: float | None = None  # std of the normal init of every weight matrix; None: the model's default
     #   (0.02 for GPT and Encoder, as GPT-2 and BERT; d_model ** -0.5 for EncoderDecoder, see there)
+    n_experts: int | None = None  # None: one MLP per block; E: a mixture of E experts (tfedu.moe.MoE)
+    top_k: int = 1  # experts each token runs through (Switch: 1; Mixtral: 2)
+    capacity_factor: float | None = None  # None: no token dropped; c: an expert takes ceil(c k tokens / E) in training
+    balance_loss_coef: float = 0.01  # weight of Switch's load-balancing loss (Fedus et al. 2022: 1e-2)
+    z_loss_coef: float = 0.001  # weight of the router z-loss (Zoph et al. 2022: 1e-3)
     _explicit: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -92,6 +97,7 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.init_std must be a positive number or None, got {self.init_std!r}")
         if not isinstance(self.rope_base, (int, float)) or not (self.rope_base > 1 and math.isfinite(self.rope_base)):
             raise ValueError(f"ModelConfig.rope_base must be a finite number > 1, got {self.rope_base!r}")
+        self._check_experts()
         explicit = frozenset(name for name in _DERIVED if getattr(self, name) is not None)
         object.__setattr__(self, "_explicit", explicit)
         if self.d_head is None:
@@ -118,6 +124,25 @@ class ModelConfig:
             raise ValueError(f"RoPE rotates pairs of dimensions: d_head={self.d_head} must be even")
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions pair sin and cos: d_model={self.d_model} must be even")
+
+    def _check_experts(self) -> None:
+        for name in ("balance_loss_coef", "z_loss_coef"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ValueError(f"ModelConfig.{name} must be a number >= 0, got {value!r}")
+        if self.n_experts is None:
+            if self.top_k != 1 or self.capacity_factor is not None:
+                raise ValueError("top_k and capacity_factor belong to a mixture of experts: set n_experts as well "
+                                 f"(got n_experts=None, top_k={self.top_k!r}, capacity_factor={self.capacity_factor!r})")
+            return
+        _positive_int("n_experts", self.n_experts)
+        _positive_int("top_k", self.top_k)
+        if self.top_k > self.n_experts:
+            raise ValueError(f"top_k={self.top_k} is more than n_experts={self.n_experts}: a token cannot run "
+                             "through more experts than there are")
+        c = self.capacity_factor
+        if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < math.inf):
+            raise ValueError(f"ModelConfig.capacity_factor must be a positive number or None (no dropping), got {c!r}")
 
     def as_dict(self) -> dict:
         """The fields as given, for JSON: derived ones (d_head, n_kv_heads, d_mlp) only if they were given.

@@ -238,12 +238,19 @@ class ParamCount:
     mlp: int  # W_in, W_out (and W_gate for SwiGLU) (+ biases) of every block
     norms: int  # the norms inside every block, plus the final norm of each pre-norm stack
     unembedding: int  # W_U (d_model x d_vocab, no bias); 0 when tied to W_E
+    router: int = 0  # a mixture of experts' routers, d_model x n_experts per block (tfedu.moe)
+    mlp_inactive: int = 0  # the experts' parameters one token does not run through: (E - k) / E of mlp
 
     @property
     def total(self) -> int:
         """Every parameter, a shared one counted once."""
         return (self.embedding + self.positions + self.attention + self.cross_attention + self.mlp + self.norms
-                + self.unembedding)
+                + self.unembedding + self.router)
+
+    @property
+    def active(self) -> int:
+        """The parameters one token uses: ``total`` less the experts it is not routed to (= total for a dense model)."""
+        return self.total - self.mlp_inactive
 
     @property
     def non_embedding(self) -> int:
@@ -283,14 +290,18 @@ def param_count(cfg: ModelConfig, kind: str = "gpt") -> ParamCount:
     # Post-norm blocks end in a norm already (norm(x + F(x))); pre-norm leaves the residual stream
     # unnormalised, so each pre-norm stack ends in one more (Radford et al. 2019, sec. 2.3).
     final_norms = stacks if cfg.norm_position == "pre" else 0
+    n_experts = cfg.n_experts or 1
+    mlp = stacks * cfg.n_layers * n_experts * _mlp_params(cfg)
     return ParamCount(
         embedding=n_embeddings * table,
         positions=cfg.n_ctx * cfg.d_model if cfg.positional == "learned" else 0,
         attention=stacks * cfg.n_layers * _attention_params(cfg),
         cross_attention=decoder_blocks * _attention_params(cfg),
-        mlp=stacks * cfg.n_layers * _mlp_params(cfg),
+        mlp=mlp,
         norms=(stacks * cfg.n_layers * 2 + decoder_blocks + final_norms) * _norm_params(cfg),
         unembedding=0 if cfg.tied_embeddings else table,
+        router=stacks * cfg.n_layers * cfg.d_model * cfg.n_experts if cfg.n_experts else 0,
+        mlp_inactive=mlp * (n_experts - cfg.top_k) // n_experts,
     )
 
 
@@ -342,14 +353,15 @@ class FlopsPerToken:
     attention_proj: int  # x @ W_Q, W_K, W_V and heads @ W_O in every layer
     attention_scores: int  # q @ k^T against all n_ctx keys: 2 n_layers n_ctx n_heads d_head
     attention_mix: int  # pattern @ v over all n_ctx keys: as many again
-    mlp: int  # W_in, W_out (and W_gate for SwiGLU) in every layer
+    mlp: int  # W_in, W_out (and W_gate for SwiGLU) in every layer; top_k experts' worth in a mixture of experts
     unembedding: int  # the logits, x @ W_U: 2 d_model d_vocab
+    router: int = 0  # a mixture of experts' router logits, x @ W_router: 2 d_model n_experts per layer
 
     @property
     def forward(self) -> int:
         """All forward FLOPs of one token."""
         return (self.embedding + self.attention_proj + self.attention_scores + self.attention_mix + self.mlp
-                + self.unembedding)
+                + self.unembedding + self.router)
 
     @property
     def training(self) -> int:
@@ -404,8 +416,9 @@ def flops_per_token(cfg: ModelConfig, n_ctx_used: int) -> FlopsPerToken:
         attention_proj=cfg.n_layers * (q_and_o + k_and_v),
         attention_scores=cfg.n_layers * cfg.n_heads * matmul_flops(1, cfg.d_head, n_ctx_used),
         attention_mix=cfg.n_layers * cfg.n_heads * matmul_flops(1, n_ctx_used, cfg.d_head),
-        mlp=cfg.n_layers * mlp,
+        mlp=cfg.n_layers * cfg.top_k * mlp,  # each token runs through top_k experts (1 = the dense MLP)
         unembedding=linear_flops(1, cfg.d_model, cfg.d_vocab),
+        router=cfg.n_layers * linear_flops(1, cfg.d_model, cfg.n_experts) if cfg.n_experts else 0,
     )
 
 

@@ -217,6 +217,25 @@ def swiglu_hidden(d_model: int, multiple_of: int = 1) -> int:
     return multiple_of * math.ceil(hidden / multiple_of)
 
 
+def activate(pre: Tensor, activation: str, gate: Tensor | None = None) -> Tensor:
+    """The MLP's nonlinearity on ``pre = W_in x``; SwiGLU also takes ``gate = W_gate x``.
+
+    Shared by ``MLP`` and the experts of ``tfedu.moe.MoE``.
+
+    >>> activate(torch.tensor([-1.0, 2.0]), "relu").tolist()
+    [0.0, 2.0]
+    """
+    if activation == "swiglu":
+        # Shazeer 2020 eq. 6: FFN_SwiGLU(x) = (Swish(x W) ⊗ x V) W_2, Swish_1 = SiLU.
+        return F.silu(gate) * pre
+    if activation == "relu":
+        return F.relu(pre)
+    if activation == "gelu":
+        return F.gelu(pre)  # x Φ(x), exact with erf (Hendrycks & Gimpel 2016)
+    # GPT-2's 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), HF's "gelu_new".
+    return F.gelu(pre, approximate="tanh")
+
+
 class MLP(nn.Module):
     """The position-wise feed-forward network: ``W_out(act(W_in x))`` (Vaswani et al. 2017, eq. 2).
 
@@ -256,18 +275,8 @@ class MLP(nn.Module):
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         _check_input("MLP", x, self.d_model)
-        pre = self.W_in(x)  # ... d_mlp
-        if self.activation == "swiglu":
-            # Shazeer 2020 eq. 6: FFN_SwiGLU(x) = (Swish(x W) ⊗ x V) W_2, Swish_1 = SiLU.
-            hidden = F.silu(self.W_gate(x)) * pre
-        elif self.activation == "relu":
-            hidden = F.relu(pre)
-        elif self.activation == "gelu":
-            hidden = F.gelu(pre)  # x Φ(x), exact with erf (Hendrycks & Gimpel 2016)
-        else:
-            # GPT-2's 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), HF's "gelu_new".
-            hidden = F.gelu(pre, approximate="tanh")
-        return self.W_out(hidden)  # ... d_model
+        gate = self.W_gate(x) if self.activation == "swiglu" else None
+        return self.W_out(activate(self.W_in(x), self.activation, gate))  # ... d_model
 
     def extra_repr(self) -> str:
         return f"d_model={self.d_model}, d_mlp={self.d_mlp}, activation={self.activation!r}"
@@ -424,8 +433,12 @@ def make_attention(cfg: ModelConfig, *, cross: bool = False) -> Attention:
     )
 
 
-def make_mlp(cfg: ModelConfig) -> MLP:
-    """The feed-forward layer for ``cfg`` (later notebooks swap in a mixture of experts here)."""
+def make_mlp(cfg: ModelConfig) -> nn.Module:
+    """The feed-forward layer for ``cfg``: an ``MLP``, or a ``tfedu.moe.MoE`` of them when ``cfg.n_experts`` is set."""
+    if cfg.n_experts is not None:
+        from tfedu.moe import MoE  # tfedu.moe imports this module
+
+        return MoE.from_config(cfg)
     return MLP(cfg.d_model, cfg.d_mlp, activation=cfg.activation, bias=cfg.bias)
 
 

@@ -46,6 +46,7 @@ from torch import Tensor, nn
 from tfedu.config import ModelConfig
 from tfedu.kv_cache import KVCache
 from tfedu.layers import Block, dropout, make_norm
+from tfedu.moe import MoE
 from tfedu.positional import LearnedPositions, alibi_bias, sinusoidal
 
 IGNORE_INDEX = -100  # target value that the loss skips (padding, unmasked MLM positions), as in F.cross_entropy
@@ -157,12 +158,14 @@ class Transformer(nn.Module):
     def _finish_init(self) -> None:
         """GPT-2's initialisation (Radford et al. 2019, sec. 2.3), then tie W_U to W_E if asked."""
         std = self.default_init_std() if self.cfg.init_std is None else self.cfg.init_std
+        n_residual_layers = sum(2 + hasattr(block, "cross_attn") for block in self.modules() if isinstance(block, Block))
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
-        n_residual_layers = sum(2 + hasattr(block, "cross_attn") for block in self.modules() if isinstance(block, Block))
+            if isinstance(module, MoE):  # stacked expert weights: each expert as GPT-2 initialises an MLP
+                module.reset_parameters(std, out_std=std / math.sqrt(n_residual_layers))
         for name, param in self.named_parameters():
             # Each sub-layer adds to the residual stream; scaling the layers that write to it by
             # 1/sqrt(number of writes) keeps the stream's variance from growing with depth.

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tfedu.data import TokenDataset, write_atomically
+from tfedu.moe import router_losses
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,7 @@ def train(
             with autocast:
                 _, loss = net(x, y)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            (loss + router_losses(model)).backward()  # + a mixture of experts' balance and z-losses (else 0)
             norm = nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip else math.inf)
             optimizer.step()
             record = {"step": step + 1, "loss": mean_over_processes(loss.item(), procs), "lr": optimizer.param_groups[0]["lr"],
