@@ -24,7 +24,7 @@ from tfedu.moe import (
     router_z_loss,
     sort_assignments,
     top_k_gating,
-    use_gating,
+    use_router,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -274,7 +274,7 @@ def test_moe_gpt_trains_with_router_losses_and_cached_decoding_matches():
     assert torch.equal(cached, plain)
 
 
-def test_use_gating_swaps_every_layer():
+def test_use_router_swaps_every_layer():
     cfg = ModelConfig(d_vocab=16, n_ctx=8, d_model=16, n_layers=3, n_heads=2, n_experts=4)
     model = GPT(cfg)
     calls = []
@@ -283,7 +283,10 @@ def test_use_gating_swaps_every_layer():
         calls.append(k)
         return top_k_gating(logits, k)
 
-    assert use_gating(model, spy) == 3
+    assert use_router(model, gating=spy) == 3
     model(torch.zeros(1, 4, dtype=torch.long))
     assert calls == [1, 1, 1]
+    assert use_router(model, balance=lambda probs, experts: probs.sum() * 0) == 3
+    model(torch.zeros(1, 4, dtype=torch.long))
+    assert all(layer.stats.balance == 0 for layer in moe_layers(model))
     assert router_losses(GPT(cfg.replace(n_experts=None))) == 0.0

@@ -233,7 +233,8 @@ class MoE(nn.Module):
     (SwiGLU adds ``W_gate``), biases ``b_in``/``b_out`` with ``bias=True``; the router is
     ``router``, an ``nn.Linear(d_model, E, bias=False)`` run in float32 (Switch's "selective
     precision", sec. 2.4). ``gating`` is the function that turns router logits into (gates,
-    experts): ``top_k_gating`` unless you pass your own.
+    experts): ``top_k_gating`` unless you pass your own; ``balance`` computes the load-balancing loss
+    from (router probabilities, experts): ``balance_loss`` unless you pass your own.
 
     Capacity applies in training mode only: in eval mode every assignment runs (as Mixtral runs
     without dropping), so a KV-cached decode step, which routes one token at a time, gives the same
@@ -247,7 +248,8 @@ class MoE(nn.Module):
     def __init__(self, d_model: int, d_mlp: int, n_experts: int, *, top_k: int = 1,
                  capacity_factor: float | None = None, activation: str = "gelu", bias: bool = True,
                  balance_loss_coef: float = 0.01, z_loss_coef: float = 0.001, dispatch: str = "sorted",
-                 gating: Callable[[Tensor, int], tuple[Tensor, Tensor]] = top_k_gating) -> None:
+                 gating: Callable[[Tensor, int], tuple[Tensor, Tensor]] = top_k_gating,
+                 balance: Callable[[Tensor, Tensor], Tensor] = balance_loss) -> None:
         super().__init__()
         from tfedu.config import ModelConfig  # its checks are the ones we want; it imports nothing from here
 
@@ -264,6 +266,7 @@ class MoE(nn.Module):
             raise ValueError(f"dispatch={dispatch!r} is not one of {', '.join(map(repr, DISPATCHES))}")
         self.dispatch = dispatch
         self.gating = gating
+        self.balance = balance
         self.router = nn.Linear(d_model, n_experts, bias=False)
         self.W_in = nn.Parameter(torch.empty(n_experts, d_model, d_mlp))
         if activation == "swiglu":
@@ -357,7 +360,7 @@ class MoE(nn.Module):
         else:
             out = self._sorted(flat, gates.to(flat.dtype), a, keep, limit)
         probs = logits.softmax(dim=-1)
-        balance, z = balance_loss(probs, experts), router_z_loss(logits)
+        balance, z = self.balance(probs, experts), router_z_loss(logits)
         self.aux_loss = self.balance_loss_coef * balance + self.z_loss_coef * z
         self._record(a, keep, capacity, flat.shape[0], balance, z)
         return out.reshape(x.shape)
@@ -422,9 +425,16 @@ def router_losses(model: nn.Module) -> Tensor | float:
     return sum(losses) if losses else 0.0
 
 
-def use_gating(model: nn.Module, gating: Callable[[Tensor, int], tuple[Tensor, Tensor]]) -> int:
-    """Make every MoE layer of ``model`` route with ``gating``; returns how many layers changed."""
+def use_router(model: nn.Module, *, gating: Callable[[Tensor, int], tuple[Tensor, Tensor]] | None = None,
+               balance: Callable[[Tensor, Tensor], Tensor] | None = None) -> int:
+    """Make every MoE layer of ``model`` route with ``gating`` and/or score balance with ``balance``.
+
+    Returns how many layers changed (0 for a model without a mixture of experts).
+    """
     layers = moe_layers(model)
     for layer in layers:
-        layer.gating = gating
+        if gating is not None:
+            layer.gating = gating
+        if balance is not None:
+            layer.balance = balance
     return len(layers)
