@@ -35,6 +35,7 @@ from tfedu.checks import nb08_training_decoding as nb08
 from tfedu.checks import nb09_efficient_attention as nb09
 from tfedu.checks import nb10_inference as nb10
 from tfedu.checks import nb11_beyond_text as nb11
+from tfedu.checks import nb12_moe_and_scaling as nb12
 from tfedu.checks.core import Probe, is_plain_data, run_probe, standin_objects, standins_bound
 from tfedu.embeddings import sgns_loss
 from tfedu.grading.scan import scan_answer
@@ -44,12 +45,37 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 MODULES = {"00_start_here": nb00, "01_tokenization": nb01, "02_embeddings": nb02, "03_rnns_to_attention": nb03,
            "04_attention": nb04, "05_masks_and_heads": nb05,
            "06_positional_encoding": nb06, "07_transformer_block": nb07, "08_training_and_decoding": nb08,
-           "09_efficient_attention": nb09, "10_inference_and_kv_cache": nb10, "11_beyond_text": nb11}
+           "09_efficient_attention": nb09, "10_inference_and_kv_cache": nb10, "11_beyond_text": nb11,
+           "12_moe_and_scaling": nb12}
 ALL_PROBES = [(stem, grade_id) for stem, module in MODULES.items() for grade_id in module.PROBES]
 
 
+# Checker modules written ahead of their notebook: until notebooks/<stem>.ipynb exists, the probe tests run these
+# answers (written as the exercise asks, by grade_id) in place of its solution cells. Remove the entry when the
+# notebook lands (test_notebooks_ahead_of_their_checkers_are_still_missing says so).
+AHEAD_OF_NOTEBOOK = {
+    "12_moe_and_scaling": {
+        "ex_top_k_gating": (
+            "def top_k_gating(router_logits, k):\n"
+            "    probs = torch.softmax(router_logits, dim=-1)  # tokens n_experts\n"
+            "    gates, experts = torch.topk(probs, k, dim=-1)  # tokens k\n"
+            "    if k > 1:\n"
+            "        gates = gates / gates.sum(dim=-1, keepdim=True)\n"
+            "    return gates, experts\n"),
+        "ex_balance_loss": (
+            "def balance_loss(router_probs, experts):\n"
+            "    n_experts = router_probs.shape[-1]\n"
+            "    f = torch.bincount(experts.flatten(), minlength=n_experts) / experts.numel()  # n_experts\n"
+            "    P = router_probs.mean(dim=0)  # n_experts\n"
+            "    return n_experts * (f * P).sum()\n"),
+    },
+}
+
+
 def solution_cells(stem: str) -> dict[str, str]:
-    """grade_id -> source of each solution cell of a notebook."""
+    """grade_id -> source of each solution cell of a notebook (see AHEAD_OF_NOTEBOOK for one not written yet)."""
+    if stem in AHEAD_OF_NOTEBOOK and not (NOTEBOOKS / f"{stem}.ipynb").exists():
+        return dict(AHEAD_OF_NOTEBOOK[stem])
     nb = nbtools.read(NOTEBOOKS / f"{stem}.ipynb")
     cells = {}
     for cell in nb.cells:
@@ -78,6 +104,13 @@ def verdict(probe: Probe, namespace: dict, seed: int, *, standins: bool = False)
 
 
 # ----------------------------------------------------------------------------- every probe, the notebook's solution
+
+
+def test_notebooks_ahead_of_their_checkers_are_still_missing():
+    for stem in AHEAD_OF_NOTEBOOK:
+        assert not (NOTEBOOKS / f"{stem}.ipynb").exists(), (
+            f"notebooks/{stem}.ipynb exists now: remove its entry from AHEAD_OF_NOTEBOOK, so its solution cells are tested")
+        assert set(AHEAD_OF_NOTEBOOK[stem]) == {probe.exercise for probe in MODULES[stem].PROBES.values()}
 
 
 @pytest.mark.parametrize("stem, grade_id", ALL_PROBES)
@@ -351,6 +384,20 @@ def tile_update_divided_early(m, l, o, s, v):
     return m_new, l_new, (alpha[..., None] * o + p @ v) / l_new[..., None]
 
 
+def gating_naive_exp(router_logits, k):
+    """Top-k gating with a softmax from exp and sum, no max shift: NaN for logits around 1000."""
+    exps = router_logits.exp()
+    gates, experts = (exps / exps.sum(dim=-1, keepdim=True)).topk(k, dim=-1)
+    return (gates / gates.sum(dim=-1, keepdim=True) if k > 1 else gates), experts
+
+
+def balance_loss_per_token(router_probs, experts):
+    """Hugging Face Mixtral's convention: f divided by the tokens, not the tokens * k assignments (k at balance)."""
+    n_experts = router_probs.shape[-1]
+    f = F.one_hot(experts, n_experts).sum(dim=(0, 1)) / experts.shape[0]
+    return n_experts * (f * router_probs.mean(dim=0)).sum()
+
+
 MISTAKES = [
     # (notebook, check, name bound, the wrong answer, a fragment of the feedback)
     # found by outside reviewers, each scoring full marks before the hidden tests covered it
@@ -399,6 +446,12 @@ MISTAKES = [
      "not rescaled when the max grows"),
     ("09_efficient_attention", "check_tiled_matmul", "tiled_matmul", lambda A, B, tile: A @ B, "wider than tile"),
     ("09_efficient_attention", "check_flash_tile_update", "flash_tile_update", tile_update_divided_early, "too early"),
+    ("12_moe_and_scaling", "check_top_k_gating", "top_k_gating", gating_naive_exp, "subtract each row's max"),
+    ("12_moe_and_scaling", "check_top_k_gating", "top_k_gating", no_grad(gating_naive_exp), "carry no gradient"),
+    ("12_moe_and_scaling", "check_top_k_gating", "top_k_gating",
+     lambda logits, k: torch.topk(torch.softmax(logits, dim=-1), k, dim=-1), "add to less than 1"),
+    ("12_moe_and_scaling", "check_balance_loss", "balance_loss", balance_loss_per_token, "Hugging Face Mixtral's convention"),
+    ("12_moe_and_scaling", "check_balance_loss", "balance_loss", no_grad(balance_loss_per_token), "is P detached"),
 ]
 
 

@@ -1,0 +1,345 @@
+"""Checkers and probes of notebook 12: each passes the reference and right alternatives, and names realistic mistakes."""
+
+import einops
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tfedu.moe
+from checker_helpers import failure_of, not_done, verdict
+from tfedu.checks import nb12_moe_and_scaling as nb12
+from tfedu.checks.core import ExerciseNotDone, is_plain_data, run_probe
+from tfedu.grading.scan import scan_answer
+from tfedu.moe import balance_loss, expert_fractions, top_k_gating
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+# ----------------------------------------------------------------------------- 12.1 top_k_gating
+
+
+def gating(router_logits, k, mistake=""):
+    """A learner's top_k_gating, written by hand, right or with one ``mistake``."""
+    dim = 0 if mistake == "softmax dim 0" else -1
+    if mistake == "naive exp":
+        exps = router_logits.exp()
+        probs = exps / exps.sum(dim=-1, keepdim=True)
+    else:
+        probs = torch.softmax(router_logits, dim=dim)  # tokens n_experts
+    if mistake == "raw logits":
+        probs = router_logits
+    kept = {"k = 2 always": 2, "all experts": router_logits.shape[-1]}.get(mistake, k)
+    gates, experts = torch.topk(probs, kept, dim=-1, largest=mistake != "smallest")  # tokens k
+    if mistake == "tokens axis":
+        gates, experts = torch.topk(probs, k, dim=0)
+    if (k > 1 and mistake != "not renormalised") or mistake == "renormalised at k = 1":
+        total = gates.sum(dim=-1, keepdim=True)
+        gates = gates / (total.detach() if mistake == "detached sum" else total)
+    if mistake == "squeezed" and k == 1:
+        gates, experts = gates.squeeze(-1), experts.squeeze(-1)
+    if mistake == "detached":
+        gates = gates.detach()
+    if mistake == "tolist":
+        gates = torch.tensor(gates.tolist(), dtype=router_logits.dtype)
+    if mistake == "float experts":
+        experts = experts.float()
+    if mistake == "lists":
+        return gates.tolist(), experts.tolist()
+    if mistake == "swapped":
+        return experts, gates
+    if mistake == "float32 gates":
+        gates = gates.float()
+    return gates, experts
+
+
+def gating_under_no_grad(router_logits, k):
+    with torch.no_grad():
+        return gating(router_logits, k)
+
+
+def gating_in_place(router_logits, k):
+    router_logits -= router_logits.max(dim=-1, keepdim=True).values  # the stable shift, on the caller's tensor
+    return gating(router_logits, k)
+
+
+def gating_top_k_logits_softmax(router_logits, k):
+    """Pick by the logits, then a softmax over the k kept logits when k > 1 (equal to renormalising)."""
+    logits, experts = router_logits.topk(k, dim=-1)
+    if k == 1:
+        return torch.softmax(router_logits, dim=-1).gather(-1, experts), experts
+    return F.softmax(logits, dim=-1), experts
+
+
+def gating_softmax_over_kept(router_logits, k):
+    """A softmax over the k kept logits for every k: right for k > 1, but a gate of exactly 1 when k = 1."""
+    logits, experts = router_logits.topk(k, dim=-1)
+    return F.softmax(logits, dim=-1), experts
+
+
+def gating_by_argsort_any_order(router_logits, k):
+    """Stable softmax by hand, argsort, and the k picks handed back in increasing expert id: any order passes."""
+    shifted = router_logits - router_logits.amax(dim=-1, keepdim=True)
+    probs = shifted.exp() / shifted.exp().sum(dim=-1, keepdim=True)
+    experts = probs.argsort(dim=-1, descending=True)[:, :k].sort(dim=-1).values.to(torch.int32)
+    gates = probs.gather(-1, experts.long())
+    return gates / gates.sum(dim=-1, keepdim=True) if k > 1 else gates, experts
+
+
+def gating_einops(router_logits, k):
+    probs = router_logits.softmax(dim=-1)
+    gates, experts = probs.topk(k, dim=-1)
+    total = einops.reduce(gates, "tokens k -> tokens 1", "sum")
+    return (gates / total if k > 1 else gates), experts
+
+
+RIGHT_GATING = {"by hand": gating, "softmax over the top-k logits": gating_top_k_logits_softmax,
+                "argsort, any order, int32": gating_by_argsort_any_order, "einops": gating_einops}
+
+GATING_MISTAKES = {  # name: (wrong top_k_gating, a phrase its hint must contain)
+    "softmax dim 0": (lambda x, k: gating(x, k, "softmax dim 0"), "normalised over the tokens axis"),
+    "not renormalised": (lambda x, k: gating(x, k, "not renormalised"), "add to less than 1"),
+    "renormalised at k = 1": (lambda x, k: gating(x, k, "renormalised at k = 1"), "every one of your gates is exactly 1"),
+    "softmax over the kept logits, k = 1 too": (gating_softmax_over_kept, "no gradient reaches the router"),
+    "k = 2 always": (lambda x, k: gating(x, k, "k = 2 always"), "2 experts per token, where k = 1 was asked"),
+    "all experts": (lambda x, k: gating(x, k, "all experts"), "(all n_experts = "),
+    "squeezed": (lambda x, k: gating(x, k, "squeezed"), "keep the k axis"),
+    "tokens axis": (lambda x, k: gating(x, k, "tokens axis"), "picked along the tokens axis"),
+    "raw logits": (lambda x, k: gating(x, k, "raw logits"), "raw logits"),
+    "smallest": (lambda x, k: gating(x, k, "smallest"), "smallest probabilities"),
+    "detached": (lambda x, k: gating(x, k, "detached"), "carry no gradient back to router_logits"),
+    "no_grad": (gating_under_no_grad, "carry no gradient back to router_logits"),
+    "tolist": (lambda x, k: gating(x, k, "tolist"), "carry no gradient back to router_logits"),
+    "detached sum": (lambda x, k: gating(x, k, "detached sum"), "the sum you divide by"),
+    "naive exp": (lambda x, k: gating(x, k, "naive exp"), "subtract each row's max"),
+    "in place": (gating_in_place, "changed the caller's `router_logits` in place"),
+    "lists": (lambda x, k: gating(x, k, "lists"), "should return two torch tensors"),
+    "float experts": (lambda x, k: gating(x, k, "float experts"), "int64 expected"),
+    "swapped": (lambda x, k: gating(x, k, "swapped"), "you returned (experts, gates)"),
+    "float32 gates": (lambda x, k: gating(x, k, "float32 gates"), "keep the logits' dtype"),
+    "one tensor": (lambda x, k: gating(x, k)[0], "should return a pair (gates, experts)"),
+}
+
+
+@pytest.mark.parametrize("name", RIGHT_GATING)
+def test_top_k_gating_passes_right_answers(name, capsys):
+    nb12.check_top_k_gating(RIGHT_GATING[name])
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", GATING_MISTAKES)
+def test_top_k_gating_names_each_mistake(name):
+    wrong, fragment = GATING_MISTAKES[name]
+    message = failure_of(nb12.check_top_k_gating, wrong)
+    assert fragment in message, message
+
+
+def test_top_k_gating_refuses_tfedu_moe_and_says_when_not_done():
+    assert "uses tfedu.moe (you passed tfedu.moe's own top_k_gating)" in failure_of(nb12.check_top_k_gating, top_k_gating)
+    namespace = {"moe": tfedu.moe, "pick": top_k_gating}
+    exec("def by_module(router_logits, k):\n    return moe.top_k_gating(router_logits, k)\n"
+         "def by_name(router_logits, k):\n    return pick(router_logits, k)\n", namespace)
+    assert "uses tfedu.moe (moe)" in failure_of(nb12.check_top_k_gating, namespace["by_module"])
+    assert "uses tfedu.moe (pick)" in failure_of(nb12.check_top_k_gating, namespace["by_name"])
+    hidden = {"tfedu": tfedu}  # the package is no shortcut itself: the call is caught while it runs
+    exec("def through_package(router_logits, k):\n    return tfedu.moe.top_k_gating(router_logits, k)\n", hidden)
+    assert "tfedu.moe.top_k_gating" in failure_of(nb12.check_top_k_gating, hidden["through_package"])
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb12.check_top_k_gating(not_done)
+    with pytest.raises(ExerciseNotDone, match="returned None"):
+        nb12.check_top_k_gating(lambda router_logits, k: None)
+
+
+def test_the_gating_cases_have_no_ties_and_tell_the_mistakes_apart():
+    for seed, tokens, n_experts, k, dtype, offset in nb12.GATING_CASES:
+        logits = nb12.router_logits(seed, tokens, n_experts, dtype, offset)
+        gaps = logits.double().sort(dim=-1).values.diff(dim=-1)
+        assert (gaps >= 0.25 - 1e-9).all() and torch.equal(logits.double(), (logits.double() * 8).round() / 8)
+    logits = nb12.router_logits(*nb12.GATING_CASES[1][:3])  # 6 tokens, 4 experts, k = 2
+    want = nb12.expected_gating(logits, 2)
+    for hint, gates, experts in nb12.gating_mistakes(logits, 2):
+        assert not nb12._same_pair(gates, experts, *want), hint
+
+
+# ----------------------------------------------------------------------------- 12.2 balance_loss
+
+
+def loss_by_bincount(router_probs, experts):
+    n_experts = router_probs.shape[-1]
+    f = torch.bincount(experts.flatten(), minlength=n_experts) / experts.numel()  # n_experts
+    P = router_probs.mean(dim=0)  # n_experts
+    return n_experts * (f * P).sum()
+
+
+def loss_by_one_hot(router_probs, experts):
+    n_experts = router_probs.shape[1]
+    f = F.one_hot(experts, n_experts).float().sum(dim=(0, 1)) / experts.numel()
+    return n_experts * torch.dot(f.to(router_probs.dtype), router_probs.mean(dim=0))
+
+
+def loss_by_scatter_and_einops(router_probs, experts):
+    tokens, n_experts = router_probs.shape
+    counts = torch.zeros(n_experts, dtype=router_probs.dtype).scatter_add(
+        0, experts.flatten(), torch.ones(experts.numel(), dtype=router_probs.dtype))
+    P = einops.reduce(router_probs, "tokens n_experts -> n_experts", "mean")
+    return n_experts * einops.einsum(counts / experts.numel(), P, "e, e ->")
+
+
+def balance_variant(router_probs, experts, mistake):
+    tokens, n_experts = router_probs.shape
+    counts = torch.bincount(experts.flatten(), minlength=n_experts).to(router_probs.dtype)
+    f = counts / experts.numel()
+    P = router_probs.mean(dim=0)
+    if mistake == "f from probs":
+        f = P
+    if mistake == "raw counts":
+        f = counts
+    if mistake == "per token":
+        f = counts / tokens
+    if mistake == "first choice":
+        f = torch.bincount(experts[:, 0], minlength=n_experts).to(router_probs.dtype) / tokens
+    if mistake == "P detached":
+        P = P.detach()
+    if mistake == "P chosen":
+        P = (router_probs * F.one_hot(experts, n_experts).sum(dim=1)).mean(dim=0)
+    if mistake == "no E":
+        return (f * P).sum()
+    if mistake == "mean":
+        return n_experts * (f * P).mean()
+    if mistake == "mean, no E":
+        return (f * P).mean()
+    if mistake == "not summed":
+        return n_experts * f * P
+    if mistake == "shape (1,)":
+        return (n_experts * (f * P).sum()).reshape(1)
+    if mistake == "float":
+        return (n_experts * (f * P).sum()).item()
+    return n_experts * (f * P).sum()
+
+
+def loss_under_no_grad(router_probs, experts):
+    with torch.no_grad():
+        return loss_by_bincount(router_probs, experts)
+
+
+def loss_in_place(router_probs, experts):
+    router_probs *= router_probs.shape[-1]  # "rescale" the caller's probabilities
+    return loss_by_bincount(router_probs / router_probs.shape[-1], experts)
+
+
+RIGHT_BALANCE = {"bincount": loss_by_bincount, "one_hot": loss_by_one_hot, "scatter and einops": loss_by_scatter_and_einops}
+
+BALANCE_MISTAKES = {  # name: (wrong balance_loss, a phrase its hint must contain)
+    "f from probs": (lambda p, e: balance_variant(p, e, "f from probs"), "E * sum_i P_i^2"),
+    "no E": (lambda p, e: balance_variant(p, e, "no E"), "the factor E in front is missing"),
+    "mean": (lambda p, e: balance_variant(p, e, "mean"), "averaged f_i * P_i over the experts with .mean()"),
+    "mean, no E": (lambda p, e: balance_variant(p, e, "mean, no E"), "divided by E^2"),
+    "raw counts": (lambda p, e: balance_variant(p, e, "raw counts"), "raw counts"),
+    "per token": (lambda p, e: balance_variant(p, e, "per token"), "Hugging Face Mixtral's convention"),
+    "first choice": (lambda p, e: balance_variant(p, e, "first choice"), "only each token's first choice"),
+    "P detached": (lambda p, e: balance_variant(p, e, "P detached"), "is P detached"),
+    "no_grad": (loss_under_no_grad, "is P detached"),
+    "P chosen": (lambda p, e: balance_variant(p, e, "P chosen"), "chosen experts' probabilities only"),
+    "not summed": (lambda p, e: balance_variant(p, e, "not summed"), "one entry per expert"),
+    "shape (1,)": (lambda p, e: balance_variant(p, e, "shape (1,)"), "return a 0-d tensor"),
+    "float": (lambda p, e: balance_variant(p, e, "float"), "returned a Python float"),
+    "in place": (loss_in_place, "changed the caller's `router_probs` in place"),
+}
+
+
+@pytest.mark.parametrize("name", RIGHT_BALANCE)
+def test_balance_loss_passes_right_answers(name, capsys):
+    nb12.check_balance_loss(RIGHT_BALANCE[name])
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", BALANCE_MISTAKES)
+def test_balance_loss_names_each_mistake(name):
+    wrong, fragment = BALANCE_MISTAKES[name]
+    message = failure_of(nb12.check_balance_loss, wrong)
+    assert fragment in message, message
+
+
+def test_balance_loss_refuses_tfedu_moe_and_says_when_not_done():
+    assert "tfedu.moe's own balance_loss" in failure_of(nb12.check_balance_loss, balance_loss)
+    namespace = {"fractions": expert_fractions}
+    exec("def with_fractions(router_probs, experts):\n"
+         "    E = router_probs.shape[-1]\n"
+         "    return E * (fractions(experts, E).to(router_probs.dtype) * router_probs.mean(0)).sum()\n", namespace)
+    assert "uses tfedu.moe (fractions)" in failure_of(nb12.check_balance_loss, namespace["with_fractions"])
+    hidden = {"tfedu": tfedu}
+    exec("def through_package(router_probs, experts):\n    return tfedu.moe.balance_loss(router_probs, experts)\n", hidden)
+    assert "tfedu.moe.balance_loss" in failure_of(nb12.check_balance_loss, hidden["through_package"])
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb12.check_balance_loss(not_done)
+    with pytest.raises(ExerciseNotDone, match="returned None"):
+        nb12.check_balance_loss(lambda router_probs, experts: None)
+
+
+def test_balanced_and_collapsed_routers_give_1_and_E():
+    assert nb12.expected_balance(*nb12.balanced(8, 4, 2)).item() == pytest.approx(1.0)
+    assert balance_variant(*nb12.balanced(8, 4, 2), "per token").item() == pytest.approx(2.0)  # Mixtral's k at balance
+    assert nb12.expected_balance(*nb12.collapsed(6, 4)).item() == pytest.approx(4.0)
+
+
+# ----------------------------------------------------------------------------- probes
+
+GATING_PROBE = nb12.PROBES["check_top_k_gating"]
+BALANCE_PROBE = nb12.PROBES["check_balance_loss"]
+PROBE_GATING_MISTAKES = {  # the probe's own wording where the kernel's checks speak first
+    "in place": "changed its input in place", "lists": "should return a pair", "one tensor": "should return a pair",
+}
+PROBE_BALANCE_MISTAKES = {"in place": "changed its input in place", "float": "should return tensor, it returned float"}
+
+
+@pytest.mark.parametrize("name", [*RIGHT_GATING, "reference"])
+def test_gating_probe_passes_right_answers(name):  # the probe judges outputs only: the grader's scan refuses tfedu.moe
+    for seed in range(4):
+        assert verdict(GATING_PROBE, {"top_k_gating": RIGHT_GATING.get(name, top_k_gating)}, seed) is None, seed
+
+
+@pytest.mark.parametrize("name", [*RIGHT_BALANCE, "reference"])
+def test_balance_probe_passes_right_answers(name):
+    for seed in range(4):
+        assert verdict(BALANCE_PROBE, {"balance_loss": RIGHT_BALANCE.get(name, balance_loss)}, seed) is None, seed
+
+
+@pytest.mark.parametrize("name", [n for n in GATING_MISTAKES if n != "float32 gates"])
+def test_gating_probe_names_mistakes(name):
+    wrong, fragment = GATING_MISTAKES[name]
+    for seed in range(2):
+        feedback = verdict(GATING_PROBE, {"top_k_gating": wrong}, seed)
+        assert feedback is not None and PROBE_GATING_MISTAKES.get(name, fragment) in feedback, (seed, feedback)
+
+
+@pytest.mark.parametrize("name", BALANCE_MISTAKES)
+def test_balance_probe_names_mistakes(name):
+    wrong, fragment = BALANCE_MISTAKES[name]
+    for seed in range(2):
+        feedback = verdict(BALANCE_PROBE, {"balance_loss": wrong}, seed)
+        assert feedback is not None and PROBE_BALANCE_MISTAKES.get(name, fragment) in feedback, (seed, feedback)
+
+
+def test_probes_keep_the_gates_dtype_and_use_plain_data():
+    """The kernel exports float64 gates as float64 (not float32, as the shared helper would), so a cast shows."""
+    for seed in range(4):
+        inputs = GATING_PROBE.make_inputs(np.random.default_rng(seed))
+        if any(case["logits"].dtype == np.float64 for case in inputs["cases"]):
+            feedback = verdict(GATING_PROBE, {"top_k_gating": GATING_MISTAKES["float32 gates"][0]}, seed)
+            assert feedback is not None and "keep the logits' dtype" in feedback, feedback
+        for probe, name, fn in ((GATING_PROBE, "top_k_gating", gating), (BALANCE_PROBE, "balance_loss", loss_by_bincount)):
+            outputs, expected = run_probe(probe, {name: fn}, seed)
+            assert is_plain_data(outputs) and is_plain_data(expected)
+            assert set(outputs) >= {"returned", "mutated", "grads"}
+
+
+def test_probe_names_the_grader_can_check():
+    assert GATING_PROBE.exercise == "ex_top_k_gating" and BALANCE_PROBE.exercise == "ex_balance_loss"
+    context = ["import torch\nimport torch.nn.functional as F\nfrom torch import nn\nimport math, einops"]
+    for probe in (GATING_PROBE, BALANCE_PROBE):
+        assert "tfedu.moe" in probe.forbidden
+        assert scan_answer("from tfedu.moe import top_k_gating as pick\n", context=context, forbidden=probe.forbidden)
+        assert scan_answer("import tfedu.moe\n", context=context, forbidden=probe.forbidden)
+    allowed = ("def top_k_gating(router_logits, k):\n    probs = torch.softmax(router_logits, dim=-1)\n"
+               "    gates, experts = torch.topk(F.softmax(router_logits, -1), k, dim=-1)\n    return gates, experts\n")
+    assert scan_answer(allowed, context=context, forbidden=GATING_PROBE.forbidden) == []

@@ -1,0 +1,843 @@
+"""Checkers for notebooks/12_moe_and_scaling.ipynb: a mixture of experts' router, top-k gating and the balance loss.
+
+Two exercises, each checked against tfedu's reference after first trying the known mistakes:
+
+- 12.1 ``top_k_gating(router_logits, k) -> (gates, experts)``, both (tokens, k): the softmax over
+  the tokens axis (dim 0) instead of the experts axis, the k gates not renormalised when k > 1
+  (rows add to less than 1), the one gate renormalised when k = 1 (every gate exactly 1: the router
+  gets no gradient through it), k ignored (2 or all n_experts experts whatever k asks), the k axis
+  squeezed away when k = 1 ((tokens,) for (tokens, 1)), the pick made along the tokens axis ((k,
+  n_experts)), raw logits as gates (no softmax, or the kept logits divided by their sum), the k
+  smallest picked (largest=False, an ascending sort), gates that carry no gradient (detached,
+  torch.no_grad(), rebuilt from .tolist()) or a wrong one (a detached renormalising sum), exp
+  without subtracting the row max (NaN or inf for logits around 1000), the logits changed in
+  place, outputs that are no tensors, float experts (int64 expected), the pair returned as
+  (experts, gates), gates in another dtype than the logits. Any order of the k (expert, gate)
+  pairs within a row passes (rows are compared sorted by expert id), as do int32 experts and a
+  softmax over the k kept logits for k > 1 (equal to renormalising). Compared with
+  ``tfedu.moe.top_k_gating`` on 1 to 9 tokens, 4 and 8 experts, k = 1, 2, 3, float32 and float64,
+  logits at least 0.25 apart (no ties), some around +-1000; then the gradient of a random weighting
+  of the gates with respect to the logits. ``tfedu.moe`` is refused: the gating is the exercise
+  (``torch.softmax``, ``F.softmax`` and ``torch.topk`` are allowed).
+- 12.2 ``balance_loss(router_probs, experts) -> scalar tensor``, Switch's ``E * sum_i f_i * P_i``:
+  f from the probabilities instead of the counts (``E * sum P_i^2``), the factor E missing or the
+  f_i P_i averaged over the experts (both 1/E of the loss), both at once (1/E^2), f as raw counts
+  (not divided by the tokens * k assignments), f divided by the tokens only (Hugging Face
+  Mixtral's convention, k at balance instead of 1), only each token's first choice counted when
+  k > 1, P taken over the chosen experts' probabilities only, the loss per expert not summed
+  ((n_experts,)), a one-element tensor that is not 0-d, a Python float (no gradient), no gradient
+  reaching router_probs (P detached) or a wrong one, the inputs changed in place. Compared with
+  ``tfedu.moe.balance_loss`` (value and gradient) on routers with 1, 2 and 3 picks per token, a
+  perfectly balanced one (1) and a collapsed one (E). ``tfedu.moe``'s balance_loss and
+  expert_fractions are refused (``torch.bincount``, ``F.one_hot``, scatter and einops are allowed).
+
+A function that returns None is taken for an unfinished exercise (``ExerciseNotDone``), like one
+that still raises NotImplementedError.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+
+import tfedu.moe as _moe
+from tfedu.checks.core import (
+    CheckFailure,
+    ExerciseNotDone,
+    Probe,
+    call_on_copies,
+    checker,
+    describe,
+    expect,
+    global_names,
+    is_close,
+    watch_calls,
+)
+from tfedu.checks.probes import CLEANUP, HELPERS, compare_outputs
+from tfedu.moe import balance_loss as reference_balance_loss
+from tfedu.moe import top_k_gating as reference_top_k_gating
+
+HINT_RETURNED_NONE = (
+    "your {function} returned None: this exercise is not done yet (replace the `raise NotImplementedError` with "
+    "your code), or the function has no `return`"
+)
+HINT_SHORTCUT = (
+    "your {function} uses tfedu.moe ({name}): {what} is the exercise itself, so build it from torch operations "
+    "({how})"
+)
+FORBIDDEN = ("tfedu.moe", "tfedu.layers", "tfedu.model")  # the MoE layer is to live in tfedu.layers' make_mlp
+
+
+def _from_moe(value: Any) -> bool:
+    """True for tfedu.moe itself, anything defined in it, or a functools.partial of such a thing."""
+    while isinstance(value, functools.partial):
+        value = value.func
+    return value is _moe or getattr(value, "__module__", None) == "tfedu.moe"
+
+
+def _refuse_moe(fn: Any, function: str, what: str, how: str) -> None:
+    """Fail when ``fn`` is from tfedu.moe or its code refers to a global that is (found by object, whatever its name)."""
+    if _from_moe(fn):
+        raise CheckFailure(HINT_SHORTCUT.format(function=function, name=f"you passed tfedu.moe's own "
+                                                f"{getattr(fn, '__name__', 'object')}", what=what, how=how))
+    scope = getattr(fn, "__globals__", {})
+    used = sorted(n for n in global_names(fn) if n in scope and _from_moe(scope[n]))
+    expect(not used, HINT_SHORTCUT.format(function=function, name=", ".join(used), what=what, how=how))
+
+
+def _not_none(got: Any, function: str) -> Any:
+    if got is None:
+        raise ExerciseNotDone(HINT_RETURNED_NONE.format(function=function))
+    return got
+
+
+# Run in the student's kernel (in the probes' run code) and, for the checkers, here: one source.
+MOE_HELPERS = '''\
+def _export(value):
+    """A tensor as plain data: its values (float64 for any float dtype) and its dtype's name; None otherwise."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    value = value.detach().cpu()
+    values = value.double() if value.is_floating_point() else value
+    return {"values": values.numpy(), "dtype": str(value.dtype).replace("torch.", "")}
+
+
+def _gate_grad(result, logits, weights):
+    """The gradient of sum(gates * weights[token, expert]) with respect to logits (a float64 array), or a word.
+
+    The weight of a gate goes with its (token, expert) pair, so any order of a row's k picks gives the same
+    gradient. "skipped" when the result is no pair of a float and an integer tensor of one shape (tokens, k) with
+    experts in range (the values' check names that), "missing" when the gates do not require grad, "none" when
+    they do not reach logits, "failed: ..." when the backward pass raises.
+    """
+    if not (isinstance(result, (tuple, list)) and len(result) == 2 and all(isinstance(t, torch.Tensor) for t in result)):
+        return "skipped"
+    gates, experts = result
+    if (not gates.is_floating_point() or experts.is_floating_point() or experts.dtype == torch.bool
+            or gates.shape != experts.shape or gates.dim() != 2 or gates.shape[0] != weights.shape[0]):
+        return "skipped"
+    if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= weights.shape[1]):
+        return "skipped"
+    if not gates.requires_grad:
+        return "missing"
+    try:
+        picked = weights.to(gates.dtype).gather(-1, experts.long())
+        (grad,) = torch.autograd.grad((gates * picked).sum(), [logits], allow_unused=True)
+    except Exception as err:
+        return "failed: " + type(err).__name__ + ": " + str(err)[:200]
+    return "none" if grad is None else grad.detach().cpu().double().numpy()
+
+
+def _loss_grad(result, probs):
+    """The gradient of a scalar loss with respect to probs (a float64 array), or a word as in _gate_grad."""
+    if not isinstance(result, torch.Tensor) or not result.is_floating_point() or result.numel() != 1:
+        return "skipped"
+    if not result.requires_grad:
+        return "missing"
+    try:
+        (grad,) = torch.autograd.grad(result.sum(), [probs], allow_unused=True)
+    except Exception as err:
+        return "failed: " + type(err).__name__ + ": " + str(err)[:200]
+    return "none" if grad is None else grad.detach().cpu().double().numpy()
+
+
+'''
+MOE_CLEANUP = "del _export, _gate_grad, _loss_grad\n"
+
+_helpers: dict[str, Any] = {"torch": torch}
+exec(compile(MOE_HELPERS, "<moe probe helpers>", "exec"), _helpers)
+export = _helpers["_export"]
+gate_grad = _helpers["_gate_grad"]
+loss_grad = _helpers["_loss_grad"]
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64,
+           "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64, "uint8": torch.uint8,
+           "bool": torch.bool}
+
+
+def restore(exported: Any) -> Any:
+    """The tensor :func:`export` described (values in their own dtype); anything else as it came."""
+    if not (isinstance(exported, dict) and "values" in exported and "dtype" in exported):
+        return exported
+    values = torch.from_numpy(np.array(exported["values"]))
+    dtype = _DTYPES.get(str(exported["dtype"]))
+    return values.to(dtype) if dtype is not None else values
+
+
+# ----------------------------------------------------------------------------- 12.1 top_k_gating
+
+RULE = (
+    "the router's probabilities are a softmax over the experts (the last axis: each token's row adds to 1); keep the "
+    "k largest; with k = 1 the gate is that probability unchanged, with k > 1 divide the k gates by their sum"
+)
+HINT_GATING_CALL = (
+    "top_k_gating(router_logits, k): router_logits is a float tensor (tokens, n_experts), k an int from 1 to "
+    "n_experts; return (gates, experts), both (tokens, k)"
+)
+HINT_PAIR = "top_k_gating should return a pair (gates, experts), each (tokens, k), got {got}"
+HINT_NOT_TENSORS = "top_k_gating should return two torch tensors (gates, experts), each (tokens, k), got ({got})"
+HINT_SWAPPED = (
+    "you returned (experts, gates): return (gates, experts), the gates first, the order of torch.topk's "
+    "(values, indices)"
+)
+HINT_EXPERTS_DTYPE = (
+    "your experts are {dtype}: expert ids pick each token's experts (and index their weights), so they must be "
+    "integers. torch.topk's indices are int64: return those (int64 expected), not a float copy"
+)
+HINT_GATES_NOT_FLOAT = "your gates are {dtype}: gates are probabilities, a float tensor in the logits' dtype"
+HINT_SQUEEZED = (
+    "your {name} are of shape {got} for k = 1: keep the k axis, (tokens, 1) = {want}. The layer treats every k alike, "
+    "multiplying each of a token's k experts' outputs by its gate, so both outputs are (tokens, k) for every k "
+    "(torch.topk keeps that axis; do not .squeeze() it)"
+)
+HINT_K_IGNORED = (
+    "your {name} are of shape {shape}, {got} expert{s} per token, where k = {k} was asked{every}: the router "
+    "keeps exactly k experts per token, so pass k on (torch.topk(probs, k, dim=-1)) rather than a fixed number"
+)
+HINT_TOKENS_AXIS = (
+    "your {name} are (k, n_experts) = {got}: you picked along the tokens axis (dim 0), the k tokens that rate each "
+    "expert highest (that is expert-choice routing, Zhou et al. 2022, a different method). Here each token picks "
+    "its own experts: topk over the experts axis, dim=-1, giving (tokens, k)"
+)
+HINT_SHAPE = "top_k_gating({what}) returned {name} of shape {got}, expected (tokens, k) = {want}"
+HINT_SHAPES_DIFFER = "your gates {g} and experts {e} differ in shape: both are (tokens, k), gate j going with expert j"
+HINT_OVERFLOW = (
+    "your gates hold NaN or inf for router logits around {offset:+g}: exp of a logit that large overflows to inf "
+    "(exp(1000) in float64 too) and one that small underflows to 0, and inf / inf or 0 / 0 is NaN. Router logits "
+    "are not bounded (ST-MoE adds its z-loss because they drift large): subtract each row's max before exp (a "
+    "softmax is unchanged by a shift), or use torch.softmax, which does it for you"
+)
+HINT_NAN = "your gates hold NaN or inf where the reference's are finite (for {what})"
+HINT_SOFTMAX_TOKENS = (
+    "your probabilities were normalised over the tokens axis (a softmax over dim 0): each expert's column adds to 1, "
+    "not each token's row. The router gives every token a distribution over the experts: softmax over the last "
+    "axis, dim=-1 (router_logits is (tokens, n_experts))"
+)
+HINT_NOT_RENORMALISED = (
+    "your {k} gates per token add to less than 1 (token 0's add to {total:.4f}): with k > 1 divide the kept "
+    "probabilities by their sum, gates / gates.sum(dim=-1, keepdim=True), so a token's output is a weighted average "
+    "of its k experts' (GShard's top-2, Mixtral). Only with k = 1 is the probability kept as it is"
+)
+HINT_RENORMALISED_K1 = (
+    "with k = 1 every one of your gates is exactly 1: you renormalised the single kept probability (p / p.sum(), or "
+    "a softmax over the one chosen logit). A gate that is always 1 is a constant, so no gradient reaches the router "
+    "through it and the router cannot learn which expert suits a token (only the balance loss would train it). "
+    "Switch Transformers keeps the probability itself as the gate when k = 1 (Fedus et al. 2022, eq. 2); "
+    "renormalise only when k > 1"
+)
+HINT_RAW_LOGITS = (
+    "your gates are the router's raw logits{how}, not probabilities: picking the experts by their logits is fine (a "
+    "softmax keeps their order), but each gate is the expert's probability, a softmax over all the experts, "
+    "divided by the sum of the k kept ones when k > 1"
+)
+HINT_SMALLEST = (
+    "you kept the k experts with the smallest probabilities (largest=False, or the first k of an ascending sort): "
+    "each token goes to the experts the router rates highest, torch.topk(probs, k, dim=-1) (largest=True is its "
+    "default) or argsort(descending=True)[:, :k]"
+)
+HINT_DUPLICATES = "your experts for token {t} are {got}: the same expert twice. Each token's k experts are k different ones"
+HINT_EXPERTS_DIFFER = (
+    "top_k_gating({what}) picked experts {got} for token {t}, expected {want} (in any order): each token's k "
+    "experts are those with the k largest router probabilities"
+)
+HINT_GATES_DIFFER = (
+    "top_k_gating({what}) picked the right experts, but token {t}'s gates are {got}, expected {want} (paired by "
+    "expert, in order of expert id): " + RULE
+)
+HINT_GATES_DTYPE = (
+    "your gates are {got} for router_logits in {want}: keep the logits' dtype (a softmax of {want} logits is "
+    "{want}; do not convert it)"
+)
+HINT_NO_GRAD = (
+    "your gates carry no gradient back to router_logits{why}: was something computed under torch.no_grad(), cut off "
+    "with .detach() or .data, or rebuilt from numbers (.tolist(), .item(), .numpy(), torch.tensor(...))? The "
+    "router is trained through the gates (each expert's output is multiplied by its gate), so keep every step a "
+    "differentiable torch operation: torch.softmax, torch.topk (its values carry the gradient), gather, division"
+)
+HINT_GRAD_DIFFERS = (
+    "your gates are right, but backpropagating a random weighting of them gives a wrong gradient on router_logits "
+    "(largest error {diff:.3g} at token {t}): is part of the computation detached, such as the sum you divide by "
+    "when k > 1 (.detach(), .item(), a Python float)? The gradient must flow through every step"
+)
+HINT_GRAD_FAILED = "backpropagating through your gates failed ({err}): was a tensor the backward pass needs changed in place?"
+HINT_GATING_MUTATED = (
+    "your top_k_gating changed the caller's `{name}` in place (router_logits -= max, or an in-place op with a "
+    "trailing underscore): the router's logits are used again (the z-loss reads them), so build new tensors"
+)
+
+
+def expected_gating(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exercise's (gates, experts) in float64: the rule, written out (checked against tfedu.moe's)."""
+    probs = logits.double().softmax(dim=-1)  # tokens n_experts
+    gates, experts = probs.topk(k, dim=-1)  # tokens k
+    if k > 1:
+        gates = gates / gates.sum(dim=-1, keepdim=True)
+    return gates, experts
+
+
+def _renormalised(gates: torch.Tensor, k: int) -> torch.Tensor:
+    return gates / gates.sum(dim=-1, keepdim=True) if k > 1 else gates
+
+
+def gating_mistakes(logits: torch.Tensor, k: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(hint, gates, experts) for each known mistake on ``logits`` (float64), in the order they are named."""
+    x = logits.double()
+    probs = x.softmax(dim=-1)
+    right = x.topk(k, dim=-1).indices
+    by_tokens = x.softmax(dim=0)  # each expert's column adds to 1
+    tokens_top = by_tokens.topk(k, dim=-1)
+    raw = x.topk(k, dim=-1).values
+    smallest = probs.topk(k, dim=-1, largest=False)
+    kept = probs.gather(-1, right)
+    mistakes = [
+        (HINT_SOFTMAX_TOKENS, _renormalised(tokens_top.values, k), tokens_top.indices),
+        (HINT_SOFTMAX_TOKENS, tokens_top.values, tokens_top.indices),
+        (HINT_SOFTMAX_TOKENS, _renormalised(by_tokens.gather(-1, right), k), right),
+        (HINT_SOFTMAX_TOKENS, by_tokens.gather(-1, right), right),
+        (HINT_RAW_LOGITS.format(how=""), raw, right),
+        (HINT_RAW_LOGITS.format(how=" divided by their sum"), raw / raw.sum(dim=-1, keepdim=True), right),
+        (HINT_SMALLEST, _renormalised(smallest.values, k), smallest.indices),
+    ]
+    if k > 1:
+        mistakes.insert(0, (HINT_NOT_RENORMALISED.format(k=k, total=float(kept[0].sum())), kept, right))
+    return mistakes
+
+
+def by_expert(gates: torch.Tensor, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's (gate, expert) pairs sorted by expert id: any order of a token's k picks compares equal."""
+    order = experts.argsort(dim=-1)
+    return gates.gather(-1, order), experts.gather(-1, order)
+
+
+def _same_pair(gates: torch.Tensor, experts: torch.Tensor, want_gates: torch.Tensor, want_experts: torch.Tensor,
+               *, rtol: float = 1e-3, atol: float = 1e-4) -> bool:
+    """True when two (gates, experts) pairs pick the same experts with close gates, in any order within a row."""
+    if gates.shape != want_gates.shape or experts.shape != want_experts.shape:
+        return False
+    g, e = by_expert(gates.detach().double().cpu(), experts.detach().long().cpu())
+    wg, we = by_expert(want_gates.detach().double().cpu(), want_experts.detach().long().cpu())
+    return bool(torch.equal(e, we)) and is_close(g, wg, rtol=rtol, atol=atol)
+
+
+def _pair(got: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """The learner's (gates, experts), once it is a pair of tensors in the right order and dtypes."""
+    _not_none(got, "top_k_gating")
+    if isinstance(got, torch.Tensor) or not (isinstance(got, (tuple, list)) and len(got) == 2):
+        raise CheckFailure(HINT_PAIR.format(got=describe(got) if not isinstance(got, (tuple, list))
+                                            else f"a {type(got).__name__} of {len(got)}"))
+    if not all(isinstance(t, torch.Tensor) for t in got):
+        raise CheckFailure(HINT_NOT_TENSORS.format(got=", ".join(describe(t) for t in got)))
+    gates, experts = (t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t for t in got)
+    if not gates.is_floating_point() and experts.is_floating_point():
+        raise CheckFailure(HINT_SWAPPED)
+    return gates, experts
+
+
+def _check_shapes(gates: torch.Tensor, experts: torch.Tensor, logits: torch.Tensor, k: int, what: str) -> None:
+    tokens, n_experts = logits.shape
+    want = (tokens, k)
+    for name, t in (("gates", gates), ("experts", experts)):
+        got = tuple(t.shape)
+        if got == want:
+            continue
+        if k == 1 and got == (tokens,):
+            raise CheckFailure(HINT_SQUEEZED.format(name=name, got=got, want=want))
+        if got == (k, n_experts):
+            raise CheckFailure(HINT_TOKENS_AXIS.format(name=name, got=got))
+        if len(got) == 2 and got[0] == tokens and got[1] != k:
+            every = f" (all n_experts = {n_experts} of them)" if got[1] == n_experts else ""
+            raise CheckFailure(HINT_K_IGNORED.format(name=name, shape=got, got=got[1], s="s" if got[1] != 1 else "",
+                                                     k=k, every=every))
+        raise CheckFailure(HINT_SHAPE.format(what=what, name=name, got=got, want=want))
+
+
+def _row(values: torch.Tensor, digits: int = 4) -> list:
+    return [round(float(v), digits) if values.is_floating_point() else int(v) for v in values]
+
+
+def diagnose_gating(got: Any, logits: torch.Tensor, k: int, weights: torch.Tensor, grad: Any, *, what: str,
+                    offset: float = 0.0) -> None:
+    """Raise CheckFailure naming what is wrong with ``got``, the learner's answer for ``(logits, k)``; shared with the probe.
+
+    ``grad`` is :func:`gate_grad` of that answer with the upstream ``weights`` (tokens, n_experts): an array, or
+    a word ("missing", "none", "skipped", "failed: ...").
+    """
+    gates, experts = _pair(got)
+    if gates.is_floating_point() and experts.is_floating_point():  # both float: maybe swapped, maybe float experts
+        want_gates, want_experts = expected_gating(logits, k)
+        if experts.shape == want_gates.shape and gates.shape == want_experts.shape and _same_pair(
+                experts, gates.round().long(), want_gates, want_experts):
+            raise CheckFailure(HINT_SWAPPED)
+        raise CheckFailure(HINT_EXPERTS_DTYPE.format(dtype=experts.dtype))
+    if experts.dtype == torch.bool or experts.is_complex():
+        raise CheckFailure(HINT_EXPERTS_DTYPE.format(dtype=experts.dtype))
+    expect(gates.is_floating_point(), HINT_GATES_NOT_FLOAT.format(dtype=gates.dtype))
+    _check_shapes(gates, experts, logits, k, what)
+    expect(gates.shape == experts.shape, HINT_SHAPES_DIFFER.format(g=tuple(gates.shape), e=tuple(experts.shape)))
+    want_gates, want_experts = expected_gating(logits, k)
+    if not torch.isfinite(gates.detach()).all():
+        raise CheckFailure(HINT_OVERFLOW.format(offset=offset) if abs(offset) >= 100 else HINT_NAN.format(what=what))
+    tokens, n_experts = logits.shape
+    g, e = gates.detach().double().cpu(), experts.detach().long().cpu()
+    if e.numel() and (int(e.min()) < 0 or int(e.max()) >= n_experts):
+        raise CheckFailure(f"your experts hold {int(e.min())} to {int(e.max())}: expert ids run from 0 to "
+                           f"n_experts - 1 = {n_experts - 1}")
+    sorted_experts = e.sort(dim=-1).values
+    repeated = (sorted_experts[:, 1:] == sorted_experts[:, :-1]).any(dim=-1).nonzero()
+    if len(repeated):
+        t = int(repeated[0])
+        raise CheckFailure(HINT_DUPLICATES.format(t=t, got=_row(e[t])))
+    if not _same_pair(g, e, want_gates, want_experts):
+        if k == 1 and torch.allclose(g, torch.ones_like(g), rtol=0, atol=1e-6):
+            raise CheckFailure(HINT_RENORMALISED_K1)
+        for hint, wrong_gates, wrong_experts in gating_mistakes(logits, k):
+            if _same_pair(g, e, wrong_gates, wrong_experts) and not _same_pair(wrong_gates, wrong_experts,
+                                                                              want_gates, want_experts):
+                raise CheckFailure(hint)
+        smallest = logits.double().topk(k, dim=-1, largest=False).indices
+        if torch.equal(e.sort(dim=-1).values, smallest.sort(dim=-1).values):
+            raise CheckFailure(HINT_SMALLEST)
+    g, e = by_expert(g, e)
+    wg, we = by_expert(want_gates, want_experts)
+    wrong_rows = (e != we).any(dim=-1).nonzero()
+    if len(wrong_rows):
+        t = int(wrong_rows[0])
+        raise CheckFailure(HINT_EXPERTS_DIFFER.format(what=what, t=t, got=_row(e[t]), want=_row(we[t])))
+    if not is_close(g, wg):
+        t = int((g - wg).abs().amax(dim=-1).argmax())
+        raise CheckFailure(HINT_GATES_DIFFER.format(what=what, t=t, got=_row(g[t]), want=_row(wg[t])))
+    _judge_gate_grad(grad, logits, k, weights)
+    expect(gates.dtype == logits.dtype, HINT_GATES_DTYPE.format(got=gates.dtype, want=logits.dtype))
+
+
+def expected_gate_grad(logits: torch.Tensor, k: int, weights: torch.Tensor) -> torch.Tensor:
+    """The gradient :func:`gate_grad` should find, in float64."""
+    leaf = logits.detach().double().requires_grad_()
+    gates, experts = expected_gating(leaf, k)
+    (grad,) = torch.autograd.grad((gates * weights.double().gather(-1, experts)).sum(), [leaf])
+    return grad
+
+
+def _judge_gate_grad(grad: Any, logits: torch.Tensor, k: int, weights: torch.Tensor) -> None:
+    if isinstance(grad, str):
+        if grad.startswith("failed"):
+            raise CheckFailure(HINT_GRAD_FAILED.format(err=grad.removeprefix("failed: ")))
+        why = {"missing": " (they do not require grad)", "none": " (they do not depend on it through autograd)"}
+        raise CheckFailure(HINT_NO_GRAD.format(why=why.get(grad, "")))
+    want = expected_gate_grad(logits, k, weights)
+    got = torch.as_tensor(np.asarray(grad, dtype=np.float64))
+    if got.shape != want.shape or not torch.isfinite(got).all():
+        raise CheckFailure(HINT_GRAD_DIFFERS.format(diff=float("inf"), t=0))
+    scale = max(1.0, float(want.abs().max()))
+    if not torch.allclose(got, want, rtol=1e-3, atol=1e-4 * scale):
+        diff = (got - want).abs()
+        raise CheckFailure(HINT_GRAD_DIFFERS.format(diff=float(diff.max()), t=int(diff.amax(dim=-1).argmax())))
+
+
+def router_logits(seed: int, tokens: int, n_experts: int, dtype: torch.dtype = torch.float32,
+                  offset: float = 0.0) -> torch.Tensor:
+    """Router logits with no ties: each row a shuffle of values at least 0.25 apart, on a grid of 1/8 (exact in float32)."""
+    g = torch.Generator().manual_seed(seed)
+    values = (0.25 + 0.5 * torch.rand(tokens, n_experts, generator=g, dtype=torch.float64)).cumsum(dim=-1)
+    values = values - values.mean(dim=-1, keepdim=True)
+    order = torch.rand(tokens, n_experts, generator=g).argsort(dim=-1)
+    return (offset + (values.gather(-1, order) * 8).round() / 8).to(dtype)
+
+
+def upstream_weights(seed: int, tokens: int, n_experts: int) -> torch.Tensor:
+    """A random weight per (token, expert): the upstream gradient of each gate, whatever the order of the picks."""
+    return torch.randn(tokens, n_experts, generator=torch.Generator().manual_seed(1000 + seed), dtype=torch.float64)
+
+
+# (seed, tokens, n_experts, k, dtype, offset): k = 1 first (Switch), then 2 and 3, float64, one token, then logits
+# around +-1000, where exp overflows (or underflows) unless the row max is subtracted first. tokens != k throughout,
+# so a pick along the tokens axis, (k, n_experts), shows by its shape.
+GATING_CASES = (
+    (0, 6, 4, 1, torch.float32, 0.0), (1, 6, 4, 2, torch.float32, 0.0), (2, 7, 8, 2, torch.float32, 0.0),
+    (3, 5, 8, 3, torch.float32, 0.0), (4, 9, 8, 1, torch.float64, 0.0), (5, 4, 4, 3, torch.float64, 0.0),
+    (6, 1, 8, 2, torch.float32, 0.0), (7, 5, 4, 1, torch.float32, 1000.0), (8, 6, 8, 2, torch.float64, -1000.0),
+)
+GATING_HOW = "torch.softmax over the experts axis, torch.topk, and the division by the kept gates' sum when k > 1"
+
+
+def _case_text(logits: torch.Tensor, k: int) -> str:
+    return f"router_logits of shape {tuple(logits.shape)} {str(logits.dtype).removeprefix('torch.')}, k={k}"
+
+
+def _check_gating_call(fn: Any, seed: int, tokens: int, n_experts: int, k: int, dtype: torch.dtype,
+                       offset: float) -> None:
+    logits = router_logits(seed, tokens, n_experts, dtype, offset)
+    weights = upstream_weights(seed, tokens, n_experts)
+    leaf = logits.clone().requires_grad_()
+    with watch_calls((_moe, "top_k_gating")) as called:
+        got = call_on_copies(fn, {"router_logits": leaf, "k": k}, name="top_k_gating",
+                             mutated_hint=HINT_GATING_MUTATED, error_hint=HINT_GATING_CALL)
+    expect(not called, HINT_SHORTCUT.format(function="top_k_gating", name="tfedu.moe.top_k_gating",
+                                            what="the gating", how=GATING_HOW))
+    diagnose_gating(got, logits, k, weights, gate_grad(got, leaf, weights), what=_case_text(logits, k), offset=offset)
+
+
+@checker("top-k gating")
+def check_top_k_gating(top_k_gating) -> None:
+    """Check a learner's ``top_k_gating(router_logits, k) -> (gates, experts)``, both (tokens, k).
+
+    On :data:`GATING_CASES`, against the rule written out in float64 (itself checked against
+    ``tfedu.moe.top_k_gating``), after trying the known mistakes (:func:`gating_mistakes`); a token's k
+    picks may come in any order. Each case also backpropagates a random weighting of the gates and
+    compares the gradient on the logits. tfedu.moe is refused.
+    """
+    _refuse_moe(top_k_gating, "top_k_gating", "the gating", GATING_HOW)
+    for seed, tokens, n_experts, k, dtype, offset in GATING_CASES:
+        _check_gating_call(top_k_gating, seed, tokens, n_experts, k, dtype, offset)
+        logits = router_logits(seed, tokens, n_experts, dtype, offset)
+        ours, theirs = expected_gating(logits, k), reference_top_k_gating(logits, k)  # our own guard
+        assert _same_pair(*ours, *theirs, rtol=1e-5, atol=1e-6), "the checker disagrees with tfedu.moe.top_k_gating"
+
+
+# ----------------------------------------------------------------------------- 12.2 balance_loss
+
+FORMULA = (
+    "E * sum_i f_i * P_i, with f_i the fraction of the tokens * k assignments that went to expert i (counted: "
+    "bincount or a one-hot sum, divided by tokens * k) and P_i the mean of router_probs[:, i] over the tokens"
+)
+HINT_LOSS_CALL = (
+    "balance_loss(router_probs, experts): router_probs is a float tensor (tokens, n_experts), each row a softmax; "
+    "experts an int64 tensor (tokens, k) of expert ids; return the scalar " + FORMULA
+)
+HINT_FLOAT = (
+    "your balance_loss returned a Python {kind} ({value}): the loss is added to the training loss and minimised "
+    "through P, so it must stay a tensor that carries the gradient back to the router; .item() or float() cuts it "
+    "off. Return the 0-d tensor"
+)
+HINT_LOSS_NOT_TENSOR = "balance_loss should return a 0-d torch tensor, the loss, got {got}"
+HINT_LOSS_NOT_FLOAT = "your balance_loss returned a {dtype} tensor: the loss is a float, P_i is a mean of probabilities"
+HINT_NOT_SUMMED = (
+    "your loss has one entry per expert, shape {shape}: those are E * f_i * P_i, so sum them over the experts "
+    "(E * (f * P).sum()) for the scalar loss"
+)
+HINT_NOT_SCALAR = (
+    "your loss has shape {shape}: return a 0-d tensor (shape ()), as .sum() gives, so it adds to the training loss "
+    "like any other scalar"
+)
+HINT_LOSS_SHAPE = "balance_loss({what}) returned shape {shape}: the loss is one number, a 0-d tensor"
+HINT_LOSS_NAN = "your balance loss is {value} for {what}: a division by zero? f divides by tokens * k, P by tokens"
+HINT_F_FROM_PROBS = (
+    "your f is the router's probabilities, not the counts: that gives E * sum_i P_i^2. f_i is the fraction of the "
+    "assignments actually routed to expert i, counted from experts (torch.bincount(experts.flatten(), "
+    "minlength=E) / experts.numel(), or F.one_hot(experts, E) summed): it is not differentiable, and the "
+    "gradient reaches the router through P alone (Fedus et al. 2022, eq. 4-6)"
+)
+HINT_MISSING_E = (
+    "your loss is the reference's divided by E = {E}: either the factor E in front is missing, or you averaged "
+    "f_i * P_i over the experts with .mean() where the formula sums them. With the factor E and the sum, the loss "
+    "is 1 when the tokens are spread evenly (E * E * (1/E)^2), whatever the number of experts"
+)
+HINT_MEAN_NO_E = (
+    "your loss is the reference's divided by E^2 = {E2}: you averaged f_i * P_i over the experts with .mean() "
+    "and left out the factor E as well. The loss is E * (f * P).sum(): 1 when the tokens are spread evenly"
+)
+HINT_RAW_COUNTS = (
+    "your f holds raw counts: divide them by the number of assignments, tokens * k = {n} (experts.numel()), so f "
+    "is a fraction that adds to 1 and the loss stays 1 at balance whatever the batch size"
+)
+HINT_PER_TOKEN = (
+    "your loss is k = {k} times the reference's: you divided the counts by the tokens ({tokens}) rather than by the "
+    "tokens * k = {n} assignments, so your f adds to k. That is Hugging Face Mixtral's convention (its balanced "
+    "loss is k); this course's f adds to 1 for any k, so the loss is 1 at balance however many experts each "
+    "token picks: divide by experts.numel()"
+)
+HINT_FIRST_CHOICE = (
+    "your f counts only each token's first choice (experts[:, 0]): with k = {k} every one of a token's k picks "
+    "sends it through an expert and loads it, so count all tokens * k assignments (experts.flatten())"
+)
+HINT_P_CHOSEN = (
+    "your P is taken over the chosen experts' probabilities only: P_i is the mean of router_probs[:, i] over all "
+    "the tokens, chosen or not (router_probs.mean(dim=0)). That full probability is what lets the gradient lower "
+    "an overloaded expert's probability for every token"
+)
+HINT_LOSS_DIFFERS = "balance_loss({what}) is {got:.6g}, expected {want:.6g}: the loss is " + FORMULA
+HINT_P_DETACHED = (
+    "your loss carries no gradient back to router_probs{why}: is P detached (.detach(), torch.no_grad(), .item(), "
+    "or rebuilt from numbers)? f is counted and has no gradient, so P = router_probs.mean(dim=0) is the only way the "
+    "loss trains the router: keep it a differentiable torch operation"
+)
+HINT_LOSS_GRAD_DIFFERS = (
+    "your loss has the right value, but its gradient on router_probs is wrong (largest error {diff:.3g}): "
+    "d loss / d router_probs[t, i] = E * f_i / tokens. Is part of P detached, or does f carry a gradient it should "
+    "not have (f is counted from experts, not computed from the probabilities)?"
+)
+HINT_LOSS_GRAD_FAILED = (
+    "backpropagating through your loss failed ({err}): was a tensor the backward pass needs changed in place?"
+)
+HINT_LOSS_MUTATED = "your balance_loss changed the caller's `{name}` in place: compute f and P as new tensors"
+LOSS_HOW = "torch.bincount or F.one_hot for f, router_probs.mean(dim=0) for P"
+
+
+def fractions(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
+    """f_i in float64: the fraction of the assignments that went to expert i (written out; see tfedu.moe)."""
+    return torch.bincount(experts.flatten().long(), minlength=n_experts).double() / experts.numel()
+
+
+def expected_balance(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """The exercise's loss in float64."""
+    n_experts = probs.shape[-1]
+    return n_experts * (fractions(experts, n_experts) * probs.double().mean(dim=0)).sum()
+
+
+def balance_mistakes(probs: torch.Tensor, experts: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """(hint, wrong loss) for each known mistake, float64, in the order they are named."""
+    tokens, n_experts = probs.shape
+    k = experts.shape[1]
+    p, f = probs.detach().double(), fractions(experts, n_experts)
+    P = p.mean(dim=0)
+    loss = n_experts * (f * P).sum()
+    chosen = torch.zeros_like(p).scatter(-1, experts.long(), 1.0)  # 1 where expert i is one of token t's picks
+    counts = chosen.sum(dim=0)
+    first = torch.bincount(experts[:, 0].long(), minlength=n_experts).double()
+    mistakes = [
+        (HINT_F_FROM_PROBS, n_experts * (P * P).sum()),
+        (HINT_MISSING_E.format(E=n_experts), loss / n_experts),
+        (HINT_MEAN_NO_E.format(E2=n_experts**2), loss / n_experts**2),
+        (HINT_RAW_COUNTS.format(n=tokens * k), loss * tokens * k),
+        (HINT_FIRST_CHOICE.format(k=k), n_experts * (first / tokens * P).sum()),
+        (HINT_FIRST_CHOICE.format(k=k), n_experts * (first / (tokens * k) * P).sum()),
+        (HINT_PER_TOKEN.format(k=k, tokens=tokens, n=tokens * k), loss * k),
+        (HINT_P_CHOSEN, n_experts * (f * (p * chosen).mean(dim=0)).sum()),
+        (HINT_P_CHOSEN, n_experts * (f * (p * chosen).sum(dim=0) / counts.clamp(min=1)).sum()),
+    ]
+    return mistakes
+
+
+def _loss_close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return bool(torch.isclose(a.double(), b.double(), rtol=1e-4, atol=1e-6))
+
+
+def diagnose_balance(got: Any, probs: torch.Tensor, experts: torch.Tensor, grad: Any, *, what: str) -> None:
+    """Raise CheckFailure naming what is wrong with ``got``, the learner's loss for these inputs; shared with the probe.
+
+    ``grad`` is :func:`loss_grad` of that answer: an array, or a word ("missing", "none", "skipped", "failed: ...").
+    """
+    _not_none(got, "balance_loss")
+    if isinstance(got, (float, int, np.floating, np.integer)) and not isinstance(got, (bool, np.bool_)):
+        raise CheckFailure(HINT_FLOAT.format(kind=type(got).__name__, value=f"{float(got):.6g}"))
+    if not isinstance(got, torch.Tensor):
+        raise CheckFailure(HINT_LOSS_NOT_TENSOR.format(got=describe(got)))
+    got = got.as_subclass(torch.Tensor) if type(got) is not torch.Tensor else got
+    expect(got.is_floating_point(), HINT_LOSS_NOT_FLOAT.format(dtype=got.dtype))
+    n_experts = probs.shape[-1]
+    want = expected_balance(probs, experts)
+    value = got.detach().double().cpu()
+    if value.shape != ():
+        per_expert = n_experts * fractions(experts, n_experts) * probs.double().mean(dim=0)
+        if value.shape == per_expert.shape and is_close(value, per_expert, rtol=1e-4, atol=1e-6):
+            raise CheckFailure(HINT_NOT_SUMMED.format(shape=tuple(value.shape)))
+        if value.numel() == 1:
+            raise CheckFailure(HINT_NOT_SCALAR.format(shape=tuple(value.shape)))
+        raise CheckFailure(HINT_LOSS_SHAPE.format(what=what, shape=tuple(value.shape)))
+    expect(bool(torch.isfinite(value)), HINT_LOSS_NAN.format(value=float(value), what=what))
+    if not _loss_close(value, want):
+        for hint, wrong in balance_mistakes(probs, experts):
+            if _loss_close(value, wrong) and not _loss_close(wrong, want):
+                raise CheckFailure(hint)
+        raise CheckFailure(HINT_LOSS_DIFFERS.format(what=what, got=float(value), want=float(want)))
+    _judge_loss_grad(grad, probs, experts)
+
+
+def expected_loss_grad(probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """d loss / d router_probs in float64: E * f_i / tokens in every row."""
+    tokens, n_experts = probs.shape
+    return (n_experts * fractions(experts, n_experts) / tokens).expand(tokens, n_experts)
+
+
+def _judge_loss_grad(grad: Any, probs: torch.Tensor, experts: torch.Tensor) -> None:
+    if isinstance(grad, str):
+        if grad.startswith("failed"):
+            raise CheckFailure(HINT_LOSS_GRAD_FAILED.format(err=grad.removeprefix("failed: ")))
+        why = {"missing": " (it does not require grad)", "none": " (it does not depend on router_probs through autograd)"}
+        raise CheckFailure(HINT_P_DETACHED.format(why=why.get(grad, "")))
+    want = expected_loss_grad(probs, experts)
+    got = torch.as_tensor(np.asarray(grad, dtype=np.float64))
+    if got.shape != want.shape or not torch.isfinite(got).all():
+        raise CheckFailure(HINT_LOSS_GRAD_DIFFERS.format(diff=float("inf")))
+    if not torch.allclose(got, want, rtol=1e-3, atol=1e-5):
+        if torch.allclose(got, torch.zeros_like(got)):
+            raise CheckFailure(HINT_P_DETACHED.format(why=" (its gradient is zero everywhere)"))
+        raise CheckFailure(HINT_LOSS_GRAD_DIFFERS.format(diff=float((got - want).abs().max())))
+
+
+def routed(seed: int, tokens: int, n_experts: int, k: int, dtype: torch.dtype = torch.float32):
+    """A router's probabilities (a softmax of logits with no ties) and each token's top k experts, int64."""
+    probs = router_logits(seed, tokens, n_experts, torch.float64).softmax(dim=-1)
+    return probs.to(dtype), probs.topk(k, dim=-1).indices
+
+
+def balanced(tokens: int, n_experts: int, k: int, dtype: torch.dtype = torch.float32):
+    """Uniform probabilities and round-robin picks: every f_i and P_i is 1/E, the loss 1."""
+    experts = (torch.arange(tokens)[:, None] + torch.arange(k)) % n_experts
+    return torch.full((tokens, n_experts), 1 / n_experts, dtype=dtype), experts
+
+
+def collapsed(tokens: int, n_experts: int, dtype: torch.dtype = torch.float32):
+    """Every token sent to expert 0 with probability 1: the loss is E."""
+    probs = torch.zeros(tokens, n_experts, dtype=dtype)
+    probs[:, 0] = 1
+    return probs, torch.zeros(tokens, 1, dtype=torch.long)
+
+
+def balance_cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(description, router_probs, experts): k = 1 first, then 2 and 3, float64, then balanced and collapsed routers."""
+    cases = [routed(0, 12, 4, 1), routed(1, 16, 4, 2), routed(2, 10, 8, 2, torch.float64), routed(3, 9, 8, 3),
+             routed(4, 7, 4, 3, torch.float64), balanced(8, 4, 1), balanced(8, 4, 2), collapsed(6, 4)]
+    return [(f"router_probs of shape {tuple(p.shape)} {str(p.dtype).removeprefix('torch.')}, experts of shape "
+             f"{tuple(e.shape)}", p, e) for p, e in cases]
+
+
+def _check_balance_call(fn: Any, what: str, probs: torch.Tensor, experts: torch.Tensor) -> None:
+    leaf = probs.clone().requires_grad_()
+    with watch_calls((_moe, "balance_loss"), (_moe, "expert_fractions")) as called:
+        got = call_on_copies(fn, {"router_probs": leaf, "experts": experts}, name="balance_loss",
+                             mutated_hint=HINT_LOSS_MUTATED, error_hint=HINT_LOSS_CALL)
+    expect(not called, HINT_SHORTCUT.format(function="balance_loss", name=", ".join(sorted(set(called))),
+                                            what="the balance loss", how=LOSS_HOW))
+    diagnose_balance(got, probs, experts, loss_grad(got, leaf), what=what)
+
+
+@checker("the load-balancing loss")
+def check_balance_loss(balance_loss) -> None:
+    """Check a learner's ``balance_loss(router_probs, experts) -> scalar tensor`` (Switch's ``E * sum_i f_i P_i``).
+
+    On :func:`balance_cases`, value and gradient, against the formula written out in float64 (itself
+    checked against ``tfedu.moe.balance_loss``), after trying the known mistakes (:func:`balance_mistakes`).
+    tfedu.moe's balance_loss and expert_fractions are refused.
+    """
+    _refuse_moe(balance_loss, "balance_loss", "the balance loss", LOSS_HOW)
+    for what, probs, experts in balance_cases():
+        _check_balance_call(balance_loss, what, probs, experts)
+        assert _loss_close(expected_balance(probs, experts), reference_balance_loss(probs, experts)), (
+            "the checker disagrees with tfedu.moe.balance_loss")  # our own guard
+
+
+# ----------------------------------------------------------------------------- probes
+
+# top_k_gating: fresh token counts, 4-8 experts, k from 1 to 3, float32 and float64, logits at least 0.25 apart (no
+# ties) on a grid exact in float32, one case at 1000 to 3000 from 0 (either sign: exp overflows or underflows there
+# in float64 too, so a softmax without the max shift gives NaN); the gradient of a random weighting of the gates.
+GATING_PROBE_RUN = HELPERS + MOE_HELPERS + """\
+_leaves = [torch.tensor(_c['logits'], requires_grad=True) for _c in inputs['cases']]
+_results = [_call(top_k_gating, _l, _c['k']) for _l, _c in zip(_leaves, inputs['cases'])]
+_ok = lambda _r: isinstance(_r, (tuple, list)) and len(_r) == 2 and all(isinstance(_t, torch.Tensor) for _t in _r)
+outputs = {'returned': ['a pair' if _ok(_r) else _kind(_r) for _r in _results], 'mutated': _MUTATED,
+           'results': [[_export(_t) for _t in _r] if _ok(_r) else None for _r in _results],
+           'grads': [_gate_grad(_r, _l, torch.from_numpy(_c['weights'])) for _r, _l, _c in zip(_results, _leaves,
+                                                                                             inputs['cases'])]}
+del _leaves, _results, _ok
+""" + MOE_CLEANUP + CLEANUP
+
+
+def _distinct_logits(rng: np.random.Generator, tokens: int, n_experts: int, offset: float) -> np.ndarray:
+    values = np.cumsum(0.25 + 0.5 * rng.random((tokens, n_experts)), axis=-1)
+    values = values - values.mean(axis=-1, keepdims=True)
+    order = np.argsort(rng.random((tokens, n_experts)), axis=-1)
+    return offset + np.round(np.take_along_axis(values, order, axis=-1) * 8) / 8
+
+
+def _gating_probe_inputs(rng: np.random.Generator) -> dict:
+    cases = []
+    far = float(rng.choice([-1, 1]) * rng.integers(1000, 3000))
+    for k, offset in ((1, 0.0), (2, 0.0), (3, 0.0), (int(rng.integers(1, 3)), far)):
+        n_experts = int(rng.choice([4, 6, 8]))
+        tokens = int(rng.integers(4, 12))  # more than k: a pick along the tokens axis runs, and shows by its shape
+        dtype = np.float64 if rng.random() < 0.5 else np.float32
+        cases.append({"logits": _distinct_logits(rng, tokens, n_experts, offset).astype(dtype), "k": k,
+                      "offset": offset, "weights": rng.standard_normal((tokens, n_experts))})
+    return {"cases": cases}
+
+
+def _gating_probe_reference(inputs: dict) -> dict:
+    return {"returned": ["a pair"] * len(inputs["cases"]), "cases": inputs["cases"]}
+
+
+def _compare_gating(outputs: dict, expected: dict) -> str | None:
+    kinds = {k: HINT_GATING_CALL for k in ("tensor", "float", "NoneType")}
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="top_k_gating", kind_hints=kinds)
+    if problem:
+        return problem
+    results, grads = outputs.get("results"), outputs.get("grads")
+    cases = expected["cases"]
+    if not (isinstance(results, list) and isinstance(grads, list) and len(results) == len(grads) == len(cases)):
+        return "top_k_gating's hidden test did not run every case"
+    for i, (got, grad, case) in enumerate(zip(results, grads, cases)):
+        logits = torch.from_numpy(np.asarray(case["logits"]))
+        try:
+            diagnose_gating([restore(t) for t in got], logits, case["k"], torch.from_numpy(np.asarray(case["weights"])),
+                            grad, what=f"hidden test {i + 1}: {_case_text(logits, case['k'])}", offset=case["offset"])
+        except CheckFailure as failure:
+            return str(failure)
+    return None
+
+
+# balance_loss: fresh routers (top-1 to top-3 of a softmax, float32 and float64) and a balanced one; the gradient.
+BALANCE_PROBE_RUN = HELPERS + MOE_HELPERS + """\
+_leaves = [torch.tensor(_c['probs'], requires_grad=True) for _c in inputs['cases']]
+_results = [_call(balance_loss, _l, torch.from_numpy(_c['experts'])) for _l, _c in zip(_leaves, inputs['cases'])]
+outputs = {'returned': [_kind(_r) for _r in _results], 'mutated': _MUTATED,
+           'losses': [_export(_r) if isinstance(_r, torch.Tensor) else float(_r) if isinstance(_r, (int, float)) else None
+                      for _r in _results],
+           'grads': [_loss_grad(_r, _l) for _r, _l in zip(_results, _leaves)]}
+del _leaves, _results
+""" + MOE_CLEANUP + CLEANUP
+
+
+def _balance_probe_inputs(rng: np.random.Generator) -> dict:
+    cases = []
+    for k in (1, 2, 3, int(rng.integers(2, 4))):
+        n_experts = int(rng.choice([4, 6, 8]))
+        tokens = int(rng.integers(6, 20))
+        logits = _distinct_logits(rng, tokens, n_experts, 0.0)
+        probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+        probs = probs / probs.sum(axis=-1, keepdims=True)
+        experts = np.argsort(-probs, axis=-1)[:, :k].astype(np.int64)
+        dtype = np.float64 if rng.random() < 0.5 else np.float32
+        cases.append({"probs": probs.astype(dtype), "experts": experts})
+    n_experts, k = int(rng.choice([4, 8])), int(rng.integers(1, 4))
+    probs, experts = balanced(n_experts * int(rng.integers(1, 4)), n_experts, k, torch.float64)
+    cases.append({"probs": probs.numpy(), "experts": experts.numpy()})
+    return {"cases": cases}
+
+
+def _balance_probe_reference(inputs: dict) -> dict:
+    return {"returned": ["tensor"] * len(inputs["cases"]), "cases": inputs["cases"]}
+
+
+def _compare_balance(outputs: dict, expected: dict) -> str | None:
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="balance_loss",
+                              kind_hints={"float": "a Python float carries no gradient back to the router (.item() or "
+                                                   "float() cuts it off): return the 0-d tensor"})
+    if problem:
+        return problem
+    losses, grads = outputs.get("losses"), outputs.get("grads")
+    cases = expected["cases"]
+    if not (isinstance(losses, list) and isinstance(grads, list) and len(losses) == len(grads) == len(cases)):
+        return "balance_loss's hidden test did not run every case"
+    for i, (got, grad, case) in enumerate(zip(losses, grads, cases)):
+        probs, experts = torch.from_numpy(np.asarray(case["probs"])), torch.from_numpy(np.asarray(case["experts"]))
+        what = (f"hidden test {i + 1}: router_probs of shape {tuple(probs.shape)}, experts of shape "
+                f"{tuple(experts.shape)}")
+        try:
+            diagnose_balance(restore(got), probs, experts, grad, what=what)
+        except CheckFailure as failure:
+            return str(failure)
+    return None
+
+
+PROBES = {
+    "check_top_k_gating": Probe(
+        exercise="ex_top_k_gating", make_inputs=_gating_probe_inputs, run=GATING_PROBE_RUN,
+        reference=_gating_probe_reference, compare=_compare_gating, forbidden=FORBIDDEN),
+    "check_balance_loss": Probe(
+        exercise="ex_balance_loss", make_inputs=_balance_probe_inputs, run=BALANCE_PROBE_RUN,
+        reference=_balance_probe_reference, compare=_compare_balance, forbidden=FORBIDDEN),
+}
