@@ -336,3 +336,17 @@ def test_decode_bench_asserts_identical_tokens(monkeypatch):
     monkeypatch.setattr(bench_decode, "decoders", one_wrong)
     with pytest.raises(AssertionError, match="tfedu, KV cache \\(sdpa\\) decoded other tokens than transformers on cpu"):
         bench_decode.run(quick=True, device="cpu")
+
+
+# ----------------------------------------------------------------------------- tfedu bench moe
+
+
+def test_quick_moe_bench_compares_both_dispatches_and_hf_mixtral(capsys):
+    pytest.importorskip("transformers")
+    assert cli.main(["bench", "moe", "--json", "--quick", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])
+    assert "loop/sorted" in "\n".join(out[:-1]) and result["bench"] == "moe"
+    [row] = result["rows"]
+    assert set(row["times"]) == {"sorted", "loop", "hf"} and set(row["ratios"]) == {"loop_vs_sorted", "hf_vs_sorted"}
+    assert row["device"] == "cpu" and result["versions"]["transformers"]

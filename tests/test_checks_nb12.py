@@ -194,6 +194,12 @@ def balance_variant(router_probs, experts, mistake):
         f = P
     if mistake == "raw counts":
         f = counts
+    if mistake == "P summed":
+        P = router_probs.sum(dim=0)
+    if mistake == "bincount without minlength":
+        f = torch.bincount(experts.flatten()).to(router_probs.dtype) / experts.numel()
+        if len(f) not in (1, n_experts):  # (1,) broadcasts over P; other lengths fail loudly, as in the notebook
+            raise RuntimeError(f"The size of tensor a ({len(f)}) must match the size of tensor b ({n_experts})")
     if mistake == "per token":
         f = counts / tokens
     if mistake == "first choice":
@@ -236,6 +242,7 @@ BALANCE_MISTAKES = {  # name: (wrong balance_loss, a phrase its hint must contai
     "mean, no E": (lambda p, e: balance_variant(p, e, "mean, no E"), "divided by E^2"),
     "raw counts": (lambda p, e: balance_variant(p, e, "raw counts"), "raw counts"),
     "per token": (lambda p, e: balance_variant(p, e, "per token"), "Hugging Face Mixtral's convention"),
+    "P summed": (lambda p, e: balance_variant(p, e, "P summed"), "sums router_probs over the tokens"),
     "first choice": (lambda p, e: balance_variant(p, e, "first choice"), "only each token's first choice"),
     "P detached": (lambda p, e: balance_variant(p, e, "P detached"), "is P detached"),
     "no_grad": (loss_under_no_grad, "is P detached"),

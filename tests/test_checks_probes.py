@@ -50,32 +50,8 @@ MODULES = {"00_start_here": nb00, "01_tokenization": nb01, "02_embeddings": nb02
 ALL_PROBES = [(stem, grade_id) for stem, module in MODULES.items() for grade_id in module.PROBES]
 
 
-# Checker modules written ahead of their notebook: until notebooks/<stem>.ipynb exists, the probe tests run these
-# answers (written as the exercise asks, by grade_id) in place of its solution cells. Remove the entry when the
-# notebook lands (test_notebooks_ahead_of_their_checkers_are_still_missing says so).
-AHEAD_OF_NOTEBOOK = {
-    "12_moe_and_scaling": {
-        "ex_top_k_gating": (
-            "def top_k_gating(router_logits, k):\n"
-            "    probs = torch.softmax(router_logits, dim=-1)  # tokens n_experts\n"
-            "    gates, experts = torch.topk(probs, k, dim=-1)  # tokens k\n"
-            "    if k > 1:\n"
-            "        gates = gates / gates.sum(dim=-1, keepdim=True)\n"
-            "    return gates, experts\n"),
-        "ex_balance_loss": (
-            "def balance_loss(router_probs, experts):\n"
-            "    n_experts = router_probs.shape[-1]\n"
-            "    f = torch.bincount(experts.flatten(), minlength=n_experts) / experts.numel()  # n_experts\n"
-            "    P = router_probs.mean(dim=0)  # n_experts\n"
-            "    return n_experts * (f * P).sum()\n"),
-    },
-}
-
-
 def solution_cells(stem: str) -> dict[str, str]:
-    """grade_id -> source of each solution cell of a notebook (see AHEAD_OF_NOTEBOOK for one not written yet)."""
-    if stem in AHEAD_OF_NOTEBOOK and not (NOTEBOOKS / f"{stem}.ipynb").exists():
-        return dict(AHEAD_OF_NOTEBOOK[stem])
+    """grade_id -> source of each solution cell of a notebook."""
     nb = nbtools.read(NOTEBOOKS / f"{stem}.ipynb")
     cells = {}
     for cell in nb.cells:
@@ -104,13 +80,6 @@ def verdict(probe: Probe, namespace: dict, seed: int, *, standins: bool = False)
 
 
 # ----------------------------------------------------------------------------- every probe, the notebook's solution
-
-
-def test_notebooks_ahead_of_their_checkers_are_still_missing():
-    for stem in AHEAD_OF_NOTEBOOK:
-        assert not (NOTEBOOKS / f"{stem}.ipynb").exists(), (
-            f"notebooks/{stem}.ipynb exists now: remove its entry from AHEAD_OF_NOTEBOOK, so its solution cells are tested")
-        assert set(AHEAD_OF_NOTEBOOK[stem]) == {probe.exercise for probe in MODULES[stem].PROBES.values()}
 
 
 @pytest.mark.parametrize("stem, grade_id", ALL_PROBES)

@@ -176,8 +176,8 @@ class Assignments:
     """Every (token, choice) assignment sorted by expert, and each one's place in its expert's queue.
 
     The queue order is every token's first choice in position order, then every second choice, and
-    so on: when an expert is full, second choices are dropped before first ones (as GShard's top-2
-    gating fills first choices first; Lepikhin et al. 2021, Algorithm 2).
+    so on: when an expert is full, second choices are dropped before first ones (GShard's top-2
+    gating also serves first choices first; Lepikhin et al. 2021).
     """
 
     expert: Tensor  # (tokens * k,) the expert of each assignment, sorted

@@ -7,6 +7,6 @@ always the peer's time divided by tfedu's, so above 1 means tfedu is faster. Sha
 """
 
 BENCHES = {"tokenizer": "tfedu.bench.tokenizer", "model": "tfedu.bench.model", "attention": "tfedu.bench.attention",
-           "decode": "tfedu.bench.decode"}
+           "decode": "tfedu.bench.decode", "moe": "tfedu.bench.moe"}
 
 __all__ = ["BENCHES"]

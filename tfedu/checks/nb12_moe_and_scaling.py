@@ -543,6 +543,15 @@ HINT_RAW_COUNTS = (
     "your f holds raw counts: divide them by the number of assignments, tokens * k = {n} (experts.numel()), so f "
     "is a fraction that adds to 1 and the loss stays 1 at balance whatever the batch size"
 )
+HINT_P_SUMMED = (
+    "your loss is tokens = {tokens} times the reference's: your P sums router_probs over the tokens. P_i is the "
+    "mean probability of expert i, router_probs.mean(dim=0), so the loss does not grow with the batch"
+)
+HINT_COUNTS_OR_SUM = (
+    "your loss is tokens = {n} times the reference's: either your f holds raw counts (divide them by the number of "
+    "assignments, experts.numel()) or your P sums router_probs over the tokens (take router_probs.mean(dim=0)). "
+    "With k = 1 the two slips give the same number; both f and P are averages"
+)
 HINT_PER_TOKEN = (
     "your loss is k = {k} times the reference's: you divided the counts by the tokens ({tokens}) rather than by the "
     "tokens * k = {n} assignments, so your f adds to k. That is Hugging Face Mixtral's convention (its balanced "
@@ -567,7 +576,8 @@ HINT_P_DETACHED = (
 HINT_LOSS_GRAD_DIFFERS = (
     "your loss has the right value, but its gradient on router_probs is wrong (largest error {diff:.3g}): "
     "d loss / d router_probs[t, i] = E * f_i / tokens. Is part of P detached, or does f carry a gradient it should "
-    "not have (f is counted from experts, not computed from the probabilities)?"
+    "not have (f is counted from experts, not computed from the probabilities)? Or is f shorter than E: "
+    "torch.bincount without minlength=E stops at the last expert that got a token"
 )
 HINT_LOSS_GRAD_FAILED = (
     "backpropagating through your loss failed ({err}): was a tensor the backward pass needs changed in place?"
@@ -601,7 +611,8 @@ def balance_mistakes(probs: torch.Tensor, experts: torch.Tensor) -> list[tuple[s
         (HINT_F_FROM_PROBS, n_experts * (P * P).sum()),
         (HINT_MISSING_E.format(E=n_experts), loss / n_experts),
         (HINT_MEAN_NO_E.format(E2=n_experts**2), loss / n_experts**2),
-        (HINT_RAW_COUNTS.format(n=tokens * k), loss * tokens * k),
+        (HINT_COUNTS_OR_SUM.format(n=tokens) if k == 1 else HINT_RAW_COUNTS.format(n=tokens * k), loss * tokens * k),
+        (HINT_P_SUMMED.format(tokens=tokens), loss * tokens),
         (HINT_FIRST_CHOICE.format(k=k), n_experts * (first / tokens * P).sum()),
         (HINT_FIRST_CHOICE.format(k=k), n_experts * (first / (tokens * k) * P).sum()),
         (HINT_PER_TOKEN.format(k=k, tokens=tokens, n=tokens * k), loss * k),

@@ -27,6 +27,7 @@ def pick(switch: str, on: bool, mine: Any, reference: Any, check: Callable[..., 
     >>> from tfedu.checks.nb00_start_here import check_softmax
     >>> from tfedu.softmax import softmax
     >>> pick("USE_MY_SOFTMAX", False, None, softmax, check_softmax, exercise="0.1") is softmax
+    USE_MY_SOFTMAX = False: running tfedu's reference softmax (set it to True once exercise 0.1 passes)
     True
     >>> wrong = lambda x: x
     >>> pick("USE_MY_SOFTMAX", True, wrong, softmax, check_softmax, exercise="0.1") is softmax  # doctest: +ELLIPSIS
@@ -35,6 +36,7 @@ def pick(switch: str, on: bool, mine: Any, reference: Any, check: Callable[..., 
     """
     label = name or getattr(reference, "__name__", "function")
     if not on:
+        print(f"{switch} = False: running tfedu's reference {label} (set it to True once exercise {exercise} passes)")
         return reference
     try:
         with contextlib.redirect_stdout(io.StringIO()):
