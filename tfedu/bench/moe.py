@@ -9,7 +9,9 @@ limit, so all three compute the same function on the same weights):
 - ``hf``: ``transformers``' ``MixtralSparseMoeBlock`` built locally from a ``MixtralConfig`` (no download),
   its weights copied from ours; its eager path loops over the experts that received tokens.
 
-Before timing, the three outputs are compared (float32, 1e-4). Each call is forward + backward of
+Every size uses k = 2: Hugging Face's router divides the top-k probabilities by their sum for any k, so at
+k = 1 its gate is always 1 (a different function from Switch's, and one whose router gets no gradient
+through the gate). Before timing, the three outputs are compared (float32, 1e-4). Each call is forward + backward of
 ``out.sum()`` (plus our aux loss, a few hundred FLOPs), timed in turns (sorted, loop, hf, sorted, ...)
 and reported by the best and the median. Ratios are the peer's time over ``sorted``'s: above 1 means
 the sorted dispatch is faster.
@@ -23,7 +25,7 @@ import sys
 
 from tfedu.bench.common import device_description, device_lines, devices_to_run, interleaved, machine, summary, timed, version
 
-FULL = {"tokens": 2048, "sizes": [(64, 8, 1), (64, 8, 2), (64, 32, 1), (256, 8, 2), (256, 32, 2), (256, 64, 2)],
+FULL = {"tokens": 2048, "sizes": [(64, 8, 2), (64, 32, 2), (256, 8, 2), (256, 32, 2), (256, 64, 2)],
         "rounds": 7}
 QUICK = {"tokens": 64, "sizes": [(16, 4, 2)], "rounds": 1}
 AGREE_ATOL = 1e-4
