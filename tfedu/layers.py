@@ -302,6 +302,10 @@ class Attention(MultiHeadAttention):
       values (after RoPE, before the grouped heads are repeated: only ``n_kv_heads`` are kept) are
       appended to it and the queries attend over everything it holds. ``positions`` then default
       to ``cache.length, cache.length + 1, ...``; ``new_kv_cache`` makes an empty one for this layer.
+    - **A learned prefix** (prefix tuning, Li & Liang 2021; ``tfedu.peft.apply_prefix_tuning``): when
+      ``prefix`` is set (a module whose call returns keys and values ``(n_kv_heads, n_prefix, d_head)``),
+      they are placed before the sequence's keys and values in self-attention. The causal mask is aligned
+      to the end, so every query sees them; the tokens' positions do not change. ``None`` by default.
 
     >>> attn = Attention(d_model=16, n_heads=4, n_kv_heads=2)
     >>> attn.W_K.weight.shape  # 2 key heads of width 4
@@ -340,6 +344,7 @@ class Attention(MultiHeadAttention):
         self.rope_layout = rope_layout
         self.impl = impl
         self.dropout = float(dropout)
+        self.prefix: nn.Module | None = None  # learned prefix keys/values (tfedu.peft, notebooks/13)
 
     def forward(
         self,
@@ -370,6 +375,8 @@ class Attention(MultiHeadAttention):
             # The cache keeps the rotated keys of the n_kv_heads heads; the query sees the cached keys
             # and its own (just appended) exactly once.
             k, v = kv_cache.append(k, v)  # batch n_kv_heads key_pos d_head
+        if self.prefix is not None and self_attention:
+            k, v, mask = self._with_prefix(k, v, mask, bias)
         n_key = k.shape[2]
         if self.n_kv_heads != self.n_heads:
             # Key/value head j serves query heads j*g .. j*g + g - 1 (Llama's repeat_kv).
@@ -384,6 +391,20 @@ class Attention(MultiHeadAttention):
             pattern = self.hook_pattern(attention_weights(q, k, mask, bias=bias))  # batch n_heads query_pos key_pos
             z = F.dropout(pattern, dropout) @ v  # batch n_heads query_pos d_head
         return self.W_O(self.merge_heads(z))  # batch query_pos d_model
+
+    def _with_prefix(self, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None
+                     ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Keys and values with the learned prefix in front, and ``mask`` widened to let every query see it."""
+        if bias is not None:
+            raise ValueError("a learned prefix has no distance to the queries: prefix tuning with an attention bias "
+                             "(ALiBi) is not supported")
+        prefix_k, prefix_v = self.prefix()  # n_kv_heads n_prefix d_head
+        batch = k.shape[0]
+        k = torch.cat([prefix_k.to(k.dtype).expand(batch, -1, -1, -1), k], dim=2)  # batch n_kv_heads n_prefix+key_pos d_head
+        v = torch.cat([prefix_v.to(v.dtype).expand(batch, -1, -1, -1), v], dim=2)
+        if mask is not None and mask.shape[-1] != 1:  # (a key axis of 1 broadcasts over the prefix too)
+            mask = torch.cat([mask.new_ones(*mask.shape[:-1], prefix_k.shape[1]), mask], dim=-1)
+        return k, v, mask
 
     @staticmethod
     def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, plain_causal: bool,
