@@ -90,9 +90,6 @@ def _check_positive_int(name: str, value: object) -> None:
 
 # ----------------------------------------------------------------------------- LoRA
 
-LoRAForward = Callable[[Tensor, Tensor, "Tensor | None", Tensor, Tensor, float], Tensor]
-
-
 class LoRALinear(nn.Module):
     """A frozen ``nn.Linear`` plus a trainable low-rank update: ``base(x) + (alpha / r) * B(A(dropout(x)))``.
 
@@ -100,7 +97,6 @@ class LoRALinear(nn.Module):
     ``nn.Linear``); ``B`` is (d_out, r) and starts at zero, so the layer starts equal to ``base``
     (Hu et al. 2021, sec. 4.1). ``merge()`` adds ``(alpha / r) B @ A`` to the base weight (then the
     forward is ``base(x)`` alone: no extra inference cost); ``unmerge()`` subtracts it again.
-    ``forward_fn`` (the learner's ``lora_forward`` of notebook 13) replaces the formula when set.
 
     >>> layer = LoRALinear(nn.Linear(8, 4), r=2, alpha=4)
     >>> layer.A.shape, layer.B.shape, layer.scale
@@ -109,8 +105,7 @@ class LoRALinear(nn.Module):
     True
     """
 
-    def __init__(self, base: nn.Linear, r: int = 8, alpha: float = 16.0, dropout: float = 0.0,
-                 forward_fn: LoRAForward | None = None) -> None:
+    def __init__(self, base: nn.Linear, r: int = 8, alpha: float = 16.0, dropout: float = 0.0) -> None:
         super().__init__()
         if not isinstance(base, nn.Linear):
             raise TypeError(f"LoRALinear wraps an nn.Linear, got {type(base).__name__}")
@@ -119,8 +114,6 @@ class LoRALinear(nn.Module):
             raise ValueError(f"alpha must be a positive number, got {alpha!r}")
         if not 0 <= dropout < 1:
             raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
-        if forward_fn is not None and dropout:
-            raise ValueError("a custom forward_fn takes no dropout: use dropout=0")
         self.base = base
         freeze(base)
         self.r, self.alpha = r, float(alpha)
@@ -130,7 +123,6 @@ class LoRALinear(nn.Module):
         self.B = nn.Parameter(torch.zeros(base.out_features, r, dtype=w.dtype, device=w.device))
         nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # as peft's reset_lora_parameters
         self.drop = nn.Dropout(dropout)
-        self.forward_fn = forward_fn
         self.merged = False
 
     def delta_weight(self) -> Float[Tensor, "d_out d_in"]:
@@ -140,8 +132,6 @@ class LoRALinear(nn.Module):
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         if self.merged:
             return self.base(x)
-        if self.forward_fn is not None:
-            return self.forward_fn(x, self.base.weight, self.base.bias, self.A, self.B, self.alpha)
         # No activation between A and B: the update is linear, so it can be merged into W_0.
         return self.base(x) + self.scale * F.linear(F.linear(self.drop(x), self.A), self.B)
 
@@ -170,12 +160,13 @@ def _lora_layers(model: nn.Module) -> list[LoRALinear]:
 
 
 def apply_lora(model: nn.Module, targets: Iterable[str] = ("W_Q", "W_V"), *, r: int = 8, alpha: float = 16.0,
-               dropout: float = 0.0, forward_fn: LoRAForward | None = None) -> dict[str, LoRALinear]:
+               dropout: float = 0.0, layer_class: Callable[..., nn.Module] | None = None) -> dict[str, nn.Module]:
     """Freeze ``model`` and wrap every ``nn.Linear`` named one of ``targets`` in a ``LoRALinear``, in place.
 
     ``targets`` are the attribute names of tfedu's linear layers (``LORA_TARGETS``): ``W_Q``, ``W_K``,
     ``W_V``, ``W_O`` in attention, ``W_in``, ``W_gate``, ``W_out`` in the MLP. Returns the new layers by
-    their full names. Only the LoRA matrices are trainable afterwards.
+    their full names. Only the LoRA matrices are trainable afterwards. ``layer_class`` (the learner's
+    ``LoRA`` of notebook 13, called as ``layer_class(base, r, alpha)``) replaces ``LoRALinear``.
 
     >>> from tfedu.config import preset
     >>> from tfedu.model import GPT
@@ -189,7 +180,7 @@ def apply_lora(model: nn.Module, targets: Iterable[str] = ("W_Q", "W_V"), *, r: 
     if unknown:
         raise ValueError(f"unknown LoRA target(s) {unknown}: tfedu's linear layers are named {', '.join(LORA_TARGETS)}")
     _check_positive_int("r (the rank)", r)
-    if _lora_layers(model):
+    if _lora_layers(model) or any(hasattr(m, "B") and hasattr(m, "base") for m in model.modules()):
         raise ValueError("this model has LoRA layers already; apply LoRA to a fresh copy of the base model")
     freeze(model)
     found = [(name, parent, child) for name, parent in model.named_modules()
@@ -199,7 +190,8 @@ def apply_lora(model: nn.Module, targets: Iterable[str] = ("W_Q", "W_V"), *, r: 
         raise ValueError(f"LoRA target(s) {missing} match no nn.Linear in this model")
     layers = {}
     for name, parent, child in found:
-        layer = LoRALinear(getattr(parent, child), r=r, alpha=alpha, dropout=dropout, forward_fn=forward_fn)
+        base = getattr(parent, child)
+        layer = LoRALinear(base, r=r, alpha=alpha, dropout=dropout) if layer_class is None else layer_class(base, r, alpha)
         setattr(parent, child, layer)
         layers[f"{name}.{child}" if name else child] = layer
     return layers
@@ -443,3 +435,49 @@ def code_documents(modules: Iterable[str] = CODE_MODULES) -> list[str]:
     if not docs:
         raise FileNotFoundError("no standard-library source found (is this Python installed without its .py files?)")
     return docs
+
+
+# ----------------------------------------------------------------------------- fine-tuning on a budget
+
+
+def finetune(model: nn.Module, data, *, steps: int, batch_size: int, length: int, lr: float,
+             seed: int = 0) -> list[float]:
+    """Adam on ``model``'s trainable parameters for ``steps`` batches of ``data`` (a ``TokenDataset``).
+
+    The batches depend on ``seed`` only, so every method sees the same windows in the same order.
+    Returns the training loss of every step. Dropout is off (``model.eval()``): the comparison is of
+    the methods, not of regularisation.
+    """
+    _check_positive_int("steps", steps)
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    optimizer = torch.optim.Adam(params, lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    model.eval()
+    losses = []
+    for _ in range(steps):
+        x, y = data.batch(batch_size, length, generator)
+        _, loss = model(x, y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@torch.no_grad()
+def held_out_loss(model: nn.Module, data, *, length: int, n_windows: int | None = None) -> float:
+    """Mean next-token loss over the first ``n_windows`` non-overlapping windows of ``data`` (all by default)."""
+    starts = data.eval_starts(length)[:n_windows]
+    x, y = data.windows(starts, length)
+    return model(x, y)[1].item()
+
+
+def training_bytes(model: nn.Module, *, optimizer_floats: int = 2) -> int:
+    """Bytes that training adds per trainable parameter: the gradient and Adam's two moments (activations not counted).
+
+    >>> training_bytes(nn.Linear(10, 10))  # 110 parameters x 4 bytes x (1 gradient + 2 moments)
+    1320
+    """
+    return sum(p.numel() * p.element_size() * (1 + optimizer_floats) for p in model.parameters() if p.requires_grad)

@@ -1,0 +1,270 @@
+"""Checkers for notebooks/13_peft.ipynb: LoRA by hand.
+
+One exercise, checked against ``tfedu.peft.LoRALinear``'s formula after first trying the known mistakes:
+
+- 13.1 ``LoRA(base, r, alpha)``, an ``nn.Module`` wrapping a frozen ``nn.Linear`` ``base``, with ``A``
+  (r, d_in) and ``B`` (d_out, r), ``forward(x) = base(x) + (alpha / r) B A x`` and ``merged_weight()``
+  ``= W_0 + (alpha / r) B @ A``. Named mistakes: B not zero at initialisation (the model does not start
+  at the pretrained one), A zero as well (no gradient ever reaches B's partner: nothing learns), the
+  base weight left trainable, A and B in each other's shapes ((d_in, r) and (r, d_out)), the alpha / r
+  scale missing or alpha alone, an activation between A and B (ReLU or GELU: then no merge exists), a
+  merge that adds (B @ A).T (the Conv1D habit of GPT-2's checkpoints) or drops the scale, a forward or
+  a merge that changes the base weight in place, gradients that do not reach A and B. Compared with the
+  formula on several shapes (square ones too, where a transposed merge has the right shape), with B set
+  to random values first, then the gradients to A and B. ``tfedu.peft`` is refused.
+
+A class whose construction raises NotImplementedError, or a forward that returns None, is taken for an
+unfinished exercise (``ExerciseNotDone``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from tfedu.checks.core import CheckFailure, ExerciseNotDone, Probe, checker, expect, global_names
+from tfedu.checks.probes import CLEANUP, HELPERS
+
+FORBIDDEN = ("tfedu.peft",)
+
+# Run in the student's kernel (in the probe's run code) and, for the checker, here: one source.
+LORA_HELPERS = '''\
+def _lora_record(LoRA, case):
+    """What a learner's LoRA does on one case, as plain data (NumPy arrays, bools, strings)."""
+    torch.manual_seed(int(case["seed"]))
+    base = torch.nn.Linear(int(case["d_in"]), int(case["d_out"])).double()
+    with torch.no_grad():
+        base.weight.copy_(torch.from_numpy(case["W"]))
+        base.bias.copy_(torch.from_numpy(case["b"]))
+    W_before = base.weight.detach().clone()
+    try:
+        layer = LoRA(base, int(case["r"]), float(case["alpha"]))
+    except NotImplementedError:
+        return {"status": "not done"}
+    A, B = getattr(layer, "A", None), getattr(layer, "B", None)
+    if not isinstance(A, torch.Tensor) or not isinstance(B, torch.Tensor):
+        return {"status": "no A, B", "got": type(A).__name__ + ", " + type(B).__name__}
+    record = {"status": "ok", "A_shape": list(A.shape), "B_shape": list(B.shape),
+              "B_zero": bool((B.detach() == 0).all()), "A_zero": bool((A.detach() == 0).all()),
+              "base_trainable": bool(getattr(getattr(layer, "base", base), "weight", base.weight).requires_grad),
+              "A_trainable": bool(A.requires_grad), "B_trainable": bool(B.requires_grad)}
+    if record["A_shape"] != [int(case["r"]), int(case["d_in"])] or record["B_shape"] != [int(case["d_out"]), int(case["r"])]:
+        return record
+    with torch.no_grad():
+        A.copy_(torch.from_numpy(case["A"]).to(A.dtype))
+        B.copy_(torch.from_numpy(case["B"]).to(B.dtype))
+    x = torch.from_numpy(case["x"])
+    try:
+        out = layer(x)
+    except NotImplementedError:
+        return {"status": "not done"}
+    if out is None:
+        return {"status": "not done"}
+    record["out"] = out.detach().double().numpy() if isinstance(out, torch.Tensor) else type(out).__name__
+    record["grads"] = "missing"
+    if isinstance(out, torch.Tensor) and out.requires_grad and tuple(out.shape) == tuple(x.shape[:-1]) + (int(case["d_out"]),):
+        grads = torch.autograd.grad((out * torch.from_numpy(case["upstream"]).to(out.dtype)).sum(), [A, B], allow_unused=True)
+        record["grads"] = ["none" if g is None else g.double().numpy() for g in grads]
+    record["forward_changed_W"] = not torch.equal(base.weight.detach(), W_before)
+    try:
+        merged = layer.merged_weight() if hasattr(layer, "merged_weight") else "no merged_weight method"
+    except NotImplementedError:
+        return {"status": "not done"}
+    except Exception as err:
+        merged = "an error: " + type(err).__name__ + ": " + str(err)[:200]
+    record["merged"] = merged.detach().double().numpy() if isinstance(merged, torch.Tensor) else str(merged)
+    record["merge_changed_W"] = not torch.equal(base.weight.detach(), W_before)
+    return record
+
+
+'''
+LORA_CLEANUP = "del _lora_record\n"
+
+_helpers: dict[str, Any] = {"torch": torch}
+exec(compile(LORA_HELPERS, "<lora probe helpers>", "exec"), _helpers)
+lora_record = _helpers["_lora_record"]
+
+HINT_SHORTCUT = "your LoRA uses tfedu.peft ({name}): LoRA is the exercise itself, so build it from torch operations"
+HINT_NOT_DONE = "LoRA: this exercise is not done yet (replace the `raise NotImplementedError` with your code)"
+HINT_NO_AB = "LoRA should keep its two matrices as attributes A (r, d_in) and B (d_out, r) (nn.Parameters), got {got}"
+HINT_SWAPPED_SHAPES = (
+    "your A is {A} and B is {B} for d_in = {d_in}, d_out = {d_out}, r = {r}: A maps the input down to r numbers, "
+    "so it is (r, d_in), like an nn.Linear(d_in, r)'s weight; B maps them up, (d_out, r). Then B @ A is (d_out, d_in), "
+    "the shape of W_0, which is what lets it merge"
+)
+HINT_B_NOT_ZERO = (
+    "your B is not zero at initialisation: then the LoRA model is not the pretrained model at step 0 (B A x adds "
+    "random noise to every layer). Initialise B with zeros (and A randomly), as Hu et al. 2021 sec. 4.1 do"
+)
+HINT_A_ZERO = (
+    "your A is zero at initialisation as well as B: then the gradient to B (which is upstream times A x) and the "
+    "gradient to A (which passes through B) are both zero, and nothing ever learns. Only B starts at zero; A "
+    "starts random (Kaiming-uniform, like an nn.Linear's weight)"
+)
+HINT_BASE_TRAINABLE = (
+    "your base layer's weight still requires grad: LoRA freezes W_0 and trains A and B only (that is the whole "
+    "saving). Call base.weight.requires_grad_(False) (and the bias's)"
+)
+HINT_AB_FROZEN = "your A and B should be trainable nn.Parameters (requires_grad=True): they are all that LoRA trains"
+HINT_NO_SCALE = (
+    "your forward leaves out the alpha / r scale: h = W_0 x + (alpha / r) B A x. The scale keeps the update's size "
+    "the same when you change r, so the learning rate need not change with it"
+)
+HINT_ALPHA_ONLY = "your forward scales B A x by alpha, not alpha / r: divide by the rank r too"
+HINT_ACTIVATION = (
+    "your forward puts a nonlinearity ({act}) between A and B: LoRA has none (deck: \"No activation in-between\"), "
+    "so B A is one linear map that can be merged into W_0"
+)
+HINT_FORWARD = "your forward does not give base(x) + (alpha / r) * B A x{detail}"
+HINT_MERGE_TRANSPOSED = (
+    "your merged_weight adds (B @ A).T: W_0 is nn.Linear's (d_out, d_in) and B @ A is already (d_out, d_in); the "
+    "transpose is only for GPT-2's Conv1D layers, which store [d_in, d_out]"
+)
+HINT_MERGE_NO_SCALE = "your merged_weight adds B @ A without the alpha / r scale: the merged layer must equal the forward"
+HINT_MERGE = "your merged_weight is not W_0 + (alpha / r) B @ A{detail}"
+HINT_IN_PLACE = (
+    "your {what} changed the base layer's weight in place: forward must leave W_0 alone, and merged_weight should "
+    "return W_0 + (alpha / r) B @ A as a new tensor (calling it twice must not add B @ A twice)"
+)
+HINT_GRADS = "no gradient reaches your {which}: do not detach it or use torch.no_grad() in forward"
+HINT_GRADS_WRONG = "the gradient to your {which} is not that of base(x) + (alpha / r) B A x"
+
+
+def _close(a: Any, b: np.ndarray, rtol: float = 1e-6, atol: float = 1e-8) -> bool:
+    return isinstance(a, np.ndarray) and a.shape == b.shape and bool(np.allclose(a, b, rtol=rtol, atol=atol))
+
+
+def _mistake_outputs(case: dict) -> dict[str, np.ndarray]:
+    x, W, b, A, B = (torch.from_numpy(case[k]) for k in ("x", "W", "b", "A", "B"))
+    scale = case["alpha"] / case["r"]
+    base = x @ W.T + b
+    return {
+        k: v.numpy() for k, v in {
+            "right": base + scale * (x @ A.T) @ B.T, "no scale": base + (x @ A.T) @ B.T,
+            "alpha only": base + case["alpha"] * (x @ A.T) @ B.T, "ReLU": base + scale * torch.relu(x @ A.T) @ B.T,
+            "GELU": base + scale * torch.nn.functional.gelu(x @ A.T) @ B.T, "merged": W + scale * B @ A,
+            "merged transposed": W + scale * (B @ A).T if W.shape[0] == W.shape[1] else torch.zeros(0),
+            "merged no scale": W + B @ A}.items()}
+
+
+def _grads(case: dict) -> list[np.ndarray]:
+    x, A, B, up = (torch.from_numpy(case[k]) for k in ("x", "A", "B", "upstream"))
+    A, B = A.clone().requires_grad_(), B.clone().requires_grad_()
+    out = case["alpha"] / case["r"] * (x @ A.T) @ B.T
+    return [g.numpy() for g in torch.autograd.grad((out * up).sum(), [A, B])]
+
+
+def diagnose(record: dict, case: dict) -> None:
+    """Raise CheckFailure naming what is wrong with one record of ``_lora_record``; return when it is right."""
+    if record["status"] == "not done":
+        raise ExerciseNotDone(HINT_NOT_DONE)
+    if record["status"] == "no A, B":
+        raise CheckFailure(HINT_NO_AB.format(got=record["got"]))
+    d_in, d_out, r = case["d_in"], case["d_out"], case["r"]
+    if record["A_shape"] != [r, d_in] or record["B_shape"] != [d_out, r]:
+        raise CheckFailure(HINT_SWAPPED_SHAPES.format(A=tuple(record["A_shape"]), B=tuple(record["B_shape"]),
+                                                      d_in=d_in, d_out=d_out, r=r))
+    expect(not (record["A_zero"] and record["B_zero"]), HINT_A_ZERO)
+    expect(record["B_zero"], HINT_B_NOT_ZERO)
+    expect(not record["base_trainable"], HINT_BASE_TRAINABLE)
+    expect(record["A_trainable"] and record["B_trainable"], HINT_AB_FROZEN)
+    want = _mistake_outputs(case)
+    out = record["out"]
+    if not _close(out, want["right"]):
+        for name, hint in (("no scale", HINT_NO_SCALE), ("alpha only", HINT_ALPHA_ONLY)):
+            expect(not _close(out, want[name]), hint)
+        for act in ("ReLU", "GELU"):
+            expect(not _close(out, want[act]), HINT_ACTIVATION.format(act=act))
+        detail = f" (it returned {out})" if isinstance(out, str) else (
+            f" (shape {out.shape}, expected {want['right'].shape})" if out.shape != want["right"].shape else
+            f" (largest difference {np.abs(out - want['right']).max():.3g})")
+        raise CheckFailure(HINT_FORWARD.format(detail=detail))
+    expect(not record["forward_changed_W"], HINT_IN_PLACE.format(what="forward"))
+    grads = record["grads"]
+    expect(grads != "missing", HINT_GRADS.format(which="A and B"))
+    for which, got, expected in zip(("A", "B"), grads, _grads(case)):
+        expect(not isinstance(got, str), HINT_GRADS.format(which=which))
+        expect(_close(got, expected, rtol=1e-5, atol=1e-7), HINT_GRADS_WRONG.format(which=which))
+    merged = record["merged"]
+    if not _close(merged, want["merged"]):
+        expect(not (want["merged transposed"].size and _close(merged, want["merged transposed"])), HINT_MERGE_TRANSPOSED)
+        if isinstance(merged, np.ndarray) and merged.shape == (d_in, d_out) and d_in != d_out:
+            raise CheckFailure(HINT_MERGE_TRANSPOSED)
+        expect(not _close(merged, want["merged no scale"]), HINT_MERGE_NO_SCALE)
+        detail = f" (it returned {merged})" if isinstance(merged, str) else (
+            f" (shape {merged.shape}, expected {want['merged'].shape})" if merged.shape != want["merged"].shape else "")
+        raise CheckFailure(HINT_MERGE.format(detail=detail))
+    expect(not record["merge_changed_W"], HINT_IN_PLACE.format(what="merged_weight"))
+
+
+def make_cases(rng: np.random.Generator) -> list[dict]:
+    """Fresh cases: one wide, one square (where a transposed merge has the right shape), one with r = 1."""
+    cases = []
+    # The square case first: there a transposed merge has the right shape and gets its named hint.
+    for d_in, d_out, r in ((6, 6, 2), (int(rng.integers(5, 9)), int(rng.integers(2, 5)), int(rng.integers(2, 4))),
+                           (int(rng.integers(3, 7)), int(rng.integers(3, 7)), 1)):
+        alpha = float(rng.choice([1.0, 4.0, 16.0]) * (1 + r))  # alpha != r and alpha != 1: the scale shows
+        cases.append({"d_in": d_in, "d_out": d_out, "r": r, "alpha": alpha, "seed": int(rng.integers(0, 1000)),
+                      "W": rng.standard_normal((d_out, d_in)), "b": rng.standard_normal(d_out),
+                      "A": rng.standard_normal((r, d_in)), "B": rng.standard_normal((d_out, r)),
+                      "x": 2 * rng.standard_normal((2, 3, d_in)), "upstream": rng.standard_normal((2, 3, d_out))})
+    return cases
+
+
+def _refuse_peft(cls: Any) -> None:
+    import tfedu.peft as peft
+
+    if getattr(cls, "__module__", None) == "tfedu.peft" or (isinstance(cls, type) and issubclass(cls, peft.LoRALinear)):
+        raise CheckFailure(HINT_SHORTCUT.format(name="you passed tfedu.peft's own LoRALinear"))
+    functions = [getattr(cls, name) for name in ("__init__", "forward", "merged_weight") if hasattr(cls, name)]
+    for fn in functions:
+        scope = getattr(fn, "__globals__", {})
+        used = sorted(n for n in global_names(fn) if n in scope and (scope[n] is peft or
+                                                                      getattr(scope[n], "__module__", "") == "tfedu.peft"))
+        expect(not used, HINT_SHORTCUT.format(name=", ".join(used)))
+
+
+@checker("LoRA")
+def check_lora(LoRA: Any) -> None:
+    """Check the learner's LoRA class (exercise 13.1); see the module docstring for the mistakes it names."""
+    if LoRA is None:
+        raise ExerciseNotDone(HINT_NOT_DONE)
+    _refuse_peft(LoRA)
+    for case in make_cases(np.random.default_rng(13)):
+        diagnose(lora_record(LoRA, case), case)
+    print("✓ LoRA: B starts at zero, W_0 frozen, forward = W_0 x + (alpha / r) B A x, merged_weight = W_0 + (alpha / r) B A")
+
+
+# ----------------------------------------------------------------------------- the hidden test
+
+LORA_PROBE_RUN = HELPERS + LORA_HELPERS + """\
+outputs = {'records': [_lora_record(LoRA, _c) for _c in inputs['cases']]}
+""" + LORA_CLEANUP + CLEANUP
+
+
+def _lora_probe_inputs(rng: np.random.Generator) -> dict:
+    return {"cases": make_cases(rng)}
+
+
+def _lora_probe_reference(inputs: dict) -> dict:
+    return {"cases": inputs["cases"]}
+
+
+def _compare_lora(outputs: dict, expected: dict) -> str | None:
+    records = outputs.get("records") if isinstance(outputs, dict) else None
+    if not isinstance(records, list) or len(records) != len(expected["cases"]):
+        return "LoRA's hidden test did not run every case"
+    for i, (record, case) in enumerate(zip(records, expected["cases"])):
+        try:
+            diagnose(record, case)
+        except CheckFailure as failure:
+            return f"hidden test {i + 1} (d_in={case['d_in']}, d_out={case['d_out']}, r={case['r']}): {failure}"
+    return None
+
+
+PROBES = {
+    "check_lora": Probe(exercise="ex_lora", make_inputs=_lora_probe_inputs, run=LORA_PROBE_RUN,
+                        reference=_lora_probe_reference, compare=_compare_lora, forbidden=FORBIDDEN),
+}
