@@ -36,6 +36,7 @@ from tfedu.checks import nb09_efficient_attention as nb09
 from tfedu.checks import nb10_inference as nb10
 from tfedu.checks import nb11_beyond_text as nb11
 from tfedu.checks import nb12_moe_and_scaling as nb12
+from tfedu.checks import nb13_peft as nb13
 from tfedu.checks.core import Probe, is_plain_data, run_probe, standin_objects, standins_bound
 from tfedu.embeddings import sgns_loss
 from tfedu.grading.scan import scan_answer
@@ -46,7 +47,7 @@ MODULES = {"00_start_here": nb00, "01_tokenization": nb01, "02_embeddings": nb02
            "04_attention": nb04, "05_masks_and_heads": nb05,
            "06_positional_encoding": nb06, "07_transformer_block": nb07, "08_training_and_decoding": nb08,
            "09_efficient_attention": nb09, "10_inference_and_kv_cache": nb10, "11_beyond_text": nb11,
-           "12_moe_and_scaling": nb12}
+           "12_moe_and_scaling": nb12, "13_peft": nb13}
 ALL_PROBES = [(stem, grade_id) for stem, module in MODULES.items() for grade_id in module.PROBES]
 
 
@@ -367,6 +368,13 @@ def balance_loss_per_token(router_probs, experts):
     return n_experts * (f * router_probs.mean(dim=0)).sum()
 
 
+def lora_with(mistake):
+    """Notebook 13's LoRA class with one realistic mistake (tests/test_checks_nb13.py writes them)."""
+    from test_checks_nb13 import make_lora
+
+    return make_lora(mistake)
+
+
 MISTAKES = [
     # (notebook, check, name bound, the wrong answer, a fragment of the feedback)
     # found by outside reviewers, each scoring full marks before the hidden tests covered it
@@ -421,6 +429,11 @@ MISTAKES = [
      lambda logits, k: torch.topk(torch.softmax(logits, dim=-1), k, dim=-1), "add to less than 1"),
     ("12_moe_and_scaling", "check_balance_loss", "balance_loss", balance_loss_per_token, "Hugging Face Mixtral's convention"),
     ("12_moe_and_scaling", "check_balance_loss", "balance_loss", no_grad(balance_loss_per_token), "is P detached"),
+    ("13_peft", "check_lora", "LoRA", lora_with("B random"), "B is not zero at initialisation"),
+    ("13_peft", "check_lora", "LoRA", lora_with("no scale"), "leaves out the alpha / r scale"),
+    ("13_peft", "check_lora", "LoRA", lora_with("merge transposed"), "adds (B @ A).T"),
+    ("13_peft", "check_lora", "LoRA", lora_with("relu"), "between A and B"),
+    ("13_peft", "check_lora", "LoRA", lora_with("base trainable"), "still requires grad"),
 ]
 
 
