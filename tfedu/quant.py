@@ -346,7 +346,8 @@ def gptq_quantize(weight: Tensor, H: Tensor, bits: int, group_size: int | None =
         for i in range(i2 - i1):
             j = i1 + i
             if j % g == 0:  # a new group: its grid from the columns as they are now (errors pushed on them included)
-                ahead = torch.cat([W1[:, i:], W[:, i2:]], dim=1)[:, :g]
+                later = W[:, i2 : j + g] - Err1[:, :i] @ Hinv[i1:j, i2 : j + g]  # with this block's pending updates
+                ahead = torch.cat([W1[:, i:], later], dim=1)[:, :g]
                 scale, zero = zeropoint_params(ahead.float(), bits, scale_dtype)
                 scale, zero = scale.to(dtype), zero.to(dtype)
                 scales.append(scale)
@@ -366,7 +367,7 @@ def gptq_quantize(weight: Tensor, H: Tensor, bits: int, group_size: int | None =
 
 def layer_error(weight: Tensor, quantized: Tensor, X: Tensor) -> float:
     """``||W X - W_hat X||_F`` for inputs X of shape (n, d_in) (rows are tokens), in float64."""
-    diff = (weight.double() - quantized.double()) @ X.double().T
+    diff = (weight.detach().double() - quantized.detach().double()) @ X.detach().double().T
     return float(diff.norm())
 
 
@@ -398,8 +399,8 @@ def collect_hessians(model: nn.Module, layers: dict[str, nn.Linear], calibration
 
     def hook(name: str):
         def record(module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> None:
-            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).double()  # tokens d_in
-            sums[name] += x.T @ x
+            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float()  # tokens d_in
+            sums[name] += (x.T @ x).double()  # float32 products, summed across batches in float64
             counts[name] += x.shape[0]
 
         return record
@@ -437,6 +438,8 @@ def quantize_model(model: nn.Module, bits: int, group_size: int | None = None, m
         return quantized.to(torch.float16)
     if method == "gptq" and (not isinstance(calibration, Tensor) or calibration.dim() != 2 or calibration.is_floating_point()):
         raise ValueError("method='gptq' needs calibration token ids, an integer tensor of shape (batch, pos)")
+    if method == "gptq":
+        calibration = calibration.long()
     for b, block in enumerate(quantized.blocks):
         layers = {f"blocks.{b}.{name}": m for name, m in block.named_modules() if isinstance(m, nn.Linear)}
         hessians = collect_hessians(quantized, layers, calibration) if method == "gptq" else {}
