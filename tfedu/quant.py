@@ -475,6 +475,29 @@ def model_nbytes(model: nn.Module) -> int:
 
 
 @torch.no_grad()
+def window_losses(model: nn.Module, data, seq_len: int, batch_size: int = 64) -> Tensor:
+    """Each held-out window's mean next-token loss (float64, ``data.eval_starts(seq_len)``'s windows, in order).
+
+    ``exp(window_losses(...).mean())`` is ``tfedu.train.evaluate``'s perplexity. A float16 model runs on a float32
+    copy of its stored values, so every row of a comparison differs in how its weights are stored, nothing else.
+    """
+    if any(p.dtype == torch.float16 for p in model.parameters()):
+        model = copy.deepcopy(model).float()
+    was_training = model.training
+    model.eval()
+    starts = data.eval_starts(seq_len)
+    losses = []
+    for i in range(0, len(starts), batch_size):
+        x, y = data.windows(starts[i : i + batch_size], seq_len)
+        logits = model(x.long())
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        loss = nn.functional.cross_entropy(logits.float().flatten(0, 1), y.long().flatten(), reduction="none")
+        losses.append(loss.reshape(len(x), -1).mean(dim=1).double())
+    model.train(was_training)
+    return torch.cat(losses)
+
+
+@torch.no_grad()
 def perplexity(model: nn.Module, data, seq_len: int, max_batches: int | None = None, batch_size: int = 32) -> float:
     """exp(mean next-token loss) on ``data`` (``tfedu.train.evaluate``'s windows). A float16 model runs on a
     float32 copy of its stored values: every row of a comparison then differs in the weights' storage alone."""
