@@ -353,7 +353,9 @@ def zeropoint_mistakes(x: torch.Tensor, bits: int) -> list[tuple[str, torch.Tens
 def zeropoint_cases() -> list[tuple[str, torch.Tensor, int]]:
     cases = [(zeropoint_case(0, (6, 8), 8), 8), (zeropoint_case(1, (5, 4), 4), 4),
              (zeropoint_case(2, (40,), 3, positive=True), 3), (zeropoint_case(3, (4, 6), 8, dtype=torch.float64), 8),
-             (zeropoint_case(4, (3, 8), 8, positive=True), 8), (zeropoint_case(5, (2, 3, 4), 2), 2)]
+             (zeropoint_case(4, (3, 8), 8, positive=True), 8), (zeropoint_case(5, (2, 3, 4), 2), 2),
+             (torch.randn(5, 7, generator=torch.Generator().manual_seed(6), dtype=torch.float64) + 0.4, 8)]
+    # the last: plain random values, so -lo / scale is no integer (a zero point left unrounded shows)
     return [(f"x of shape {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}, bits={b}", x, b) for x, b in cases]
 
 
