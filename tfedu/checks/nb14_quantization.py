@@ -429,16 +429,18 @@ QUANT_PROBE_RUN = HELPERS + """\
 _export = lambda _v: (_v.detach().cpu().double().numpy() if isinstance(_v, torch.Tensor) and _v.is_floating_point()
                       else _v.detach().cpu().numpy() if isinstance(_v, torch.Tensor) else _v)
 _results, _deqs = [], []
+_qf, _df = globals().get('QUANTIZE'), globals().get('DEQUANTIZE')  # a pair: each judged even if the other is missing
 for _c in inputs['cases']:
     _x = torch.from_numpy(_c['x'])
-    _r = _call(QUANTIZE, _x, _c['bits'])
+    _r = _call(_qf, _x, _c['bits']) if _qf is not None else 'undefined'
     _results.append([_export(_v) for _v in _r] + [str(_v.dtype).replace('torch.', '') if isinstance(_v, torch.Tensor) else type(_v).__name__ for _v in _r]
-                    if isinstance(_r, (tuple, list)) else _kind(_r))
+                    if isinstance(_r, (tuple, list)) else _r if _r == 'undefined' else _kind(_r))
     _args = [torch.from_numpy(_a) if isinstance(_a, np.ndarray) else _a for _a in _c['deq_args']]
-    _d = _call(DEQUANTIZE, *_args)
-    _deqs.append([_export(_d), str(_d.dtype).replace('torch.', '')] if isinstance(_d, torch.Tensor) else _kind(_d))
+    _d = _call(_df, *_args) if _df is not None else 'undefined'
+    _deqs.append([_export(_d), str(_d.dtype).replace('torch.', '')] if isinstance(_d, torch.Tensor)
+                 else _d if _d == 'undefined' else _kind(_d))
 outputs = {'results': _results, 'deqs': _deqs, 'mutated': _MUTATED}
-del _export, _results, _deqs, _c, _x, _r, _args, _d
+del _export, _results, _deqs, _c, _x, _r, _args, _d, _qf, _df
 """ + CLEANUP
 
 
@@ -478,20 +480,29 @@ def _compare(outputs: dict, expected: dict, *, quantize: str, dequantize: str, d
     results, deqs = outputs.get("results"), outputs.get("deqs")
     if not (isinstance(results, list) and isinstance(deqs, list) and len(results) == len(deqs) == len(cases)):
         return f"{quantize}'s hidden test did not run every case"
+    missing = []
     for i, (got, deq, case) in enumerate(zip(results, deqs, cases)):
         x = torch.from_numpy(np.asarray(case["x"]))
         what = f"hidden test {i + 1}: x of shape {tuple(x.shape)}, bits={case['bits']}"
         try:
-            if isinstance(got, list):
-                n = len(got) // 2
-                got = tuple(_restore(v, d) for v, d in zip(got[:n], got[n:]))
-            diagnose(got if not isinstance(got, str) else None if got == "NoneType" else got, x, case["bits"], what=what)
-            args = [torch.from_numpy(np.array(a)) for a in case["deq_args"]]
-            value = _restore(deq[0], deq[1]) if isinstance(deq, list) else None if deq == "NoneType" else deq
-            diagnose_dequantize(value, deq_want(*args), None, function=dequantize, what=f"the codes of {what}",
-                                extra=deq_mistakes(*args))
+            if got == "undefined":
+                missing.append(quantize)
+            else:
+                if isinstance(got, list):
+                    n = len(got) // 2
+                    got = tuple(_restore(v, d) for v, d in zip(got[:n], got[n:]))
+                diagnose(None if got == "NoneType" else got, x, case["bits"], what=what)
+            if deq == "undefined":
+                missing.append(dequantize)
+            else:
+                args = [torch.from_numpy(np.array(a)) for a in case["deq_args"]]
+                value = _restore(deq[0], deq[1]) if isinstance(deq, list) else None if deq == "NoneType" else deq
+                diagnose_dequantize(value, deq_want(*args), None, function=dequantize, what=f"the codes of {what}",
+                                    extra=deq_mistakes(*args))
         except CheckFailure as failure:
             return str(failure)
+    if missing:
+        return f"{missing[0]} is not defined: run the exercise's cell (both functions are part of it)"
     return None
 
 
