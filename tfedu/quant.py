@@ -31,7 +31,7 @@ copy. bits 16 is ``float16`` storage of every parameter (float16 rather than bfl
 are small numbers, far inside float16's range, where its 10 mantissa bits beat bfloat16's 7).
 bits 2..8 replace every ``nn.Linear`` inside the blocks by a ``QuantizedLinear``; the embedding,
 the (tied) unembedding, the positions and the LayerNorms stay float32 (GPTQ keeps them in float16,
-Frantar et al. 2022, section 5) and are counted in :func:`model_nbytes` at 4 bytes each.
+the paper quantizes the blocks only) and are counted in :func:`model_nbytes` at 4 bytes each.
 
 GPTQ (Frantar, Ashkboos, Hoefler & Alistarh 2022, Algorithm 1): for a layer with inputs X
 (d_in x n), minimise ``||W X - W_hat X||^2``. Its Hessian with respect to a row is ``H = 2 X X^T``
@@ -426,7 +426,7 @@ def quantize_model(model: nn.Module, bits: int, group_size: int | None = None, m
     ``bits``: 32 (a plain copy), 16 (every parameter stored in float16) or 2..8 (every ``nn.Linear`` in the
     blocks becomes a :class:`QuantizedLinear` with zero-point codes per row, or per ``group_size`` columns).
     ``method="gptq"`` needs ``calibration`` token ids (batch, pos); the blocks are quantized in order, each one's
-    Hessians collected with the blocks before it already quantized (as GPTQ does, section 5).
+    Hessians collected with the blocks before it already quantized (as GPTQ's reference code does).
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
