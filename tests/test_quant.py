@@ -308,3 +308,16 @@ def test_quantize_model_leaves_the_original_untouched_and_counts_bytes_by_hand()
         quant.quantize_model(model, 4, group_size=5)
     with pytest.raises(ValueError, match="method must be"):
         quant.quantize_model(model, 4, method="awq")
+
+
+def test_a_gptq_quantized_layer_stores_exactly_what_gptq_found():
+    X = _course_like_inputs(7, 256, 64)
+    H = 2 * X.T @ X / len(X)
+    linear = nn.Linear(64, 16)
+    found = quant.gptq_quantize(linear.weight, H, 4, 16, scale_dtype=torch.float16)
+    layer = quant.QuantizedLinear.from_weight(linear.weight, linear.bias, bits=4, group_size=16, codes=found.codes,
+                                              scale=found.scale, zero=found.zero)
+    assert torch.equal(layer.weight_codes(), found.codes)
+    assert torch.allclose(layer.dequantized_weight(), found.weight, atol=1e-6)
+    with pytest.raises(ValueError, match="block_size"):
+        quant.gptq_quantize(linear.weight, H, 4, block_size=0)

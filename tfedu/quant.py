@@ -327,6 +327,8 @@ def gptq_quantize(weight: Tensor, H: Tensor, bits: int, group_size: int | None =
         raise ValueError(f"H must be a (d_in, d_in) = ({d_in}, {d_in}) tensor, got {getattr(H, 'shape', type(H).__name__)}")
     if not 0 <= damp:
         raise ValueError(f"damp must be >= 0, got {damp}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
     H = H.detach().to(dtype).clone()
     dead = torch.diag(H) == 0
     H[dead, dead] = 1
