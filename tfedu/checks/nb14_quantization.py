@@ -18,8 +18,11 @@ known mistakes:
   rounding before scaling, no guard for a constant tensor, dequantize as ``q * scale - zero`` or dividing, the
   subtraction done in uint8 (wrapping around), the input changed in place.
 
-Inputs are built so that no ``x / scale`` lies near a rounding tie: every right answer, whatever its order of
-operations, gives the reference's codes exactly. ``tfedu.quant`` is refused: the formulas are the exercise.
+Inputs are built so that no ``x / scale`` lies near a rounding tie (on a power-of-two grid, at least 0.05 of a step
+from one), plus one case of plain random float64 values, where a zero point left unrounded shows (a tie there has
+probability about 0): every right answer, whatever its order of operations, gives the reference's codes exactly.
+A clamp to [-128, 127] with the right scale is no mistake (max|x| / scale is 127, so -128 is never reached); the
+scale from 2^(b-1), which makes that range necessary, is. ``tfedu.quant`` is refused: the formulas are the exercise.
 """
 
 from __future__ import annotations
