@@ -37,6 +37,7 @@ from tfedu.checks import nb10_inference as nb10
 from tfedu.checks import nb11_beyond_text as nb11
 from tfedu.checks import nb12_moe_and_scaling as nb12
 from tfedu.checks import nb13_peft as nb13
+from tfedu.checks import nb14_quantization as nb14
 from tfedu.checks.core import Probe, is_plain_data, run_probe, standin_objects, standins_bound
 from tfedu.embeddings import sgns_loss
 from tfedu.grading.scan import scan_answer
@@ -47,7 +48,7 @@ MODULES = {"00_start_here": nb00, "01_tokenization": nb01, "02_embeddings": nb02
            "04_attention": nb04, "05_masks_and_heads": nb05,
            "06_positional_encoding": nb06, "07_transformer_block": nb07, "08_training_and_decoding": nb08,
            "09_efficient_attention": nb09, "10_inference_and_kv_cache": nb10, "11_beyond_text": nb11,
-           "12_moe_and_scaling": nb12, "13_peft": nb13}
+           "12_moe_and_scaling": nb12, "13_peft": nb13, "14_quantization": nb14}
 ALL_PROBES = [(stem, grade_id) for stem, module in MODULES.items() for grade_id in module.PROBES]
 
 
@@ -375,6 +376,29 @@ def lora_with(mistake):
     return make_lora(mistake)
 
 
+def absmax_from_max(x, bits):
+    """Notebook 14: the scale from max(x) rather than max|x| (the largest magnitude may be negative)."""
+    qmax = 2 ** (bits - 1) - 1
+    scale = x.max() / qmax if x.max() > 0 else torch.ones((), dtype=x.dtype)
+    return (x / scale).round().clamp(-qmax, qmax).to(torch.int8), scale
+
+
+def absmax_truncating(x, bits):
+    """Notebook 14: an integer cast without rounding."""
+    qmax = 2 ** (bits - 1) - 1
+    scale = x.abs().max() / qmax if x.abs().max() > 0 else torch.ones((), dtype=x.dtype)
+    return (x / scale).clamp(-qmax, qmax).to(torch.int8), scale
+
+
+def zeropoint_wrong_sign(x, bits):
+    """Notebook 14: zero = round(lo / scale), the zero point's sign flipped."""
+    levels = 2**bits - 1
+    lo, hi = x.min().clamp(max=0), x.max().clamp(min=0)
+    scale = (hi - lo) / levels if hi > lo else torch.ones((), dtype=x.dtype)
+    zero = (lo / scale).round()
+    return ((x / scale).round() + zero).clamp(0, levels).to(torch.uint8), scale, zero
+
+
 MISTAKES = [
     # (notebook, check, name bound, the wrong answer, a fragment of the feedback)
     # found by outside reviewers, each scoring full marks before the hidden tests covered it
@@ -434,6 +458,12 @@ MISTAKES = [
     ("13_peft", "check_lora", "LoRA", lora_with("merge transposed"), "adds (B @ A).T"),
     ("13_peft", "check_lora", "LoRA", lora_with("relu"), "between A and B"),
     ("13_peft", "check_lora", "LoRA", lora_with("base trainable"), "still requires grad"),
+    ("14_quantization", "check_absmax", "absmax_quantize", absmax_from_max, "max(x), not max(|x|)"),
+    ("14_quantization", "check_absmax", "absmax_quantize", absmax_truncating, "truncated, not rounded"),
+    ("14_quantization", "check_absmax", "absmax_dequantize", lambda q, scale: q.to(scale.dtype) / scale, "divides by the scale"),
+    ("14_quantization", "check_zeropoint", "zeropoint_quantize", zeropoint_wrong_sign, "wrong sign"),
+    ("14_quantization", "check_zeropoint", "zeropoint_dequantize",
+     lambda q, scale, zero: (q - zero.to(torch.uint8)).to(scale.dtype) * scale, "wrap around"),
 ]
 
 

@@ -1,0 +1,536 @@
+"""Checkers for notebooks/14_quantization.ipynb: absmax and zero-point quantization by hand.
+
+Two exercises, each a pair of functions, checked against the formulas of ``tfedu.quant`` after first trying the
+known mistakes:
+
+- 14.1 ``absmax_quantize(x, bits) -> (q, scale)`` and ``absmax_dequantize(q, scale) -> x_hat``:
+  ``scale = max|x| / (2^(b-1) - 1)``, ``q = clamp(round(x / scale), -(2^(b-1) - 1), 2^(b-1) - 1)`` as int8,
+  ``x_hat = q * scale``. Named: rounding before scaling (``round(x) / scale``), the scale from ``2^(b-1)`` (the
+  [-128, 127] range: the largest value clamped), an unsigned clamp ([0, 2^b - 1]: negatives lost), the scale
+  from ``max x`` instead of ``max |x|``, truncation instead of rounding (``.to(torch.int8)`` or ``.int()`` alone),
+  float codes (no int8 cast), no guard for an all-zero tensor (scale 0, ``0 / 0``), dividing where dequantize
+  multiplies, the input changed in place.
+- 14.2 ``zeropoint_quantize(x, bits) -> (q, scale, zero)`` and ``zeropoint_dequantize(q, scale, zero)``:
+  ``[lo, hi] = [min(min x, 0), max(max x, 0)]``, ``scale = (hi - lo) / (2^b - 1)``, ``zero = round(-lo / scale)``,
+  ``q = clamp(round(x / scale) + zero, 0, 2^b - 1)`` as uint8, ``x_hat = (q - zero) * scale``. Named: a zero
+  point with the wrong sign (``round(lo / scale)``), a zero point not rounded (0 not exact), the range not
+  widened to hold 0, the scale from ``2^b`` levels, a signed clamp ([-128, 127] or int8 codes), truncation,
+  rounding before scaling, no guard for a constant tensor, dequantize as ``q * scale - zero`` or dividing, the
+  subtraction done in uint8 (wrapping around), the input changed in place.
+
+Inputs are built so that no ``x / scale`` lies near a rounding tie (on a power-of-two grid, at least 0.05 of a step
+from one), plus one case of plain random float64 values, where a zero point left unrounded shows (a tie there has
+probability about 0): every right answer, whatever its order of operations, gives the reference's codes exactly.
+A clamp to [-128, 127] with the right scale is no mistake (max|x| / scale is 127, so -128 is never reached); the
+scale from 2^(b-1), which makes that range necessary, is. ``tfedu.quant`` is refused: the formulas are the exercise.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+
+import tfedu.quant as _quant
+from tfedu.checks.core import CheckFailure, ExerciseNotDone, Probe, call_learner, checker, describe, expect, global_names
+from tfedu.checks.probes import CLEANUP, HELPERS
+
+FORBIDDEN = ("tfedu.quant",)
+HINT_RETURNED_NONE = "your {function} returned None: this exercise is not done yet, or the function has no `return`"
+HINT_SHORTCUT = "your {function} uses tfedu.quant ({name}): the quantizer is the exercise, so build it from torch operations"
+HINT_MUTATED = ("your {function} changed its input `x` in place (x /= scale, x.round_(), ...): the caller's weights "
+                "must stay as they were, so build new tensors")
+
+
+def _from_quant(value: Any) -> bool:
+    while isinstance(value, functools.partial):
+        value = value.func
+    return value is _quant or getattr(value, "__module__", None) == "tfedu.quant"
+
+
+def _refuse_quant(fn: Any, function: str) -> None:
+    if _from_quant(fn):
+        raise CheckFailure(HINT_SHORTCUT.format(function=function, name=f"you passed tfedu.quant's own "
+                                                f"{getattr(fn, '__name__', 'object')}"))
+    scope = getattr(fn, "__globals__", {})
+    used = sorted(n for n in global_names(fn) if n in scope and _from_quant(scope[n]))
+    expect(not used, HINT_SHORTCUT.format(function=function, name=", ".join(used)))
+
+
+def _tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    return value.as_subclass(torch.Tensor) if isinstance(value, torch.Tensor) else None
+
+
+# ----------------------------------------------------------------------------- inputs without ties
+
+
+def absmax_case(seed: int, shape: tuple[int, ...], bits: int, *, negative_max: bool = False,
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Values whose ``x / scale`` sit at least 0.1 from a rounding tie; ``max|x|`` hit exactly (by a negative value
+    when ``negative_max``: then ``max x`` and ``max |x|`` differ)."""
+    g = torch.Generator().manual_seed(seed)
+    qmax = 2 ** (bits - 1) - 1
+    step = 2.0 ** -int(torch.randint(3, 7, (), generator=g))  # a power of two: x / scale is exact
+    n = int(np.prod(shape))
+    k = torch.randint(-qmax + 1, qmax, (n,), generator=g).double()
+    u = (torch.rand(n, generator=g, dtype=torch.float64) - 0.5) * 0.8  # within 0.4 of the code: no tie
+    t = (k + u).clamp(-qmax + 0.45, qmax - 0.45)
+    t[0] = -qmax if negative_max else qmax  # the largest magnitude, hit exactly
+    t[1] = qmax - 0.7 if negative_max else -(qmax - 0.7)
+    return (t * step).reshape(shape).to(dtype)
+
+
+def zeropoint_case(seed: int, shape: tuple[int, ...], bits: int, *, positive: bool = False,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Values on a grid of step 2^-k with ``lo``, ``hi`` hit exactly and an integer zero point; no ties. With
+    ``positive`` every value is > 0 (the range must then be widened to hold 0)."""
+    g = torch.Generator().manual_seed(seed)
+    levels = 2**bits - 1
+    step = 2.0 ** -int(torch.randint(3, 7, (), generator=g))
+    n = int(np.prod(shape))
+    zero = 0 if positive else int(torch.randint(1, levels, (), generator=g))
+    k = torch.randint(0, levels + 1, (n,), generator=g).double()
+    u = (torch.rand(n, generator=g, dtype=torch.float64) - 0.5) * 0.8
+    t = (k + u).clamp(0.45, levels - 0.45) if not positive else (k + u).clamp(levels / 3, levels - 0.45)
+    t[0] = levels
+    if not positive:
+        t[1] = 0  # lo = -zero * step exactly
+    return ((t - zero) * step).reshape(shape).to(dtype)
+
+
+# ----------------------------------------------------------------------------- 14.1 absmax
+
+HINT_ABS_CALL = "absmax_quantize(x, bits): x a float tensor, bits an int from 2 to 8; return (q, scale)"
+HINT_ABS_PAIR = "absmax_quantize should return a pair (q, scale): the int8 codes and the float scale, got {got}"
+HINT_ABS_FLOAT_CODES = (
+    "your codes q are {dtype}: the point of quantizing is to store each value in one byte, so cast the rounded "
+    "codes to torch.int8 (.to(torch.int8)) after clamping"
+)
+HINT_ABS_DTYPE = "your codes q are {dtype}: absmax codes are signed, int8 (torch.int8), from -qmax to qmax"
+HINT_ABS_SHAPE = "your codes q have shape {got}, expected the shape of x, {want}"
+HINT_SCALE_SHAPE = "your scale has shape {got}: one number for the whole tensor (a 0-d or 1-element float tensor)"
+HINT_ROUND_FIRST = (
+    "you rounded before scaling (round(x) / scale): the weights are small numbers, so round(x) is mostly 0. Divide "
+    "by the scale first, then round: q = round(x / scale)"
+)
+HINT_128 = (
+    "your scale is max|x| / 2^(b-1) ({n} for {bits} bits) and the largest value was clamped: the symmetric range is "
+    "±(2^(b-1) - 1) = ±{qmax}, so divide max|x| by {qmax} (the code -{n} is never used: it would have no +{n})"
+)
+HINT_UNSIGNED = (
+    "your codes are clamped to [0, {top}]: every negative value became 0. Absmax codes are signed: clamp to "
+    "[-{qmax}, {qmax}] and store them as int8"
+)
+HINT_MAX_NOT_ABS = (
+    "your scale comes from max(x), not max(|x|): this tensor's largest magnitude is a negative value ({v:.4g}), "
+    "which then clamps. Use x.abs().max()"
+)
+HINT_TRUNCATE = (
+    "your codes are truncated, not rounded: casting to an integer (.to(torch.int8), .int(), .long()) cuts off the "
+    "fraction (2.7 becomes 2), doubling the error. Round first: (x / scale).round()"
+)
+HINT_ABS_ZERO = (
+    "for an all-zero x your scale is {got}: max|x| = 0 gives scale 0, and x / scale is 0 / 0 = NaN (your codes may "
+    "still come out 0: casting NaN to an integer is undefined). Guard it: when max|x| is 0 use scale 1 (any positive "
+    "number works: every code is 0)"
+)
+HINT_ABS_CODES = "absmax_quantize({what}) gave code {got} at index {i}, expected {want}: q = clamp(round(x / scale), -qmax, qmax)"
+HINT_ABS_SCALE = "absmax_quantize({what}) gave scale {got:.6g}, expected max|x| / (2^(b-1) - 1) = {want:.6g}"
+HINT_DEQ_DIVIDE = "your absmax_dequantize divides by the scale: quantize divided, so dequantize multiplies, x_hat = q * scale"
+HINT_DEQ_INT = (
+    "your absmax_dequantize returned {dtype}: multiply the codes as floats (q.float() * scale), so the result is a "
+    "float tensor"
+)
+HINT_DEQ_VALUES = "absmax_dequantize({what}) gave {got:.6g} at index {i}, expected q * scale = {want:.6g}"
+HINT_DEQ_KIND = "{function} should return a float tensor shaped like q, got {got}"
+
+
+def expected_absmax(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The codes (int8) and scale (float64, 0-d) by the formula, in float64."""
+    qmax = 2 ** (bits - 1) - 1
+    amax = x.double().abs().max()
+    scale = amax / qmax if amax > 0 else torch.tensor(1.0, dtype=torch.float64)
+    return (x.double() / scale).round().clamp(-qmax, qmax).to(torch.int8), scale
+
+
+def absmax_mistakes(x: torch.Tensor, bits: int) -> list[tuple[str, torch.Tensor]]:
+    """(hint, wrong codes as float64) for each named mistake on ``x``."""
+    qmax, n = 2 ** (bits - 1) - 1, 2 ** (bits - 1)
+    x = x.double()
+    amax = x.abs().max()
+    if amax == 0:
+        return []
+    scale = amax / qmax
+    mx = x.max() / qmax if x.max() > 0 else scale
+    return [
+        (HINT_ROUND_FIRST, (x.round() / scale).round().clamp(-qmax, qmax)),
+        (HINT_ROUND_FIRST, (x.round() / scale).clamp(-qmax, qmax).trunc()),
+        (HINT_128.format(n=n, bits=bits, qmax=qmax), (x / (amax / n)).round().clamp(-n, n - 1)),
+        (HINT_UNSIGNED.format(top=2**bits - 1, qmax=qmax), (x / scale).round().clamp(0, 2**bits - 1)),
+        (HINT_MAX_NOT_ABS.format(v=float(x.flatten()[x.abs().flatten().argmax()])),
+         (x / mx).round().clamp(-qmax, qmax)),
+        (HINT_TRUNCATE, (x / scale).clamp(-qmax, qmax).trunc()),
+        (HINT_TRUNCATE, (x / scale).trunc().clamp(-qmax, qmax)),
+    ]
+
+
+def absmax_cases() -> list[tuple[str, torch.Tensor, int]]:
+    cases = [(absmax_case(0, (6, 8), 8), 8), (absmax_case(1, (5, 4), 4, negative_max=True), 4),
+             (absmax_case(2, (33,), 3), 3), (absmax_case(3, (4, 6), 8, negative_max=True, dtype=torch.float64), 8),
+             (absmax_case(4, (2, 3, 4), 2), 2)]
+    return [(f"x of shape {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}, bits={b}", x, b) for x, b in cases]
+
+
+def diagnose_absmax(result: Any, x: torch.Tensor, bits: int, *, what: str) -> None:
+    """Raise CheckFailure naming what is wrong with ``result``, the learner's ``absmax_quantize(x, bits)``."""
+    if result is None:
+        raise ExerciseNotDone(HINT_RETURNED_NONE.format(function="absmax_quantize"))
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise CheckFailure(HINT_ABS_PAIR.format(got=describe(result)))
+    q, scale = _tensor(result[0]), result[1]
+    expect(q is not None, HINT_ABS_PAIR.format(got=f"({describe(result[0])}, {describe(result[1])})"))
+    scale = torch.as_tensor(scale).detach().double() if isinstance(scale, (torch.Tensor, float, int, np.ndarray)) else None
+    expect(scale is not None and scale.numel() == 1,
+           HINT_SCALE_SHAPE.format(got=tuple(scale.shape) if scale is not None else describe(result[1])))
+    scale = scale.reshape(())
+    want_q, want_scale = expected_absmax(x, bits)
+    expect(tuple(q.shape) == tuple(x.shape), HINT_ABS_SHAPE.format(got=tuple(q.shape), want=tuple(x.shape)))
+    if not x.any():
+        expect(bool(torch.isfinite(scale)) and float(scale) > 0, HINT_ABS_ZERO.format(got=float(scale)))
+    got = q.detach().double()
+    if q.is_floating_point() and torch.isfinite(got).all() and torch.equal(got, got.round()) and torch.equal(got, want_q.double()):
+        raise CheckFailure(HINT_ABS_FLOAT_CODES.format(dtype=q.dtype))
+    if not torch.equal(got, want_q.double()):
+        for hint, wrong in absmax_mistakes(x, bits):
+            if torch.equal(got, wrong) and not torch.equal(wrong, want_q.double()):
+                raise CheckFailure(hint)
+    expect(not q.is_floating_point(), HINT_ABS_FLOAT_CODES.format(dtype=q.dtype))
+    expect(q.dtype == torch.int8, HINT_ABS_DTYPE.format(dtype=q.dtype))
+    if not torch.equal(got, want_q.double()):
+        i = int((got != want_q.double()).flatten().nonzero()[0])
+        raise CheckFailure(HINT_ABS_CODES.format(what=what, got=int(got.flatten()[i]), i=i, want=int(want_q.flatten()[i])))
+    if not torch.isclose(scale, want_scale, rtol=1e-5, atol=0):
+        raise CheckFailure(HINT_ABS_SCALE.format(what=what, got=float(scale), want=float(want_scale)))
+
+
+def diagnose_dequantize(got: Any, want: torch.Tensor, divided: torch.Tensor | None, *, function: str, what: str,
+                        extra: list[tuple[str, torch.Tensor]] = ()) -> None:
+    """Raise CheckFailure when ``got`` (the learner's dequantized tensor) differs from ``want`` (float64)."""
+    if got is None:
+        raise ExerciseNotDone(HINT_RETURNED_NONE.format(function=function))
+    t = _tensor(got)
+    expect(t is not None and tuple(t.shape) == tuple(want.shape),
+           HINT_DEQ_KIND.format(function=function, got=describe(got)))
+    value = t.detach().double()
+    close = lambda a, b: bool(torch.allclose(a, b, rtol=1e-5, atol=1e-7))  # noqa: E731
+    if not close(value, want):
+        for hint, wrong in [*([(HINT_DEQ_DIVIDE.replace("absmax_dequantize", function), divided)] if divided is not None else []),
+                            *extra]:
+            if close(value, wrong) and not close(wrong, want):
+                raise CheckFailure(hint)
+        i = int((value - want).abs().flatten().argmax())
+        raise CheckFailure(HINT_DEQ_VALUES.replace("absmax_dequantize", function).replace("q * scale", "the formula")
+                           .format(what=what, got=float(value.flatten()[i]), i=i, want=float(want.flatten()[i])))
+    expect(t.is_floating_point(), HINT_DEQ_INT.replace("absmax_dequantize", function).format(dtype=t.dtype))
+
+
+def _call_quantize(fn: Any, x: torch.Tensor, bits: int, function: str, call_hint: str) -> Any:
+    copy = x.clone()
+    result = call_learner(fn, copy, bits, name=function, error_hint=call_hint)
+    expect(torch.equal(copy, x), HINT_MUTATED.format(function=function))
+    return result
+
+
+@checker("absmax quantization")
+def check_absmax(absmax_quantize, absmax_dequantize) -> None:
+    """Check ``absmax_quantize(x, bits) -> (q, scale)`` and ``absmax_dequantize(q, scale) -> x_hat``.
+
+    On :func:`absmax_cases` (2 to 8 bits, the largest magnitude positive or negative, float32 and float64) and an
+    all-zero tensor, codes compared exactly (no input lies near a tie) after the named mistakes are tried.
+    """
+    _refuse_quant(absmax_quantize, "absmax_quantize")
+    _refuse_quant(absmax_dequantize, "absmax_dequantize")
+    for what, x, bits in [*absmax_cases(), ("an all-zero x of shape (3, 4), bits=8", torch.zeros(3, 4), 8)]:
+        result = _call_quantize(absmax_quantize, x, bits, "absmax_quantize", HINT_ABS_CALL)
+        diagnose_absmax(result, x, bits, what=what)
+        q, scale = expected_absmax(x, bits)
+        got = call_learner(absmax_dequantize, q, scale.to(x.dtype), name="absmax_dequantize")
+        diagnose_dequantize(got, q.double() * scale, q.double() / scale, function="absmax_dequantize",
+                            what=f"the codes of {what}")
+        assert torch.equal(_quant.absmax_quantize(x, bits)[0], q), "the checker disagrees with tfedu.quant"  # our guard
+
+
+# ----------------------------------------------------------------------------- 14.2 zero-point
+
+HINT_ZP_CALL = "zeropoint_quantize(x, bits): x a float tensor, bits an int from 2 to 8; return (q, scale, zero)"
+HINT_ZP_TRIPLE = "zeropoint_quantize should return a triple (q, scale, zero): uint8 codes, a float scale, the zero point; got {got}"
+HINT_ZP_FLOAT_CODES = "your codes q are {dtype}: store them as torch.uint8 (one byte each), cast after clamping"
+HINT_ZP_DTYPE = (
+    "your codes q are {dtype}: zero-point codes are unsigned, from 0 to 2^b - 1 (0 to 255 for 8 bits), so store them "
+    "as torch.uint8"
+)
+HINT_ZP_SIGN = (
+    "your zero point has the wrong sign: it is the code that 0.0 gets, round(-lo / scale), a number in [0, 2^b - 1] "
+    "(lo is negative or 0, so -lo / scale >= 0). round(lo / scale) puts the codes below 0, where the clamp cuts them"
+)
+HINT_ZP_NOT_ROUNDED = (
+    "your zero point is not an integer ({z:.4g}): then 0.0 falls between two codes and comes back as a small nonzero "
+    "number, but 0 is everywhere in a network (padding, ReLU outputs) and must stay exact. Round it: zero = round(-lo / scale)"
+)
+HINT_ZP_NOT_WIDENED = (
+    "your range [lo, hi] is [min x, max x]: for this all-positive x that leaves 0 outside it, so 0.0 has no code. "
+    "Widen the range to hold 0, lo = min(min x, 0) and hi = max(max x, 0) (torch's observers do the same)"
+)
+HINT_ZP_LEVELS = (
+    "your scale is (hi - lo) / 2^b: there are 2^b codes but 2^b - 1 steps between the first and the last, so divide "
+    "by {levels} (for {bits} bits) or the top of the range is never reached"
+)
+HINT_ZP_SIGNED = (
+    "your codes are clamped to a signed range [{lo}, {hi}]: zero-point codes run from 0 to 2^b - 1 = {top}, with the "
+    "zero point somewhere inside; clamp to [0, {top}] and store as uint8"
+)
+HINT_ZP_TRUNC = (
+    "your codes are truncated, not rounded: an integer cast cuts off the fraction. Round x / scale first, then add "
+    "the zero point and clamp"
+)
+HINT_ZP_ROUND_FIRST = "you rounded x before scaling: q = round(x / scale) + zero, not round(x) / scale + zero"
+HINT_ZP_CONSTANT = (
+    "for an all-zero x your scale is {got}: hi - lo = 0 gives scale 0 and x / scale = 0 / 0 = NaN. Guard it: when "
+    "hi == lo use scale 1"
+)
+HINT_ZP_CODES = ("zeropoint_quantize({what}) gave code {got} at index {i}, expected {want}: q = clamp(round(x / scale) + "
+                 "zero, 0, 2^b - 1)")
+HINT_ZP_SCALE = "zeropoint_quantize({what}) gave scale {got:.6g}, expected (hi - lo) / (2^b - 1) = {want:.6g}"
+HINT_ZP_ZERO = "zeropoint_quantize({what}) gave zero point {got}, expected round(-lo / scale) = {want}"
+HINT_ZPD_ORDER = (
+    "your zeropoint_dequantize computes q * scale - zero: the zero point is a code, so subtract it from the codes "
+    "before scaling, (q - zero) * scale"
+)
+HINT_ZPD_DIVIDE = "your zeropoint_dequantize divides by the scale: dequantize multiplies, (q - zero) * scale"
+HINT_ZPD_WRAP = (
+    "your zeropoint_dequantize subtracts in uint8: codes below the zero point wrap around (3 - 5 = 254 in uint8). "
+    "Convert to float first: (q.float() - zero) * scale"
+)
+
+
+def expected_zeropoint(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    levels = 2**bits - 1
+    x = x.double()
+    lo, hi = x.min().clamp(max=0), x.max().clamp(min=0)
+    scale = (hi - lo) / levels if hi > lo else torch.tensor(1.0, dtype=torch.float64)
+    zero = (-lo / scale).round().clamp(0, levels)
+    return ((x / scale).round() + zero).clamp(0, levels).to(torch.uint8), scale, zero
+
+
+def zeropoint_mistakes(x: torch.Tensor, bits: int) -> list[tuple[str, torch.Tensor]]:
+    """(hint, wrong codes as float64)."""
+    levels = 2**bits - 1
+    x = x.double()
+    lo, hi = x.min().clamp(max=0), x.max().clamp(min=0)
+    if hi == lo:
+        return []
+    scale = (hi - lo) / levels
+    zero = (-lo / scale).round()
+    half = 2 ** (bits - 1)
+    out = [
+        (HINT_ZP_SIGN, ((x / scale).round() + (lo / scale).round()).clamp(0, levels)),
+        (HINT_ZP_NOT_ROUNDED.format(z=float(-lo / scale)), (x / scale + (-lo / scale)).round().clamp(0, levels)),
+        (HINT_ZP_LEVELS.format(levels=levels, bits=bits), ((x / ((hi - lo) / 2**bits)).round()
+                                                          + (-lo / ((hi - lo) / 2**bits)).round()).clamp(0, levels)),
+        (HINT_ZP_SIGNED.format(lo=-half, hi=half - 1, top=levels), ((x / scale).round() + zero).clamp(-half, half - 1)),
+        (HINT_ZP_SIGNED.format(lo=-half, hi=half - 1, top=levels), ((x / scale).round()).clamp(-half, half - 1)),
+        (HINT_ZP_TRUNC, (x / scale + zero).clamp(0, levels).trunc()),
+        (HINT_ZP_TRUNC, ((x / scale).trunc() + zero).clamp(0, levels)),
+        (HINT_ZP_ROUND_FIRST, (x.round() / scale + zero).round().clamp(0, levels)),
+    ]
+    if x.min() > 0:  # the range not widened: lo = min x
+        s2 = (x.max() - x.min()) / levels
+        out.insert(0, (HINT_ZP_NOT_WIDENED, ((x / s2).round() + (-x.min() / s2).round()).clamp(0, levels)))
+    return out
+
+
+def zeropoint_cases() -> list[tuple[str, torch.Tensor, int]]:
+    cases = [(zeropoint_case(0, (6, 8), 8), 8), (zeropoint_case(1, (5, 4), 4), 4),
+             (zeropoint_case(2, (40,), 3, positive=True), 3), (zeropoint_case(3, (4, 6), 8, dtype=torch.float64), 8),
+             (zeropoint_case(4, (3, 8), 8, positive=True), 8), (zeropoint_case(5, (2, 3, 4), 2), 2),
+             (torch.randn(5, 7, generator=torch.Generator().manual_seed(6), dtype=torch.float64) + 0.4, 8)]
+    # the last: plain random values, so -lo / scale is no integer (a zero point left unrounded shows)
+    return [(f"x of shape {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}, bits={b}", x, b) for x, b in cases]
+
+
+def diagnose_zeropoint(result: Any, x: torch.Tensor, bits: int, *, what: str) -> None:
+    if result is None:
+        raise ExerciseNotDone(HINT_RETURNED_NONE.format(function="zeropoint_quantize"))
+    if not (isinstance(result, (tuple, list)) and len(result) == 3):
+        raise CheckFailure(HINT_ZP_TRIPLE.format(got=describe(result)))
+    q = _tensor(result[0])
+    numbers = []
+    for value in result[1:]:
+        t = torch.as_tensor(value).detach().double() if isinstance(value, (torch.Tensor, float, int, np.ndarray)) else None
+        expect(t is not None and t.numel() == 1, HINT_ZP_TRIPLE.format(got=", ".join(describe(v) for v in result)))
+        numbers.append(t.reshape(()))
+    scale, zero = numbers
+    expect(q is not None and tuple(q.shape) == tuple(x.shape),
+           HINT_ZP_TRIPLE.format(got=", ".join(describe(v) for v in result)))
+    want_q, want_scale, want_zero = expected_zeropoint(x, bits)
+    if not x.any():
+        expect(bool(torch.isfinite(scale)) and float(scale) > 0, HINT_ZP_CONSTANT.format(got=float(scale)))
+    got = q.detach().double()
+    if bool(torch.isfinite(zero)) and float(zero) != round(float(zero)):
+        raise CheckFailure(HINT_ZP_NOT_ROUNDED.format(z=float(zero)))
+    if not torch.equal(got, want_q.double()):
+        for hint, wrong in zeropoint_mistakes(x, bits):
+            if torch.equal(got, wrong) and not torch.equal(wrong, want_q.double()):
+                raise CheckFailure(hint)
+        if float(zero) < 0 < float(want_zero):
+            raise CheckFailure(HINT_ZP_SIGN)
+    expect(not q.is_floating_point(), HINT_ZP_FLOAT_CODES.format(dtype=q.dtype))
+    expect(q.dtype == torch.uint8, HINT_ZP_DTYPE.format(dtype=q.dtype))
+    if not torch.equal(got, want_q.double()):
+        i = int((got != want_q.double()).flatten().nonzero()[0])
+        raise CheckFailure(HINT_ZP_CODES.format(what=what, got=int(got.flatten()[i]), i=i, want=int(want_q.flatten()[i])))
+    if not torch.isclose(scale, want_scale, rtol=1e-5, atol=0):
+        raise CheckFailure(HINT_ZP_SCALE.format(what=what, got=float(scale), want=float(want_scale)))
+    if float(zero) != float(want_zero):
+        if float(zero) == -float(want_zero):
+            raise CheckFailure(HINT_ZP_SIGN)
+        raise CheckFailure(HINT_ZP_ZERO.format(what=what, got=float(zero), want=int(want_zero)))
+
+
+def zeropoint_dequantize_mistakes(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    wrapped = (q - zero.to(torch.uint8)).double() * scale  # uint8 arithmetic wraps
+    return [(HINT_ZPD_ORDER, q.double() * scale - zero), (HINT_ZPD_DIVIDE, (q.double() - zero) / scale),
+            (HINT_ZPD_WRAP, wrapped)]
+
+
+@checker("zero-point quantization")
+def check_zeropoint(zeropoint_quantize, zeropoint_dequantize) -> None:
+    """Check ``zeropoint_quantize(x, bits) -> (q, scale, zero)`` and ``zeropoint_dequantize(q, scale, zero)``.
+
+    On :func:`zeropoint_cases` (2 to 8 bits, ranges across 0 and all-positive ones, float32 and float64) and an
+    all-zero tensor; codes exactly, scale to 1e-5, zero point exactly; the named mistakes first.
+    """
+    _refuse_quant(zeropoint_quantize, "zeropoint_quantize")
+    _refuse_quant(zeropoint_dequantize, "zeropoint_dequantize")
+    for what, x, bits in [*zeropoint_cases(), ("an all-zero x of shape (3, 4), bits=8", torch.zeros(3, 4), 8)]:
+        result = _call_quantize(zeropoint_quantize, x, bits, "zeropoint_quantize", HINT_ZP_CALL)
+        diagnose_zeropoint(result, x, bits, what=what)
+        q, scale, zero = expected_zeropoint(x, bits)
+        got = call_learner(zeropoint_dequantize, q, scale.to(x.dtype), zero.to(torch.uint8), name="zeropoint_dequantize")
+        diagnose_dequantize(got, (q.double() - zero) * scale, None, function="zeropoint_dequantize",
+                            what=f"the codes of {what}", extra=zeropoint_dequantize_mistakes(q, scale, zero))
+        assert torch.equal(_quant.zeropoint_quantize(x, bits)[0], q), "the checker disagrees with tfedu.quant"
+
+
+# ----------------------------------------------------------------------------- probes
+
+QUANT_PROBE_RUN = HELPERS + """\
+_export = lambda _v: (_v.detach().cpu().double().numpy() if isinstance(_v, torch.Tensor) and _v.is_floating_point()
+                      else _v.detach().cpu().numpy() if isinstance(_v, torch.Tensor) else _v)
+_results, _deqs = [], []
+_qf, _df = globals().get('QUANTIZE'), globals().get('DEQUANTIZE')  # a pair: each judged even if the other is missing
+for _c in inputs['cases']:
+    _x = torch.from_numpy(_c['x'])
+    _r = _call(_qf, _x, _c['bits']) if _qf is not None else 'undefined'
+    _results.append([_export(_v) for _v in _r] + [str(_v.dtype).replace('torch.', '') if isinstance(_v, torch.Tensor) else type(_v).__name__ for _v in _r]
+                    if isinstance(_r, (tuple, list)) else _r if _r == 'undefined' else _kind(_r))
+    _args = [torch.from_numpy(_a) if isinstance(_a, np.ndarray) else _a for _a in _c['deq_args']]
+    _d = _call(_df, *_args) if _df is not None else 'undefined'
+    _deqs.append([_export(_d), str(_d.dtype).replace('torch.', '')] if isinstance(_d, torch.Tensor)
+                 else _d if _d == 'undefined' else _kind(_d))
+outputs = {'results': _results, 'deqs': _deqs, 'mutated': _MUTATED}
+del _export, _results, _deqs, _c, _x, _r, _args, _d, _qf, _df
+""" + CLEANUP
+
+
+_NP_DTYPES = {"int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
+              "float32": torch.float32, "float64": torch.float64, "float16": torch.float16}
+
+
+def _restore(values: Any, dtype: Any) -> Any:
+    if isinstance(values, np.ndarray):
+        return torch.from_numpy(np.array(values)).to(_NP_DTYPES.get(str(dtype), torch.float64))
+    return values
+
+
+def _probe_inputs(rng: np.random.Generator, case_fn, expected_fn, positive_kw: str) -> dict:
+    cases = []
+    for i, bits in enumerate((8, int(rng.integers(2, 8)), int(rng.integers(3, 9)), 8)):
+        shape = (int(rng.integers(2, 7)), int(rng.integers(3, 9)))
+        dtype = torch.float64 if rng.random() < 0.3 else torch.float32
+        x = case_fn(int(rng.integers(0, 2**31)), shape, bits, dtype=dtype, **{positive_kw: bool(i == 1)})
+        codes = expected_fn(x, bits)
+        args = [codes[0].numpy(), np.asarray(codes[1].to(dtype).numpy())] + (
+            [np.asarray(codes[2].to(torch.uint8).numpy())] if len(codes) == 3 else [])
+        cases.append({"x": x.numpy(), "bits": bits, "deq_args": args})
+    zero = np.zeros((2, 3), dtype=np.float32)
+    codes = expected_fn(torch.from_numpy(zero), 8)
+    cases.append({"x": zero, "bits": 8, "deq_args": [codes[0].numpy(), np.asarray(codes[1].float().numpy())] + (
+        [np.asarray(codes[2].to(torch.uint8).numpy())] if len(codes) == 3 else [])})
+    return {"cases": cases}
+
+
+def _compare(outputs: dict, expected: dict, *, quantize: str, dequantize: str, diagnose, deq_want, deq_mistakes) -> str | None:
+    if not isinstance(outputs, dict):
+        return "the hidden test's outputs should be a dict"
+    if outputs.get("mutated"):
+        return HINT_MUTATED.format(function=quantize)
+    cases = expected["cases"]
+    results, deqs = outputs.get("results"), outputs.get("deqs")
+    if not (isinstance(results, list) and isinstance(deqs, list) and len(results) == len(deqs) == len(cases)):
+        return f"{quantize}'s hidden test did not run every case"
+    missing = []
+    for i, (got, deq, case) in enumerate(zip(results, deqs, cases)):
+        x = torch.from_numpy(np.asarray(case["x"]))
+        what = f"hidden test {i + 1}: x of shape {tuple(x.shape)}, bits={case['bits']}"
+        try:
+            if got == "undefined":
+                missing.append(quantize)
+            else:
+                if isinstance(got, list):
+                    n = len(got) // 2
+                    got = tuple(_restore(v, d) for v, d in zip(got[:n], got[n:]))
+                diagnose(None if got == "NoneType" else got, x, case["bits"], what=what)
+            if deq == "undefined":
+                missing.append(dequantize)
+            else:
+                args = [torch.from_numpy(np.array(a)) for a in case["deq_args"]]
+                value = _restore(deq[0], deq[1]) if isinstance(deq, list) else None if deq == "NoneType" else deq
+                diagnose_dequantize(value, deq_want(*args), None, function=dequantize, what=f"the codes of {what}",
+                                    extra=deq_mistakes(*args))
+        except CheckFailure as failure:
+            return str(failure)
+    if missing:
+        return f"{missing[0]} is not defined: run the exercise's cell (both functions are part of it)"
+    return None
+
+
+def _absmax_deq_mistakes(q: torch.Tensor, scale: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    return [(HINT_DEQ_DIVIDE, q.double() / scale.double())]
+
+
+PROBES = {
+    "check_absmax": Probe(
+        exercise="ex_absmax",
+        make_inputs=lambda rng: _probe_inputs(rng, absmax_case, expected_absmax, "negative_max"),
+        run=QUANT_PROBE_RUN.replace("DEQUANTIZE", "absmax_dequantize").replace("QUANTIZE", "absmax_quantize"),
+        reference=lambda inputs: {"cases": inputs["cases"]},
+        compare=lambda out, exp: _compare(out, exp, quantize="absmax_quantize", dequantize="absmax_dequantize",
+                                          diagnose=diagnose_absmax, deq_want=lambda q, s: q.double() * s.double(),
+                                          deq_mistakes=_absmax_deq_mistakes),
+        forbidden=FORBIDDEN),
+    "check_zeropoint": Probe(
+        exercise="ex_zeropoint",
+        make_inputs=lambda rng: _probe_inputs(rng, zeropoint_case, expected_zeropoint, "positive"),
+        run=QUANT_PROBE_RUN.replace("DEQUANTIZE", "zeropoint_dequantize").replace("QUANTIZE", "zeropoint_quantize"),
+        reference=lambda inputs: {"cases": inputs["cases"]},
+        compare=lambda out, exp: _compare(out, exp, quantize="zeropoint_quantize", dequantize="zeropoint_dequantize",
+                                          diagnose=diagnose_zeropoint,
+                                          deq_want=lambda q, s, z: (q.double() - z.double()) * s.double(),
+                                          deq_mistakes=lambda q, s, z: zeropoint_dequantize_mistakes(q, s.double(), z.double())),
+        forbidden=FORBIDDEN),
+}
