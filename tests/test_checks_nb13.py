@@ -28,17 +28,19 @@ def make_lora(mistake=""):
                     p.requires_grad_(False)
             d_in, d_out = base.in_features, base.out_features
             shape_a, shape_b = ((d_in, r), (r, d_out)) if mistake == "A@B shapes" else ((r, d_in), (d_out, r))
-            self.A = nn.Parameter(torch.zeros(shape_a, dtype=base.weight.dtype))
+            dtype = torch.float32 if mistake == "float32" else base.weight.dtype
+            self.A = nn.Parameter(torch.zeros(shape_a, dtype=dtype))
             if mistake != "A zero":
                 nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))
-            self.B = nn.Parameter(torch.zeros(shape_b, dtype=base.weight.dtype))
+            self.B = nn.Parameter(torch.zeros(shape_b, dtype=dtype))
             if mistake == "B random":
                 nn.init.normal_(self.B)
 
         def forward(self, x):
             if mistake == "not done":
                 raise NotImplementedError
-            scale = {"no scale": 1.0, "alpha only": self.alpha}.get(mistake, self.alpha / self.r)
+            scale = {"no scale": 1.0, "alpha only": self.alpha, "floor division": self.alpha // self.r}.get(
+                mistake, self.alpha / self.r)
             down = x @ self.A.T
             if mistake == "relu":
                 down = torch.relu(down)
@@ -67,6 +69,8 @@ MISTAKES = {
     "A@B shapes": "A maps the input down to r numbers",
     "no scale": "leaves out the alpha / r scale",
     "alpha only": "by alpha, not alpha / r",
+    "floor division": "alpha // r, which rounds down",
+    "float32": "are float32 but the base layer's weight is float64",
     "relu": "nonlinearity (ReLU) between A and B",
     "detached": "no gradient reaches",
     "merge transposed": "adds (B @ A).T",

@@ -104,6 +104,10 @@ def test_merged_model_equals_unmerged(targets):
         torch.testing.assert_close(model(ids), before, atol=1e-5, rtol=1e-5)
         peft.unmerge_lora(model)
         torch.testing.assert_close(model(ids), before, atol=1e-5, rtol=1e-5)
+        merged, count = peft.merged_model(model)  # plain nn.Linear layers: A and B gone
+        torch.testing.assert_close(merged(ids), before, atol=1e-5, rtol=1e-5)
+    assert count == 2 * len(targets) and not any(isinstance(m, peft.LoRALinear) for m in merged.modules())
+    assert sum(p.numel() for p in merged.parameters()) == sum(p.numel() for p in tiny().parameters())
 
 
 def test_bad_inputs_give_clear_errors():

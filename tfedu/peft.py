@@ -33,6 +33,7 @@ Built by hand in notebooks/13_peft.ipynb.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -129,6 +130,10 @@ class LoRALinear(nn.Module):
         """``(alpha / r) B @ A``: what LoRA adds to ``W_0`` (the same (d_out, d_in) shape)."""
         return self.scale * (self.B @ self.A)
 
+    def merged_weight(self) -> Float[Tensor, "d_out d_in"]:
+        """``W_0 + (alpha / r) B @ A`` as a new tensor (the base weight itself once merged)."""
+        return self.base.weight if self.merged else self.base.weight + self.delta_weight()
+
     def forward(self, x: Float[Tensor, "... d_in"]) -> Float[Tensor, "... d_out"]:
         if self.merged:
             return self.base(x)
@@ -203,6 +208,36 @@ def merge_lora(model: nn.Module) -> int:
     for layer in layers:
         layer.merge()
     return len(layers)
+
+
+def merged_model(model: nn.Module) -> tuple[nn.Module, int]:
+    """A copy of ``model`` whose LoRA layers are plain ``nn.Linear`` layers holding ``W_0 + (alpha / r) B @ A``.
+
+    A LoRA layer is any module with an ``nn.Linear`` ``base`` and a ``merged_weight()`` method: tfedu's
+    ``LoRALinear`` or a learner's ``LoRA`` (notebook 13). The copy has the base model's layers, parameter
+    count and cost; A and B are gone. Returns the copy and how many layers were merged.
+
+    >>> layer = nn.Sequential(LoRALinear(nn.Linear(8, 4), r=2))
+    >>> merged, n = merged_model(layer)
+    >>> n, type(merged[0]).__name__
+    (1, 'Linear')
+    """
+    model = copy.deepcopy(model)
+    count = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            base = getattr(child, "base", None)
+            if isinstance(base, nn.Linear) and callable(getattr(child, "merged_weight", None)):
+                linear = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None,
+                                   device=base.weight.device, dtype=base.weight.dtype)
+                with torch.no_grad():
+                    linear.weight.copy_(child.merged_weight())
+                    if base.bias is not None:
+                        linear.bias.copy_(base.bias)
+                linear.requires_grad_(False)
+                setattr(parent, name, linear)
+                count += 1
+    return model, count
 
 
 def unmerge_lora(model: nn.Module) -> int:

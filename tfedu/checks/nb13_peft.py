@@ -7,7 +7,8 @@ One exercise, checked against ``tfedu.peft.LoRALinear``'s formula after first tr
   ``= W_0 + (alpha / r) B @ A``. Named mistakes: B not zero at initialisation (the model does not start
   at the pretrained one), A zero as well (no gradient ever reaches B's partner: nothing learns), the
   base weight left trainable, A and B in each other's shapes ((d_in, r) and (r, d_out)), the alpha / r
-  scale missing or alpha alone, an activation between A and B (ReLU or GELU: then no merge exists), a
+  scale missing, alpha alone or alpha // r (rounded down; the cases' alpha is never a multiple of r), A and
+  B made in float32 for a float64 base layer (dtype=base.weight.dtype), an activation between A and B (ReLU or GELU: then no merge exists), a
   merge that adds (B @ A).T (the Conv1D habit of GPT-2's checkpoints) or drops the scale, a forward or
   a merge that changes the base weight in place, gradients that do not reach A and B. Compared with the
   formula on several shapes (square ones too, where a transposed merge has the right shape), with B set
@@ -52,6 +53,9 @@ def _lora_record(LoRA, case):
               "A_trainable": bool(A.requires_grad), "B_trainable": bool(B.requires_grad)}
     if record["A_shape"] != [int(case["r"]), int(case["d_in"])] or record["B_shape"] != [int(case["d_out"]), int(case["r"])]:
         return record
+    record["AB_dtypes"] = [str(A.dtype).replace("torch.", ""), str(B.dtype).replace("torch.", "")]
+    if A.dtype != base.weight.dtype or B.dtype != base.weight.dtype:
+        return record
     with torch.no_grad():
         A.copy_(torch.from_numpy(case["A"]).to(A.dtype))
         B.copy_(torch.from_numpy(case["B"]).to(B.dtype))
@@ -87,7 +91,7 @@ exec(compile(LORA_HELPERS, "<lora probe helpers>", "exec"), _helpers)
 lora_record = _helpers["_lora_record"]
 
 HINT_SHORTCUT = "your LoRA uses tfedu.peft ({name}): LoRA is the exercise itself, so build it from torch operations"
-HINT_NOT_DONE = "LoRA: this exercise is not done yet (replace the `raise NotImplementedError` with your code)"
+HINT_NOT_DONE = "this exercise is not done yet (replace the `raise NotImplementedError` with your code)"
 HINT_NO_AB = "LoRA should keep its two matrices as attributes A (r, d_in) and B (d_out, r) (nn.Parameters), got {got}"
 HINT_SWAPPED_SHAPES = (
     "your A is {A} and B is {B} for d_in = {d_in}, d_out = {d_out}, r = {r}: A maps the input down to r numbers, "
@@ -113,6 +117,11 @@ HINT_NO_SCALE = (
     "the same when you change r, so the learning rate need not change with it"
 )
 HINT_ALPHA_ONLY = "your forward scales B A x by alpha, not alpha / r: divide by the rank r too"
+HINT_FLOOR_DIV = "your forward scales B A x by alpha // r, which rounds down (3.5 // 2 is 1.0): use alpha / r"
+HINT_DTYPE = (
+    "your A and B are {got} but the base layer's weight is float64 (the check uses float64 layers): create them "
+    "with dtype=base.weight.dtype (and device=base.weight.device), so that LoRA fits any layer it wraps"
+)
 HINT_ACTIVATION = (
     "your forward puts a nonlinearity ({act}) between A and B: LoRA has none (deck: \"No activation in-between\"), "
     "so B A is one linear map that can be merged into W_0"
@@ -143,7 +152,8 @@ def _mistake_outputs(case: dict) -> dict[str, np.ndarray]:
     return {
         k: v.numpy() for k, v in {
             "right": base + scale * (x @ A.T) @ B.T, "no scale": base + (x @ A.T) @ B.T,
-            "alpha only": base + case["alpha"] * (x @ A.T) @ B.T, "ReLU": base + scale * torch.relu(x @ A.T) @ B.T,
+            "alpha only": base + case["alpha"] * (x @ A.T) @ B.T,
+            "floor division": base + (case["alpha"] // case["r"]) * (x @ A.T) @ B.T, "ReLU": base + scale * torch.relu(x @ A.T) @ B.T,
             "GELU": base + scale * torch.nn.functional.gelu(x @ A.T) @ B.T, "merged": W + scale * B @ A,
             "merged transposed": W + scale * (B @ A).T if W.shape[0] == W.shape[1] else torch.zeros(0),
             "merged no scale": W + B @ A}.items()}
@@ -166,6 +176,8 @@ def diagnose(record: dict, case: dict) -> None:
     if record["A_shape"] != [r, d_in] or record["B_shape"] != [d_out, r]:
         raise CheckFailure(HINT_SWAPPED_SHAPES.format(A=tuple(record["A_shape"]), B=tuple(record["B_shape"]),
                                                       d_in=d_in, d_out=d_out, r=r))
+    dtypes = record.get("AB_dtypes", ["float64", "float64"])
+    expect(dtypes == ["float64", "float64"], HINT_DTYPE.format(got=" and ".join(dict.fromkeys(dtypes))))
     expect(not (record["A_zero"] and record["B_zero"]), HINT_A_ZERO)
     expect(record["B_zero"], HINT_B_NOT_ZERO)
     expect(not record["base_trainable"], HINT_BASE_TRAINABLE)
@@ -173,7 +185,7 @@ def diagnose(record: dict, case: dict) -> None:
     want = _mistake_outputs(case)
     out = record["out"]
     if not _close(out, want["right"]):
-        for name, hint in (("no scale", HINT_NO_SCALE), ("alpha only", HINT_ALPHA_ONLY)):
+        for name, hint in (("no scale", HINT_NO_SCALE), ("alpha only", HINT_ALPHA_ONLY), ("floor division", HINT_FLOOR_DIV)):
             expect(not _close(out, want[name]), hint)
         for act in ("ReLU", "GELU"):
             expect(not _close(out, want[act]), HINT_ACTIVATION.format(act=act))
@@ -205,7 +217,8 @@ def make_cases(rng: np.random.Generator) -> list[dict]:
     # The square case first: there a transposed merge has the right shape and gets its named hint.
     for d_in, d_out, r in ((6, 6, 2), (int(rng.integers(5, 9)), int(rng.integers(2, 5)), int(rng.integers(2, 4))),
                            (int(rng.integers(3, 7)), int(rng.integers(3, 7)), 1)):
-        alpha = float(rng.choice([1.0, 4.0, 16.0]) * (1 + r))  # alpha != r and alpha != 1: the scale shows
+        # alpha != r and alpha != 1: the scale shows; never a multiple of r: alpha // r differs from alpha / r
+        alpha = float(rng.choice([4.0, 16.0]) * (1 + r)) + 0.5  # alpha // r >= 2: not the unscaled forward either
         cases.append({"d_in": d_in, "d_out": d_out, "r": r, "alpha": alpha, "seed": int(rng.integers(0, 1000)),
                       "W": rng.standard_normal((d_out, d_in)), "b": rng.standard_normal(d_out),
                       "A": rng.standard_normal((r, d_in)), "B": rng.standard_normal((d_out, r)),
