@@ -502,8 +502,8 @@ def zeropoint_dequantize_mistakes(q: torch.Tensor, scale: torch.Tensor, zero: to
 def check_zeropoint(zeropoint_quantize, zeropoint_dequantize) -> None:
     """Check ``zeropoint_quantize(x, bits) -> (q, scale, zero)`` and ``zeropoint_dequantize(q, scale, zero)``.
 
-    On :func:`zeropoint_cases` (2 to 8 bits, ranges across 0 and all-positive ones, float32 and float64) and an
-    all-zero tensor; codes exactly, scale to 1e-5, zero point exactly; the named mistakes first.
+    On :func:`zeropoint_cases` (2 to 8 bits, ranges across 0, all-positive and all-negative ones, two where
+    round(x / scale) + zero passes the top code before the clamp, float32 and float64) and an all-zero tensor; codes exactly, scale to 1e-5, zero point exactly; the named mistakes first.
     """
     _refuse_quant(zeropoint_quantize, "zeropoint_quantize")
     _refuse_quant(zeropoint_dequantize, "zeropoint_dequantize")
