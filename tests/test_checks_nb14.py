@@ -21,6 +21,8 @@ def absmax(x, bits, mistake=""):
     amax = x.max() if mistake == "max not abs" else x.abs().max()
     if mistake == "128":
         scale = amax / 2 ** (bits - 1)
+    elif mistake == "2^b - 1":
+        scale, qmax = amax / (2**bits - 1), 2**bits - 1
     else:
         scale = amax / qmax
     if amax == 0 and mistake != "no zero guard":
@@ -61,6 +63,8 @@ ABSMAX_MISTAKES = {  # name: (quantize, dequantize, a phrase its hint must conta
     "float codes": (lambda x, b: absmax(x, b, "float codes"), absmax_deq, "cast the rounded codes to torch.int8"),
     "no zero guard": (lambda x, b: absmax(x, b, "no zero guard"), absmax_deq, "Guard it"),
     "divide": (absmax, lambda q, s: q.to(s.dtype) / s, "divides by the scale"),
+    "2^b - 1 (int8 wrap)": (lambda x, b: absmax(x, b, "2^b - 1"), absmax_deq, "wrapped codes above 127 around: 255 came back as -1"),
+    "integer dequantize": (absmax, lambda q, s: (q.to(s.dtype) * s).round().to(torch.int32), "values, not floats"),
     "in place": (lambda x, b: absmax(x, b, "in place"), absmax_deq, "changed its input `x` in place"),
     "one tensor": (lambda x, b: absmax(x, b)[0], absmax_deq, "should return a pair (q, scale)"),
 }
@@ -108,6 +112,8 @@ def test_absmax_cases_have_no_ties_and_tell_the_mistakes_apart():
 def zeropoint(x, bits, mistake=""):
     levels = 2**bits - 1
     lo, hi = (x.min(), x.max()) if mistake == "not widened" else (x.min().clamp(max=0), x.max().clamp(min=0))
+    if mistake == "hi not widened":
+        lo, hi = x.min().clamp(max=0), x.max()
     scale = (hi - lo) / (2**bits if mistake == "2^b" else levels)
     if hi == lo and mistake != "no guard":
         scale = torch.ones((), dtype=x.dtype)
@@ -119,6 +125,10 @@ def zeropoint(x, bits, mistake=""):
         q = (t + zero).clamp(0, levels).to(torch.uint8)
     elif mistake == "zero not rounded":
         q = (t + zero).round().clamp(0, levels).to(torch.uint8)
+    elif mistake == "from lo":
+        q = ((x - lo) / scale).round().clamp(0, levels).to(torch.uint8)
+    elif mistake == "no clamp":
+        q = (t.round() + zero).to(torch.int16).to(torch.uint8)  # 256 wraps to 0
     elif mistake == "signed":
         q = (t.round() + zero).clamp(-128, 127).to(torch.int8)
     else:
@@ -148,6 +158,12 @@ ZEROPOINT_MISTAKES = {
     "order": (zeropoint, lambda q, s, z: q.to(s.dtype) * s - z, "(q - zero) * scale"),
     "divide": (zeropoint, lambda q, s, z: (q.to(s.dtype) - z) / s, "divides by the scale"),
     "uint8 wrap": (zeropoint, lambda q, s, z: (q - z.to(torch.uint8)).to(s.dtype) * s, "wrap around"),
+    "no clamp": (lambda x, b: zeropoint(x, b, "no clamp"), zeropoint_deq, "wrapped 256 to 0"),
+    "hi not widened": (lambda x, b: zeropoint(x, b, "hi not widened"), zeropoint_deq, "Widen the range on the positive side"),
+    "codes from lo, zero rounded": (lambda x, b: zeropoint(x, b, "from lo"), zeropoint_deq,
+                                    "your codes are round((x - lo) / scale)"),
+    "adds the zero point": (zeropoint, lambda q, s, z: (q.to(s.dtype) + z) * s, "adds the zero point"),
+    "integer dequantize": (zeropoint, lambda q, s, z: (q.to(torch.int32) - z.to(torch.int32)), "values, not floats"),
 }
 
 
@@ -162,6 +178,32 @@ def test_zeropoint_names_each_mistake(name):
     quantize, dequantize, fragment = ZEROPOINT_MISTAKES[name]
     message = failure_of(lambda fn: nb14.check_zeropoint(fn, dequantize), quantize)
     assert fragment in message, message
+
+
+def test_zeropoint_no_clamp_at_4_bits_is_named_without_a_wrap():
+    """At 4 bits the unclamped code 16 fits a uint8 (no wrap) but not a nibble: named as outside [0, 15]."""
+    x = nb14.zeropoint_overflow_case(4)
+    q, scale, zero = zeropoint(x, 4, "no clamp")
+    assert int(q.max()) == 16
+    message = failure_of(lambda fn: nb14.check_zeropoint(fn, zeropoint_deq), lambda x, b: zeropoint(x, b, "no clamp"))
+    assert "outside [0, 2^b - 1]" in message and "Clamp" in message, message
+    with pytest.raises(nb14.CheckFailure, match=r"outside \[0, 2\^b - 1\] = \[0, 15\]"):
+        nb14.diagnose_zeropoint((q, scale, zero), x, 4, what="x")
+
+
+def test_zeropoint_cases_cover_overflow_and_both_one_sided_ranges():
+    cases = [(x, b) for _, x, b in nb14.zeropoint_cases()]
+    assert any((x > 0).all() for x, _ in cases) and any((x < 0).all() for x, _ in cases)
+    for x, b in cases:
+        q, scale, zero = nb14.expected_zeropoint(x, b)
+        assert 0 <= float(zero) <= 2**b - 1 and int(q.max()) <= 2**b - 1
+        assert torch.equal(tfedu.quant.zeropoint_quantize(x, b)[0], q)
+    for b in (8, 4):  # round(x / scale) + zero passes the top code before the clamp, for both rounding conventions
+        x = nb14.zeropoint_overflow_case(b)
+        scale, zero = nb14.expected_zeropoint(x, b)[1:]
+        t = x.double() / scale
+        assert float(t.max()) == (2**b - 1) / 2 and float(zero) == 2 ** (b - 1)
+        assert int((t.round() + zero).max()) == 2**b and int((t.sign() * (t.abs() + 0.5).floor() + zero).max()) == 2**b
 
 
 def test_zeropoint_refuses_tfedu_quant_and_says_when_not_done():
@@ -192,6 +234,9 @@ def test_probes_pass_the_reference_and_return_plain_data(grade_id):
     ("check_absmax", "absmax_dequantize", lambda q, s: q.to(s.dtype) / s, "divides by the scale"),
     ("check_zeropoint", "zeropoint_quantize", lambda x, b: zeropoint(x, b, "wrong sign"), "wrong sign"),
     ("check_zeropoint", "zeropoint_quantize", lambda x, b: zeropoint(x, b, "not widened"), "Widen the range"),
+    ("check_zeropoint", "zeropoint_quantize", lambda x, b: zeropoint(x, b, "hi not widened"), "positive side"),
+    ("check_zeropoint", "zeropoint_quantize", lambda x, b: zeropoint(x, b, "no clamp"), "Clamp"),
+    ("check_zeropoint", "zeropoint_dequantize", lambda q, s, z: (q.to(s.dtype) + z) * s, "adds the zero point"),
     ("check_zeropoint", "zeropoint_dequantize", lambda q, s, z: (q - z.to(torch.uint8)).to(s.dtype) * s, "wrap around"),
 ])
 def test_probes_name_mistakes(grade_id, name, wrong, fragment):

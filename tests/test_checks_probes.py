@@ -399,6 +399,24 @@ def zeropoint_wrong_sign(x, bits):
     return ((x / scale).round() + zero).clamp(0, levels).to(torch.uint8), scale, zero
 
 
+def zeropoint_no_clamp(x, bits):
+    """Notebook 14: round(x / scale) + zero not clamped (a code of 2^b; uint8 wraps 256 to 0)."""
+    levels = 2**bits - 1
+    lo, hi = x.min().clamp(max=0), x.max().clamp(min=0)
+    scale = (hi - lo) / levels if hi > lo else torch.ones((), dtype=x.dtype)
+    zero = (-lo / scale).round()
+    return ((x / scale).round() + zero).to(torch.int16).to(torch.uint8), scale, zero
+
+
+def zeropoint_hi_not_widened(x, bits):
+    """Notebook 14: hi = max x (not max(max x, 0)): for all-negative x the zero point lies above 2^b - 1."""
+    levels = 2**bits - 1
+    lo, hi = x.min().clamp(max=0), x.max()
+    scale = (hi - lo) / levels if hi > lo else torch.ones((), dtype=x.dtype)
+    zero = (-lo / scale).round()
+    return ((x / scale).round() + zero).clamp(0, levels).to(torch.uint8), scale, zero
+
+
 MISTAKES = [
     # (notebook, check, name bound, the wrong answer, a fragment of the feedback)
     # found by outside reviewers, each scoring full marks before the hidden tests covered it
@@ -462,6 +480,8 @@ MISTAKES = [
     ("14_quantization", "check_absmax", "absmax_quantize", absmax_truncating, "truncated, not rounded"),
     ("14_quantization", "check_absmax", "absmax_dequantize", lambda q, scale: q.to(scale.dtype) / scale, "divides by the scale"),
     ("14_quantization", "check_zeropoint", "zeropoint_quantize", zeropoint_wrong_sign, "wrong sign"),
+    ("14_quantization", "check_zeropoint", "zeropoint_quantize", zeropoint_no_clamp, "Clamp"),
+    ("14_quantization", "check_zeropoint", "zeropoint_quantize", zeropoint_hi_not_widened, "positive side"),
     ("14_quantization", "check_zeropoint", "zeropoint_dequantize",
      lambda q, scale, zero: (q - zero.to(torch.uint8)).to(scale.dtype) * scale, "wrap around"),
 ]

@@ -6,19 +6,23 @@ known mistakes:
 - 14.1 ``absmax_quantize(x, bits) -> (q, scale)`` and ``absmax_dequantize(q, scale) -> x_hat``:
   ``scale = max|x| / (2^(b-1) - 1)``, ``q = clamp(round(x / scale), -(2^(b-1) - 1), 2^(b-1) - 1)`` as int8,
   ``x_hat = q * scale``. Named: rounding before scaling (``round(x) / scale``), the scale from ``2^(b-1)`` (the
-  [-128, 127] range: the largest value clamped), an unsigned clamp ([0, 2^b - 1]: negatives lost), the scale
-  from ``max x`` instead of ``max |x|``, truncation instead of rounding (``.to(torch.int8)`` or ``.int()`` alone),
+  [-128, 127] range: the largest value clamped), the scale from ``2^b - 1`` (at 8 bits the int8 cast wraps 255 to
+  -1), an unsigned clamp ([0, 2^b - 1]: negatives lost), the scale from ``max x`` instead of ``max |x|``, truncation instead of rounding (``.to(torch.int8)`` or ``.int()`` alone),
   float codes (no int8 cast), no guard for an all-zero tensor (scale 0, ``0 / 0``), dividing where dequantize
   multiplies, the input changed in place.
 - 14.2 ``zeropoint_quantize(x, bits) -> (q, scale, zero)`` and ``zeropoint_dequantize(q, scale, zero)``:
   ``[lo, hi] = [min(min x, 0), max(max x, 0)]``, ``scale = (hi - lo) / (2^b - 1)``, ``zero = round(-lo / scale)``,
   ``q = clamp(round(x / scale) + zero, 0, 2^b - 1)`` as uint8, ``x_hat = (q - zero) * scale``. Named: a zero
   point with the wrong sign (``round(lo / scale)``), a zero point not rounded (0 not exact), the range not
-  widened to hold 0, the scale from ``2^b`` levels, a signed clamp ([-128, 127] or int8 codes), truncation,
-  rounding before scaling, no guard for a constant tensor, dequantize as ``q * scale - zero`` or dividing, the
-  subtraction done in uint8 (wrapping around), the input changed in place.
+  widened to hold 0 (all-positive x) or not widened on the positive side (all-negative x: a zero point above
+  2^b - 1), no clamp (a code of 2^b, which uint8 wraps to 0 at 8 bits), codes round((x - lo) / scale) with a rounded
+  zero point, the scale from ``2^b`` levels, a signed clamp ([-128, 127] or int8 codes), truncation,
+  rounding before scaling, no guard for a constant tensor, dequantize as ``q * scale - zero``, adding the zero
+  point, dividing, or returning integers, the subtraction done in uint8 (wrapping around), the input changed in
+  place. A dequantizer returning integers is named in 14.1 too.
 
-Inputs are built so that no ``x / scale`` lies near a rounding tie (on a power-of-two grid, at least 0.05 of a step
+Inputs are built so that no ``x / scale`` lies near a rounding tie (but for :func:`zeropoint_overflow_case`, whose
+ties at ±(2^b - 1) / 2 round up under both half-to-even and half-away-from-zero, so that a missing clamp shows) (on a power-of-two grid, at least 0.05 of a step
 from one), plus one case of plain random float64 values, where a zero point left unrounded shows (a tie there has
 probability about 0): every right answer, whatever its order of operations, gives the reference's codes exactly.
 A clamp to [-128, 127] with the right scale is no mistake (max|x| / scale is 127, so -128 is never reached); the
@@ -84,22 +88,40 @@ def absmax_case(seed: int, shape: tuple[int, ...], bits: int, *, negative_max: b
     return (t * step).reshape(shape).to(dtype)
 
 
-def zeropoint_case(seed: int, shape: tuple[int, ...], bits: int, *, positive: bool = False,
+def zeropoint_case(seed: int, shape: tuple[int, ...], bits: int, *, positive: bool = False, negative: bool = False,
                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Values on a grid of step 2^-k with ``lo``, ``hi`` hit exactly and an integer zero point; no ties. With
-    ``positive`` every value is > 0 (the range must then be widened to hold 0)."""
+    ``positive`` every value is > 0, with ``negative`` every value is < 0 (the range must then be widened to hold 0
+    on the low or the high side)."""
     g = torch.Generator().manual_seed(seed)
     levels = 2**bits - 1
     step = 2.0 ** -int(torch.randint(3, 7, (), generator=g))
     n = int(np.prod(shape))
-    zero = 0 if positive else int(torch.randint(1, levels, (), generator=g))
+    zero = 0 if positive else levels if negative else int(torch.randint(1, levels, (), generator=g))
     k = torch.randint(0, levels + 1, (n,), generator=g).double()
     u = (torch.rand(n, generator=g, dtype=torch.float64) - 0.5) * 0.8
-    t = (k + u).clamp(0.45, levels - 0.45) if not positive else (k + u).clamp(levels / 3, levels - 0.45)
-    t[0] = levels
+    if positive:
+        t = (k + u).clamp(levels / 3, levels - 0.45)
+    elif negative:
+        t = (k + u).clamp(0.45, 2 * levels / 3)
+    else:
+        t = (k + u).clamp(0.45, levels - 0.45)
+    if not negative:
+        t[0] = levels
     if not positive:
         t[1] = 0  # lo = -zero * step exactly
     return ((t - zero) * step).reshape(shape).to(dtype)
+
+
+def zeropoint_overflow_case(bits: int, *, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A range centred on 0, [-(L / 2) step, (L / 2) step] with L = 2^b - 1 odd, on an exact binary grid: -lo / scale
+    and max x / scale are both exactly L / 2, a half, and round up (round half to even: 127.5 -> 128, 7.5 -> 8), so
+    the top value's code is L + 1 before the clamp (256 wraps to 0 in uint8: +max x would come back as -max x).
+    Like [-0.3, 0.3, 0.1], without the float noise that makes the tie go either way."""
+    levels = 2**bits - 1
+    step = 2.0 ** -(bits + 1)
+    t = torch.tensor([-levels / 2, levels / 2, 0.3 * levels + 0.2, -0.2 * levels + 0.1, 0.0, 1.2], dtype=torch.float64)
+    return (t * step).to(dtype)
 
 
 # ----------------------------------------------------------------------------- 14.1 absmax
@@ -120,6 +142,10 @@ HINT_ROUND_FIRST = (
 HINT_128 = (
     "your scale is max|x| / 2^(b-1) ({n} for {bits} bits) and the largest value was clamped: the symmetric range is "
     "±(2^(b-1) - 1) = ±{qmax}, so divide max|x| by {qmax} (the code -{n} is never used: it would have no +{n})"
+)
+HINT_ABS_LEVELS = (
+    "your scale is max|x| / (2^b - 1) = max|x| / {top}, the zero-point count of steps: absmax codes are symmetric, "
+    "±(2^(b-1) - 1) = ±{qmax}, so divide max|x| by {qmax}{wrap}"
 )
 HINT_UNSIGNED = (
     "your codes are clamped to [0, {top}]: every negative value became 0. Absmax codes are signed: clamp to "
@@ -142,8 +168,9 @@ HINT_ABS_CODES = "absmax_quantize({what}) gave code {got} at index {i}, expected
 HINT_ABS_SCALE = "absmax_quantize({what}) gave scale {got:.6g}, expected max|x| / (2^(b-1) - 1) = {want:.6g}"
 HINT_DEQ_DIVIDE = "your absmax_dequantize divides by the scale: quantize divided, so dequantize multiplies, x_hat = q * scale"
 HINT_DEQ_INT = (
-    "your absmax_dequantize returned {dtype}: multiply the codes as floats (q.float() * scale), so the result is a "
-    "float tensor"
+    "your absmax_dequantize returned {dtype} values, not floats: a dequantized value is a code times a float scale "
+    "(2 * 0.0039 is no integer), so convert the codes first, q.float() (or q.to(scale.dtype)), and return the float "
+    "tensor"
 )
 HINT_DEQ_VALUES = "absmax_dequantize({what}) gave {got:.6g} at index {i}, expected q * scale = {want:.6g}"
 HINT_DEQ_KIND = "{function} should return a float tensor shaped like q, got {got}"
@@ -157,6 +184,17 @@ def expected_absmax(x: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Ten
     return (x.double() / scale).round().clamp(-qmax, qmax).to(torch.int8), scale
 
 
+def _int8_wrap(codes: torch.Tensor) -> torch.Tensor:
+    """What ``.to(torch.int8)`` makes of integer-valued codes beyond [-128, 127] (two's complement: 255 -> -1)."""
+    return torch.remainder(codes + 128, 256) - 128
+
+
+def _wrap_note(bits: int) -> str:
+    top = 2**bits - 1
+    return (f" (with {top} the int8 cast wrapped codes above 127 around: {top} came back as {top - 256})"
+            if top > 127 else "")
+
+
 def absmax_mistakes(x: torch.Tensor, bits: int) -> list[tuple[str, torch.Tensor]]:
     """(hint, wrong codes as float64) for each named mistake on ``x``."""
     qmax, n = 2 ** (bits - 1) - 1, 2 ** (bits - 1)
@@ -166,11 +204,14 @@ def absmax_mistakes(x: torch.Tensor, bits: int) -> list[tuple[str, torch.Tensor]
         return []
     scale = amax / qmax
     mx = x.max() / qmax if x.max() > 0 else scale
+    top_codes = (x / (amax / (2**bits - 1))).round()
     return [
         (HINT_ROUND_FIRST, (x.round() / scale).round().clamp(-qmax, qmax)),
         (HINT_ROUND_FIRST, (x.round() / scale).clamp(-qmax, qmax).trunc()),
         (HINT_128.format(n=n, bits=bits, qmax=qmax), (x / (amax / n)).round().clamp(-n, n - 1)),
         (HINT_UNSIGNED.format(top=2**bits - 1, qmax=qmax), (x / scale).round().clamp(0, 2**bits - 1)),
+        (HINT_ABS_LEVELS.format(top=2**bits - 1, qmax=qmax, wrap=_wrap_note(bits)), _int8_wrap(top_codes)),
+        (HINT_ABS_LEVELS.format(top=2**bits - 1, qmax=qmax, wrap=_wrap_note(bits)), _int8_wrap(top_codes.clamp(-qmax, qmax))),
         (HINT_MAX_NOT_ABS.format(v=float(x.flatten()[x.abs().flatten().argmax()])),
          (x / mx).round().clamp(-qmax, qmax)),
         (HINT_TRUNCATE, (x / scale).clamp(-qmax, qmax).trunc()),
@@ -225,6 +266,7 @@ def diagnose_dequantize(got: Any, want: torch.Tensor, divided: torch.Tensor | No
     t = _tensor(got)
     expect(t is not None and tuple(t.shape) == tuple(want.shape),
            HINT_DEQ_KIND.format(function=function, got=describe(got)))
+    expect(t.is_floating_point(), HINT_DEQ_INT.replace("absmax_dequantize", function).format(dtype=t.dtype))
     value = t.detach().double()
     close = lambda a, b: bool(torch.allclose(a, b, rtol=1e-5, atol=1e-7))  # noqa: E731
     if not close(value, want):
@@ -235,7 +277,6 @@ def diagnose_dequantize(got: Any, want: torch.Tensor, divided: torch.Tensor | No
         i = int((value - want).abs().flatten().argmax())
         raise CheckFailure(HINT_DEQ_VALUES.replace("absmax_dequantize", function).replace("q * scale", "the formula")
                            .format(what=what, got=float(value.flatten()[i]), i=i, want=float(want.flatten()[i])))
-    expect(t.is_floating_point(), HINT_DEQ_INT.replace("absmax_dequantize", function).format(dtype=t.dtype))
 
 
 def _call_quantize(fn: Any, x: torch.Tensor, bits: int, function: str, call_hint: str) -> Any:
@@ -281,6 +322,22 @@ HINT_ZP_NOT_ROUNDED = (
     "your zero point is not an integer ({z:.4g}): then 0.0 falls between two codes and comes back as a small nonzero "
     "number, but 0 is everywhere in a network (padding, ReLU outputs) and must stay exact. Round it: zero = round(-lo / scale)"
 )
+HINT_ZP_FROM_LO = (
+    "your codes are round((x - lo) / scale), but your zero point {z} is round(-lo / scale) = round({raw:.4g}): the "
+    "codes are offset by the unrounded fraction, so (q - zero) * scale shifts values by up to that fraction of a step "
+    "on top of the rounding (errors up to a step, not half). Compute the codes from the rounded zero point you "
+    "return: q = clamp(round(x / scale) + zero, 0, 2^b - 1)"
+)
+HINT_ZP_NO_CLAMP = (
+    "your code {got} at index {i} is outside [0, 2^b - 1] = [0, {top}]{wrap}: round(x / scale) + zero can pass the "
+    "top code when both round up (here max x / scale = {t:.4g} and zero = {zero}). Clamp: "
+    "q = clamp(round(x / scale) + zero, 0, {top}), before the uint8 cast"
+)
+HINT_ZP_HI_NOT_WIDENED = (
+    "your zero point is {z}, outside [0, 2^b - 1] = [0, {top}]: this x is all negative (max x = {mx:.4g}) and your "
+    "range's top is max x, so 0.0 lies above the range and has no code. Widen the range on the positive side too, "
+    "hi = max(max x, 0) (and lo = min(min x, 0))"
+)
 HINT_ZP_NOT_WIDENED = (
     "your range [lo, hi] is [min x, max x]: for this all-positive x that leaves 0 outside it, so 0.0 has no code. "
     "Widen the range to hold 0, lo = min(min x, 0) and hi = max(max x, 0) (torch's observers do the same)"
@@ -311,6 +368,10 @@ HINT_ZPD_ORDER = (
     "before scaling, (q - zero) * scale"
 )
 HINT_ZPD_DIVIDE = "your zeropoint_dequantize divides by the scale: dequantize multiplies, (q - zero) * scale"
+HINT_ZPD_ADD = (
+    "your zeropoint_dequantize adds the zero point: quantize added it (q = round(x / scale) + zero), so dequantize "
+    "subtracts it, (q - zero) * scale"
+)
 HINT_ZPD_WRAP = (
     "your zeropoint_dequantize subtracts in uint8: codes below the zero point wrap around (3 - 5 = 254 in uint8). "
     "Convert to float first: (q.float() - zero) * scale"
@@ -350,6 +411,11 @@ def zeropoint_mistakes(x: torch.Tensor, bits: int) -> list[tuple[str, torch.Tens
     if x.min() > 0:  # the range not widened: lo = min x
         s2 = (x.max() - x.min()) / levels
         out.insert(0, (HINT_ZP_NOT_WIDENED, ((x / s2).round() + (-x.min() / s2).round()).clamp(0, levels)))
+    if x.max() < 0 and x.max() > x.min():  # hi not widened: hi = max x < 0, the zero point above the top code
+        s2 = (x.max() - x.min()) / levels
+        z2 = (-x.min() / s2).round()
+        out.insert(0, (HINT_ZP_HI_NOT_WIDENED.format(z=int(z2), top=levels, mx=float(x.max())),
+                       ((x / s2).round() + z2).clamp(0, levels)))
     return out
 
 
@@ -357,6 +423,8 @@ def zeropoint_cases() -> list[tuple[str, torch.Tensor, int]]:
     cases = [(zeropoint_case(0, (6, 8), 8), 8), (zeropoint_case(1, (5, 4), 4), 4),
              (zeropoint_case(2, (40,), 3, positive=True), 3), (zeropoint_case(3, (4, 6), 8, dtype=torch.float64), 8),
              (zeropoint_case(4, (3, 8), 8, positive=True), 8), (zeropoint_case(5, (2, 3, 4), 2), 2),
+             (zeropoint_overflow_case(8), 8), (zeropoint_overflow_case(4, dtype=torch.float64), 4),
+             (zeropoint_case(7, (4, 5), 4, negative=True), 4), (zeropoint_case(8, (3, 6), 8, negative=True), 8),
              (torch.randn(5, 7, generator=torch.Generator().manual_seed(6), dtype=torch.float64) + 0.4, 8)]
     # the last: plain random values, so -lo / scale is no integer (a zero point left unrounded shows)
     return [(f"x of shape {tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}, bits={b}", x, b) for x, b in cases]
@@ -380,12 +448,32 @@ def diagnose_zeropoint(result: Any, x: torch.Tensor, bits: int, *, what: str) ->
     if not x.any():
         expect(bool(torch.isfinite(scale)) and float(scale) > 0, HINT_ZP_CONSTANT.format(got=float(scale)))
     got = q.detach().double()
-    if bool(torch.isfinite(zero)) and float(zero) != round(float(zero)):
+    levels = 2**bits - 1
+    zero_is_integer = bool(torch.isfinite(zero)) and float(zero) == round(float(zero))
+    if bool(torch.isfinite(zero)) and not zero_is_integer:
         raise CheckFailure(HINT_ZP_NOT_ROUNDED.format(z=float(zero)))
     if not torch.equal(got, want_q.double()):
         for hint, wrong in zeropoint_mistakes(x, bits):
             if torch.equal(got, wrong) and not torch.equal(wrong, want_q.double()):
+                if hint.startswith("your zero point is not an integer"):  # the codes of an unrounded zero point ...
+                    raw = float(-x.double().min().clamp(max=0) / want_scale)  # ... with a rounded one returned
+                    hint = HINT_ZP_FROM_LO.format(z=int(zero), raw=raw)
                 raise CheckFailure(hint)
+        raw = (x.double() / want_scale).round() + want_zero  # unclamped: uint8 wraps 256 to 0
+        if (raw > levels).any() and (torch.equal(got, torch.remainder(raw, 256)) or torch.equal(got, raw)):
+            i = int((raw > levels).flatten().nonzero()[0])
+            wrapped = torch.equal(got, torch.remainder(raw, 256)) and raw.max() > 255
+            raise CheckFailure(HINT_ZP_NO_CLAMP.format(
+                got=int(raw.flatten()[i]), i=i, top=levels, zero=int(want_zero),
+                t=float((x.double() / want_scale).flatten()[i]),
+                wrap=f" (the uint8 cast then wrapped {int(raw.flatten()[i])} to {int(raw.flatten()[i]) % 256}: "
+                     f"the value came back as its opposite)" if wrapped else ""))
+    if zero_is_integer and not 0 <= float(zero) <= levels and x.max() < 0:
+        raise CheckFailure(HINT_ZP_HI_NOT_WIDENED.format(z=int(zero), top=levels, mx=float(x.max())))
+    if ((got < 0) | (got > levels)).any():
+        i = int(((got < 0) | (got > levels)).flatten().nonzero()[0])
+        raise CheckFailure(HINT_ZP_CODES.format(what=what, got=int(got.flatten()[i]), i=i, want=int(want_q.flatten()[i]))
+                           + f"; codes must lie in [0, {levels}]")
         if float(zero) < 0 < float(want_zero):
             raise CheckFailure(HINT_ZP_SIGN)
     expect(not q.is_floating_point(), HINT_ZP_FLOAT_CODES.format(dtype=q.dtype))
@@ -396,6 +484,9 @@ def diagnose_zeropoint(result: Any, x: torch.Tensor, bits: int, *, what: str) ->
     if not torch.isclose(scale, want_scale, rtol=1e-5, atol=0):
         raise CheckFailure(HINT_ZP_SCALE.format(what=what, got=float(scale), want=float(want_scale)))
     if float(zero) != float(want_zero):
+        if not 0 <= float(zero) <= levels:
+            raise CheckFailure(HINT_ZP_ZERO.format(what=what, got=float(zero), want=int(want_zero))
+                               + f"; a zero point is a code, in [0, {levels}]")
         if float(zero) == -float(want_zero):
             raise CheckFailure(HINT_ZP_SIGN)
         raise CheckFailure(HINT_ZP_ZERO.format(what=what, got=float(zero), want=int(want_zero)))
@@ -404,15 +495,15 @@ def diagnose_zeropoint(result: Any, x: torch.Tensor, bits: int, *, what: str) ->
 def zeropoint_dequantize_mistakes(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     wrapped = (q - zero.to(torch.uint8)).double() * scale  # uint8 arithmetic wraps
     return [(HINT_ZPD_ORDER, q.double() * scale - zero), (HINT_ZPD_DIVIDE, (q.double() - zero) / scale),
-            (HINT_ZPD_WRAP, wrapped)]
+            (HINT_ZPD_WRAP, wrapped), (HINT_ZPD_ADD, (q.double() + zero) * scale)]
 
 
 @checker("zero-point quantization")
 def check_zeropoint(zeropoint_quantize, zeropoint_dequantize) -> None:
     """Check ``zeropoint_quantize(x, bits) -> (q, scale, zero)`` and ``zeropoint_dequantize(q, scale, zero)``.
 
-    On :func:`zeropoint_cases` (2 to 8 bits, ranges across 0 and all-positive ones, float32 and float64) and an
-    all-zero tensor; codes exactly, scale to 1e-5, zero point exactly; the named mistakes first.
+    On :func:`zeropoint_cases` (2 to 8 bits, ranges across 0, all-positive and all-negative ones, two where
+    round(x / scale) + zero passes the top code before the clamp, float32 and float64) and an all-zero tensor; codes exactly, scale to 1e-5, zero point exactly; the named mistakes first.
     """
     _refuse_quant(zeropoint_quantize, "zeropoint_quantize")
     _refuse_quant(zeropoint_dequantize, "zeropoint_dequantize")
@@ -474,6 +565,23 @@ def _probe_inputs(rng: np.random.Generator, case_fn, expected_fn, positive_kw: s
     return {"cases": cases}
 
 
+def _case_entry(x: torch.Tensor, bits: int) -> dict:
+    q, scale, zero = expected_zeropoint(x, bits)
+    return {"x": x.numpy(), "bits": bits,
+            "deq_args": [q.numpy(), np.asarray(scale.to(x.dtype).numpy()), np.asarray(zero.to(torch.uint8).numpy())]}
+
+
+def _zeropoint_probe_inputs(rng: np.random.Generator) -> dict:
+    """:func:`_probe_inputs` (one all-positive case) plus an all-negative case and the two overflow cases."""
+    inputs = _probe_inputs(rng, zeropoint_case, expected_zeropoint, "positive")
+    bits = int(rng.integers(2, 9))
+    negative = zeropoint_case(int(rng.integers(0, 2**31)), (int(rng.integers(2, 6)), int(rng.integers(3, 8))), bits,
+                              negative=True)
+    inputs["cases"][1:1] = [_case_entry(negative, bits), _case_entry(zeropoint_overflow_case(8), 8),
+                            _case_entry(zeropoint_overflow_case(4), 4)]
+    return inputs
+
+
 def _compare(outputs: dict, expected: dict, *, quantize: str, dequantize: str, diagnose, deq_want, deq_mistakes) -> str | None:
     if not isinstance(outputs, dict):
         return "the hidden test's outputs should be a dict"
@@ -525,7 +633,7 @@ PROBES = {
         forbidden=FORBIDDEN),
     "check_zeropoint": Probe(
         exercise="ex_zeropoint",
-        make_inputs=lambda rng: _probe_inputs(rng, zeropoint_case, expected_zeropoint, "positive"),
+        make_inputs=_zeropoint_probe_inputs,
         run=QUANT_PROBE_RUN.replace("DEQUANTIZE", "zeropoint_dequantize").replace("QUANTIZE", "zeropoint_quantize"),
         reference=lambda inputs: {"cases": inputs["cases"]},
         compare=lambda out, exp: _compare(out, exp, quantize="zeropoint_quantize", dequantize="zeropoint_dequantize",
