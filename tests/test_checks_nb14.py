@@ -129,6 +129,9 @@ def zeropoint(x, bits, mistake=""):
         q = ((x - lo) / scale).round().clamp(0, levels).to(torch.uint8)
     elif mistake == "no clamp":
         q = (t.round() + zero).to(torch.int16).to(torch.uint8)  # 256 wraps to 0
+    elif mistake == "half up":  # not a mistake: floor(t + 0.5) rounds exact ties up, torch.round to even
+        zero = torch.floor(-lo / scale + 0.5)
+        q = (torch.floor(t + 0.5) + zero).clamp(0, levels).to(torch.uint8)
     elif mistake == "signed":
         q = (t.round() + zero).clamp(-128, 127).to(torch.int8)
     else:
@@ -143,7 +146,8 @@ def zeropoint_deq(q, scale, zero):
 
 RIGHT_ZEROPOINT = {"by hand": (zeropoint, zeropoint_deq),
                    "int zero": (lambda x, b: (lambda q, s, z: (q, s, int(z)))(*zeropoint(x, b)),
-                                lambda q, s, z: (q.double() - float(z)) * s.double())}
+                                lambda q, s, z: (q.double() - float(z)) * s.double()),
+                   "ties rounded half up": (lambda x, b: zeropoint(x, b, "half up"), zeropoint_deq)}
 
 ZEROPOINT_MISTAKES = {
     "wrong sign": (lambda x, b: zeropoint(x, b, "wrong sign"), zeropoint_deq, "wrong sign"),
