@@ -495,7 +495,7 @@ def test_block_hook_points():
     names = {name for name, _ in Block(_block_config(), cross_attention=True).named_modules() if "hook_" in name}
     assert names == {"hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_cross_attn_out",
                      "hook_resid_mid_cross", "hook_mlp_out", "hook_resid_post", "attn.hook_pattern",
-                     "cross_attn.hook_pattern"}
+                     "cross_attn.hook_pattern", "attn.hook_z", "cross_attn.hook_z"}
 
 
 def test_block_context_errors():

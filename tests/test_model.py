@@ -444,7 +444,8 @@ def test_mask_tokens_errors(kwargs, error):
 def test_hook_point_names():
     model = GPT(tiny())
     names = set(model.hook_points())
-    per_block = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post", "attn.hook_pattern")
+    per_block = ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post", "attn.hook_pattern",
+                 "attn.hook_z")
     expected = {"hook_embed", "hook_pos_embed"} | {f"blocks.{i}.{name}" for i in range(2) for name in per_block}
     assert names == expected
 

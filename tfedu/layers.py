@@ -298,6 +298,10 @@ class Attention(MultiHeadAttention):
     - ``impl="sdpa"`` runs ``F.scaled_dot_product_attention`` instead of the by-hand softmax:
       the same numbers (tested), faster, but the pattern is never materialised, so
       ``hook_pattern`` does not fire.
+    - **Per-head outputs** pass through the hook point ``hook_z`` as ``(batch, query_pos, n_heads, d_head)``
+      (TransformerLens's ``z``), just before ``W_O`` mixes the heads, with either ``impl``: head h writes
+      ``z[:, :, h] @ W_O.weight[:, h * d_head:(h + 1) * d_head].T`` to the residual stream
+      (``tfedu.interp.per_head_W_O``). A hook returning a tensor replaces ``z`` (head ablation).
     - **A KV cache** (``kv_cache=``, a ``tfedu.kv_cache.LayerKVCache``): the new positions' keys and
       values (after RoPE, before the grouped heads are repeated: only ``n_kv_heads`` are kept) are
       appended to it and the queries attend over everything it holds. ``positions`` then default
@@ -345,6 +349,7 @@ class Attention(MultiHeadAttention):
         self.impl = impl
         self.dropout = float(dropout)
         self.prefix: nn.Module | None = None  # learned prefix keys/values (tfedu.peft, notebooks/13)
+        self.hook_z = nn.Identity()  # per-head outputs before W_O (tfedu.interp, notebooks/15)
 
     def forward(
         self,
@@ -390,7 +395,9 @@ class Attention(MultiHeadAttention):
         else:
             pattern = self.hook_pattern(attention_weights(q, k, mask, bias=bias))  # batch n_heads query_pos key_pos
             z = F.dropout(pattern, dropout) @ v  # batch n_heads query_pos d_head
-        return self.W_O(self.merge_heads(z))  # batch query_pos d_model
+        # merge_heads in two steps, so that the hook sees the heads apart (TransformerLens's layout).
+        z = self.hook_z(z.transpose(1, 2))  # batch query_pos n_heads d_head
+        return self.W_O(z.flatten(2))  # batch query_pos d_model
 
     def _with_prefix(self, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None
                      ) -> tuple[Tensor, Tensor, Tensor | None]:
