@@ -362,7 +362,7 @@ def generate_matching(
     >>> from tfedu import course_gpt
     >>> model, tok = course_gpt.load()  # doctest: +SKIP
     >>> generate_matching(model, tok, "The person is", JSON_AGE, max_new_tokens=16)  # doctest: +SKIP
-    '{"age": 1}'
+    '{"age": 101}'
     """
     if eos_token_id is None:
         eos_token_id = getattr(tokenizer, "special_tokens", {}).get("<|endoftext|>")
