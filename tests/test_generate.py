@@ -338,6 +338,52 @@ def test_sampling_stops_at_eos_and_pads(models):
     assert first <= 2 and bool((out[1, PROMPT_LEN + first:] == eos).all())
 
 
+# ----------------------------------------------------------------------------- logits processors
+
+
+def ban_and_penalise(ids, scores):
+    """A processor that looks at both arguments: tokens 0..9 banned, tokens already in the sequence lowered by 2."""
+    seen = torch.zeros_like(scores, dtype=torch.bool).scatter(1, ids.long(), True)
+    return (scores - 2.0 * seen).index_fill(1, torch.arange(10), float("-inf"))
+
+
+def test_logits_processors_equal_transformers_in_greedy_and_beam_search(models):
+    hf, ours = models
+    ids = prompts()
+    plain = generate(ours, ids, NEW)
+    processors = LogitsProcessorList([ban_and_penalise])
+    out = generate(ours, ids, NEW, logits_processors=[ban_and_penalise])
+    assert not torch.equal(out, plain) and int(out[:, PROMPT_LEN:].min()) >= 10  # the processor changed the tokens
+    assert torch.equal(out, hf_generate(hf, ids, NEW, do_sample=False, logits_processor=processors))
+    for num_beams in (2, 3):
+        beams = beam_search(ours, ids, NEW, num_beams=num_beams, logits_processors=(ban_and_penalise,))
+        assert int(beams[:, PROMPT_LEN:].min()) >= 10
+        assert torch.equal(beams, hf_generate(hf, ids, NEW, do_sample=False, num_beams=num_beams,
+                                              logits_processor=processors))
+    # Applied in order, before sampling: a second processor sees the first one's output.
+    seen = []
+    record = lambda ids, logits: seen.append(bool(logits[:, :10].isinf().all())) or logits  # noqa: E731
+    sampled = generate(ours, ids, NEW, do_sample=True, temperature=2.0, top_k=50,
+                       generator=torch.Generator().manual_seed(0), logits_processors=[ban_and_penalise, record])
+    assert seen == [True] * NEW and int(sampled[:, PROMPT_LEN:].min()) >= 10
+    assert torch.equal(generate(ours, ids, NEW, logits_processors=[]), plain)
+
+
+@pytest.mark.parametrize("processors, error, match", [
+    (ban_and_penalise, TypeError, "list/tuple of callables"),
+    ([ban_and_penalise, 3], TypeError, r"int \(not callable\)"),
+    ([lambda ids, logits: logits[:, :5]], ValueError, r"must return float logits of shape \(3, 100\)"),
+    ([lambda ids, logits: logits.argmax(-1)], ValueError, "must return float logits"),
+    ([lambda ids, logits: None], ValueError, "got NoneType"),
+])
+def test_bad_logits_processors_are_named(models, processors, error, match):
+    _, ours = models
+    with pytest.raises(error, match=match):
+        generate(ours, prompts(), 2, logits_processors=processors)
+    with pytest.raises(error, match=match if error is TypeError else "must return float logits"):
+        beam_search(ours, prompts(), 2, num_beams=2, logits_processors=processors)
+
+
 # ----------------------------------------------------------------------------- errors
 
 

@@ -14,6 +14,10 @@ same weights (tests/test_generate.py checks it against ``GPT2LMHeadModel.generat
 - ``beam_search``: keep the ``num_beams`` best partial sequences by total log-probability;
 - ``sequence_logprob``: the total log-probability a model gives a continuation.
 
+Both decoders take ``logits_processors``: callables ``(ids, logits) -> logits`` run in order on each
+step's last-position logits before anything picks a token (transformers' ``LogitsProcessorList``).
+``tfedu.constrained.RegexConstraint`` is one: it keeps the output inside a regular expression.
+
 With ``use_cache=True`` (the default) ``generate`` and ``beam_search`` keep a KV cache
 (``tfedu.kv_cache``): the prompt is run once, then each step runs the one new token, whose query
 attends over the cached keys. ``use_cache=False`` runs the whole (cropped) context again at every
@@ -70,6 +74,17 @@ def _check_sampling(temperature: object, top_k: object, top_p: object) -> None:
         _check_count("top_k", top_k, least=1)
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
         raise ValueError(f"top_p must be a probability in (0, 1] (the nucleus' mass), got {top_p!r}")
+
+
+def _check_processors(logits_processors: object) -> tuple:
+    if logits_processors is None:
+        return ()
+    if not isinstance(logits_processors, (list, tuple)) or not all(callable(p) for p in logits_processors):
+        got = type(logits_processors).__name__ if not isinstance(logits_processors, (list, tuple)) else \
+            ", ".join(type(p).__name__ for p in logits_processors if not callable(p)) + " (not callable)"
+        raise TypeError("logits_processors must be None or a list/tuple of callables (ids, logits) -> logits, "
+                        f"got {got}")
+    return tuple(logits_processors)
 
 
 def _check_eos(eos_token_id: object, d_vocab: int) -> None:
@@ -155,6 +170,34 @@ def next_token_distribution(
     return scores.softmax(dim=-1)
 
 
+# ----------------------------------------------------------------------------- logits processors
+
+
+def apply_logits_processors(
+    logits_processors: list | tuple | None,
+    ids: Int[Tensor, "batch pos"],
+    logits: Float[Tensor, "batch d_vocab"],
+) -> Float[Tensor, "batch d_vocab"]:
+    """Run each processor ``(ids, logits) -> logits`` in order, as transformers' ``LogitsProcessorList``.
+
+    ``ids`` are the sequences so far (prompt and generated tokens), ``logits`` the next-token logits
+    after them. A processor may add to the logits (a repetition penalty) or set some to -inf (a
+    constraint: ``tfedu.constrained.mask_logits``); it must give back a float tensor of the same shape.
+
+    >>> ban_first = lambda ids, logits: logits.index_fill(-1, torch.tensor([0]), float("-inf"))
+    >>> apply_logits_processors([ban_first], torch.tensor([[5]]), torch.tensor([[2.0, 1.0]]))
+    tensor([[-inf, 1.]])
+    """
+    for processor in _check_processors(logits_processors):
+        out = processor(ids, logits)
+        if not isinstance(out, Tensor) or out.shape != logits.shape or not out.is_floating_point():
+            got = f"{out.dtype} of shape {tuple(out.shape)}" if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(f"logits processor {processor!r} must return float logits of shape {tuple(logits.shape)} "
+                             f"(batch, d_vocab), got {got}")
+        logits = out
+    return logits
+
+
 # ----------------------------------------------------------------------------- greedy and sampling
 
 
@@ -206,6 +249,7 @@ def generate(
     top_k_filter: Callable[[Tensor, int], Tensor] = filter_top_k,
     top_p_filter: Callable[[Tensor, float], Tensor] = filter_top_p,
     use_cache: bool = True,
+    logits_processors: list | tuple | None = None,
 ) -> Int[Tensor, "batch pos_out"]:
     """The prompts ``ids`` followed by up to ``max_new_tokens`` generated tokens each.
 
@@ -231,6 +275,11 @@ def generate(
     Past n_ctx a cache cannot slide its window, so each step from there on empties it and runs
     the last n_ctx tokens again (what ``use_cache=False`` does at every step): same tokens, no saving.
 
+    ``logits_processors``: callables ``(ids, logits) -> logits`` applied in order to each step's
+    last-position logits (float32, every row, finished ones included) before temperature, top-k,
+    top-p and before the greedy argmax, as transformers' ``logits_processor`` argument
+    (``apply_logits_processors``). ``ids`` is the whole sequence so far, uncropped.
+
     >>> from tfedu.config import preset
     >>> from tfedu.model import GPT
     >>> _ = torch.manual_seed(0); model = GPT(preset("tiny"))
@@ -243,6 +292,7 @@ def generate(
     _check_count("max_new_tokens", max_new_tokens, least=0)
     _check_sampling(temperature, top_k, top_p)
     _check_eos(eos_token_id, model.cfg.d_vocab)
+    logits_processors = _check_processors(logits_processors)
     was_training = model.training
     model.eval()
     try:
@@ -251,6 +301,8 @@ def generate(
             done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)  # batch
             for _ in range(max_new_tokens):
                 logits = _last_logits(model, ids, kv_cache)  # batch d_vocab
+                if logits_processors:
+                    logits = apply_logits_processors(logits_processors, ids, logits)
                 if do_sample:
                     probs = next_token_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p,
                                                     top_k_filter=top_k_filter, top_p_filter=top_p_filter)
@@ -284,6 +336,7 @@ def beam_search(
     eos_token_id: int | None = None,
     early_stopping: bool | str = False,
     use_cache: bool = True,
+    logits_processors: list | tuple | None = None,
 ) -> Int[Tensor, "batch pos_out"]:
     """The best continuation of each prompt found by beam search, as transformers' ``num_beams`` search.
 
@@ -316,6 +369,12 @@ def beam_search(
     ``use_cache`` as in ``generate``: one cache row per beam, and after each step row i takes the
     keys and values of the beam that running beam i grew from (``KVCache.reorder``).
 
+    ``logits_processors`` as in ``generate``, but, as transformers' beam search, applied to each beam's
+    log-probabilities (after the log_softmax), with ``ids`` the beam's sequence. They see only the live
+    beams (finite score): a beam scored -inf (the prompt's spare copies at the start, or a filler picked
+    when a constraint leaves fewer than ``2 * num_beams`` extensions) can never win, and its tokens may
+    break the constraint that a processor enforces.
+
     (A difference only a toy vocabulary can see: with ``d_vocab < 2 * num_beams`` transformers also
     extends copies of the prompt scored -1e9; here those copies score -inf and are never finished.)
 
@@ -336,6 +395,7 @@ def beam_search(
         raise ValueError(f"length_penalty must be a finite number (1.0: average log-prob, 0: none), got {length_penalty!r}")
     if not (isinstance(early_stopping, bool) or early_stopping == "never"):
         raise ValueError(f"early_stopping must be False, True or 'never' (transformers' values), got {early_stopping!r}")
+    logits_processors = _check_processors(logits_processors)
     if max_new_tokens == 0:
         return ids.clone()
     was_training = model.training
@@ -344,13 +404,14 @@ def beam_search(
         with torch.no_grad():
             kv_cache = _new_cache(model, ids.shape[0] * num_beams, ids.shape[1], max_new_tokens, use_cache)
             return _beam_search(model, ids, max_new_tokens, num_beams, float(length_penalty), eos_token_id,
-                                early_stopping, kv_cache)
+                                early_stopping, kv_cache, logits_processors)
     finally:
         model.train(was_training)
 
 
 def _beam_search(model: nn.Module, ids: Tensor, max_new_tokens: int, num_beams: int, length_penalty: float,
-                 eos_token_id: int | None, early_stopping: bool | str, kv_cache: KVCache | None) -> Tensor:
+                 eos_token_id: int | None, early_stopping: bool | str, kv_cache: KVCache | None,
+                 logits_processors: tuple = ()) -> Tensor:
     batch, prompt_len = ids.shape
     device, n_candidates = ids.device, 2 * num_beams
     batch_index = torch.arange(batch, device=device)[:, None]  # batch 1, for gathering beams
@@ -368,7 +429,11 @@ def _beam_search(model: nn.Module, ids: Tensor, max_new_tokens: int, num_beams: 
     for step in range(max_new_tokens):
         length = step + 1  # generated tokens after this step
         logits = _last_logits(model, running.flatten(0, 1), kv_cache)  # batch*beam d_vocab
-        log_probs = F.log_softmax(logits, dim=-1).view(batch, num_beams, -1)  # batch beam d_vocab
+        log_probs = F.log_softmax(logits, dim=-1)  # batch*beam d_vocab
+        if logits_processors:
+            live = torch.isfinite(running_scores).flatten()  # batch*beam
+            log_probs[live] = apply_logits_processors(logits_processors, running.flatten(0, 1)[live], log_probs[live])
+        log_probs = log_probs.view(batch, num_beams, -1)  # batch beam d_vocab
         d_vocab = log_probs.shape[-1]
         totals = (running_scores[:, :, None] + log_probs).flatten(1)  # batch beam*d_vocab
         top_scores, top_index = totals.topk(n_candidates, dim=-1)  # batch 2*beam, best first
