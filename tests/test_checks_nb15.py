@@ -1,0 +1,134 @@
+"""Checker and probe of notebook 15: each passes right answers and names realistic mistakes."""
+
+import numpy as np
+import pytest
+import torch
+
+import tfedu.constrained
+from checker_helpers import failure_of, not_done, verdict
+from tfedu.checks import nb15_interp_decoding as nb15
+from tfedu.checks.core import ExerciseNotDone, is_plain_data
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def constrained_probs(logits, allowed, mistake=""):
+    """A learner's answer, right or with one ``mistake``."""
+    if mistake == "after, no renorm":
+        return logits.softmax(dim=-1) * allowed
+    if mistake == "after, renorm":
+        p = logits.softmax(dim=-1) * allowed
+        return p / p.sum(dim=-1, keepdim=True)
+    if mistake == "zero fill":
+        return logits.masked_fill(~allowed, 0.0).softmax(dim=-1)
+    if mistake == "multiply":
+        return (logits * allowed).softmax(dim=-1)
+    if mistake == "inverted":
+        return logits.masked_fill(allowed, float("-inf")).softmax(dim=-1)
+    if mistake == "no mask":
+        return logits.softmax(dim=-1)
+    if mistake == "dim 0":
+        return logits.masked_fill(~allowed, float("-inf")).softmax(dim=0)
+    if mistake == "logits":
+        return logits.masked_fill(~allowed, float("-inf"))
+    if mistake == "in place":
+        return logits.masked_fill_(~allowed, float("-inf")).softmax(dim=-1)
+    if mistake == "one minus":
+        return logits.masked_fill((1 - allowed).bool(), float("-inf")).softmax(dim=-1)
+    return logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+
+
+def by_where(logits, allowed):
+    """torch.where with a float32 -inf and F.softmax: right."""
+    return torch.nn.functional.softmax(torch.where(allowed, logits, torch.tensor(float("-inf"), dtype=logits.dtype)), -1)
+
+
+def by_large_negative(logits, allowed):
+    """A large negative finite fill: the same probabilities here, right."""
+    return logits.masked_fill(~allowed, torch.finfo(logits.dtype).min).softmax(dim=-1)
+
+
+def by_hand_exp(logits, allowed):
+    """A softmax by hand over the masked logits: right."""
+    masked = logits.masked_fill(~allowed, float("-inf"))
+    e = (masked - masked.amax(dim=-1, keepdim=True)).exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def shift_then_mask(logits, allowed):
+    """exp(logits - max over allowed) * allowed: a forbidden logit 120 above overflows exp, and inf * 0 is NaN."""
+    shifted = logits - logits.masked_fill(~allowed, float("-inf")).amax(dim=-1, keepdim=True)
+    e = shifted.exp() * allowed
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+RIGHT = {"masked_fill": constrained_probs, "where": by_where, "finfo.min": by_large_negative, "by hand": by_hand_exp}
+
+MISTAKES = {  # name: (answer, a phrase its hint must contain)
+    "after, no renorm": ("after, no renorm", "did not renormalise"),
+    "after, renorm": ("after, renorm", "underflow"),
+    "zero fill": ("zero fill", "with 0 instead of -inf"),
+    "multiply": ("multiply", "with 0 instead of -inf"),
+    "inverted": ("inverted", "mask is inverted"),
+    "no mask": ("no mask", "not applied"),
+    "dim 0": ("dim 0", "wrong dimension"),
+    "logits": ("logits", "not probabilities"),
+    "in place": ("in place", "in place"),
+    "one minus": ("one minus", "~allowed"),
+}
+MISTAKE_FUNCTIONS = {"shift by the allowed max, mask after exp": (shift_then_mask, "or after exponentiating")}
+
+
+@pytest.mark.parametrize("name", RIGHT)
+def test_passes_right_answers(name, capsys):
+    nb15.check_constrained_probs(RIGHT[name])
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", MISTAKES)
+def test_names_each_mistake(name):
+    mistake, fragment = MISTAKES[name]
+    message = failure_of(nb15.check_constrained_probs, lambda x, a: constrained_probs(x, a, mistake))
+    assert fragment in message, message
+
+
+@pytest.mark.parametrize("name", MISTAKE_FUNCTIONS)
+def test_names_other_mistakes(name):
+    fn, fragment = MISTAKE_FUNCTIONS[name]
+    message = failure_of(nb15.check_constrained_probs, fn)
+    assert fragment in message, message
+
+
+def test_refuses_the_reference_and_not_done():
+    assert "the masking is the exercise" in failure_of(nb15.check_constrained_probs, tfedu.constrained.mask_logits)
+    with pytest.raises(ExerciseNotDone):
+        nb15.check_constrained_probs(not_done)
+    assert "returned None" in failure_of(nb15.check_constrained_probs, lambda x, a: None)
+
+
+def test_the_underflow_case_really_underflows():
+    logits, allowed = nb15.underflow_case(0)
+    after = logits.softmax(-1) * allowed
+    assert bool((after.sum(-1) == 0).all())  # 0 / 0 for the renormalise-after answer
+    assert torch.allclose(nb15.expected_probs(logits, allowed).sum(-1), torch.ones(3, dtype=torch.float64))
+
+
+def test_every_mistake_differs_from_the_reference_on_some_case():
+    for name, (mistake, _) in MISTAKES.items():
+        if name in ("in place", "one minus"):
+            continue
+        assert any(not torch.allclose(constrained_probs(x.clone(), a, mistake).double().nan_to_num(-7),
+                                      nb15.expected_probs(x, a), atol=1e-6)
+                   for _, x, a in nb15.cases()), name
+
+
+def test_probe_passes_the_reference_and_names_mistakes():
+    probe = nb15.PROBES["check_constrained_probs"]
+    for seed in range(4):
+        assert is_plain_data(probe.make_inputs(np.random.default_rng(seed)))
+        assert verdict(probe, {"constrained_probs": constrained_probs}, seed) is None, seed
+        for mistake, fragment in [("after, no renorm", "did not renormalise"), ("after, renorm", "underflow"),
+                                  ("zero fill", "instead of -inf"), ("in place", "in place"), ("logits", "not probabilities")]:
+            feedback = verdict(probe, {"constrained_probs": lambda x, a, m=mistake: constrained_probs(x, a, m)}, seed)
+            assert feedback is not None and fragment in feedback, (seed, mistake, feedback)
+    assert "not defined" in verdict(probe, {}, 0)

@@ -1,0 +1,274 @@
+"""Checkers for notebooks/15_interpretability_and_decoding.ipynb: constrained decoding by hand.
+
+Exercise 15.1, ``constrained_probs(logits, allowed) -> probs``: the next-token distribution restricted to the
+allowed tokens. ``logits`` is a float tensor ``(..., d_vocab)``, ``allowed`` a bool tensor of the same shape with at
+least one True per row; the answer sets every forbidden logit to -inf and then takes the softmax over the last
+dimension, so a forbidden token gets probability exactly 0 and each row sums to 1.
+
+Named mistakes, each built from the same inputs and compared with the learner's output:
+
+- masking *after* the softmax without renormalising (``softmax(logits) * allowed``): rows sum to the allowed
+  mass, less than 1 (the "forgot to renormalise" of sampling);
+- masking after the softmax and renormalising: equal in exact arithmetic, but a row whose allowed tokens are all
+  far less likely than a forbidden one (logits 120 below it, as when the model wants to write something the
+  grammar forbids) underflows to 0 / 0 in float32;
+- masking with 0 instead of -inf (``masked_fill(~allowed, 0)``, or ``logits * allowed``): a logit of 0 still has
+  probability e^0 / Z;
+- the mask inverted (the forbidden tokens kept), no mask at all, the softmax over the wrong dimension, returning
+  the masked logits without the softmax, and changing ``logits`` in place (``masked_fill_``).
+
+A large negative finite fill (-1e9, ``torch.finfo(dtype).min``) gives the same probabilities on these inputs
+and passes. ``tfedu.constrained`` and ``tfedu.generate`` are refused: the masking is the exercise.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+
+import tfedu.constrained as _constrained
+import tfedu.generate as _generate
+from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, describe, expect, global_names
+from tfedu.checks.probes import CLEANUP, HELPERS, HINT_MUTATED
+
+FORBIDDEN = ("tfedu.constrained", "tfedu.generate")
+NAME = "constrained_probs"
+
+HINT_CALL = ("constrained_probs(logits, allowed): logits a float tensor (..., d_vocab), allowed a bool tensor of the "
+             "same shape; to negate a bool mask use ~allowed (1 - allowed fails on bool tensors)")
+HINT_SHORTCUT = "your constrained_probs uses {name}: the masking is the exercise, so build it from torch operations"
+HINT_NONE = "your constrained_probs returned None: this exercise is not done yet, or the function has no `return`"
+HINT_TYPE = "constrained_probs should return a float tensor of probabilities shaped like logits, got {got}"
+HINT_SHAPE = "your probabilities have shape {got}, expected the shape of logits, {want}"
+HINT_AFTER_NO_RENORM = (
+    "you masked after the softmax and did not renormalise: each row now sums to the probability the model gave "
+    "the allowed tokens ({mass}), not 1, so sampling and log-probabilities are off. Set the forbidden logits to "
+    "-inf *before* the softmax (logits.masked_fill(~allowed, float('-inf')).softmax(-1)): the softmax then "
+    "renormalises over the allowed tokens for you"
+)
+HINT_AFTER_RENORM = (
+    "you masked after the softmax (or after exponentiating) and renormalised: right in exact arithmetic, but in "
+    "{what} the model's favourite token is forbidden and every allowed token is 120 logits below it, so in float32 "
+    "their probabilities underflow to 0 (or the forbidden exponential overflows to inf) and the renormalisation "
+    "gives NaN. Mask the logits to -inf before the softmax: it then subtracts the largest *allowed* logit and "
+    "nothing underflows"
+)
+HINT_ZERO_FILL = (
+    "you masked with 0 instead of -inf (masked_fill(~allowed, 0) or logits * allowed): a forbidden token's logit "
+    "becomes 0, and e^0 = 1 is not 0, so forbidden tokens keep probability. Fill with float('-inf'), whose "
+    "exponential is exactly 0"
+)
+HINT_INVERTED = ("the mask is inverted: the forbidden tokens got the probability and the allowed ones got 0. "
+                 "allowed is True where a token may come next, so fill ~allowed with -inf")
+HINT_NO_MASK = "the mask was not applied: forbidden tokens still have probability; fill ~allowed with -inf before the softmax"
+HINT_WRONG_DIM = ("the softmax ran over the wrong dimension: each row of logits (the last dim, d_vocab) is one "
+                  "next-token distribution, so use softmax(dim=-1)")
+HINT_LOGITS = ("you returned the masked logits, not probabilities: apply the softmax (over dim=-1) after setting the "
+               "forbidden logits to -inf")
+HINT_FORBIDDEN_MASS = ("forbidden tokens get probability (largest {mass:.3g} in {what}): every token with allowed=False "
+                       "must get exactly 0")
+HINT_NOT_NORMALISED = "the rows of your probabilities sum to {total:.6g} in {what}, not 1"
+HINT_DIFFERS = "your probabilities differ from softmax over the allowed tokens in {what}: largest error {err:.3g}"
+HINT_NAN = ("your probabilities contain NaN in {what}: a row's softmax divided 0 by 0 or subtracted -inf from -inf. "
+            "Mask to -inf, then softmax (it subtracts the largest finite logit for you)")
+
+
+# ----------------------------------------------------------------------------- the reference and the mistakes
+
+
+def expected_probs(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """The reference, in float64: softmax over the allowed tokens of each row (forbidden tokens exactly 0)."""
+    return logits.double().masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+
+
+def mistakes(logits: torch.Tensor, allowed: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """What each named mistake returns on these inputs, with its hint (computed in float32, as a learner's would)."""
+    x = logits.float()
+    plain = x.softmax(dim=-1)
+    kept = plain * allowed
+    mass = kept.sum(dim=-1)
+    out = [
+        (HINT_AFTER_NO_RENORM.format(mass=f"{float(mass.min()):.3g} in one row"), kept),
+        (HINT_ZERO_FILL, x.masked_fill(~allowed, 0.0).softmax(dim=-1)),
+        (HINT_INVERTED, x.masked_fill(allowed, float("-inf")).softmax(dim=-1)),
+        (HINT_NO_MASK, plain),
+    ]
+    if x.dim() >= 2:
+        out.append((HINT_WRONG_DIM, x.masked_fill(~allowed, float("-inf")).softmax(dim=0)))
+    return out
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def underflow_case(seed: int, rows: int = 3, d_vocab: int = 12) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows where a forbidden token's logit is 120 above every allowed one: softmax-then-mask underflows to 0 / 0."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, d_vocab, generator=g) * 2
+    allowed = torch.rand(rows, d_vocab, generator=g) < 0.4
+    allowed[:, 0] = False
+    allowed[:, 1] = True
+    logits[:, 0] = logits.max() + 120.0  # the model's favourite, forbidden
+    return logits, allowed
+
+
+def random_case(seed: int, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random logits (spread 3) and a random mask with at least one allowed token per row."""
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(shape, generator=g) * 3).to(dtype)
+    allowed = torch.rand(shape, generator=g) < 0.5
+    first = torch.randint(0, shape[-1], shape[:-1], generator=g)
+    allowed.scatter_(-1, first[..., None], True)
+    return logits, allowed
+
+
+def cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
+    """(what, logits, allowed): small and batched random cases, one row, float64, and the underflow rows."""
+    return [
+        ("a (3, 10) batch", *random_case(0, (3, 10))),
+        ("a (2, 4, 33) batch", *random_case(1, (2, 4, 33))),
+        ("a single row of 17 logits (shape (17,))", *random_case(2, (17,))),
+        ("a (4, 9) float64 batch", *random_case(3, (4, 9), dtype=torch.float64)),
+        ("rows whose allowed tokens are 120 logits below a forbidden one", *underflow_case(4)),
+    ]
+
+
+# ----------------------------------------------------------------------------- diagnosis
+
+
+def diagnose(got: Any, logits: torch.Tensor, allowed: torch.Tensor, *, what: str) -> None:
+    """Raise a ``CheckFailure`` naming the mistake when ``got`` is not softmax over the allowed tokens."""
+    if got is None:
+        raise CheckFailure(HINT_NONE)
+    if isinstance(got, np.ndarray):
+        got = torch.from_numpy(got)
+    if not isinstance(got, torch.Tensor) or not got.is_floating_point():
+        raise CheckFailure(HINT_TYPE.format(got=describe(got)))
+    expect(tuple(got.shape) == tuple(logits.shape), HINT_SHAPE.format(got=tuple(got.shape), want=tuple(logits.shape)))
+    got = got.detach().double()
+    want = expected_probs(logits, allowed)
+    if got.isneginf().any() or (got.isfinite().all() and (got < 0).any() and got.isneginf().sum() == 0
+                                 and bool((got.masked_select(allowed) < 0).any())):
+        raise CheckFailure(HINT_LOGITS)
+    for hint, wrong in mistakes(logits, allowed):
+        if torch.isnan(got).any() and torch.allclose(got, wrong.double(), rtol=1e-4, atol=1e-6, equal_nan=True):
+            raise CheckFailure(hint)
+    if torch.isnan(got).any():
+        after = (logits.float().softmax(-1) * allowed)
+        if bool((after.sum(-1) == 0).any()):
+            raise CheckFailure(HINT_AFTER_RENORM.format(what=what))
+        raise CheckFailure(HINT_NAN.format(what=what))
+    if torch.allclose(got, want, rtol=1e-4, atol=1e-6):
+        return
+    for hint, wrong in mistakes(logits, allowed):
+        if torch.allclose(got, wrong.double(), rtol=1e-4, atol=1e-6):
+            raise CheckFailure(hint)
+    forbidden = got.masked_fill(allowed, 0).abs().max()
+    if forbidden > 0:
+        raise CheckFailure(HINT_FORBIDDEN_MASS.format(mass=float(forbidden), what=what))
+    total = got.sum(dim=-1)
+    worst = int((total - 1).abs().flatten().argmax())
+    if abs(float(total.flatten()[worst]) - 1) > 1e-4:
+        raise CheckFailure(HINT_NOT_NORMALISED.format(total=float(total.flatten()[worst]), what=what))
+    raise CheckFailure(HINT_DIFFERS.format(what=what, err=float((got - want).abs().max())))
+
+
+# ----------------------------------------------------------------------------- the check
+
+
+def _from_refused(value: Any) -> bool:
+    while isinstance(value, functools.partial):
+        value = value.func
+    return value in (_constrained, _generate) or getattr(value, "__module__", None) in FORBIDDEN
+
+
+def _refuse_shortcuts(fn: Any) -> None:
+    if _from_refused(fn):
+        raise CheckFailure(HINT_SHORTCUT.format(name=f"{getattr(fn, '__module__', 'tfedu')}'s "
+                                                f"{getattr(fn, '__name__', 'object')}"))
+    scope = getattr(fn, "__globals__", {})
+    used = sorted(n for n in global_names(fn) if n in scope and _from_refused(scope[n]))
+    expect(not used, HINT_SHORTCUT.format(name=", ".join(used)))
+
+
+@checker("constrained next-token probabilities")
+def check_constrained_probs(constrained_probs) -> None:
+    """Check ``constrained_probs(logits, allowed)`` on :func:`cases`: values to 1e-4, forbidden tokens exactly 0."""
+    _refuse_shortcuts(constrained_probs)
+    for what, logits, allowed in cases():
+        given = logits.clone()
+        got = call_learner(constrained_probs, given, allowed.clone(), name=NAME, error_hint=HINT_CALL)
+        if not torch.equal(given, logits):
+            raise CheckFailure(HINT_MUTATED.format(function=NAME, positions="1 (logits)"))
+        diagnose(got, logits, allowed, what=what)
+        if isinstance(got, torch.Tensor):
+            expect(bool((got.detach().masked_select(~allowed) == 0).all()),
+                   HINT_FORBIDDEN_MASS.format(mass=float(got.detach().masked_fill(allowed, 0).abs().max()), what=what))
+
+
+# ----------------------------------------------------------------------------- probe (hidden test)
+
+PROBE_RUN = HELPERS + """\
+_fn = globals().get('constrained_probs')
+_results = []
+for _c in inputs['cases']:
+    if _fn is None:
+        _results.append('undefined')
+        continue
+    _r = _call(_fn, torch.from_numpy(_c['logits']), torch.from_numpy(_c['allowed']))
+    _results.append(_r.detach().cpu().double().numpy() if isinstance(_r, torch.Tensor) and _r.is_floating_point()
+                    else _kind(_r) if _r is not None else 'NoneType')
+outputs = {'results': _results, 'mutated': _MUTATED}
+del _fn, _results, _c
+""" + CLEANUP
+
+
+def _probe_inputs(rng: np.random.Generator) -> dict:
+    out = []
+    for i in range(4):
+        shape = (int(rng.integers(1, 5)), int(rng.integers(5, 40))) if i < 3 else (int(rng.integers(3, 30)),)
+        logits, allowed = random_case(int(rng.integers(0, 2**31)), shape,
+                                      dtype=torch.float64 if i == 2 else torch.float32)
+        out.append({"logits": logits.numpy(), "allowed": allowed.numpy()})
+    logits, allowed = underflow_case(int(rng.integers(0, 2**31)), rows=int(rng.integers(2, 5)),
+                                     d_vocab=int(rng.integers(6, 30)))
+    out.insert(int(rng.integers(0, 4)), {"logits": logits.numpy(), "allowed": allowed.numpy()})
+    return {"cases": out}
+
+
+def _compare(outputs: Any, expected: dict) -> str | None:
+    if not isinstance(outputs, dict) or not isinstance(outputs.get("results"), list):
+        return "the hidden test's outputs should be a dict with the results"
+    if outputs.get("mutated"):
+        return HINT_MUTATED.format(function=NAME, positions="1 (logits)")
+    cases_ = expected["cases"]
+    if len(outputs["results"]) != len(cases_):
+        return "constrained_probs's hidden test did not run every case"
+    for i, (got, case) in enumerate(zip(outputs["results"], cases_)):
+        if isinstance(got, str) and got == "undefined":
+            return "constrained_probs is not defined: run the exercise's cell"
+        logits, allowed = torch.from_numpy(np.array(case["logits"])), torch.from_numpy(np.array(case["allowed"]))
+        what = f"hidden test {i + 1} (logits of shape {tuple(logits.shape)})"
+        if isinstance(got, str):
+            return HINT_NONE if got == "NoneType" else HINT_TYPE.format(got=got)
+        try:
+            diagnose(torch.from_numpy(np.array(got)), logits, allowed, what=what)
+            if not bool((torch.from_numpy(np.array(got)).masked_select(~allowed) == 0).all()):
+                return HINT_FORBIDDEN_MASS.format(mass=float(np.abs(np.where(case["allowed"], 0, got)).max()), what=what)
+        except CheckFailure as failure:
+            return str(failure)
+    return None
+
+
+PROBES = {
+    "check_constrained_probs": Probe(
+        exercise="ex_constrained_probs",
+        make_inputs=_probe_inputs,
+        run=PROBE_RUN,
+        reference=lambda inputs: {"cases": inputs["cases"]},
+        compare=_compare,
+        forbidden=FORBIDDEN),
+}
