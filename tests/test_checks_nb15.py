@@ -76,7 +76,41 @@ MISTAKES = {  # name: (answer, a phrase its hint must contain)
     "in place": ("in place", "in place"),
     "one minus": ("one minus", "~allowed"),
 }
-MISTAKE_FUNCTIONS = {"shift by the allowed max, mask after exp": (shift_then_mask, "or after exponentiating")}
+def index_assign(logits, allowed):
+    logits[~allowed] = float("-inf")
+    return logits.softmax(dim=-1)
+
+
+def softmax_dim_1(logits, allowed):
+    return logits.masked_fill(~allowed, float("-inf")).softmax(dim=1)
+
+
+def log_softmax(logits, allowed):
+    return logits.masked_fill(~allowed, float("-inf")).log_softmax(dim=-1)
+
+
+def finite_fill(logits, allowed):
+    return logits.masked_fill(~allowed, -100.0).softmax(dim=-1)
+
+
+def import_inside(logits, allowed):
+    from tfedu.constrained import mask_logits
+    return mask_logits(logits, allowed).softmax(-1)
+
+
+def through_the_package(logits, allowed):
+    return tfedu.constrained.mask_logits(logits, allowed).softmax(-1)
+
+
+MISTAKE_FUNCTIONS = {
+    "shift by the allowed max, mask after exp": (shift_then_mask, "or after exponentiating"),
+    "index assignment in place": (index_assign, "in place"),
+    "softmax over dim 1 of a 3-d batch": (softmax_dim_1, "wrong dimension"),
+    "log_softmax": (log_softmax, "log-probabilities"),
+    "a finite fill of -100": (finite_fill, "finite fill"),
+    "the reference imported inside": (import_inside, "tfedu.constrained"),
+    "the reference through the package": (through_the_package, "tfedu.constrained"),
+}
 
 
 @pytest.mark.parametrize("name", RIGHT)

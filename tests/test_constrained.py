@@ -9,6 +9,7 @@ decode as strict UTF-8 and fully match.
 """
 
 import itertools
+import json
 import time
 from functools import lru_cache
 
@@ -85,7 +86,7 @@ def digits(k):
 
 
 FINITE = {
-    JSON_AGE: ['{"age": ' + n + "}" for k in (1, 2, 3) for n in digits(k)],
+    JSON_AGE: ['{"age": ' + n + "}" for k in (1, 2, 3) for n in digits(k) if n == "0" or not n.startswith("0")],
     r"(yes|no|maybe)!?": [w + e for w in ("yes", "no", "maybe") for e in ("", "!")],
     r"[ab]{1,4}": ["".join(p) for k in range(1, 5) for p in itertools.product("ab", repeat=k)],
     r"(é|ö)[a-c]|ü{2}|日本|😀{1,2}!?": [x + y for x in "éö" for y in "abc"] + ["üü", "日本"]
@@ -218,6 +219,8 @@ def test_sampled_course_gpt_outputs_always_match_and_end_when_complete(course):
             for text, finished in decoded_rows(tok, out, prompt.shape[1], eos):
                 assert finished, (pattern, text)  # every pattern here is complete within 24 tokens
                 assert regex.fullmatch(pattern, text), (pattern, text)
+                if pattern == JSON_AGE:  # and it is JSON, by an independent parser
+                    assert set(json.loads(text)) == {"age"} and isinstance(json.loads(text)["age"], int), text
     # A complete text that cannot grow leaves only the end token; one that can grow keeps both.
     constraint = RegexConstraint(PATTERNS[4], tok, eos_token_id=eos)
     assert constraint.allowed_ids(b"12.34") == [eos]

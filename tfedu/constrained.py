@@ -40,8 +40,9 @@ from torch import Tensor, nn
 from tfedu.generate import _check_count, generate
 from tfedu.tokenizer import Tokenizer
 
-# The issue's example: {"age": followed by one to three digits and a closing brace.
-JSON_AGE = r'\{"age": [0-9]{1,3}\}'
+# Deck 000's example, {"age": followed by a whole number below 1000 and a closing brace. JSON numbers have no
+# leading zeros (RFC 8259, sec. 6), so "007" is refused: 0, or a digit 1-9 followed by up to two digits.
+JSON_AGE = r'\{"age": (0|[1-9][0-9]{0,2})\}'
 
 
 class UnsatisfiableConstraint(ValueError):

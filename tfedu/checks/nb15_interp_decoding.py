@@ -24,6 +24,8 @@ and passes. ``tfedu.constrained`` and ``tfedu.generate`` are refused: the maskin
 from __future__ import annotations
 
 import functools
+import inspect
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -32,7 +34,8 @@ import torch
 import tfedu.constrained as _constrained
 import tfedu.generate as _generate
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, describe, expect, global_names
-from tfedu.checks.probes import CLEANUP, HELPERS, HINT_MUTATED
+from tfedu.checks.probes import CLEANUP, HELPERS
+from tfedu.grading.scan import scan_answer
 
 FORBIDDEN = ("tfedu.constrained", "tfedu.generate")
 NAME = "constrained_probs"
@@ -46,8 +49,7 @@ HINT_SHAPE = "your probabilities have shape {got}, expected the shape of logits,
 HINT_AFTER_NO_RENORM = (
     "you masked after the softmax and did not renormalise: each row now sums to the probability the model gave "
     "the allowed tokens ({mass}), not 1, so sampling and log-probabilities are off. Set the forbidden logits to "
-    "-inf *before* the softmax (logits.masked_fill(~allowed, float('-inf')).softmax(-1)): the softmax then "
-    "renormalises over the allowed tokens for you"
+    "-inf *before* the softmax: the softmax then renormalises over the allowed tokens for you"
 )
 HINT_AFTER_RENORM = (
     "you masked after the softmax (or after exponentiating) and renormalised: right in exact arithmetic, but in "
@@ -66,10 +68,13 @@ HINT_INVERTED = ("the mask is inverted: the forbidden tokens got the probability
 HINT_NO_MASK = "the mask was not applied: forbidden tokens still have probability; fill ~allowed with -inf before the softmax"
 HINT_WRONG_DIM = ("the softmax ran over the wrong dimension: each row of logits (the last dim, d_vocab) is one "
                   "next-token distribution, so use softmax(dim=-1)")
-HINT_LOGITS = ("you returned the masked logits, not probabilities: apply the softmax (over dim=-1) after setting the "
-               "forbidden logits to -inf")
+HINT_LOGITS = ("you returned the masked logits (or log-probabilities), not probabilities: apply the softmax (over "
+               "dim=-1) after setting the forbidden logits to -inf")
 HINT_FORBIDDEN_MASS = ("forbidden tokens get probability (largest {mass:.3g} in {what}): every token with allowed=False "
-                       "must get exactly 0")
+                       "must get exactly 0. A finite fill such as -100 leaves e^-100 > 0; fill with float('-inf')")
+HINT_IN_PLACE = ("constrained_probs changed the caller's logits in place (masked_fill_, logits[~allowed] = ..., or "
+                 "an in-place op): the model's logits must stay as they were. Use masked_fill (no underscore), or "
+                 "clone first")
 HINT_NOT_NORMALISED = "the rows of your probabilities sum to {total:.6g} in {what}, not 1"
 HINT_DIFFERS = "your probabilities differ from softmax over the allowed tokens in {what}: largest error {err:.3g}"
 HINT_NAN = ("your probabilities contain NaN in {what}: a row's softmax divided 0 by 0 or subtracted -inf from -inf. "
@@ -96,8 +101,8 @@ def mistakes(logits: torch.Tensor, allowed: torch.Tensor) -> list[tuple[str, tor
         (HINT_INVERTED, x.masked_fill(allowed, float("-inf")).softmax(dim=-1)),
         (HINT_NO_MASK, plain),
     ]
-    if x.dim() >= 2:
-        out.append((HINT_WRONG_DIM, x.masked_fill(~allowed, float("-inf")).softmax(dim=0)))
+    for dim in range(x.dim() - 1):  # every dimension but the last
+        out.append((HINT_WRONG_DIM, x.masked_fill(~allowed, float("-inf")).softmax(dim=dim)))
     return out
 
 
@@ -192,6 +197,14 @@ def _refuse_shortcuts(fn: Any) -> None:
     scope = getattr(fn, "__globals__", {})
     used = sorted(n for n in global_names(fn) if n in scope and _from_refused(scope[n]))
     expect(not used, HINT_SHORTCUT.format(name=", ".join(used)))
+    try:  # the grader's static scan, on the same source: what it would refuse is refused here too
+        source = textwrap.dedent(inspect.getsource(fn))
+    except (OSError, TypeError):
+        return
+    modules = [f"import {scope[n].__name__} as {n}" for n in sorted(global_names(fn))
+               if inspect.ismodule(scope.get(n))]  # so the scan knows what `tfedu.` or `tc.` stands for
+    problems = scan_answer(source, context=modules, forbidden=FORBIDDEN)
+    expect(not problems, problems[0] if problems else "")
 
 
 @checker("constrained next-token probabilities")
@@ -202,7 +215,7 @@ def check_constrained_probs(constrained_probs) -> None:
         given = logits.clone()
         got = call_learner(constrained_probs, given, allowed.clone(), name=NAME, error_hint=HINT_CALL)
         if not torch.equal(given, logits):
-            raise CheckFailure(HINT_MUTATED.format(function=NAME, positions="1 (logits)"))
+            raise CheckFailure(HINT_IN_PLACE)
         diagnose(got, logits, allowed, what=what)
         if isinstance(got, torch.Tensor):
             expect(bool((got.detach().masked_select(~allowed) == 0).all()),
@@ -243,7 +256,7 @@ def _compare(outputs: Any, expected: dict) -> str | None:
     if not isinstance(outputs, dict) or not isinstance(outputs.get("results"), list):
         return "the hidden test's outputs should be a dict with the results"
     if outputs.get("mutated"):
-        return HINT_MUTATED.format(function=NAME, positions="1 (logits)")
+        return HINT_IN_PLACE
     cases_ = expected["cases"]
     if len(outputs["results"]) != len(cases_):
         return "constrained_probs's hidden test did not run every case"
