@@ -102,7 +102,22 @@ def through_the_package(logits, allowed):
     return tfedu.constrained.mask_logits(logits, allowed).softmax(-1)
 
 
+def numpy_answer(logits, allowed):
+    return logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1).numpy()
+
+
+def times_inf(logits, allowed):
+    return (logits + (~allowed) * float("-inf")).softmax(dim=-1)
+
+
+def half(logits, allowed):
+    return logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1).half()
+
+
 MISTAKE_FUNCTIONS = {
+    "a NumPy array (torch.multinomial would fail)": (numpy_answer, "float torch tensor"),
+    "(~allowed) * -inf added": (times_inf, "0 * -inf"),
+    "half precision": (half, "keep the logits' dtype"),
     "shift by the allowed max, mask after exp": (shift_then_mask, "or after exponentiating"),
     "index assignment in place": (index_assign, "in place"),
     "softmax over dim 1 of a 3-d batch": (softmax_dim_1, "wrong dimension"),

@@ -44,7 +44,12 @@ HINT_CALL = ("constrained_probs(logits, allowed): logits a float tensor (..., d_
              "same shape; to negate a bool mask use ~allowed (1 - allowed fails on bool tensors)")
 HINT_SHORTCUT = "your constrained_probs uses {name}: the masking is the exercise, so build it from torch operations"
 HINT_NONE = "your constrained_probs returned None: this exercise is not done yet, or the function has no `return`"
-HINT_TYPE = "constrained_probs should return a float tensor of probabilities shaped like logits, got {got}"
+HINT_TYPE = ("constrained_probs should return a float torch tensor of probabilities shaped like logits (the sampling "
+             "loop hands it to torch.multinomial), got {got}")
+HINT_TIMES_INF = ("you added (~allowed) * -inf: at the allowed tokens that is 0 * -inf, which is NaN, not 0, so every row "
+                  "becomes NaN. Set the forbidden entries instead (masked_fill or torch.where)")
+HINT_HALF = ("your probabilities are {dtype}, the logits {want}: keep the logits' dtype (a half-precision softmax is "
+             "off by about 1e-4)")
 HINT_SHAPE = "your probabilities have shape {got}, expected the shape of logits, {want}"
 HINT_AFTER_NO_RENORM = (
     "you masked after the softmax and did not renormalise: each row now sums to the probability the model gave "
@@ -53,7 +58,7 @@ HINT_AFTER_NO_RENORM = (
 )
 HINT_AFTER_RENORM = (
     "you masked after the softmax (or after exponentiating) and renormalised: right in exact arithmetic, but in "
-    "{what} the model's favourite token is forbidden and every allowed token is 120 logits below it, so in float32 "
+    "{what}, every allowed token is 120 logits below the forbidden favourite, so in float32 "
     "their probabilities underflow to 0 (or the forbidden exponential overflows to inf) and the renormalisation "
     "gives NaN. Mask the logits to -inf before the softmax: it then subtracts the largest *allowed* logit and "
     "nothing underflows"
@@ -96,6 +101,7 @@ def mistakes(logits: torch.Tensor, allowed: torch.Tensor) -> list[tuple[str, tor
     kept = plain * allowed
     mass = kept.sum(dim=-1)
     out = [
+        (HINT_TIMES_INF, (x + (~allowed) * float("-inf")).softmax(dim=-1)),
         (HINT_AFTER_NO_RENORM.format(mass=f"{float(mass.min()):.3g} in one row"), kept),
         (HINT_ZERO_FILL, x.masked_fill(~allowed, 0.0).softmax(dim=-1)),
         (HINT_INVERTED, x.masked_fill(allowed, float("-inf")).softmax(dim=-1)),
@@ -137,7 +143,7 @@ def cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         ("a (2, 4, 33) batch", *random_case(1, (2, 4, 33))),
         ("a single row of 17 logits (shape (17,))", *random_case(2, (17,))),
         ("a (4, 9) float64 batch", *random_case(3, (4, 9), dtype=torch.float64)),
-        ("rows whose allowed tokens are 120 logits below a forbidden one", *underflow_case(4)),
+        ("rows where the model's favourite token is forbidden", *underflow_case(4)),
     ]
 
 
@@ -148,23 +154,23 @@ def diagnose(got: Any, logits: torch.Tensor, allowed: torch.Tensor, *, what: str
     """Raise a ``CheckFailure`` naming the mistake when ``got`` is not softmax over the allowed tokens."""
     if got is None:
         raise CheckFailure(HINT_NONE)
-    if isinstance(got, np.ndarray):
-        got = torch.from_numpy(got)
-    if not isinstance(got, torch.Tensor) or not got.is_floating_point():
+    if not isinstance(got, torch.Tensor) or not got.is_floating_point():  # a NumPy array too: torch.multinomial needs a tensor
         raise CheckFailure(HINT_TYPE.format(got=describe(got)))
     expect(tuple(got.shape) == tuple(logits.shape), HINT_SHAPE.format(got=tuple(got.shape), want=tuple(logits.shape)))
+    if got.dtype in (torch.float16, torch.bfloat16) and logits.dtype not in (torch.float16, torch.bfloat16):
+        raise CheckFailure(HINT_HALF.format(dtype=got.dtype, want=logits.dtype))
     got = got.detach().double()
     want = expected_probs(logits, allowed)
     if got.isneginf().any() or (got.isfinite().all() and (got < 0).any() and got.isneginf().sum() == 0
                                  and bool((got.masked_select(allowed) < 0).any())):
         raise CheckFailure(HINT_LOGITS)
-    for hint, wrong in mistakes(logits, allowed):
-        if torch.isnan(got).any() and torch.allclose(got, wrong.double(), rtol=1e-4, atol=1e-6, equal_nan=True):
-            raise CheckFailure(hint)
     if torch.isnan(got).any():
         after = (logits.float().softmax(-1) * allowed)
         if bool((after.sum(-1) == 0).any()):
             raise CheckFailure(HINT_AFTER_RENORM.format(what=what))
+        for hint, wrong in mistakes(logits, allowed):
+            if torch.allclose(got, wrong.double(), rtol=1e-4, atol=1e-6, equal_nan=True):
+                raise CheckFailure(hint)
         raise CheckFailure(HINT_NAN.format(what=what))
     if torch.allclose(got, want, rtol=1e-4, atol=1e-6):
         return
