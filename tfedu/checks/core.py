@@ -213,6 +213,26 @@ def global_names(fn: Any) -> set[str]:
     return names
 
 
+def from_modules(value: Any, modules: Iterable[str]) -> bool:
+    """True when ``value`` is one of the named modules, is defined in one, or is a functools.partial of such a thing.
+
+    >>> import tfedu.softmax
+    >>> from_modules(functools.partial(tfedu.softmax.softmax, dim=-1), ["tfedu.softmax"]), from_modules(len, ["tfedu.softmax"])
+    (True, False)
+    """
+    while isinstance(value, functools.partial):
+        value = value.func
+    name = value.__name__ if isinstance(value, types.ModuleType) else getattr(value, "__module__", None)
+    return name in tuple(modules)
+
+
+def globals_from_modules(fn: Any, modules: Iterable[str]) -> list[str]:
+    """The global names ``fn``'s code uses whose objects come from the named modules (found by object, whatever the
+    name), sorted: how a checker sees an answer that calls the reference it is meant to rebuild."""
+    scope = getattr(fn, "__globals__", {})
+    return sorted(n for n in global_names(fn) if n in scope and from_modules(scope[n], modules))
+
+
 def describe(value: Any) -> str:
     """A short description of a value for hints: tensors by shape and dtype."""
     if isinstance(value, torch.Tensor):

@@ -48,6 +48,7 @@ from tfedu.checks.core import (
     describe,
     expect,
     global_names,
+    globals_from_modules,
     seeded_randn,
     watch_calls,
 )
@@ -560,16 +561,6 @@ def diagnose_mel(got: Any, n_freqs: int, n_mels: int, sample_rate: float) -> Non
     raise CheckFailure(HINT_MEL_VALUES.format(args=args, m=m, k=k, diff=float(diff.max())))
 
 
-def _from_tfedu_audio(value: Any) -> bool:
-    """True for tfedu.audio itself, anything defined in it, or a functools.partial of such a thing."""
-    import functools
-    import tfedu.audio
-
-    while isinstance(value, functools.partial):
-        value = value.func
-    return value is tfedu.audio or getattr(value, "__module__", None) == "tfedu.audio"
-
-
 # (n_freqs, n_mels, sample_rate): the notebook's (n_fft 512 at 8 kHz), a speech front end's, a small one, CD audio.
 MEL_CASES = ((257, 32, 8000), (201, 40, 16000), (33, 6, 8000), (513, 64, 44100))
 
@@ -587,8 +578,7 @@ def check_mel_filterbank(mel_filterbank) -> None:
 
     used = sorted(global_names(mel_filterbank) & set(MEL_SHORTCUT_NAMES))
     expect(not used, HINT_MEL_SHORTCUT.format(name=", ".join(used)))
-    scope = getattr(mel_filterbank, "__globals__", {})
-    borrowed = sorted(n for n in global_names(mel_filterbank) if n in scope and _from_tfedu_audio(scope[n]))
+    borrowed = globals_from_modules(mel_filterbank, ["tfedu.audio"])
     expect(not borrowed, HINT_MEL_TFEDU.format(name=", ".join(borrowed)))
     import tfedu.audio
 

@@ -37,7 +37,6 @@ that still raises NotImplementedError.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -52,7 +51,8 @@ from tfedu.checks.core import (
     checker,
     describe,
     expect,
-    global_names,
+    from_modules,
+    globals_from_modules,
     is_close,
     watch_calls,
 )
@@ -71,20 +71,12 @@ HINT_SHORTCUT = (
 FORBIDDEN = ("tfedu.moe", "tfedu.layers", "tfedu.model")  # the MoE layer is to live in tfedu.layers' make_mlp
 
 
-def _from_moe(value: Any) -> bool:
-    """True for tfedu.moe itself, anything defined in it, or a functools.partial of such a thing."""
-    while isinstance(value, functools.partial):
-        value = value.func
-    return value is _moe or getattr(value, "__module__", None) == "tfedu.moe"
-
-
 def _refuse_moe(fn: Any, function: str, what: str, how: str) -> None:
     """Fail when ``fn`` is from tfedu.moe or its code refers to a global that is (found by object, whatever its name)."""
-    if _from_moe(fn):
+    if from_modules(fn, ["tfedu.moe"]):
         raise CheckFailure(HINT_SHORTCUT.format(function=function, name=f"you passed tfedu.moe's own "
                                                 f"{getattr(fn, '__name__', 'object')}", what=what, how=how))
-    scope = getattr(fn, "__globals__", {})
-    used = sorted(n for n in global_names(fn) if n in scope and _from_moe(scope[n]))
+    used = globals_from_modules(fn, ["tfedu.moe"])
     expect(not used, HINT_SHORTCUT.format(function=function, name=", ".join(used), what=what, how=how))
 
 

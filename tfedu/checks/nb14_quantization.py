@@ -31,14 +31,14 @@ scale from 2^(b-1), which makes that range necessary, is. ``tfedu.quant`` is ref
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
 import torch
 
 import tfedu.quant as _quant
-from tfedu.checks.core import CheckFailure, ExerciseNotDone, Probe, call_learner, checker, describe, expect, global_names
+from tfedu.checks.core import (CheckFailure, ExerciseNotDone, Probe, call_learner, checker, describe, expect,
+                               from_modules, globals_from_modules)
 from tfedu.checks.probes import CLEANUP, HELPERS
 
 FORBIDDEN = ("tfedu.quant",)
@@ -48,18 +48,11 @@ HINT_MUTATED = ("your {function} changed its input `x` in place (x /= scale, x.r
                 "must stay as they were, so build new tensors")
 
 
-def _from_quant(value: Any) -> bool:
-    while isinstance(value, functools.partial):
-        value = value.func
-    return value is _quant or getattr(value, "__module__", None) == "tfedu.quant"
-
-
 def _refuse_quant(fn: Any, function: str) -> None:
-    if _from_quant(fn):
+    if from_modules(fn, FORBIDDEN):
         raise CheckFailure(HINT_SHORTCUT.format(function=function, name=f"you passed tfedu.quant's own "
                                                 f"{getattr(fn, '__name__', 'object')}"))
-    scope = getattr(fn, "__globals__", {})
-    used = sorted(n for n in global_names(fn) if n in scope and _from_quant(scope[n]))
+    used = globals_from_modules(fn, FORBIDDEN)
     expect(not used, HINT_SHORTCUT.format(function=function, name=", ".join(used)))
 
 

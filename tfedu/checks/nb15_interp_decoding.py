@@ -23,7 +23,6 @@ and passes. ``tfedu.constrained`` and ``tfedu.generate`` are refused: the maskin
 
 from __future__ import annotations
 
-import functools
 import inspect
 import textwrap
 from typing import Any
@@ -31,9 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-import tfedu.constrained as _constrained
-import tfedu.generate as _generate
-from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, describe, expect, global_names
+from tfedu.checks.core import (CheckFailure, Probe, call_learner, checker, describe, expect, from_modules,
+                               global_names, globals_from_modules)
 from tfedu.checks.probes import CLEANUP, HELPERS
 from tfedu.grading.scan import scan_answer
 
@@ -190,23 +188,17 @@ def diagnose(got: Any, logits: torch.Tensor, allowed: torch.Tensor, *, what: str
 # ----------------------------------------------------------------------------- the check
 
 
-def _from_refused(value: Any) -> bool:
-    while isinstance(value, functools.partial):
-        value = value.func
-    return value in (_constrained, _generate) or getattr(value, "__module__", None) in FORBIDDEN
-
-
 def _refuse_shortcuts(fn: Any) -> None:
-    if _from_refused(fn):
+    if from_modules(fn, FORBIDDEN):
         raise CheckFailure(HINT_SHORTCUT.format(name=f"{getattr(fn, '__module__', 'tfedu')}'s "
                                                 f"{getattr(fn, '__name__', 'object')}"))
-    scope = getattr(fn, "__globals__", {})
-    used = sorted(n for n in global_names(fn) if n in scope and _from_refused(scope[n]))
+    used = globals_from_modules(fn, FORBIDDEN)
     expect(not used, HINT_SHORTCUT.format(name=", ".join(used)))
     try:  # the grader's static scan, on the same source: what it would refuse is refused here too
         source = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError):
         return
+    scope = getattr(fn, "__globals__", {})
     modules = [f"import {scope[n].__name__} as {n}" for n in sorted(global_names(fn))
                if inspect.ismodule(scope.get(n))]  # so the scan knows what `tfedu.` or `tc.` stands for
     problems = scan_answer(source, context=modules, forbidden=FORBIDDEN)
