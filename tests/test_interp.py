@@ -481,6 +481,16 @@ def test_attribution_sums_to_the_logit_and_heads_match_path_patching(overrides):
         assert math.isclose(float(clean_logit - removed), parts[label], rel_tol=1e-9, abs_tol=1e-10), label
 
 
+def test_attribution_of_an_attention_only_model_has_no_mlp_parts():
+    model = tiny_gpt(torch.float64, d_mlp=0, positional="rope")
+    ids = ids_for(model, batch=1, pos=9)
+    parts = direct_logit_attribution(model, ids, 8, 5)
+    with torch.no_grad():
+        logit = model(ids)[0, 8, 5].item()
+    assert math.isclose(sum(parts.values()), logit, rel_tol=0, abs_tol=1e-10)
+    assert not any("MLP" in label for label in parts) and "L1H3" in parts
+
+
 def test_attribution_course_gpt_sums_to_the_logit(course):
     model, tok = course
     ids = torch.tensor([tok.encode("import os\nimport sys\nprint(os.path.join(")])

@@ -364,6 +364,8 @@ def test_config_replace_derives_again():
         (dict(attention="flash"), r"attention='flash' is not one of 'manual', 'sdpa'"),
         (dict(n_layers=0), r"n_layers must be a positive int, got 0"),
         (dict(dropout=1.0), r"dropout must be a probability in \[0, 1\)"),
+        (dict(d_mlp=-1), r"d_mlp must be an int >= 0 \(0: attention-only"),
+        (dict(d_mlp=0, n_experts=4), r"d_mlp=0 means no MLP.*n_experts=4"),
     ],
 )
 def test_bad_config_fields(changes, error):
@@ -655,3 +657,51 @@ def test_encoder_decoder_learns_digit_reversal():
         loss.backward()
         optimiser.step()
     assert loss.item() < 0.2  # far below ln(10) = 2.30, the loss of guessing digits
+
+
+# ----------------------------------------------------------------------------- attention-only (d_mlp=0)
+
+
+@pytest.mark.parametrize("positional", ["learned", "rope"])
+def test_attention_only_equals_a_model_whose_mlps_write_nothing(positional):
+    """Oracle (pre-norm): the same weights in a model with MLPs, each MLP's output replaced by zeros through its hook."""
+    with_mlp = build(GPT, tiny(positional=positional))
+    attn_only = GPT(with_mlp.cfg.replace(d_mlp=0)).eval()
+    missing, unexpected = attn_only.load_state_dict(with_mlp.state_dict(), strict=False)
+    assert not missing and all(".ln2." in name or ".mlp." in name for name in unexpected)
+    ids = ids_like()
+    zeros = {f"blocks__{i}__hook_mlp_out": torch.zeros_like for i in range(len(with_mlp.blocks))}
+    with with_mlp.hooks(**zeros):
+        expected = with_mlp(ids)
+    torch.testing.assert_close(attn_only(ids), expected, rtol=0, atol=1e-6)
+    assert attn_only.cfg.has_mlp is False and with_mlp.cfg.has_mlp is True
+    assert not any("mlp" in name or "ln2" in name for name in attn_only.hook_points() | dict(attn_only.named_parameters()))
+
+
+def test_attention_only_post_norm_block_is_one_add_and_norm():
+    block = Block(tiny(norm_position="post", d_mlp=0)).eval()
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(block(x, causal=True), block.ln1(x + block.attn(x, causal=True)), rtol=0, atol=0)
+
+
+def test_attention_only_counts_and_cache():
+    from tfedu.flops import flops_per_token, param_count
+    from tfedu.generate import generate
+
+    cfg = tiny(d_mlp=0)
+    model = build(GPT, cfg)
+    p = param_count(cfg)
+    assert p.mlp == 0 and p.total == sum(q.numel() for q in model.parameters())
+    assert flops_per_token(cfg, N_CTX).mlp == 0
+    assert flops_per_token(cfg, N_CTX).forward == flops_per_token(tiny(), N_CTX).forward - flops_per_token(tiny(), N_CTX).mlp
+    ids = ids_like(batch=2, pos=3)
+    cached = generate(model, ids, max_new_tokens=4, use_cache=True)
+    assert torch.equal(cached, generate(model, ids, max_new_tokens=4, use_cache=False))
+    assert ModelConfig(**cfg.as_dict()) == cfg
+
+
+def test_attention_only_has_no_adapters_to_add():
+    from tfedu.peft import apply_adapters
+
+    with pytest.raises(ValueError, match="attention-only \\(d_mlp=0\\).*LoRA"):
+        apply_adapters(build(GPT, tiny(d_mlp=0)), bottleneck=4)

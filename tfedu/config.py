@@ -58,7 +58,7 @@ class ModelConfig:
     n_heads: int = 12  # query heads per attention layer
     n_kv_heads: int | None = None  # key/value heads; None = n_heads; fewer = grouped-query (Llama 2 70B)
     d_head: int | None = None  # width of one head; None = d_model // n_heads
-    d_mlp: int | None = None  # MLP hidden width; None = 4 d_model (SwiGLU: 8 d_model / 3)
+    d_mlp: int | None = None  # MLP hidden width; None = 4 d_model (SwiGLU: 8 d_model / 3); 0 = attention-only blocks
     positional: str = "learned"  # learned | sinusoidal (added to the embeddings) | rope | alibi | none
     norm: str = "layer"  # layer (LayerNorm) | rms (RMSNorm)
     norm_position: str = "pre"  # pre: x + F(norm(x)) (GPT-2, Llama) | post: norm(x + F(x)) (2017 paper)
@@ -113,8 +113,13 @@ class ModelConfig:
 
             hidden = swiglu_hidden(self.d_model) if self.activation == "swiglu" else 4 * self.d_model
             object.__setattr__(self, "d_mlp", hidden)
-        for name in _DERIVED:
+        for name in ("d_head", "n_kv_heads"):
             _positive_int(name, getattr(self, name))
+        if isinstance(self.d_mlp, bool) or not isinstance(self.d_mlp, int) or self.d_mlp < 0:
+            raise ValueError(f"ModelConfig.d_mlp must be an int >= 0 (0: attention-only blocks, no MLP), got {self.d_mlp!r}")
+        if self.d_mlp == 0 and self.n_experts is not None:
+            raise ValueError(f"d_mlp=0 means no MLP, so there is nothing for n_experts={self.n_experts} experts to be "
+                             "made of: give the experts a hidden width d_mlp > 0")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}: "
@@ -170,6 +175,15 @@ class ModelConfig:
                 values[name] = None
         values.update(changes)
         return ModelConfig(**values)
+
+    @property
+    def has_mlp(self) -> bool:
+        """False for attention-only blocks (``d_mlp=0``), the toy models of Elhage et al. (2021).
+
+        >>> ModelConfig(d_model=64, n_heads=4, n_layers=1, d_mlp=0).has_mlp
+        False
+        """
+        return self.d_mlp > 0
 
     @property
     def n_groups(self) -> int:

@@ -213,6 +213,8 @@ def _attention_params(cfg: ModelConfig) -> int:
 
 def _mlp_params(cfg: ModelConfig) -> int:
     """W_in and W_out, plus W_gate for SwiGLU (Shazeer 2020, sec. 2: three matrices)."""
+    if not cfg.has_mlp:
+        return 0  # attention-only blocks
     n_in = 2 if cfg.activation == "swiglu" else 1
     return n_in * _linear_params(cfg, cfg.d_model, cfg.d_mlp) + _linear_params(cfg, cfg.d_mlp, cfg.d_model)
 
@@ -298,7 +300,7 @@ def param_count(cfg: ModelConfig, kind: str = "gpt") -> ParamCount:
         attention=stacks * cfg.n_layers * _attention_params(cfg),
         cross_attention=decoder_blocks * _attention_params(cfg),
         mlp=mlp,
-        norms=(stacks * cfg.n_layers * 2 + decoder_blocks + final_norms) * _norm_params(cfg),
+        norms=(stacks * cfg.n_layers * (1 + cfg.has_mlp) + decoder_blocks + final_norms) * _norm_params(cfg),
         unembedding=0 if cfg.tied_embeddings else table,
         router=stacks * cfg.n_layers * cfg.d_model * cfg.n_experts if cfg.n_experts else 0,
         mlp_inactive=mlp * (n_experts - cfg.top_k) // n_experts,
@@ -410,7 +412,7 @@ def flops_per_token(cfg: ModelConfig, n_ctx_used: int) -> FlopsPerToken:
     q_and_o = linear_flops(1, cfg.d_model, d_q) + linear_flops(1, d_q, cfg.d_model)
     k_and_v = 2 * linear_flops(1, cfg.d_model, d_kv)  # n_kv_heads wide: grouped-query attention saves here
     n_mlp_in = 2 if cfg.activation == "swiglu" else 1  # SwiGLU's W_gate reads the input beside W_in
-    mlp = n_mlp_in * linear_flops(1, cfg.d_model, cfg.d_mlp) + linear_flops(1, cfg.d_mlp, cfg.d_model)
+    mlp = n_mlp_in * linear_flops(1, cfg.d_model, cfg.d_mlp) + linear_flops(1, cfg.d_mlp, cfg.d_model) if cfg.has_mlp else 0
     return FlopsPerToken(
         embedding=0,
         attention_proj=cfg.n_layers * (q_and_o + k_and_v),

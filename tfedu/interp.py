@@ -622,7 +622,8 @@ def direct_logit_attribution(
         raise ValueError(f"token must be an id in 0..{model.cfg.d_vocab - 1}, got {token!r}")
     n_layers = len(model.blocks)
     names = ["hook_embed", f"blocks.{n_layers - 1}.hook_resid_post"]
-    names += [f"blocks.{i}.{point}" for i in range(n_layers) for point in ("attn.hook_z", "hook_mlp_out")]
+    points = ("attn.hook_z", "hook_mlp_out") if model.cfg.has_mlp else ("attn.hook_z",)  # d_mlp=0: attention-only
+    names += [f"blocks.{i}.{point}" for i in range(n_layers) for point in points]
     if model.pos_embed is not None:
         names.append("hook_pos_embed")
     _, cache = run_with_cache(model, ids, names)
@@ -638,7 +639,8 @@ def direct_logit_attribution(
             parts |= {f"L{i}H{h}": value for h, value in enumerate(heads)}
             if block.attn.W_O.bias is not None:
                 parts[f"L{i} attn bias"] = block.attn.W_O.bias @ direction
-            parts[f"L{i} MLP"] = cache[f"blocks.{i}.hook_mlp_out"][at] @ direction
+            if model.cfg.has_mlp:
+                parts[f"L{i} MLP"] = cache[f"blocks.{i}.hook_mlp_out"][at] @ direction
         if isinstance(model.ln_final, LayerNorm) and model.ln_final.bias is not None:
             parts["ln_final bias"] = constant
     return {label: float(value) for label, value in parts.items()}

@@ -349,7 +349,8 @@ def greedy_by_hand(
                         caches[i] = (empty, empty.clone())
                     z, *caches[i] = step(q, k, v, *caches[i])
                     resid = resid + attn.W_O(attn.merge_heads(z))
-                    resid = resid + block.mlp(block.ln2(resid))
+                    if block.cfg.has_mlp:  # d_mlp=0: attention-only
+                        resid = resid + block.mlp(block.ln2(resid))
                 logits = model.unembed(model.ln_final(resid))[:, -1]  # batch d_vocab
                 if pos + 1 >= ids.shape[1]:  # past the prompt: the prediction is the next token
                     out = torch.cat([out, logits.argmax(dim=-1, keepdim=True)], dim=1)

@@ -486,6 +486,8 @@ class Block(nn.Module):
     With ``cross_attention=True`` (the decoder of an encoder-decoder) a third sub-layer sits in
     between: cross-attention from the residual stream to ``context`` (the encoder's output),
     with its own norm ``ln_cross`` and hook points ``hook_cross_attn_out``/``hook_resid_mid_cross``.
+    With ``cfg.d_mlp == 0`` the block is attention-only: no ``ln2``, ``mlp`` or ``hook_mlp_out``, and
+    ``resid_post = resid_mid`` (Elhage et al. 2021's toy models; notebook 15's induction model).
 
     The residual stream passes through named hook points (``nn.Identity`` modules, TransformerLens's
     names): ``hook_resid_pre``, ``hook_attn_out``, ``hook_resid_mid``, ``hook_mlp_out``,
@@ -514,10 +516,12 @@ class Block(nn.Module):
             self.cross_attn = make_attention(cfg, cross=True)
             self.hook_cross_attn_out = nn.Identity()
             self.hook_resid_mid_cross = nn.Identity()
-        self.ln2 = make_norm(cfg)
-        self.mlp = make_mlp(cfg)
+        if cfg.has_mlp:  # d_mlp=0: attention-only, no ln2, mlp or hook_mlp_out
+            self.ln2 = make_norm(cfg)
+            self.mlp = make_mlp(cfg)
+            self.hook_mlp_out = nn.Identity()
         self.drop = nn.Dropout(cfg.dropout)
-        for name in ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_mlp_out", "hook_resid_post"):
+        for name in ("hook_resid_pre", "hook_attn_out", "hook_resid_mid", "hook_resid_post"):
             setattr(self, name, nn.Identity())
 
     @property
@@ -560,4 +564,6 @@ class Block(nn.Module):
             )
         elif context is not None:
             raise ValueError("this block has no cross-attention; build it with cross_attention=True to read context")
+        if not self.cfg.has_mlp:
+            return self.hook_resid_post(resid)
         return self.hook_resid_post(self._sublayer(resid, self.ln2, self.mlp, self.hook_mlp_out))

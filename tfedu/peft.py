@@ -295,6 +295,9 @@ def apply_adapters(model: LanguageModel, bottleneck: int = 16) -> list[Adapter]:
     2
     """
     _check_positive_int("bottleneck", bottleneck)
+    if not model.cfg.has_mlp:
+        raise ValueError("adapters sit after each block's MLP, and this model is attention-only (d_mlp=0): "
+                         "use LoRA (apply_lora) on its attention projections instead")
     if any(isinstance(m, Adapter) for m in model.modules()):
         raise ValueError("this model has adapters already; apply them to a fresh copy of the base model")
     freeze(model)
