@@ -223,12 +223,17 @@ def pretrained(name: str = "gpt2", *, path: str | os.PathLike | None = None, **o
     Hugging Face cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``)
     is searched for ``name``. If nothing is found this fails at once, saying where it looked and
     how to fetch the files while online. ``pretrained("course-gpt")`` is the course's own model,
-    shipped in ``data/course-gpt`` (see ``tfedu.course_gpt``; its tokenizer: ``course_gpt.load()``).
+    shipped in ``data/course-gpt`` (see ``tfedu.course_gpt``; its tokenizer: ``course_gpt.load()``);
+    ``pretrained("induction-gpt")`` is notebook 15's two-layer attention-only model (``tfedu.induction``).
     """
     if name == "course-gpt":
         from tfedu import course_gpt
 
         return course_gpt.load(path if path is not None else course_gpt.FOLDER)[0]
+    if name == "induction-gpt":
+        from tfedu import induction
+
+        return induction.load(path if path is not None else induction.FOLDER)
     folders = [Path(path)] if path is not None else candidate_folders(name)
     for folder in folders:
         weights = folder / "model.safetensors"
