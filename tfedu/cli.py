@@ -1,7 +1,7 @@
 """The ``tfedu`` command line for learners and instructors.
 
     tfedu doctor              is everything the course needs installed and working?
-    tfedu clean NOTEBOOK...   strip outputs, execution counts and widget state
+    tfedu clean NOTEBOOK...   strip outputs and widget state; regenerate badges, install lines, course maps
     tfedu release ... / tfedu grade ...   student versions and autograding (tfedu.grading)
     tfedu bench NAME          speed measured against named peers (tfedu.bench)
     tfedu train --preset course-gpt   train the course GPT shipped in data/course-gpt (tfedu.train)
@@ -103,10 +103,14 @@ def triton_status() -> str:
 
 
 def clean(paths: list[str], check_only: bool) -> int:
-    """Strip notebooks in place (or, with --check, only report which would change)."""
+    """Strip notebooks and write their generated parts again, in place (with --check, only report).
+
+    Generated: the Colab badge and install line (from ``[project.urls]``), notebook 00's course map
+    and, when no notebook is named (the whole course), the README's map (from ``tfedu.course_map``).
+    """
     import nbformat
 
-    from tfedu import nbtools
+    from tfedu import course_map, nbtools
 
     targets = [Path(p) for p in paths] or sorted(Path("notebooks").glob("*.ipynb"))
     dirty = 0
@@ -115,13 +119,17 @@ def clean(paths: list[str], check_only: bool) -> int:
             print(f"{path}: not an .ipynb file", file=sys.stderr)
             return 2
         before = path.read_text(encoding="utf-8")
-        nb = nbtools.strip(nbtools.read(path))
+        nb = nbtools.regenerate(nbtools.strip(nbtools.read(path)), path.name)
         after = nbformat.writes(nb) + "\n"
         if after != before:
             dirty += 1
             print(f"{'would clean' if check_only else 'cleaned'} {path}")
             if not check_only:
                 path.write_text(after, encoding="utf-8")
+    readme = Path("README.md")
+    if not paths and readme.is_file() and course_map.sync_readme(readme, check_only=check_only):
+        dirty += 1
+        print(f"{'would regenerate' if check_only else 'regenerated'} the course map in {readme}")
     return 1 if check_only and dirty else 0
 
 
@@ -129,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tfedu", description="The tfedu course command line.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="check the installation, device and corpus")
-    p_clean = sub.add_parser("clean", help="strip outputs and widget state from notebooks")
+    p_clean = sub.add_parser("clean", help="strip outputs and widget state from notebooks; regenerate the Colab "
+                             "badges and install lines and the course maps (notebook 00, README)")
     p_clean.add_argument("notebooks", nargs="*", help="default: every notebook in notebooks/")
     p_clean.add_argument("--check", action="store_true", help="only report; exit 1 if any would change")
     # Further subcommands register themselves here, one line each.

@@ -24,8 +24,43 @@ from typing import Any
 
 import nbformat
 
-REPO_URL = "https://github.com/tfedu-course/tfedu"
-COLAB_URL = "https://colab.research.google.com/github/tfedu-course/tfedu/blob/main/notebooks/{name}"
+
+
+def repository_url() -> str:
+    """The course's GitHub address, from the package metadata (``[project.urls] Repository``).
+
+    In a checkout ``pyproject.toml`` is read (installed metadata may be older than the file);
+    in an installed wheel, the metadata.
+    """
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            import tomllib
+        except ModuleNotFoundError:  # Python 3.10: fall back to the installed metadata
+            tomllib = None
+        if tomllib is not None:
+            urls = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}).get("urls", {})
+            if "Repository" in urls:
+                return urls["Repository"]
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    try:
+        entries = metadata("tfedu").get_all("Project-URL") or []
+    except PackageNotFoundError:
+        entries = []
+    for entry in entries:
+        label, _, url = entry.partition(",")
+        if label.strip() == "Repository":
+            return url.strip()
+    raise RuntimeError("no Repository URL in tfedu's metadata: add it under [project.urls] in pyproject.toml")
+
+
+REPO_URL = repository_url()
+if not REPO_URL.startswith("https://github.com/"):
+    raise RuntimeError(f"[project.urls] Repository must be a https://github.com/OWNER/NAME address, got {REPO_URL!r}")
+COLAB_URL = "https://colab.research.google.com/github/" + REPO_URL.removeprefix("https://github.com/").rstrip("/") \
+    + "/blob/main/notebooks/{name}"
+PIP_LINE = f'%pip install --quiet "tfedu @ git+{REPO_URL}"'
 NBGRADER_SCHEMA = 3
 GRADE_ID = re.compile(r"^[A-Za-z0-9_-]+$")
 BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -36,20 +71,42 @@ SETUP_SOURCE = '''\
 import sys
 
 if "google.colab" in sys.modules:
-    %pip install --quiet "tfedu @ git+{repo}"
+    {pip_line}
 
 import torch
 import tfedu
 
 tfedu.seed_everything(0)
 DEVICE = tfedu.device()
-print(f"tfedu {{tfedu.__version__}}, torch {{torch.__version__}}, device: {{DEVICE}}")'''.format(repo=REPO_URL)
+print(f"tfedu {{tfedu.__version__}}, torch {{torch.__version__}}, device: {{DEVICE}}")'''.format(pip_line=PIP_LINE)
 
 
 def colab_badge(name: str) -> str:
     """Markdown for the Open-in-Colab badge of notebook file ``name``."""
     url = COLAB_URL.format(name=name)
     return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
+
+
+_BADGE = re.compile(r"\[!\[Open In Colab\]\([^)]*\)\]\([^)]*\)")
+_PIP = re.compile(r'%pip install --quiet "tfedu @ git\+[^"]*"')
+
+
+def regenerate(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
+    """Write the generated parts of notebook file ``name`` again, in place, from their one source.
+
+    The Open-in-Colab badge in the header and the Colab install line come from ``REPO_URL``
+    (``[project.urls]`` in pyproject.toml); notebook 00's course map from ``tfedu.course_map``.
+    """
+    from tfedu import course_map
+
+    if nb.cells and nb.cells[0].cell_type == "markdown":
+        nb.cells[0].source = _BADGE.sub(lambda _: colab_badge(name), nb.cells[0].source)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "google.colab" in cell.source:
+            cell.source = _PIP.sub(lambda _: PIP_LINE, cell.source)
+        elif cell.cell_type == "markdown" and name == course_map.MAP_NOTEBOOK:
+            cell.source = course_map.replace_table(cell.source, course_map.notebook_table())
+    return nb
 
 
 def header(name: str, title: str, learn: list[str], intro: str = "") -> str:
