@@ -11,7 +11,8 @@ The course builds every layer by hand; this module is the proof that the hand-bu
   layout of ``tfedu.positional.apply_rope``) and possibly fewer key/value heads than query heads.
 
 ``pretrained("gpt2")`` reads real GPT-2 weights from disk only (a Hugging Face cache or a folder):
-tfedu never downloads anything itself.
+tfedu never downloads anything itself. The course's own models (``course-gpt``, ``induction-gpt``) are folders
+written and read by ``save_shipped`` / ``load_shipped``.
 
 Built up in notebooks/07_transformer_block.ipynb.
 """
@@ -31,6 +32,64 @@ from tfedu.config import ModelConfig, preset
 from tfedu.model import GPT
 
 SUPPORTED = ("gpt2", "llama")
+
+
+# ----------------------------------------------------------------------------- the course's own shipped models
+
+
+def shipped_folder(name: str) -> Path:
+    """``data/NAME`` in a checkout; ``tfedu/shipped/NAME`` in an installed wheel (Colab), where pyproject puts it."""
+    checkout = Path(__file__).resolve().parent.parent / "data" / name
+    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "shipped" / name
+
+
+def save_shipped(model: GPT, out_dir: str | os.PathLike, config: dict, files: Mapping[str, object] = {}) -> Path:
+    """Write a shipped model's folder: ``model.safetensors``, ``config.json`` (``config``) and ``files``.
+
+    ``files`` maps a file name to a function that writes it at a given path. Every file goes through a
+    temporary name and a rename (``tfedu.data.write_atomically``).
+    """
+    from safetensors.torch import save_file
+
+    from tfedu.data import write_atomically
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    # safetensors refuses two names for one tensor: a tied W_U is stored once, as the embedding.
+    state = {k: v.contiguous() for k, v in model.state_dict().items()
+             if not (model.cfg.tied_embeddings and k == "unembed.weight")}
+    write_atomically(out / "model.safetensors", lambda p: save_file(state, str(p)))
+    write_atomically(out / "config.json", lambda p: p.write_text(json.dumps(config, indent=1) + "\n"))
+    for file_name, write in files.items():
+        write_atomically(out / file_name, write)
+    return out
+
+
+def load_shipped(path: str | os.PathLike, name: str, file_format: str, *, extra_files: tuple[str, ...] = (),
+                 rebuild: str = "") -> tuple[GPT, dict]:
+    """A shipped model (eval mode) and its ``config.json``; a clear error when files are missing or foreign.
+
+    ``config.json`` must say ``"format": file_format`` and hold the ``ModelConfig`` under ``"model"``.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(path)
+    files = [folder / f for f in ("model.safetensors", "config.json", *extra_files)]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"the shipped {name} model is incomplete; missing {missing}. Rebuild it with "
+                                f"`tfedu train --preset {name}`{rebuild}")
+    config = json.loads(files[1].read_text())
+    if config.get("format") != file_format:
+        article = "an" if name[0] in "aeiou" else "a"
+        raise ValueError(f"{files[1]} is not {article} {name} config (format {config.get('format')!r}, "
+                         f"expected {file_format!r})")
+    model = GPT(ModelConfig(**config["model"]))
+    state = load_file(str(files[0]))
+    if model.cfg.tied_embeddings:
+        state["unembed.weight"] = state["embed.weight"]
+    model.load_state_dict(state)
+    return model.eval(), config
 
 
 def _get(config: object, name: str, default: object = None) -> object:

@@ -23,22 +23,18 @@ from pathlib import Path
 
 import torch
 
+from tfedu.checkpoints import load_shipped, save_shipped, shipped_folder
 from tfedu.config import ModelConfig
-from tfedu.data import END_OF_TEXT, TokenDataset, load_pydoc_text, pydoc_documents, write_atomically
+from tfedu.data import END_OF_TEXT, TokenDataset, load_pydoc_text, pydoc_documents
 from tfedu.model import GPT
 from tfedu.tokenizer import Tokenizer, train_bpe
 from tfedu.train import TrainConfig, evaluate, train
 
 NAME = "course-gpt"
+FORMAT = "tfedu-course-gpt 1"
 
 
-def _shipped_folder() -> Path:
-    """``data/course-gpt`` in a checkout; ``tfedu/shipped/course-gpt`` in an installed wheel (Colab)."""
-    checkout = Path(__file__).resolve().parent.parent / "data" / NAME
-    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "shipped" / NAME
-
-
-FOLDER = _shipped_folder()
+FOLDER = shipped_folder(NAME)
 VOCAB_SIZE = 1024  # 767 merges + 256 bytes + <|endoftext|>
 VAL_FRACTION = 0.1  # the last 10% of the token stream (the topics last in sorted order) is held out
 MODEL_SEED = 0
@@ -110,40 +106,18 @@ def _stop_after(steps: int | None):
 
 def save(model: GPT, tok: Tokenizer, out_dir: str | os.PathLike, log: dict) -> Path:
     """Write the four files, each through a temporary name and a rename."""
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # safetensors refuses two names for one tensor: a tied W_U is stored once, as the embedding.
-    state = {k: v.contiguous() for k, v in model.state_dict().items()
-             if not (model.cfg.tied_embeddings and k == "unembed.weight")}
-    write_atomically(out / "model.safetensors", lambda p: save_file(state, str(p)))
-    config = {"format": "tfedu-course-gpt 1", "model": model.cfg.as_dict(), "train": asdict(TRAIN_CONFIG),
+    config = {"format": FORMAT, "model": model.cfg.as_dict(), "train": asdict(TRAIN_CONFIG),
               "vocab_size": VOCAB_SIZE, "val_fraction": VAL_FRACTION}
-    write_atomically(out / "config.json", lambda p: p.write_text(json.dumps(config, indent=1) + "\n"))
-    write_atomically(out / "tokenizer.txt", tok.save)
-    write_atomically(out / "train_log.json", lambda p: p.write_text(json.dumps(log) + "\n"))
-    return out
+    return save_shipped(model, out_dir, config, {
+        "tokenizer.txt": tok.save,
+        "train_log.json": lambda p: p.write_text(json.dumps(log) + "\n"),
+    })
 
 
 def load(path: str | os.PathLike = FOLDER) -> tuple[GPT, Tokenizer]:
     """The shipped course GPT (in eval mode) and its tokenizer, from ``path``."""
-    from safetensors.torch import load_file
-
-    folder = Path(path)
-    files = [folder / name for name in ("model.safetensors", "config.json", "tokenizer.txt")]
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise FileNotFoundError(f"the course GPT is incomplete; missing {missing}. Rebuild it with `tfedu train --preset {NAME}`")
-    config = json.loads(files[1].read_text())
-    if config.get("format") != "tfedu-course-gpt 1":
-        raise ValueError(f"{files[1]} is not a course-gpt config (format {config.get('format')!r})")
-    model = GPT(ModelConfig(**config["model"]))
-    state = load_file(str(files[0]))
-    if model.cfg.tied_embeddings:
-        state["unembed.weight"] = state["embed.weight"]
-    model.load_state_dict(state)
-    return model.eval(), Tokenizer.load(files[2])
+    model, _ = load_shipped(path, NAME, FORMAT, extra_files=("tokenizer.txt",))
+    return model, Tokenizer.load(Path(path) / "tokenizer.txt")
 
 
 def load_log(path: str | os.PathLike = FOLDER) -> dict:

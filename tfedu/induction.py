@@ -34,8 +34,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from tfedu.checkpoints import load_shipped, save_shipped, shipped_folder
 from tfedu.config import ModelConfig
-from tfedu.data import write_atomically
 from tfedu.model import GPT, next_token_loss
 from tfedu.train import TrainConfig, learning_rate, param_groups
 
@@ -47,13 +47,7 @@ MAX_PREFIX = 12  # random tokens before the first copy of the pattern
 MODEL_SEED = 0
 
 
-def _shipped_folder() -> Path:
-    """``data/induction-gpt`` in a checkout; ``tfedu/shipped/induction-gpt`` in an installed wheel (Colab)."""
-    checkout = Path(__file__).resolve().parent.parent / "data" / NAME
-    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "shipped" / NAME
-
-
-FOLDER = _shipped_folder()
+FOLDER = shipped_folder(NAME)
 
 MODEL_CONFIG = ModelConfig(
     d_vocab=128, n_ctx=64, d_model=64, n_layers=2, n_heads=2, d_mlp=0, positional="rope", attention="manual",
@@ -107,9 +101,7 @@ def train(steps: int | None = None, *, cfg: ModelConfig = MODEL_CONFIG,
     shipped run's. ``cfg`` swaps the model for an experiment (e.g. learned positions); the data and
     schedule stay. ``on_step(record)`` sees ``{"step", "loss", "lr"}`` after every step.
     """
-    if not isinstance(cfg, ModelConfig) or cfg.d_vocab < PERIODS[1] + 1:
-        raise ValueError(f"cfg must be a ModelConfig with d_vocab > {PERIODS[1]}, got {cfg!r}")
-    model = fresh_model(cfg).train()
+    model = fresh_model(cfg).train()  # GPT checks cfg; periodic_batch checks d_vocab and n_ctx
     cfg = TRAIN_CONFIG
     optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
     generator = torch.Generator().manual_seed(cfg.seed)
@@ -148,38 +140,14 @@ def build(out_dir: str | os.PathLike = FOLDER, *, steps: int | None = None, prog
 
 def save(model: GPT, out_dir: str | os.PathLike, log: dict) -> Path:
     """Write the three files, each through a temporary name and a rename."""
-    from safetensors.torch import save_file
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if k != "unembed.weight"}  # tied: W_E once
-    write_atomically(out / "model.safetensors", lambda p: save_file(state, str(p)))
     config = {"format": FORMAT, "model": model.cfg.as_dict(), "train": asdict(TRAIN_CONFIG), "bos": BOS,
               "periods": list(PERIODS), "max_prefix": MAX_PREFIX}
-    write_atomically(out / "config.json", lambda p: p.write_text(json.dumps(config, indent=1) + "\n"))
-    write_atomically(out / "train_log.json", lambda p: p.write_text(json.dumps(log) + "\n"))
-    return out
+    return save_shipped(model, out_dir, config, {"train_log.json": lambda p: p.write_text(json.dumps(log) + "\n")})
 
 
 def load(path: str | os.PathLike = FOLDER) -> GPT:
     """The shipped induction GPT, in eval mode. Its tokens are plain ids 0..127; 0 is BOS."""
-    from safetensors.torch import load_file
-
-    folder = Path(path)
-    files = [folder / "model.safetensors", folder / "config.json"]
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise FileNotFoundError(f"the induction GPT is incomplete; missing {missing}. "
-                                f"Rebuild it with `tfedu train --preset {NAME}` (about a minute on one core)")
-    config = json.loads(files[1].read_text())
-    if config.get("format") != FORMAT:
-        raise ValueError(f"{files[1]} is not an induction-gpt config (format {config.get('format')!r}, "
-                         f"expected {FORMAT!r})")
-    model = GPT(ModelConfig(**config["model"]))
-    state = load_file(str(files[0]))
-    state["unembed.weight"] = state["embed.weight"]
-    model.load_state_dict(state)
-    return model.eval()
+    return load_shipped(path, NAME, FORMAT, rebuild=" (about two and a half minutes on one CPU thread)")[0]
 
 
 def load_log(path: str | os.PathLike = FOLDER) -> dict:

@@ -24,6 +24,8 @@ from typing import Any
 
 import nbformat
 
+from tfedu import course_map
+
 
 
 def repository_url() -> str:
@@ -97,8 +99,6 @@ def regenerate(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
     The Open-in-Colab badge in the header and the Colab install line come from ``REPO_URL``
     (``[project.urls]`` in pyproject.toml); notebook 00's course map from ``tfedu.course_map``.
     """
-    from tfedu import course_map
-
     if nb.cells and nb.cells[0].cell_type == "markdown":
         nb.cells[0].source = _BADGE.sub(lambda _: colab_badge(name), nb.cells[0].source)
     for cell in nb.cells:
