@@ -14,10 +14,13 @@ them, ``tfedu clean`` fixes the mechanical ones):
 4. Committed notebooks have no outputs, execution counts or widget state.
 5. Each exercise header reads ``### Exercise N.M: title (difficulty, about K minutes, P points)``,
    and P is the sum of the points of the check cells between it and the next header.
+6. Every cell carries the slide metadata that :func:`slide_types` gives it (``tfedu clean`` writes it):
+   the lecture deck (``tfedu slides``, RISE) is the notebook itself.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Any
@@ -97,16 +100,72 @@ def regenerate(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
     """Write the generated parts of notebook file ``name`` again, in place, from their one source.
 
     The Open-in-Colab badge in the header and the Colab install line come from ``REPO_URL``
-    (``[project.urls]`` in pyproject.toml); notebook 00's course map from ``tfedu.course_map``.
+    (``[project.urls]`` in pyproject.toml); notebook 00's course map from ``tfedu.course_map``; each
+    cell's slide metadata from :func:`slide_types`.
     """
     if nb.cells and nb.cells[0].cell_type == "markdown":
         nb.cells[0].source = _BADGE.sub(lambda _: colab_badge(name), nb.cells[0].source)
-    for cell in nb.cells:
+    for cell, kind in zip(nb.cells, slide_types(nb.cells)):
+        cell.metadata["slideshow"] = {"slide_type": kind}
         if cell.cell_type == "code" and "google.colab" in cell.source:
             cell.source = _PIP.sub(lambda _: PIP_LINE, cell.source)
         elif cell.cell_type == "markdown" and name == course_map.MAP_NOTEBOOK:
             cell.source = course_map.replace_table(cell.source, course_map.notebook_table())
     return nb
+
+
+SLIDE_TYPES = ("slide", "subslide", "fragment", "-", "skip", "notes")  # reveal.js / RISE's vocabulary
+_SHOWS = ("print(", "display(", "plt.", ".plot(", ".show(", ".imshow(")
+
+
+def _quiet_assertions(source: str) -> bool:
+    """True for a code cell that only asserts: it shows nothing, and asserts are all or most of it.
+
+    >>> _quiet_assertions("assert x == 1\\nassert y == 2")
+    True
+    >>> _quiet_assertions("y = f(x)\\nassert y == 2\\nprint(y)")
+    False
+    """
+    lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
+    try:
+        body = ast.parse("\n".join(lines)).body
+    except SyntaxError:
+        return False
+    asserts = sum(isinstance(statement, ast.Assert) for statement in body)
+    shows = any(word in source for word in _SHOWS) or (body and isinstance(body[-1], ast.Expr))
+    return bool(asserts) and not shows and (asserts == len(body) or asserts >= 3)
+
+
+def slide_types(cells: list[nbformat.NotebookNode]) -> list[str]:
+    """Each cell's role in the lecture deck (``metadata.slideshow.slide_type``), from the content.
+
+    The header opens the deck and each ``## `` section is a new slide. Below it, a sub-slide starts at
+    each ``### `` heading (an exercise, a step) and at prose that follows shown code: one idea, then
+    its code. Prose shows with its slide; code and its output come in as a fragment, so the lecturer
+    talks first. Skipped: the set-up cell, solutions, check cells and cells that only assert (the
+    notebook proves the claim; the slide states it).
+    """
+    types: list[str] = []
+    after_code = False  # the last cell shown was code
+    for index, cell in enumerate(cells):
+        meta = nbgrader_meta(cell) or {}
+        if cell.cell_type == "markdown":
+            first = cell.source.lstrip().split("\n", 1)[0]
+            if index == 0 or first.startswith("## "):
+                kind = "slide"
+            elif first.startswith(("### ", "#### ")) or after_code:
+                kind = "subslide"
+            else:
+                kind = "-"
+        elif (cell.cell_type != "code" or meta.get("solution") or meta.get("grade")
+              or "google.colab" in cell.source or _quiet_assertions(cell.source)):
+            kind = "skip"
+        else:
+            kind = "fragment"
+        if kind != "skip":
+            after_code = cell.cell_type == "code"
+        types.append(kind)
+    return types
 
 
 def header(name: str, title: str, learn: list[str], intro: str = "") -> str:
@@ -281,5 +340,8 @@ def hygiene_problems(nb: nbformat.NotebookNode, name: str) -> list[str]:
                 problems.append(f"cell {i}: check cells must be locked")
             if not isinstance(meta.get("points"), (int, float)) or meta["points"] <= 0:
                 problems.append(f"cell {i}: check cells need positive points")
+    for i, (cell, expected) in enumerate(zip(nb.cells, slide_types(nb.cells))):
+        if cell.metadata.get("slideshow") != {"slide_type": expected}:
+            problems.append(f"cell {i}: slide metadata must be {{'slide_type': {expected!r}}} (run `tfedu clean`)")
     problems.extend(exercise_point_problems(nb))
     return problems
