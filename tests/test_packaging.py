@@ -43,3 +43,7 @@ def test_every_tfedu_package_is_listed_and_the_course_gpt_ships_in_the_wheel():
     assert setuptools["package-data"]["tfedu.shipped"] == ["course-gpt/*", "induction-gpt/*"]
     assert (ROOT / "data" / "course-gpt" / "model.safetensors").is_file()
     assert (ROOT / "data" / "induction-gpt" / "model.safetensors").is_file()
+    # tfedu.publish's nbconvert templates (the course site and the slides) ship inside the package
+    assert setuptools["package-data"]["tfedu"] == ["templates/*/*"]
+    for template in ("tfedu_site", "tfedu_slides"):
+        assert {p.name for p in (ROOT / "tfedu" / "templates" / template).iterdir()} == {"conf.json", "index.html.j2"}

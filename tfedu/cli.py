@@ -5,6 +5,7 @@
     tfedu release ... / tfedu grade ...   student versions and autograding (tfedu.grading)
     tfedu bench NAME          speed measured against named peers (tfedu.bench)
     tfedu train --preset course-gpt   train the course GPT shipped in data/course-gpt (tfedu.train)
+    tfedu slides NOTEBOOK... / tfedu site     reveal.js decks and a static course website (tfedu.publish)
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Modules with `add_parser(subparsers)`; each sets `func=callable(args) -> int` on its parser.
-SUBCOMMAND_MODULES: tuple[str, ...] = ("tfedu.grading.cli", "tfedu.bench.cli", "tfedu.train_cli")
+SUBCOMMAND_MODULES: tuple[str, ...] = ("tfedu.grading.cli", "tfedu.bench.cli", "tfedu.train_cli", "tfedu.publish")
 
 
 def main(argv: list[str] | None = None) -> int:
