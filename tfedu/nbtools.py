@@ -114,7 +114,6 @@ def regenerate(nb: nbformat.NotebookNode, name: str) -> nbformat.NotebookNode:
     return nb
 
 
-SLIDE_TYPES = ("slide", "subslide", "fragment", "-", "skip", "notes")  # reveal.js / RISE's vocabulary
 _SHOWS = ("print(", "display(", "plt.", ".plot(", ".show(", ".imshow(")
 
 

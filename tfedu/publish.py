@@ -122,8 +122,6 @@ def load(path: Path, *, student: bool, run: bool, timeout: int = CELL_TIMEOUT) -
     """Read a source notebook, take its student version if asked, execute it if asked; static outputs."""
     from tfedu.grading.release import student_version
 
-    if path.suffix != ".ipynb" or not path.is_file():
-        raise PublishError(f"{path}: expected an existing .ipynb notebook")
     try:
         nb = nbtools.read(path)
     except Exception as err:  # nbformat raises several kinds for a file that is not a notebook
@@ -234,38 +232,49 @@ def index_notebook(paths: list[Path], student: bool) -> nbformat.NotebookNode:
     return nbtools.new_notebook([nbtools.md(text)])
 
 
-def _site_exporter(mathjax_url: str):
-    from nbconvert.exporters import HTMLExporter
+def _render_each(paths: list[Path], out: Path, render, *, student: bool, run: bool, jobs: int,
+                 timeout: int) -> Rendered:
+    """Load every notebook (see :func:`load_all`) and write ``render(i, path, nb) -> (file name, html)``.
 
-    return HTMLExporter(template_name=SITE_TEMPLATE, extra_template_basedirs=[str(TEMPLATES)],
-                        mathjax_url=mathjax_url)
+    A notebook that fails is reported and left out; the others are still written.
+    """
+    written, failures = [], []
+    for i, (path, nb) in enumerate(load_all(paths, student=student, run=run, jobs=jobs, timeout=timeout)):
+        if isinstance(nb, PublishError):
+            failures.append(str(nb))
+            print(f"failed  {nb}", file=sys.stderr)
+            continue
+        filename, body = render(i, path, nb)
+        target = out / filename
+        target.write_text(body, encoding="utf-8")
+        written.append(target)
+        print(f"wrote   {target}")
+    return Rendered(out, written, failures)
 
 
 def build_site(paths: list[Path], out: Path, *, student: bool = False, run: bool = True, jobs: int = 1,
                timeout: int = CELL_TIMEOUT) -> Rendered:
     """Render ``paths`` (in course order) and an index page into ``out``; see the module docstring."""
+    from nbconvert.exporters import HTMLExporter
+
     out.mkdir(parents=True, exist_ok=True)
-    exporter = _site_exporter(copy_mathjax(out))
+    exporter = HTMLExporter(template_name=SITE_TEMPLATE, extra_template_basedirs=[str(TEMPLATES)],
+                            mathjax_url=copy_mathjax(out))
     version = "student version (exercises left blank)" if student else "source version (with solutions)"
     note = f"tfedu {__version__}, {version}, executed on a CPU" if run else \
         f"tfedu {__version__}, {version}, not executed (no outputs)"
-    pages, failures = [], []
-    for i, (path, nb) in enumerate(load_all(paths, student=student, run=run, jobs=jobs, timeout=timeout)):
-        if isinstance(nb, PublishError):
-            failures.append(str(nb))
-            print(f"failed  {path.name}: {nb}", file=sys.stderr)
-            continue
+
+    def page(i, path, nb):
         body, _ = exporter.from_notebook_node(nb, resources={
             "metadata": {"name": chapter_label(path)}, "tfedu_nav": site_navigation(paths, i, note)})
-        target = out / page_name(path)
-        target.write_text(body, encoding="utf-8")
-        pages.append(target)
-        print(f"wrote   {target}")
+        return page_name(path), body
+
+    site = _render_each(paths, out, page, student=student, run=run, jobs=jobs, timeout=timeout)
     body, _ = exporter.from_notebook_node(index_notebook(paths, student), resources={
         "metadata": {"name": "tfedu: the Transformer, built by hand"}, "tfedu_nav": site_navigation(paths, None, note)})
     (out / "index.html").write_text(body, encoding="utf-8")
     print(f"wrote   {out / 'index.html'}")
-    return Rendered(out, pages, failures)
+    return site
 
 
 def build_slides(paths: list[Path], out: Path, *, run: bool = True, reveal_prefix: str = REVEAL_CDN,
@@ -278,18 +287,12 @@ def build_slides(paths: list[Path], out: Path, *, run: bool = True, reveal_prefi
                               reveal_url_prefix=reveal_prefix, reveal_scroll=True, reveal_theme="simple",
                               reveal_transition="none", mathjax_url=copy_mathjax(out),
                               exclude_input_prompt=True, exclude_output_prompt=True)
-    decks, failures = [], []
-    for path, nb in load_all(paths, student=False, run=run, jobs=jobs, timeout=timeout):
-        if isinstance(nb, PublishError):
-            failures.append(str(nb))
-            print(f"failed  {path.name}: {nb}", file=sys.stderr)
-            continue
+
+    def deck(i, path, nb):
         body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": chapter_label(path)}})
-        target = out / (path.stem + ".slides.html")
-        target.write_text(body, encoding="utf-8")
-        decks.append(target)
-        print(f"wrote   {target}")
-    return Rendered(out, decks, failures)
+        return path.stem + ".slides.html", body
+
+    return _render_each(paths, out, deck, student=False, run=run, jobs=jobs, timeout=timeout)
 
 
 def course_order(names: list[str]) -> list[Path]:
