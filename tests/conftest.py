@@ -42,17 +42,14 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
-# Test files whose tests each run one notebook and share no set-up: xdist may hand their tests to different
-# workers. Every other file (and every notebook's nbval cells) stays on one worker, as --dist loadscope keeps
-# them: their module fixtures are built once, and a notebook's cells run in order in one kernel.
-SPREAD_FILES = {"test_release.py", "test_grading_notebooks.py"}
+# Test files whose tests share no set-up: xdist may hand their tests to different workers one by one.
+# Every other file stays on one worker, so its module fixtures are built once. (A notebook needs no
+# grouping: tests/test_notebooks.py runs each one inside a single test.)
+SPREAD_FILES = {"test_notebooks.py", "test_release.py", "test_grading_notebooks.py"}
 
 
-# tryfirst: xdist's own collection hook turns these markers into node-id suffixes, and a plugin registered
-# after this conftest (as xdist's worker plugin is) runs first unless this one asks to: without it no test had
-# a group, and a notebook's cells went to different workers (NameError in the later cells).
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        group = item.nodeid if item.path.name in SPREAD_FILES else str(item.path)
-        item.add_marker(pytest.mark.xdist_group(group))
+# pytest_itemcollected runs as each test is collected, so the mark is in place before any plugin's
+# pytest_collection_modifyitems (where xdist reads it), whatever order those hooks run in.
+def pytest_itemcollected(item):
+    group = item.nodeid if item.path.name in SPREAD_FILES else str(item.path)
+    item.add_marker(pytest.mark.xdist_group(group))

@@ -36,6 +36,33 @@ def test_doctor_says_when_triton_is_missing(monkeypatch):
     assert cli.triton_status().startswith("not installed (optional")
 
 
+def test_doctor_names_every_package_that_differs_from_the_pins(tmp_path, monkeypatch, capsys):
+    from importlib import metadata
+
+    numpy, pytest_version = metadata.version("numpy"), metadata.version("pytest")
+    pins = tmp_path / "constraints.txt"
+    pins.write_text(f"# a comment\nnumpy=={numpy}\nPyTest==0.0.1\ntorch=={metadata.version('torch').split('+')[0]}\n"
+                    "no-such-package-tfedu==1.0\n")
+    differ, missing, count = cli.pin_differences(pins)
+    assert differ == [f"pytest {pytest_version} (pinned 0.0.1)"] and missing == ["no-such-package-tfedu"] and count == 4
+    monkeypatch.setattr(cli, "CONSTRAINTS", pins)
+    assert cli.main(["doctor"]) == 0  # a difference is reported, not fatal
+    out = capsys.readouterr().out
+    assert f"1 differ from constraints.txt: pytest {pytest_version} (pinned 0.0.1)" in out
+    assert "1 pinned but not installed: no-such-package-tfedu" in out
+
+
+def test_doctor_pins_line_when_all_match_or_no_file(tmp_path):
+    from importlib import metadata
+
+    pins = tmp_path / "constraints.txt"
+    pins.write_text(f"numpy=={metadata.version('numpy')}\n")
+    assert cli.pin_report(pins).startswith("all 1 packages of constraints.txt installed at its versions")
+    assert cli.pin_report(tmp_path / "absent.txt").startswith("no constraints.txt here")
+    pins.write_text("numpy>=1\n")
+    assert "expected name==version lines" in cli.pin_report(pins)
+
+
 def test_console_script_is_installed():
     result = subprocess.run([sys.executable, "-m", "tfedu.cli", "doctor"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -13,6 +13,8 @@ from tfedu.grading import harness, sandbox
 from tfedu.grading.grade import Limits, grade
 from tfedu.grading.release import student_version
 
+from optional_parts import needs_sandbox
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -94,6 +96,7 @@ PROBES = {
 '''
 
 
+@needs_sandbox
 @pytest.mark.parametrize("with_standins", [True, False], ids=["stand-ins", "control"])
 def test_a_wrong_earlier_exercise_costs_only_itself(tmp_path, monkeypatch, with_standins):
     """Exercise B calls exercise A's function. With stand-ins a wrong A costs A alone; without
@@ -222,6 +225,7 @@ def freeze_runner_then_fork(n):
 '''
 
 
+@needs_sandbox
 @pytest.mark.parametrize("attack,reason,cpus", [
     # a tenth of a core (0.32 with the slack): four spinners in sessions of their own exceed it however loaded
     # the machine is; the other hogs get half a core, which their short bursts of work stay under

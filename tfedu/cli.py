@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import platform
+import re
 import sys
 from importlib import metadata
 from pathlib import Path
 
 # Packages the course cannot run without, and ones that only unlock extras.
 REQUIRED = ("torch", "numpy", "jupyterlab", "ipywidgets", "matplotlib", "einops", "regex", "jaxtyping", "nbformat")
-OPTIONAL = ("triton", "tiktoken", "tokenizers", "nbval", "nbgrader")
+OPTIONAL = ("triton", "tiktoken", "tokenizers", "nbgrader")
 
 
 def package_version(dist: str) -> str | None:
@@ -33,8 +34,8 @@ def doctor() -> int:
     """Print versions, the device and the corpus status; return 1 if something required is missing."""
     failures = []
     print(f"python      {platform.python_version()} ({sys.executable})")
-    if sys.version_info < (3, 10):
-        failures.append("Python 3.10 or newer is required")
+    if sys.version_info < (3, 11):
+        failures.append("Python 3.11 or newer is required")
     for dist in REQUIRED:
         version = package_version(dist)
         print(f"{dist:<11} {version or 'MISSING'}")
@@ -59,6 +60,7 @@ def doctor() -> int:
         print(f"sandbox     {sandbox.find().describe()}")
     except sandbox.SandboxUnavailable as err:
         print(f"sandbox     none ({err.why}): `tfedu grade` needs bubblewrap, or --no-sandbox (optional)")
+    print(f"pins        {pin_report(CONSTRAINTS)}")
     try:
         from tfedu.data import load_corpus
 
@@ -71,6 +73,49 @@ def doctor() -> int:
         return 1
     print("\nAll good: open notebooks/00_start_here.ipynb")
     return 0
+
+
+CONSTRAINTS = Path(__file__).resolve().parents[1] / "constraints.txt"  # in a checkout: the last green run's versions
+
+
+def canonical_name(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pin_differences(constraints: Path) -> tuple[list[str], list[str], int]:
+    """Installed packages whose version differs from ``constraints`` (``name==version`` lines), pinned
+    packages that are not installed, and the number pinned. Local labels are ignored (2.13.0+cpu is 2.13.0)."""
+    pins = {}
+    for line in constraints.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            if not sep:
+                raise ValueError(f"{constraints}: expected name==version lines, got {line!r}")
+            pins[canonical_name(name)] = version.strip()
+    installed = {canonical_name(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
+    differ = [f"{name} {installed[name]} (pinned {version})" for name, version in sorted(pins.items())
+              if name in installed and installed[name].split("+", 1)[0] != version.split("+", 1)[0]]
+    missing = [name for name in sorted(pins) if name not in installed]
+    return differ, missing, len(pins)
+
+
+def pin_report(constraints: Path) -> str:
+    """One line for ``tfedu doctor``: which installed packages differ from the last green run's."""
+    if not constraints.is_file():
+        return "no constraints.txt here (it is in a checkout of the course); versions not compared"
+    try:
+        differ, missing, count = pin_differences(constraints)
+    except (OSError, ValueError) as err:
+        return f"could not read {constraints.name}: {err}"
+    if not differ and not missing:
+        return f"all {count} packages of {constraints.name} installed at its versions (the last green run's)"
+    parts = []
+    if differ:
+        parts.append(f"{len(differ)} differ from {constraints.name}: " + ", ".join(differ))
+    if missing:
+        parts.append(f"{len(missing)} pinned but not installed: " + ", ".join(missing))
+    return "; ".join(parts) + f" (pip install -c {constraints.name} -e \".[test]\" installs the tested set)"
 
 
 def triton_status() -> str:

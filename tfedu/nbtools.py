@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,9 @@ def repository_url() -> str:
     """
     pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
     if pyproject.is_file():
-        try:
-            import tomllib
-        except ModuleNotFoundError:  # Python 3.10: fall back to the installed metadata
-            tomllib = None
-        if tomllib is not None:
-            urls = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}).get("urls", {})
-            if "Repository" in urls:
-                return urls["Repository"]
+        urls = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}).get("urls", {})
+        if "Repository" in urls:
+            return urls["Repository"]
     from importlib.metadata import PackageNotFoundError, metadata
 
     try:

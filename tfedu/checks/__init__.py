@@ -4,6 +4,6 @@ Each module exposes ``check_<thing>(learner_object)`` functions and a ``PROBES``
 (check-cell grade_id -> :class:`tfedu.checks.core.Probe`) that the autograder uses.
 """
 
-from tfedu.checks.core import CheckFailure, ExerciseNotDone, Probe
+from tfedu.checks.core import CheckFailure, ExerciseNotDone, Probe, traceback_files
 
-__all__ = ["CheckFailure", "ExerciseNotDone", "Probe"]
+__all__ = ["CheckFailure", "ExerciseNotDone", "Probe", "traceback_files"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import re
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
@@ -72,6 +73,20 @@ def without_hidden_tail(tb: TracebackType | None) -> TracebackType | None:
     for entry in reversed(kept):
         rebuilt = TracebackType(rebuilt, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
     return rebuilt
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_FRAME_FILE = re.compile(r'^\s*File "?(.+?)"?(?::\d+|, line \d+)', re.MULTILINE)
+
+
+def traceback_files(shown: str) -> list[str]:
+    """The files whose frames a rendered traceback shows, in order (colours ignored).
+
+    Reads the frame headers, IPython's ``File ~/x/core.py:53, in f(...)`` and Python's
+    ``File "x/core.py", line 53, in f``, and nothing else: the source lines a traceback quotes
+    (IPython 9 shows lines after the failing one too) may mention any file name.
+    """
+    return _FRAME_FILE.findall(_ANSI.sub("", shown))
 
 
 class ExerciseNotDone(CheckFailure):

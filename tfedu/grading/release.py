@@ -29,10 +29,8 @@ Demonstration cells never call the learner's functions, so the rest of the noteb
 the references. ``tfedu grade`` ignores a submission's cell metadata, so the tag changes nothing
 in grading.
 
-Source notebooks do not carry the tag. There every check must pass, and the tests run them
-under nbval, which lets a cell tagged ``raises-exception`` fail without failing the test
-(nbval 0.11 maps the tag to ``check_exception``): a broken solution or checker would pass
-unseen. A source check that fails must fail the build.
+Source notebooks do not carry the tag. There every check must pass: a broken solution or
+checker must stop Run All at that cell, and it fails the build (tests/test_notebooks.py).
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import threading
 import time
 from collections.abc import Iterable
 
@@ -149,9 +150,17 @@ def to_python(source: str, deadline: float | None = None) -> str:
     raise RuntimeError(f"IPython's input transformation was still changing after {TRANSFORM_LOOP_LIMIT} steps")
 
 
+# CPython before 3.12 keeps the AST builder's recursion depth in state shared by all threads, so two
+# threads building ASTs at once (`tfedu grade --jobs N` scans N submissions at once) can fail one of
+# them with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905): an honest
+# answer would score zero as "not valid Python". One lock lets one AST be built at a time.
+_AST_LOCK = threading.Lock()
+
+
 def parse(source: str, deadline: float | None = None) -> ast.Module:
-    return compile(to_python(source, deadline), "<answer>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT,
-                   dont_inherit=True)
+    python = to_python(source, deadline)
+    with _AST_LOCK:
+        return compile(python, "<answer>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
 
 
 def import_aliases(sources: Iterable[str]) -> dict[str, str]:
