@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's tfedu, whichever one is installed
+from tfedu.cli import canonical_name, read_pins  # noqa: E402  the same parsing as `tfedu doctor`'s comparison
 HEADER = """\
 # The exact versions of the last green run of the suite, written by `bash .ci/newest` (.ci/pins.py).
 # Install with them: pip install -c constraints.txt -e ".[test]"   (`tfedu doctor` names what differs)
@@ -24,10 +26,6 @@ HEADER = """\
 """
 PYTHON = re.compile(r"^# Python (\d+)\.(\d+)", re.MULTILINE)
 FLOOR = re.compile(r"(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?P<extras>\[[^\]]*\])?\s*>=\s*(?P<version>[0-9][^,;\"'\s]*)")
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def frozen() -> dict[str, str]:
@@ -51,21 +49,11 @@ def tested_python(path: Path = ROOT / "constraints.txt") -> str:
     return f"{match[1]}.{match[2]}"
 
 
-def read_constraints(path: Path = ROOT / "constraints.txt") -> dict[str, str]:
-    pins = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, _, version = line.partition("==")
-            pins[canonical(name)] = version.strip()
-    return pins
-
-
 def raise_floors(text: str, pins: dict[str, str]) -> str:
     """``text`` with each ``name>=X`` of a pinned package rewritten as ``name>=<pinned version>`` (``python``
     is pinned as its major.minor)."""
     def floor(match: re.Match) -> str:
-        version = pins.get(canonical(match["name"]))
+        version = pins.get(canonical_name(match["name"]))
         if version is None:
             return match[0]
         return f"{match['name']}{match['extras'] or ''}>={version}"
@@ -76,8 +64,8 @@ def raise_floors(text: str, pins: dict[str, str]) -> str:
 def write() -> None:
     pins = frozen()
     python = ".".join(map(str, sys.version_info[:3]))
-    (ROOT / "constraints.txt").write_text(HEADER.format(python=python) + "".join(f"{n}=={v}\n" for n, v in sorted(pins.items(), key=lambda p: canonical(p[0]))))
-    canonical_pins = {canonical(n): v for n, v in pins.items()} | {"python": python.rsplit(".", 1)[0]}
+    (ROOT / "constraints.txt").write_text(HEADER.format(python=python) + "".join(f"{n}=={v}\n" for n, v in sorted(pins.items(), key=lambda p: canonical_name(p[0]))))
+    canonical_pins = {canonical_name(n): v for n, v in pins.items()} | {"python": python.rsplit(".", 1)[0]}
     pyproject = (ROOT / "pyproject.toml").read_text()
     head, sep, rest = pyproject.partition("[project]")  # the build system's own floor (setuptools) stays
     rest = re.sub(r'requires-python = ">=[0-9.]+"', f'requires-python = ">={canonical_pins["python"]}"', rest)

@@ -48,8 +48,6 @@ def one_torch_thread():
 SPREAD_FILES = {"test_notebooks.py", "test_release.py", "test_grading_notebooks.py"}
 
 
-# pytest_itemcollected runs as each test is collected, so the mark is in place before any plugin's
-# pytest_collection_modifyitems (where xdist reads it), whatever order those hooks run in.
 # KNOWN BROKEN with pytest 9.2 + pytest-xdist 3.8: xdist applies a group by assigning `item._nodeid`, and
 # pytest 9.2 keeps node ids in `item._id`, so no group reaches the scheduler and a file's module fixtures
 # are built on both workers (the tamper and honest-grading fixtures twice: the suite took 34:40 instead of

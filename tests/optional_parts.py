@@ -31,8 +31,8 @@ def sandbox_problem() -> str | None:
     return None
 
 
-needs_sandbox = needs("bwrap", sandbox_problem() is None,
-                      f"needs the grading sandbox ({sandbox_problem()}): apt-get install bubblewrap")
+SANDBOX_REASON = f"needs the grading sandbox ({sandbox_problem()}): apt-get install bubblewrap"
+needs_sandbox = needs("bwrap", sandbox_problem() is None, SANDBOX_REASON)
 
 
 def chromium_path() -> str | None:
@@ -53,5 +53,5 @@ def sandbox_or_skip():
     if problem is not None:
         if "bwrap" in REQUIRED:
             pytest.fail(f"no grading sandbox on this machine ({problem}), and TFEDU_REQUIRE names bwrap")
-        pytest.skip(f"needs the grading sandbox ({problem}): apt-get install bubblewrap")
+        pytest.skip(SANDBOX_REASON)
     return sandbox.find()

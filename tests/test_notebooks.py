@@ -2,9 +2,9 @@
 
 Each notebook is ONE test: nbclient executes all its cells in order in one kernel, inside that test,
 so no scheduler (pytest-xdist's or another) can send two cells of a notebook to different workers.
-(Under nbval each cell was its own test, and keeping a notebook's cells on one worker hung on the
-order in which two plugins' collection hooks ran: with pytest 9.2, pluggy 1.7 and xdist 3.8 the
-cells were split and the later ones failed with NameError in a fresh kernel.)
+(Under nbval each cell was its own test, kept on one worker by xdist's `--dist loadgroup`. With
+pytest 9.2 and xdist 3.8 that grouping does nothing: xdist renames `item._nodeid`, pytest 9.2 reads
+`item._id`. The cells were split and the later ones failed with NameError in a fresh kernel.)
 
 A failure names the notebook, the cell (its index and first line) and the error, with the
 traceback as the kernel printed it.

@@ -5,6 +5,8 @@ import re
 import tomllib
 from pathlib import Path
 
+from tfedu import cli
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -61,26 +63,22 @@ def load_pins():
 
 
 def floors(requirements):
-    found = {}
-    for requirement in requirements:
-        match = re.match(r"([A-Za-z0-9._-]+)\s*>=\s*([0-9][^,;\s]*)", requirement)
-        if match:
-            found[match.group(1)] = match.group(2)
-    return found
+    matches = (load_pins().FLOOR.match(requirement) for requirement in requirements)
+    return {match["name"]: match["version"] for match in matches if match}
 
 
 def test_every_declared_floor_is_the_version_the_suite_last_passed_with():
     """A floor is a promise that the course works there; the suite only runs the pinned versions (and the
     newest, in .ci/newest), so each floor is the pinned version: .ci/pins.py raises them together."""
     pins = load_pins()
-    pinned = pins.read_constraints(ROOT / "constraints.txt")
+    pinned = cli.read_pins(ROOT / "constraints.txt")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     declared = floors(project["dependencies"])
     for extra in project["optional-dependencies"]:
         declared |= floors(project["optional-dependencies"][extra])
     assert declared, "no floors found"
-    wrong = {name: (floor, pinned.get(pins.canonical(name))) for name, floor in declared.items()
-             if pinned.get(pins.canonical(name)) != floor}
+    wrong = {name: (floor, pinned.get(cli.canonical_name(name))) for name, floor in declared.items()
+             if pinned.get(cli.canonical_name(name)) != floor}
     assert not wrong, f"floor vs pinned version (run `bash .ci/newest`, or .ci/pins.py write): {wrong}"
     assert project["requires-python"] == f">={pins.tested_python(ROOT / 'constraints.txt')}"
 

@@ -82,9 +82,8 @@ def canonical_name(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def pin_differences(constraints: Path) -> tuple[list[str], list[str], int]:
-    """Installed packages whose version differs from ``constraints`` (``name==version`` lines), pinned
-    packages that are not installed, and the number pinned. Local labels are ignored (2.13.0+cpu is 2.13.0)."""
+def read_pins(constraints: Path) -> dict[str, str]:
+    """Canonical name -> version of a constraints file's ``name==version`` lines (comments ignored)."""
     pins = {}
     for line in constraints.read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()
@@ -93,6 +92,13 @@ def pin_differences(constraints: Path) -> tuple[list[str], list[str], int]:
             if not sep:
                 raise ValueError(f"{constraints}: expected name==version lines, got {line!r}")
             pins[canonical_name(name)] = version.strip()
+    return pins
+
+
+def pin_differences(constraints: Path) -> tuple[list[str], list[str], int]:
+    """Installed packages whose version differs from ``constraints`` (``name==version`` lines), pinned
+    packages that are not installed, and the number pinned. Local labels are ignored (2.13.0+cpu is 2.13.0)."""
+    pins = read_pins(constraints)
     installed = {canonical_name(d.metadata["Name"]): d.version for d in metadata.distributions() if d.metadata["Name"]}
     differ = [f"{name} {installed[name]} (pinned {version})" for name, version in sorted(pins.items())
               if name in installed and installed[name].split("+", 1)[0] != version.split("+", 1)[0]]
