@@ -1,4 +1,7 @@
-"""Test-wide set-up: a headless plot backend and run-time shape checking on request."""
+"""Test-wide set-up: a headless plot backend and run-time shape checking on request.
+
+How tests are spread over pytest-xdist's workers is xdist's own `--dist loadscope` rule
+(pyproject.toml; tests/per_notebook.py, checked by tests/test_scheduling.py), not a hook here."""
 
 import os
 
@@ -40,19 +43,3 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
-
-# Test files whose tests share no set-up: xdist may hand their tests to different workers one by one.
-# Every other file stays on one worker, so its module fixtures are built once. (A notebook needs no
-# grouping: tests/test_notebooks.py runs each one inside a single test.)
-SPREAD_FILES = {"test_notebooks.py", "test_release.py", "test_grading_notebooks.py"}
-
-
-# KNOWN BROKEN with pytest 9.2 + pytest-xdist 3.8: xdist applies a group by assigning `item._nodeid`, and
-# pytest 9.2 keeps node ids in `item._id`, so no group reaches the scheduler and a file's module fixtures
-# are built on both workers (the tamper and honest-grading fixtures twice: the suite took 34:40 instead of
-# about 16 min). Notebooks are not affected (one test each). Next step: --dist loadfile (groups by the
-# node id's file, no renaming) with the per-notebook files split so they still spread.
-def pytest_itemcollected(item):
-    group = item.nodeid if item.path.name in SPREAD_FILES else str(item.path)
-    item.add_marker(pytest.mark.xdist_group(group))

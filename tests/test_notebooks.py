@@ -5,6 +5,8 @@ so no scheduler (pytest-xdist's or another) can send two cells of a notebook to 
 (Under nbval each cell was its own test, kept on one worker by xdist's `--dist loadgroup`. With
 pytest 9.2 and xdist 3.8 that grouping does nothing: xdist renames `item._nodeid`, pytest 9.2 reads
 `item._id`. The cells were split and the later ones failed with NameError in a fresh kernel.)
+Each notebook's test sits in a class of its own (tests/per_notebook.py), so the notebooks spread over
+the workers.
 
 A failure names the notebook, the cell (its index and first line) and the error, with the
 traceback as the kernel printed it.
@@ -18,8 +20,7 @@ import pytest
 
 from tfedu import nbtools
 
-ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+from per_notebook import NOTEBOOKS, one_class_per_notebook
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -54,19 +55,24 @@ def run_in_one_kernel(path):
     return nb
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_runs_top_to_bottom_in_one_kernel(path):
-    start = time.monotonic()
-    nb = run_in_one_kernel(path)
-    seconds = time.monotonic() - start
-    failed = first_error(nb)
-    if failed is not None:
-        pytest.fail(failure_report(path.name, *failed), pytrace=False)
-    counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
-    # One kernel, in order: its execution counter numbers the code cells 1, 2, 3, ... A cell run in
-    # another kernel (or skipped) would break the sequence.
-    assert counts == list(range(1, len(counts) + 1)), f"{path.name}: execution counts {counts}"
-    print(f"{path.name}: {len(counts)} code cells in {seconds:.1f} s")
+class OneNotebook:
+    path: Path
+
+    def test_runs_top_to_bottom_in_one_kernel(self):
+        start = time.monotonic()
+        nb = run_in_one_kernel(self.path)
+        seconds = time.monotonic() - start
+        failed = first_error(nb)
+        if failed is not None:
+            pytest.fail(failure_report(self.path.name, *failed), pytrace=False)
+        counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
+        # One kernel, in order: its execution counter numbers the code cells 1, 2, 3, ... A cell run in
+        # another kernel (or skipped) would break the sequence.
+        assert counts == list(range(1, len(counts) + 1)), f"{self.path.name}: execution counts {counts}"
+        print(f"{self.path.name}: {len(counts)} code cells in {seconds:.1f} s")
+
+
+one_class_per_notebook(OneNotebook, globals())
 
 
 def test_cells_share_one_kernel_and_a_failure_names_its_cell(tmp_path):

@@ -24,7 +24,8 @@ from tfedu import cli, nbtools
 from tfedu.checks import traceback_files
 from tfedu.grading.release import CODE_STUB, RUN_ON_TAG, ReleaseError, is_check, release, student_version
 
-NOTEBOOKS = sorted(Path(__file__).resolve().parents[1].joinpath("notebooks").glob("[0-9][0-9]_*.ipynb"))
+from per_notebook import NOTEBOOKS, one_class_per_notebook
+
 IDS = [p.stem for p in NOTEBOOKS]
 
 
@@ -189,30 +190,38 @@ def test_nbgrader_agrees_with_tfedu_release(path):
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=IDS)
-def test_released_notebook_runs_to_the_end_without_allow_errors(path, tmp_path):
-    """What JupyterLab's Run All does with a fresh student version: every cell runs, checks fail visibly."""
-    from nbclient import NotebookClient
+class OneNotebook:
+    """One class per notebook (tests/per_notebook.py), so the notebooks spread over the workers."""
 
-    [released_path] = release([path], tmp_path)
-    nb = nbtools.read(released_path)
-    text = released_path.read_text()
-    assert "### BEGIN SOLUTION" not in text and "### BEGIN HIDDEN TESTS" not in text
-    # No allow_errors: an error in any cell without the tag raises CellExecutionError here.
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    checks = [i for i, c in enumerate(nb.cells) if is_check(c)]
-    assert checks, f"{path.name} has no check cells"
-    code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
-    assert all(nb.cells[i].execution_count is not None for i in code_cells), "some cells never ran"
-    for index in code_cells:
-        cell = nb.cells[index]
-        errors = [o for o in cell.outputs if o.output_type == "error"]
-        if index in checks:
-            assert RUN_ON_TAG in cell.metadata["tags"]
-            assert len(errors) == 1 and errors[0].ename == "ExerciseNotDone", (index, cell.source, errors)
-            assert "not done yet" in errors[0].evalue
-            shown = ANSI.sub("", "\n".join(errors[0].traceback))
-            frames = [Path(f).name for f in traceback_files(shown)]
-            assert "not done yet" in shown and "core.py" not in frames, shown
-        else:
-            assert not errors, f"{path.name} cell {index} errors in the student version: {errors[0].ename}: {errors[0].evalue}"
+    path: Path
+
+    def test_released_notebook_runs_to_the_end_without_allow_errors(self, tmp_path):
+        """What JupyterLab's Run All does with a fresh student version: every cell runs, checks fail visibly."""
+        path = self.path
+        from nbclient import NotebookClient
+
+        [released_path] = release([path], tmp_path)
+        nb = nbtools.read(released_path)
+        text = released_path.read_text()
+        assert "### BEGIN SOLUTION" not in text and "### BEGIN HIDDEN TESTS" not in text
+        # No allow_errors: an error in any cell without the tag raises CellExecutionError here.
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+        checks = [i for i, c in enumerate(nb.cells) if is_check(c)]
+        assert checks, f"{path.name} has no check cells"
+        code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+        assert all(nb.cells[i].execution_count is not None for i in code_cells), "some cells never ran"
+        for index in code_cells:
+            cell = nb.cells[index]
+            errors = [o for o in cell.outputs if o.output_type == "error"]
+            if index in checks:
+                assert RUN_ON_TAG in cell.metadata["tags"]
+                assert len(errors) == 1 and errors[0].ename == "ExerciseNotDone", (index, cell.source, errors)
+                assert "not done yet" in errors[0].evalue
+                shown = ANSI.sub("", "\n".join(errors[0].traceback))
+                frames = [Path(f).name for f in traceback_files(shown)]
+                assert "not done yet" in shown and "core.py" not in frames, shown
+            else:
+                assert not errors, f"{path.name} cell {index} errors in the student version: {errors[0].ename}: {errors[0].evalue}"
+
+
+one_class_per_notebook(OneNotebook, globals())
