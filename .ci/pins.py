@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's tfedu, whichever one is installed
-from tfedu.cli import canonical_name, read_pins  # noqa: E402  the same parsing as `tfedu doctor`'s comparison
+from tfedu.course.cli import canonical_name, read_pins  # noqa: E402  the same parsing as `tfedu doctor`'s comparison
 HEADER = """\
 # The exact versions of the last green run of the suite, written by `bash .ci/newest` (.ci/pins.py).
 # Install with them: pip install -c constraints.txt -e ".[test]"   (`tfedu doctor` names what differs)

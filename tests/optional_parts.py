@@ -22,7 +22,7 @@ def needs(part: str, available: bool, reason: str) -> pytest.MarkDecorator:
 @functools.lru_cache(maxsize=1)
 def sandbox_problem() -> str | None:
     """Why this machine cannot make the grading sandbox, or None when it can."""
-    from tfedu.grading import sandbox
+    from tfedu.course.grading import sandbox
 
     try:
         sandbox.find()
@@ -47,7 +47,7 @@ def sandbox_or_skip():
     """The grading sandbox; without one, skip the test (or fail it where TFEDU_REQUIRE names bwrap).
 
     For fixtures that grade: every test that uses the fixture skips with the reason."""
-    from tfedu.grading import sandbox
+    from tfedu.course.grading import sandbox
 
     problem = sandbox_problem()
     if problem is not None:

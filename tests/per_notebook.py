@@ -5,7 +5,10 @@ a whole, and each test module's plain functions to one worker as a whole, so a m
 tamper and honest-grading submissions, for example) are built once. That grouping is xdist's own
 documented rule, read from the node id; it needs no hook of ours and no marker. A test that executes
 a whole notebook therefore lives in a class of its own, ``Test_<notebook>``, made here from a template
-whose test methods read ``self.path``. tests/test_scheduling.py checks the grouping.
+whose test methods read ``self.path``. Units are handed out in collection order (``--no-loadscope-reorder``:
+xdist's default order, most tests first, put these one-test units last, and one worker ran notebook 08's
+grading alone at the end), and tests/conftest.py puts the costliest files first.
+tests/test_scheduling.py checks the grouping.
 """
 
 from pathlib import Path

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from tfedu import cli
-from tfedu.bench import tokenizer as bench_tokenizer
+from tfedu.course import cli
+from tfedu.course.bench import tokenizer as bench_tokenizer
 
 RATIOS = ("train_vs_hf", "train_vs_naive", "encode_vs_hf", "encode_vs_tiktoken")
 
@@ -26,7 +26,7 @@ def quick_output(tmp_path_factory):
 
 
 def test_bench_is_a_cli_subcommand():
-    assert "tfedu.bench.cli" in cli.SUBCOMMAND_MODULES
+    assert "tfedu.course.bench.cli" in cli.SUBCOMMAND_MODULES
     args = cli.build_parser().parse_args(["bench", "tokenizer", "--quick"])
     assert args.name == "tokenizer" and args.quick and not args.json
 
@@ -154,7 +154,7 @@ def test_model_bench_device_flag_is_refused_by_cpu_only_benches(capsys):
 
 
 def test_model_bench_rejects_an_unknown_device():
-    from tfedu.bench import model as bench_model
+    from tfedu.course.bench import model as bench_model
 
     with pytest.raises(ValueError, match="device must be"):
         bench_model.run(quick=True, device="tpu")
@@ -173,7 +173,7 @@ def test_model_bench_under_bfloat16_autocast_reports_without_holding_to_float32_
     pytest.importorskip("transformers")
     import torch
 
-    from tfedu.bench import model as bench_model
+    from tfedu.course.bench import model as bench_model
 
     shape = {key: bench_model.QUICK[key] for key in ("d_vocab", "n_ctx", "d_model", "n_layers", "n_heads", "batch", "context")}
     run = bench_model.bench_one(bench_model.build_models(shape), shape, "cpu", torch.bfloat16, rounds=1, warmup=1)
@@ -224,7 +224,7 @@ def test_quick_attention_bench_on_the_cpu_prints_a_table_then_one_json_object():
 
 
 def test_attention_bench_flop_count_follows_the_flash_attention_convention():
-    from tfedu.bench import attention as bench_attention
+    from tfedu.course.bench import attention as bench_attention
 
     forward = bench_attention.attention_flops(4, 16, 4096, 128, causal=False)
     assert forward == 4 * 4 * 16 * 4096**2 * 128
@@ -234,7 +234,7 @@ def test_attention_bench_flop_count_follows_the_flash_attention_convention():
 
 def fake_cuda_row(n, causal, triton_s, flash_s, cudnn_s):
     """A CUDA row as bench_cuda_shape returns it (CI has no GPU: the formatting and goals are checked on this)."""
-    from tfedu.bench import attention as bench_attention
+    from tfedu.course.bench import attention as bench_attention
 
     def timing(seconds, mode):
         flops = bench_attention.attention_flops(16, 32, n, 64, causal, backward=mode == "fwd_bwd")
@@ -253,7 +253,7 @@ def fake_cuda_row(n, causal, triton_s, flash_s, cudnn_s):
 
 
 def test_attention_bench_cuda_ratios_goals_and_table_from_fake_rows():
-    from tfedu.bench import attention as bench_attention
+    from tfedu.course.bench import attention as bench_attention
 
     rows = [fake_cuda_row(1024, False, 1.0, 1.1, 0.8), fake_cuda_row(1024, True, 1.0, 0.9, 0.6)]
     assert rows[0]["ratios"]["forward_vs_flash"] == pytest.approx(1.1)
@@ -273,7 +273,7 @@ def test_attention_bench_cuda_ratios_goals_and_table_from_fake_rows():
 
 def test_attention_bench_without_a_usable_kernel_times_the_sdpa_backends_and_says_why(monkeypatch):
     import tfedu.kernels
-    from tfedu.bench import attention as bench_attention
+    from tfedu.course.bench import attention as bench_attention
 
     monkeypatch.setattr(tfedu.kernels, "available", lambda: (False, "triton is not installed: pip install triton"))
     fns, skipped = bench_attention.contenders_for_cuda(16384)
@@ -318,7 +318,7 @@ def test_quick_decode_bench_prints_a_table_then_one_json_object():
 
 def test_decode_bench_asserts_identical_tokens(monkeypatch):
     pytest.importorskip("transformers")
-    from tfedu.bench import decode as bench_decode
+    from tfedu.course.bench import decode as bench_decode
 
     real = bench_decode.decoders
 

@@ -94,7 +94,7 @@ def test_gpt2_logits_from_the_model_its_state_dict_and_a_config_dict(attention):
     ids = ids_like()
     config_json = json.loads(hf.config.to_json_string())  # what config.json holds on disk
     for source, config in ((hf, None), (hf.state_dict(), hf.config), (hf.state_dict(), config_json)):
-        ours = GPT.from_hf(source, config, attention=attention)
+        ours = gpt_from_hf(source, config, attention=attention)
         assert ours.cfg.attention == attention and not ours.training
         assert ours.unembed.weight is ours.embed.weight  # GPT-2 ties W_U to W_E
         assert_same_logits(ours, hf, ids)
@@ -103,7 +103,7 @@ def test_gpt2_logits_from_the_model_its_state_dict_and_a_config_dict(attention):
 def test_gpt2_untied_and_with_d_mlp():
     hf = gpt2(tie_word_embeddings=False, n_inner=40)
     assert hf.lm_head.weight is not hf.transformer.wte.weight
-    ours = GPT.from_hf(hf)
+    ours = gpt_from_hf(hf)
     assert ours.cfg.d_mlp == 40 and ours.unembed.weight is not ours.embed.weight
     assert_same_logits(ours, hf, ids_like())
 
@@ -112,7 +112,7 @@ def test_gpt2_model_without_lm_head():
     """GPT2Model: no lm_head, no "transformer." prefix. Its output is ln_final of the last residual stream."""
     torch.manual_seed(0)
     hf = randomise(GPT2Model(gpt2_config()))
-    ours = GPT.from_hf(hf)
+    ours = gpt_from_hf(hf)
     ids = ids_like()
     with torch.no_grad():
         logits, cache = ours.run_with_cache(ids)
@@ -124,7 +124,7 @@ def test_gpt2_model_without_lm_head():
 @pytest.mark.parametrize("attention", ["manual", "sdpa"])
 def test_gpt2_right_padding_matches_hf_attention_mask(attention):
     hf = gpt2()
-    ours = GPT.from_hf(hf, attention=attention)
+    ours = gpt_from_hf(hf, attention=attention)
     ids = ids_like()
     keep = torch.arange(N_CTX)[None, :] < torch.tensor([[12], [7], [3]])
     with torch.no_grad():
@@ -134,7 +134,7 @@ def test_gpt2_right_padding_matches_hf_attention_mask(attention):
 
 def test_gpt2_float64():
     hf = gpt2().double()
-    ours = GPT.from_hf(hf)
+    ours = gpt_from_hf(hf)
     assert all(p.dtype == torch.float64 for p in ours.parameters())
     with torch.no_grad():
         torch.testing.assert_close(ours(ids_like()), hf(ids_like()).logits, atol=1e-12, rtol=1e-12)
@@ -148,7 +148,7 @@ def test_gpt2_float64():
 def test_llama_logits(variant, attention):
     changes = LLAMAS[variant]
     hf = llama(**changes)
-    ours = GPT.from_hf(hf, attention=attention)
+    ours = gpt_from_hf(hf, attention=attention)
     cfg = ours.cfg
     assert cfg.n_kv_heads == changes.get("num_key_value_heads", 4)
     assert cfg.d_head == changes.get("head_dim", 8) and cfg.rope_base == changes.get("rope_theta", 10000.0)
@@ -157,7 +157,7 @@ def test_llama_logits(variant, attention):
     assert ours.blocks[0].attn.W_K.weight.shape == (cfg.n_kv_heads * cfg.d_head, 32)
     assert_same_logits(ours, hf, ids_like())
     # The same from the state dict and the dict of its config.json.
-    from_dict = GPT.from_hf(hf.state_dict(), json.loads(hf.config.to_json_string()), attention=attention)
+    from_dict = gpt_from_hf(hf.state_dict(), json.loads(hf.config.to_json_string()), attention=attention)
     assert_same_logits(from_dict, hf, ids_like(seed=1))
 
 
@@ -168,7 +168,7 @@ def test_llama_config_dict_in_the_transformers_4_layout():
     del config["rope_parameters"]
     config |= {"rope_theta": 500000.0, "rope_scaling": None}
     del config["head_dim"]  # old configs have no head_dim either: d_model / n_heads
-    ours = GPT.from_hf(hf.state_dict(), config)
+    ours = gpt_from_hf(hf.state_dict(), config)
     assert ours.cfg.rope_base == 500000.0
     assert_same_logits(ours, hf, ids_like())
 
@@ -177,7 +177,7 @@ def test_llama_config_dict_in_the_transformers_4_layout():
 def test_llama_left_padding_matches_hf_attention_mask(attention):
     """RoPE is relative: left-padded rows give the same real-token logits as HF with an attention mask."""
     hf = llama(num_key_value_heads=2)
-    ours = GPT.from_hf(hf, attention=attention)
+    ours = gpt_from_hf(hf, attention=attention)
     ids = ids_like()
     keep = torch.arange(N_CTX)[None, :] >= torch.tensor([[0], [5], [9]])
     with torch.no_grad():
@@ -192,7 +192,7 @@ def test_llama_left_padding_matches_hf_attention_mask(attention):
 def test_loss_matches_hf_labels(make):
     """HF shifts the labels inside the model; ours takes targets already shifted by one."""
     hf = make()
-    ours = GPT.from_hf(hf)
+    ours = gpt_from_hf(hf)
     ids = ids_like()
     labels = ids.clone()
     labels[1, 8:] = -100  # HF and tfedu both skip -100
@@ -210,7 +210,7 @@ def test_loss_matches_hf_labels(make):
 def test_training_the_copy_leaves_the_source_alone(make, from_state_dict):
     hf = make()
     before = {name: t.clone() for name, t in hf.state_dict().items()}
-    ours = GPT.from_hf(hf.state_dict(), hf.config) if from_state_dict else GPT.from_hf(hf)
+    ours = gpt_from_hf(hf.state_dict(), hf.config) if from_state_dict else gpt_from_hf(hf)
     assert not any(p.data_ptr() == q.data_ptr() for p in ours.parameters() for q in hf.parameters())
     ours.train()
     ids = ids_like()

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tfedu.checks import nb01_tokenization as nb01
 from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
-from tfedu.tokenizer import GPT2_PATTERN, train_bpe, train_bpe_naive
+from tfedu.tokenizer import GPT2_PATTERN, letter_ids, train_bpe, train_bpe_naive
 
 # --- answers as a learner would write them (the notebook's solutions) ------------------------
 
@@ -79,12 +79,12 @@ def fails_with(check, *impls, hint):
 
 
 def test_deck_example_only_fits_the_eleven_letter_string():
-    assert nb01.letter_ids(nb01.DECK_TEXT) == nb01.DECK_IDS
+    assert letter_ids(nb01.DECK_TEXT) == nb01.DECK_IDS
     assert nb01.reference_learn_bpe(nb01.DECK_IDS, 3, 27) == (nb01.DECK_MERGES, nb01.DECK_FINAL)
     for typo in ("aaabdaaaabac", "aabdaaabac", "aaabdaaabbac"):
-        assert nb01.letter_ids(typo) != nb01.DECK_IDS
+        assert letter_ids(typo) != nb01.DECK_IDS
     with pytest.raises(ValueError, match="lowercase letters"):
-        nb01.letter_ids("Hello")
+        letter_ids("Hello")
 
 
 @pytest.mark.parametrize("text", ["aaabdaaabac", "low lower lowest newer wider " * 3, "abababcab ab", "🙂🙂🙂 ü ü"])

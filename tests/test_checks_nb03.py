@@ -437,7 +437,7 @@ def notebook_train_model(use_my_attention: bool, additive_attention, steps: int)
     import time
     from pathlib import Path
 
-    from tfedu import nbtools
+    from tfedu.course import nbtools
 
     cell = next(c.source for c in nbtools.read(Path(__file__).parents[1] / "notebooks/03_rnns_to_attention.ipynb").cells
                 if c.cell_type == "code" and "def train_model" in c.source)

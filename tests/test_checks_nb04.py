@@ -477,7 +477,7 @@ def test_every_check_cell_has_a_probe():
 
 
 def test_the_grader_scan_lets_4_2_use_the_reference_but_not_4_1():
-    from tfedu.grading.scan import scan_answer
+    from tfedu.checks.scan import scan_answer
 
     context = ["from tfedu import attention as tfa"]  # the notebook's import cell
     uses_reference = "def self_attention(x, W_Q, W_K, W_V):\n    return tfa.scaled_dot_product_attention(x @ W_Q, x @ W_K, x @ W_V)[0]\n"
@@ -562,7 +562,7 @@ def test_the_switch_runs_sections_5_and_6_with_the_learners_attention():
     import matplotlib.pyplot as plt
     from IPython.core.inputtransformer2 import TransformerManager
 
-    from tfedu import nbtools
+    from tfedu.course import nbtools
 
     nb = nbtools.read(NOTEBOOK_04)
     assert sum(SWITCH_OFF in cell.source for cell in nb.cells) == 1  # released default: the reference

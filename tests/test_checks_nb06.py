@@ -11,7 +11,7 @@ from tfedu import attention as tfa
 from tfedu import positional
 from tfedu.checks import nb06_positional as nb06
 from tfedu.checks.core import CheckFailure, ExerciseNotDone, is_plain_data, run_probe, standin_objects
-from tfedu.grading.scan import scan_answer
+from tfedu.checks.scan import scan_answer
 
 # ----------------------------------------------------------------------------- sinusoids
 

@@ -13,7 +13,7 @@ from tfedu.checks import nb07_transformer_block as nb07
 from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe, standin_objects
 from tfedu.config import ModelConfig, preset
 from tfedu.flops import param_count
-from tfedu.grading.scan import scan_answer
+from tfedu.checks.scan import scan_answer
 from tfedu.model import GPT
 
 # The solution cells as the notebook will hold them (between ### BEGIN SOLUTION / ### END SOLUTION).
@@ -646,7 +646,7 @@ def run_under_the_harness(grade_id, answer, *, standins=False):
     import tempfile
     from pathlib import Path
 
-    from tfedu.grading import harness
+    from tfedu.course.grading import harness
 
     probe = nb07.PROBES[grade_id]
     namespace = {"__builtins__": __builtins__}

@@ -11,7 +11,7 @@ from torch import nn
 from tfedu.checks import nb08_training_decoding as nb08
 from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
 from tfedu.generate import filter_top_k, filter_top_p, generate
-from tfedu.grading.scan import scan_answer
+from tfedu.checks.scan import scan_answer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see tests/conftest.py
 

@@ -9,7 +9,7 @@ from torch.nn.functional import unfold as imported_unfold
 from tfedu.checks import nb11_beyond_text as nb11
 from checker_helpers import failure_of, not_done, verdict
 from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
-from tfedu.grading.scan import scan_answer
+from tfedu.checks.scan import scan_answer
 from tfedu.vision import patchify
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -10,7 +10,7 @@ import tfedu.moe
 from checker_helpers import failure_of, not_done, verdict
 from tfedu.checks import nb12_moe_and_scaling as nb12
 from tfedu.checks.core import ExerciseNotDone, is_plain_data, run_probe
-from tfedu.grading.scan import scan_answer
+from tfedu.checks.scan import scan_answer
 from tfedu.moe import balance_loss, expert_fractions, top_k_gating
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

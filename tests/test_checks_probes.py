@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfedu import attention as tfa
-from tfedu import nbtools
+from tfedu.course import nbtools
 from tfedu.checks import nb00_start_here as nb00
 from tfedu.checks import nb01_tokenization as nb01
 from tfedu.checks import nb02_embeddings as nb02
@@ -41,7 +41,7 @@ from tfedu.checks import nb14_quantization as nb14
 from tfedu.checks import nb15_interp_decoding as nb15
 from tfedu.checks.core import Probe, is_plain_data, run_probe, standin_objects, standins_bound
 from tfedu.embeddings import sgns_loss
-from tfedu.grading.scan import scan_answer
+from tfedu.checks.scan import scan_answer
 from tfedu.tokenizer import GPT4_PATTERN, get_pair_counts, merge_pair
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"

@@ -4,7 +4,7 @@ import sys
 
 import nbformat
 
-from tfedu import cli, nbtools
+from tfedu.course import cli, nbtools
 
 
 def test_doctor_exits_zero_and_prints_the_device(capsys):
@@ -64,7 +64,7 @@ def test_doctor_pins_line_when_all_match_or_no_file(tmp_path):
 
 
 def test_console_script_is_installed():
-    result = subprocess.run([sys.executable, "-m", "tfedu.cli", "doctor"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "tfedu.course.cli", "doctor"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "device" in result.stdout
 

@@ -11,7 +11,7 @@ import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 from packaging.requirements import Requirement
 
-from tfedu import nbtools
+from tfedu.course import nbtools
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -81,7 +81,7 @@ def test_badge_opens_this_file_in_this_repository(path):
 
 def test_clean_regenerates_the_badge_and_the_install_line(tmp_path, monkeypatch):
     """A notebook with an old address is rewritten by ``tfedu clean`` from the one in pyproject.toml."""
-    from tfedu import cli
+    from tfedu.course import cli
 
     source = nbtools.read(NOTEBOOKS[1])
     old = "https://github.com/someone-else/old-name"

@@ -17,7 +17,7 @@ import pytest
 import regex
 import torch
 
-from tfedu import course_gpt
+from tfedu.experiments import course_gpt
 from tfedu.config import preset
 from tfedu.constrained import (
     JSON_AGE,

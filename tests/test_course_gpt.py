@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tfedu
-from tfedu import course_gpt
+from tfedu.experiments import course_gpt
 from tfedu.train import evaluate, train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -1,4 +1,4 @@
-"""The course map lives once, in tfedu.course_map: notebook 00's map and the README's table are
+"""The course map lives once, in tfedu.course.course_map: notebook 00's map and the README's table are
 generated from it, and this fails when either drifts, when a title differs from its notebook's header,
 or when a notebook and the list disagree."""
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tfedu import cli, course_map, nbtools
+from tfedu.course import cli, course_map, nbtools
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_every_notebook_has_one_chapter_and_every_chapter_a_notebook():
     files = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
     listed = [c.filename for c in course_map.CHAPTERS]
-    assert listed == files, "tfedu/course_map.py and notebooks/ disagree"
+    assert listed == files, "tfedu/course/course_map.py and notebooks/ disagree"
     assert [c.number for c in course_map.CHAPTERS] == [f"{i:02d}" for i in range(len(files))]
 
 
@@ -30,13 +30,13 @@ def test_notebook_00_shows_the_generated_map():
     maps = [c.source for c in nb.cells if course_map.BEGIN in c.source]
     assert len(maps) == 1, "notebook 00 needs one markdown cell with the course-map markers"
     assert f"{course_map.BEGIN}\n{course_map.notebook_table()}\n{course_map.END}" in maps[0], \
-        "notebook 00's map drifted from tfedu/course_map.py: run `tfedu clean`"
+        "notebook 00's map drifted from tfedu/course/course_map.py: run `tfedu clean`"
 
 
 def test_the_readme_shows_the_generated_map():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert f"{course_map.BEGIN}\n{course_map.readme_table()}\n{course_map.END}" in readme, \
-        "README.md's table drifted from tfedu/course_map.py: run `tfedu clean`"
+        "README.md's table drifted from tfedu/course/course_map.py: run `tfedu clean`"
 
 
 def test_statuses_say_ready_only_for_notebooks_with_content():

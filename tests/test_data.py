@@ -74,7 +74,7 @@ def test_byte_batches_are_shared_with_the_experiments():
     """One helper, not copies: the experiments import the byte batching from tfedu.data."""
     import torch
 
-    from tfedu import extrapolation
+    from tfedu.experiments import extrapolation
 
     assert extrapolation.encode_bytes is data.encode_bytes and extrapolation.sample_windows is data.sample_windows
     tokens = data.encode_bytes("naïve")

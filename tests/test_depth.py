@@ -1,4 +1,4 @@
-"""tfedu.depth: pre-norm vs post-norm in a deep narrow GPT, gradients at initialisation and training without warm-up.
+"""tfedu.experiments.depth: pre-norm vs post-norm in a deep narrow GPT, gradients at initialisation and training without warm-up.
 
 The headline tests run the notebook's experiment (the default config) for seeds 0, 1 and 2 and
 check what notebooks/07_transformer_block.ipynb asserts. Everything else runs on a config small
@@ -15,9 +15,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from tfedu import depth  # noqa: E402
+from tfedu.experiments import depth  # noqa: E402
 from tfedu.data import encode_bytes, load_corpus  # noqa: E402
-from tfedu.depth import (  # noqa: E402
+from tfedu.experiments.depth import (  # noqa: E402
     CPU,
     NORM_POSITIONS,
     DepthConfig,
@@ -33,7 +33,7 @@ from tfedu.depth import (  # noqa: E402
     run_depth,
     unigram_loss,
 )
-from tfedu.plot_labels import overlapping_labels  # noqa: E402
+from tfedu.experiments.plot_labels import overlapping_labels  # noqa: E402
 
 TINY = DepthConfig(n_layers=3, d_model=16, n_heads=2, n_ctx=8, steps=6, batch=4, final_window=3)
 TEXT = load_corpus()[:20_000]

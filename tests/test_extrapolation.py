@@ -1,4 +1,4 @@
-"""tfedu.extrapolation: a tiny causal LM per positional encoding, trained short and tested long.
+"""tfedu.experiments.extrapolation: a tiny causal LM per positional encoding, trained short and tested long.
 
 The headline test runs the notebook's experiment (the default config) for seeds 0, 1 and 2 and
 checks the claim notebooks/06_positional_encoding.ipynb asserts: past the training length ALiBi
@@ -17,7 +17,7 @@ import torch  # noqa: E402
 
 from tfedu import positional
 from tfedu.data import load_corpus
-from tfedu.extrapolation import (
+from tfedu.experiments.extrapolation import (
     CPU,
     GPU,
     POSITIONALS,
@@ -30,7 +30,7 @@ from tfedu.extrapolation import (
     run_extrapolation,
     split_corpus,
 )
-from tfedu.plot_labels import overlapping_labels
+from tfedu.experiments.plot_labels import overlapping_labels
 
 TINY = ExtrapolationConfig(
     train_len=8, eval_lengths=(8, 16, 32), d_model=16, n_heads=2, n_layers=2, d_mlp=16, steps=6, batch=4, eval_tokens=256

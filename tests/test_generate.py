@@ -19,6 +19,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
+from tfedu.checkpoints import gpt_from_hf
 from tfedu.config import ModelConfig, preset
 from tfedu.generate import beam_search, filter_top_k, filter_top_p, generate, next_token_distribution, sequence_logprob
 from tfedu.model import GPT
@@ -46,7 +47,7 @@ def randomised_gpt2(seed: int = 0) -> GPT2LMHeadModel:
 @pytest.fixture(scope="module")
 def models():
     hf = randomised_gpt2()
-    return hf, GPT.from_hf(hf)
+    return hf, gpt_from_hf(hf)
 
 
 def prompts(batch: int = 3, pos: int = PROMPT_LEN, seed: int = 1, d_vocab: int = D_VOCAB) -> torch.Tensor:

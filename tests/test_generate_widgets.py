@@ -8,7 +8,7 @@ import torch
 
 from tfedu.config import ModelConfig
 from tfedu.data import END_OF_TEXT
-from tfedu.generate_widgets import draw_next_token, next_token_view
+from tfedu.course.generate_widgets import draw_next_token, next_token_view
 from tfedu.model import GPT
 from tfedu.tokenizer import train_bpe
 

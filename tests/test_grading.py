@@ -13,10 +13,11 @@ import nbformat
 import numpy as np
 import pytest
 
-from tfedu import cli, nbtools
-from tfedu.grading.grade import ConfigError, Limits, SubmissionError, compare_plain, grade, read_answers
-from tfedu.grading.release import student_version
-from tfedu.grading.scan import MAX_ANSWER_CHARS, MAX_PROBLEMS, scan_answer
+from tfedu.course import cli, nbtools
+from tfedu.checks.core import compare_plain
+from tfedu.course.grading.grade import ConfigError, Limits, SubmissionError, grade, read_answers
+from tfedu.course.grading.release import student_version
+from tfedu.checks.scan import MAX_ANSWER_CHARS, MAX_PROBLEMS, scan_answer
 
 from optional_parts import needs_sandbox
 
@@ -178,7 +179,7 @@ def test_a_check_cell_without_a_probe_is_an_instructor_error(toy, tmp_path):
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_the_static_scan_passes_every_source_solution(path):
     """No false alarms on the course's own answers (the scan sees what the grader would see)."""
-    from tfedu.grading.grade import load_assignment
+    from tfedu.course.grading.grade import load_assignment
 
     assignment = load_assignment(path)
     context = []
@@ -261,7 +262,7 @@ def test_one_ast_is_built_at_a_time_across_threads():
     once (grade --jobs) could fail an honest answer with SystemError. A scan waits while another builds."""
     import threading
 
-    from tfedu.grading import scan
+    from tfedu.checks import scan
 
     done = threading.Event()
     worker = threading.Thread(target=lambda: (scan.parse("y = torch.ones(3)"), done.set()))
@@ -290,7 +291,7 @@ def test_the_scan_reports_a_bounded_number_of_short_problems():
     ("\u00e9\u4e2d \u2714 (x, y)\n\tnext", "\u00e9\u4e2d \u2714 (x, y)\n next"),  # text, newlines and tabs kept readable
 ])
 def test_clean_text_strips_escapes_and_control_characters(text, clean):
-    from tfedu.grading.grade import clean_text
+    from tfedu.course.grading.grade import clean_text
 
     assert clean_text(text) == clean
     assert "\n" not in clean_text(text, one_line=True)
@@ -321,7 +322,7 @@ def test_read_answers_takes_answer_cells_by_grade_id_and_reports_duplicates(tmp_
 
 
 def test_a_planted_or_symlinked_result_is_not_read(tmp_path):
-    from tfedu.grading import harness
+    from tfedu.course.grading import harness
 
     harness.write_inputs(tmp_path, {"x": np.ones(3)})
     good = {"error": None, "tripwire": [], "outputs": {"y": 1}, "nonce": "right"}
@@ -388,7 +389,7 @@ def test_the_tripwire_catches_torch_functions_and_tensor_methods_named_in_forbid
 
 def test_the_kernel_is_boxed(tmp_path):
     """The working folder is not importable, stdin is empty, memory is capped, the session is killed."""
-    from tfedu.grading.kernel import Kernel
+    from tfedu.course.grading.kernel import Kernel
 
     (tmp_path / "planted.py").write_text("VALUE = 1\n")
     kernel = Kernel(tmp_path, memory_bytes=2 << 30)
@@ -442,7 +443,7 @@ def test_processes_an_answer_detaches_are_killed_with_its_kernel(tmp_path):
     subreaper, so they come back to it and die with the kernel."""
     import subprocess
 
-    from tfedu.grading.kernel import Kernel
+    from tfedu.course.grading.kernel import Kernel
 
     kernel = Kernel(tmp_path)
     kernel.start(60)

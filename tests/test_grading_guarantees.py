@@ -8,10 +8,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tfedu import cli, nbtools
-from tfedu.grading import harness, sandbox
-from tfedu.grading.grade import Limits, grade
-from tfedu.grading.release import student_version
+from tfedu.course import cli, nbtools
+from tfedu.course.grading import harness, sandbox
+from tfedu.course.grading.grade import Limits, grade
+from tfedu.course.grading.release import student_version
 
 from optional_parts import needs_sandbox
 
@@ -134,7 +134,7 @@ def test_a_wrong_earlier_exercise_costs_only_itself(tmp_path, monkeypatch, with_
 def test_the_scans_of_one_submission_share_one_time_budget(monkeypatch):
     """Each answer's scan stops at SCAN_SECONDS; all of a submission's scans together at
     SUBMISSION_SCAN_SECONDS, so many slow answers cannot add up to a stalled grader."""
-    from tfedu.grading import grade as grade_module
+    from tfedu.course.grading import grade as grade_module
 
     assignment = grade_module.load_assignment(ROOT / "notebooks" / "05_masks_and_heads.ipynb")
     answers = dict.fromkeys(assignment.answers, "x = 1")
@@ -237,7 +237,7 @@ def test_the_monitor_outside_the_sandbox_ends_a_hog(tmp_path, monkeypatch, attac
     import sys
     import time
 
-    from tfedu.grading import grade as grade_module
+    from tfedu.course.grading import grade as grade_module
 
     (tmp_path / "hog_checks.py").write_text(HOG_CHECKS)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -272,7 +272,7 @@ def test_the_scan_trusts_self_only_as_a_methods_own_first_parameter():
     """A computed getattr or an attribute store is allowed on `self` inside a method; a function that
     merely names its parameter `self` (an outside reviewer's route to os.system) or a rebound `self`
     is flagged."""
-    from tfedu.grading.scan import scan_answer
+    from tfedu.checks.scan import scan_answer
 
     flagged = {
         "def _get(self, n):\n    return getattr(self, n)\nx = _get(torch, 'sys' + 'tem')": "first parameter of a method",

@@ -15,9 +15,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tfedu import nbtools
-from tfedu.grading.grade import Limits, grade
-from tfedu.grading.release import student_version
+from tfedu.course import nbtools
+from tfedu.course.grading.grade import Limits, grade
+from tfedu.course.grading.release import student_version
 
 from optional_parts import sandbox_or_skip
 
@@ -111,7 +111,7 @@ def ours() -> set[int]:
                     environ = b""
             except (OSError, ValueError, IndexError):
                 continue
-            if any(word in cmdline for word in (b"bwrap", b"tfedu.grading.inside", b"ipykernel_launcher")):
+            if any(word in cmdline for word in (b"bwrap", b"tfedu.course.grading.inside", b"ipykernel_launcher")):
                 if parents[int(entry)] != 1 or RUN_TOKEN.encode() in cmdline + environ:
                     interesting.add(int(entry))
 

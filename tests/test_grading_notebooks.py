@@ -6,8 +6,8 @@ takes about the notebook's own run time."""
 import shutil
 from pathlib import Path
 
-from tfedu.grading.grade import Limits, grade
-from tfedu.grading.release import release
+from tfedu.course.grading.grade import Limits, grade
+from tfedu.course.grading.release import release
 
 from optional_parts import needs_sandbox
 from per_notebook import one_class_per_notebook

@@ -2,7 +2,7 @@
 
 Two parts:
 
-- **unit tests of** :func:`tfedu.grading.sandbox.command`: a tiny ``python -c`` program run in the
+- **unit tests of** :func:`tfedu.course.grading.sandbox.command`: a tiny ``python -c`` program run in the
   sandbox reports what it can see and do (its uid, ``/proc``, the network, the private size-bounded
   tmpfs folders, the read-only system and Python folders, the host's folders it must not see);
 - **attacks graded for real**: every ``tests/sandbox_attacks/*.py`` is an answer cell for notebook 00's
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tfedu.grading import sandbox
+from tfedu.course.grading import sandbox
 
 from optional_parts import sandbox_or_skip
 
@@ -254,8 +254,8 @@ def test_a_detached_process_dies_with_the_sandbox():
 # Attacks graded for real, all in one `grade` call
 # ---------------------------------------------------------------------------------------------
 
-from tfedu.grading.grade import Limits, grade  # noqa: E402
-from tfedu.grading.scan import scan_answer  # noqa: E402
+from tfedu.course.grading.grade import Limits, grade  # noqa: E402
+from tfedu.checks.scan import scan_answer  # noqa: E402
 
 ATTACKS_DIR = Path(__file__).resolve().parent / "sandbox_attacks"
 SOURCE = ROOT / "notebooks" / "00_start_here.ipynb"
@@ -287,7 +287,7 @@ STUB = '''def softmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def notebook_context():
-    from tfedu import nbtools
+    from tfedu.course import nbtools
 
     nb = nbtools.read(SOURCE)
     context = []
@@ -310,8 +310,8 @@ def attack_source(name, values):
 def submission(answer):
     import nbformat
 
-    from tfedu import nbtools
-    from tfedu.grading.release import student_version
+    from tfedu.course import nbtools
+    from tfedu.course.grading.release import student_version
 
     nb = student_version(nbtools.read(SOURCE), SOURCE.name)
     cell = next(c for c in nb.cells if (nbtools.nbgrader_meta(c) or {}).get("grade_id") == ANSWER)

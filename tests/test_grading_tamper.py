@@ -17,10 +17,10 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tfedu import nbtools
-from tfedu.grading.grade import Limits, grade
-from tfedu.grading.release import student_version
-from tfedu.grading.scan import MAX_ANSWER_CHARS, SCAN_SECONDS
+from tfedu.course import nbtools
+from tfedu.course.grading.grade import Limits, grade
+from tfedu.course.grading.release import student_version
+from tfedu.checks.scan import MAX_ANSWER_CHARS, SCAN_SECONDS
 
 from optional_parts import sandbox_or_skip
 
@@ -267,7 +267,7 @@ FEEDBACK = {  # the message says why
     "zero_reference_via_check_module": "called the reference",
     "zero_monkeypatch_allclose": "monkeypatching",
     "zero_patch_checks": "tfedu.checks",
-    "zero_patch_grader": "tfedu.grading",
+    "zero_patch_grader": "tfedu.course.grading",
     "zero_set_custom_exc": "get_ipython",
     "zero_sys_excepthook": "sys.excepthook",
     "zero_memorised_check_inputs": "fresh random inputs",
@@ -353,9 +353,9 @@ def test_an_error_message_cannot_forge_the_report(graded, capsys, monkeypatch):
     import argparse
     import importlib
 
-    from tfedu.grading import cli
+    from tfedu.course.grading import cli
 
-    grade_module = importlib.import_module("tfedu.grading.grade")  # the package re-exports `grade`, the function
+    grade_module = importlib.import_module("tfedu.course.grading.grade")  # the package re-exports `grade`, the function
 
     folder = graded["folder"]
     entry = graded["entries"]["zero_ansi_forged_report"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import tfedu
-from tfedu import induction
+from tfedu.experiments import induction
 from tfedu.interp import chance_scores, repeated_random_tokens, repeated_sequence_losses, score_heads
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -123,7 +123,7 @@ def test_bad_input_gets_clear_errors(tmp_path):
 
 
 def test_the_cli_preset_writes_a_loadable_folder(tmp_path, capsys):
-    from tfedu import cli
+    from tfedu.course import cli
 
     assert cli.main(["train", "--preset", "induction-gpt", "--steps", "3", "--out", str(tmp_path), "--no-progress"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

@@ -14,7 +14,7 @@ import matplotlib
 import pytest
 import torch
 
-from tfedu import course_gpt
+from tfedu.experiments import course_gpt
 from tfedu.config import ModelConfig, preset
 from tfedu.interp import (
     attention_patterns,

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
+from tfedu.checkpoints import gpt_from_hf
 from tfedu.config import preset
 from tfedu.generate import beam_search, generate
 from tfedu.kv_cache import (
@@ -51,9 +52,9 @@ def tiny(**changes) -> GPT:
 
 # Every way positions and key/value heads enter attention, with both attention kernels.
 VARIANTS = {
-    "gpt2-learned": lambda attention: GPT.from_hf(hf_gpt2(), attention=attention),
-    "llama-rope-gqa": lambda attention: GPT.from_hf(hf_llama(2), attention=attention),
-    "llama-rope-mqa": lambda attention: GPT.from_hf(hf_llama(1), attention=attention),
+    "gpt2-learned": lambda attention: gpt_from_hf(hf_gpt2(), attention=attention),
+    "llama-rope-gqa": lambda attention: gpt_from_hf(hf_llama(2), attention=attention),
+    "llama-rope-mqa": lambda attention: gpt_from_hf(hf_llama(1), attention=attention),
     "alibi-gqa": lambda attention: tiny(positional="alibi", n_kv_heads=2, attention=attention),
     "sinusoidal-postnorm": lambda attention: tiny(positional="sinusoidal", norm_position="post", attention=attention),
 }
@@ -93,11 +94,11 @@ def test_token_by_token_logits_equal_the_full_forward(model):
 
 
 def test_the_cache_holds_n_kv_heads_and_its_bytes_are_the_formula():
-    model = GPT.from_hf(hf_llama(1))  # multi-query: one key/value head for 4 query heads
+    model = gpt_from_hf(hf_llama(1))  # multi-query: one key/value head for 4 query heads
     cache = KVCache.for_model(model, batch=3, capacity=10)
     assert cache.layers[0].keys.shape == (3, 1, 10, 8) and cache.layers[0].keys.dtype == torch.float32
     assert cache.nbytes == kv_cache_bytes(model.cfg, 10, batch=3) == 2 * 2 * 1 * 8 * 4 * 10 * 3
-    half = GPT.from_hf(hf_llama(2)).to(torch.bfloat16)
+    half = gpt_from_hf(hf_llama(2)).to(torch.bfloat16)
     cache = KVCache.for_model(half, batch=1)
     assert cache.layers[1].values.dtype == torch.bfloat16
     assert cache.nbytes == kv_cache_bytes(half.cfg, N_CTX, dtype=torch.bfloat16) == 2 * 2 * 2 * 8 * 2 * N_CTX
@@ -212,7 +213,7 @@ def test_generating_past_n_ctx_refills_the_cache_from_the_last_n_ctx_tokens():
 @pytest.mark.parametrize("make", [hf_gpt2, lambda: hf_llama(2)], ids=["gpt2", "llama-gqa"])
 def test_greedy_and_beam_tokens_equal_transformers_with_its_cache(make):
     hf = make()
-    ours = GPT.from_hf(hf)
+    ours = gpt_from_hf(hf)
     ids = prompts(batch=3)
     assert torch.equal(generate(ours, ids, 15, use_cache=True), hf_generate(hf, ids, 15, do_sample=False))
     expected = hf_generate(hf, ids, 10, do_sample=False, num_beams=3, length_penalty=1.0, early_stopping=False)

@@ -1,8 +1,8 @@
-"""The HBM traffic counts of tfedu.memory_traffic: their terms, their growth, and their bad inputs."""
+"""The HBM traffic counts of tfedu.experiments.memory_traffic: their terms, their growth, and their bad inputs."""
 
 import pytest
 
-from tfedu.memory_traffic import flash_attention_traffic, matmul_traffic, standard_attention_traffic
+from tfedu.experiments.memory_traffic import flash_attention_traffic, matmul_traffic, standard_attention_traffic
 
 
 def test_matmul_reads_both_inputs_and_writes_the_product():

@@ -1,4 +1,4 @@
-"""tfedu.nopos: causal attention without positional encodings learns position; unmasked attention cannot.
+"""tfedu.experiments.nopos: causal attention without positional encodings learns position; unmasked attention cannot.
 
 Also the notebook's switch: the experiment in notebooks/05_masks_and_heads.ipynb runs with the
 learner's MultiHeadAttention when USE_MY_ATTENTION is True, so it is run here with the notebook's
@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from tfedu import nbtools, nopos
+from tfedu.course import nbtools
+from tfedu.experiments import nopos
 from tfedu.attention import MultiHeadAttention
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "05_masks_and_heads.ipynb"

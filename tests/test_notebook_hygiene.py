@@ -1,11 +1,11 @@
-"""Notebooks are committed clean and follow the conventions in tfedu/nbtools.py."""
+"""Notebooks are committed clean and follow the conventions in tfedu/course/nbtools.py."""
 
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from tfedu import nbtools
+from tfedu.course import nbtools
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 

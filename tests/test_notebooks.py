@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tfedu import nbtools
+from tfedu.course import nbtools
 
 from per_notebook import NOTEBOOKS, one_class_per_notebook
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")

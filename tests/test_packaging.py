@@ -5,7 +5,7 @@ import re
 import tomllib
 from pathlib import Path
 
-from tfedu import cli
+from tfedu.course import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,7 +98,62 @@ def test_every_tfedu_package_is_listed_and_the_course_gpt_ships_in_the_wheel():
     assert setuptools["package-data"]["tfedu.shipped"] == ["course-gpt/*", "induction-gpt/*"]
     assert (ROOT / "data" / "course-gpt" / "model.safetensors").is_file()
     assert (ROOT / "data" / "induction-gpt" / "model.safetensors").is_file()
-    # tfedu.publish's nbconvert templates (the course site and the slides) ship inside the package
-    assert setuptools["package-data"]["tfedu"] == ["templates/*/*"]
+    # tfedu.course.publish's nbconvert templates (the course site and the slides) ship inside the package
+    assert setuptools["package-data"]["tfedu.course"] == ["templates/*/*"]
     for template in ("tfedu_site", "tfedu_slides"):
-        assert {p.name for p in (ROOT / "tfedu" / "templates" / template).iterdir()} == {"conf.json", "index.html.j2"}
+        assert {p.name for p in (ROOT / "tfedu" / "course" / "templates" / template).iterdir()} == {"conf.json", "index.html.j2"}
+
+
+# ----------------------------------------------------------------------------- the layers (CONTRIBUTING.md)
+
+LAYER_PACKAGES = {"course", "checks", "experiments"}  # above the reference library, in that order
+
+
+def importlinter_contracts():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def test_the_top_of_tfedu_is_the_reference_library_and_three_packages_above_it():
+    top = ROOT / "tfedu"
+    packages = {p.name for p in top.iterdir() if (p / "__init__.py").is_file()}
+    assert packages == LAYER_PACKAGES | {"kernels"}, packages
+    [layers] = [c for c in importlinter_contracts() if c["type"] == "layers"]
+    assert layers["layers"] == ["tfedu.course", "tfedu.checks", "tfedu.experiments"]
+
+
+def test_the_reference_contract_names_every_reference_module():
+    """A new module at the top of tfedu/ is reference library: the forbidden contract must cover it."""
+    [forbidden] = [c for c in importlinter_contracts() if c["type"] == "forbidden"]
+    top = ROOT / "tfedu"
+    reference = {f"tfedu.{p.stem}" for p in top.glob("*.py") if p.stem != "__init__"} | {"tfedu.kernels"}
+    assert set(forbidden["source_modules"]) == reference
+    assert set(forbidden["forbidden_modules"]) == {f"tfedu.{name}" for name in LAYER_PACKAGES}
+
+
+def lint_imports_on_a_copy(tmp_path, module, line):
+    """Run lint-imports on a copy of tfedu/ with ``line`` added to the end of ``module``."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(ROOT / "tfedu", tmp_path / "tfedu", ignore=shutil.ignore_patterns("__pycache__", "shipped"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    target = tmp_path / "tfedu" / module
+    target.write_text(target.read_text() + f"\n\n{line}\n")
+    lint = Path(sys.executable).with_name("lint-imports")
+    return subprocess.run([str(lint), "--config", str(tmp_path / "pyproject.toml"), "--no-cache"], cwd=tmp_path,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_lint_imports_fails_when_the_reference_library_imports_a_checker(tmp_path):
+    done = lint_imports_on_a_copy(tmp_path, "attention.py", "def _later():\n    from tfedu.checks import core  # noqa")
+    assert done.returncode != 0, done.stdout
+    assert "tfedu.attention -> tfedu.checks.core" in done.stdout
+    assert "BROKEN" in done.stdout
+
+
+def test_lint_imports_fails_on_an_import_cycle_hidden_in_a_function(tmp_path):
+    done = lint_imports_on_a_copy(tmp_path, "activations.py", "def _later():\n    from tfedu import layers  # noqa")
+    assert done.returncode != 0, done.stdout
+    assert "No import cycle anywhere in tfedu" in done.stdout and "BROKEN" in done.stdout

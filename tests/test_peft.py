@@ -10,6 +10,7 @@ from torch import nn
 
 from tests.test_checkpoints import gpt2, ids_like, llama
 from tfedu import peft
+from tfedu.checkpoints import gpt_from_hf
 from tfedu.config import ModelConfig, preset
 from tfedu.kv_cache import KVCache
 from tfedu.model import GPT
@@ -168,7 +169,7 @@ def _copy_lora(wrapped, ours: GPT, names: dict[str, str], block_path: str) -> in
 
 def test_lora_equals_hf_peft_on_a_tiny_llama_q_and_v():
     hf = llama()
-    ours = GPT.from_hf(hf)
+    ours = gpt_from_hf(hf)
     wrapped = _hf_lora(copy.deepcopy(hf), ["q_proj", "v_proj"])
     peft.apply_lora(ours, ("W_Q", "W_V"), r=4, alpha=8)
     names = {"self_attn.q_proj": "attn.W_Q", "self_attn.v_proj": "attn.W_V"}
@@ -185,7 +186,7 @@ def test_lora_equals_hf_peft_on_a_tiny_llama_q_and_v():
 
 def test_lora_equals_hf_peft_on_gpt2_conv1d_mlp():
     hf = gpt2()
-    ours = GPT.from_hf(hf)
+    ours = gpt_from_hf(hf)
     wrapped = _hf_lora(copy.deepcopy(hf), ["mlp.c_fc", "mlp.c_proj"])
     peft.apply_lora(ours, ("W_in", "W_out"), r=4, alpha=8)
     names = {"mlp.c_fc": "mlp.W_in", "mlp.c_proj": "mlp.W_out"}

@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import tfedu.plot_labels as P  # noqa: E402
+import tfedu.experiments.plot_labels as P  # noqa: E402
 
 
 def test_doctests():

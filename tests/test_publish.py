@@ -1,4 +1,4 @@
-"""Slides and the course site (tfedu.publish), and the slide metadata they read (tfedu.nbtools.slide_types).
+"""Slides and the course site (tfedu.course.publish), and the slide metadata they read (tfedu.course.nbtools.slide_types).
 
 Every notebook is rendered as a page and as a deck without executing it (seconds); two notebooks are
 executed and their pages opened in headless Chromium (Playwright), which checks that the maths is
@@ -13,9 +13,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tfedu import cli, course_map, nbtools, publish
-from tfedu.grading.release import CODE_STUB
-from tfedu.widgets import WIDGET_VIEW
+from tfedu.course import cli, course_map, nbtools, publish
+from tfedu.course.grading.release import CODE_STUB
+from tfedu.course.widgets import WIDGET_VIEW
 
 from optional_parts import chromium_path, needs_chromium
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tfedu import cli, nbtools
+from tfedu.course import cli, nbtools
 from tfedu.checks import traceback_files
-from tfedu.grading.release import CODE_STUB, RUN_ON_TAG, ReleaseError, is_check, release, student_version
+from tfedu.course.grading.release import CODE_STUB, RUN_ON_TAG, ReleaseError, is_check, release, student_version
 
 from per_notebook import NOTEBOOKS, one_class_per_notebook
 

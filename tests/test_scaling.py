@@ -1,4 +1,4 @@
-"""tfedu.scaling: power-law fits recover known exponents; the allocations match the published numbers."""
+"""tfedu.experiments.scaling: power-law fits recover known exponents; the allocations match the published numbers."""
 
 import dataclasses
 import doctest
@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from tfedu import scaling
+from tfedu.experiments import scaling
 from tfedu.flops import training_compute
-from tfedu.scaling import (
+from tfedu.experiments.scaling import (
     ALLOCATION_EXPONENTS,
     CHINCHILLA,
     CHINCHILLA_REFIT,

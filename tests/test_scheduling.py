@@ -3,7 +3,8 @@
 A test module's plain functions must run on one worker (its module fixtures are built once; the
 tamper suite's took 4 minutes and was built on both workers while xdist's `loadgroup` did nothing
 under pytest 9.2), and each per-notebook class (tests/per_notebook.py) is a unit of its own, so the
-notebooks spread. The toy run records which worker ran each test.
+notebooks spread. Units go out in collection order (`--no-loadscope-reorder`), which tests/conftest.py
+sorts costliest first. The toy run records which worker ran each test.
 """
 
 import os
@@ -64,7 +65,9 @@ def toy_run(tmp_path):
     (suite / "recorder.py").write_text(RECORDER)
     for name in ("test_alpha", "test_beta", "test_gamma"):
         (suite / f"{name}.py").write_text(PLAIN_MODULE)
-    (suite / "test_notebooks.py").write_text(CLASS_MODULE)
+    # First in collection order, as tests/conftest.py puts the real ones: the first two units go out one to
+    # each worker (with --no-loadscope-reorder; xdist's default reorder would put these one-test units last).
+    (suite / "test_a_notebooks.py").write_text(CLASS_MODULE)
     env = {**os.environ, "TOY_RECORD": str(record), "PYTHONPATH": str(suite)}
     done = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "-q"], cwd=suite,
                           env=env, capture_output=True, text=True, timeout=300)
@@ -72,7 +75,7 @@ def toy_run(tmp_path):
     workers = defaultdict(set)
     for entry in record.iterdir():
         *test, worker = entry.name.split(" ")
-        unit = f"{test[0]}::{test[1]}" if test[0] == "test_notebooks" else test[0]
+        unit = f"{test[0]}::{test[1]}" if test[0] == "test_a_notebooks" else test[0]
         workers[unit].add(worker)
     return workers
 
@@ -80,8 +83,8 @@ def toy_run(tmp_path):
 def test_a_modules_tests_share_one_worker_and_notebook_classes_spread(tmp_path):
     workers = toy_run(tmp_path)
     assert set(workers) == {"test_alpha", "test_beta", "test_gamma",
-                            "test_notebooks::Test_00_a", "test_notebooks::Test_01_b"}
+                            "test_a_notebooks::Test_00_a", "test_a_notebooks::Test_01_b"}
     for unit, ran_on in workers.items():
         assert len(ran_on) == 1, f"the tests of {unit} ran on workers {sorted(ran_on)}: a module's tests must share one"
-    notebook_workers = workers["test_notebooks::Test_00_a"] | workers["test_notebooks::Test_01_b"]
+    notebook_workers = workers["test_a_notebooks::Test_00_a"] | workers["test_a_notebooks::Test_01_b"]
     assert len(notebook_workers) == 2, "the two notebook classes ran on one worker: they are separate units"

@@ -3,7 +3,7 @@
 import matplotlib
 import pytest
 
-from tfedu import tokenizer_widgets as tw
+from tfedu.course import tokenizer_widgets as tw
 from tfedu.tokenizer import train_bpe, train_bpe_naive
 
 matplotlib.use("Agg")

@@ -1,4 +1,4 @@
-"""tfedu.widgets: one output, two forms (live widget, still picture); figures never shown twice."""
+"""tfedu.course.widgets: one output, two forms (live widget, still picture); figures never shown twice."""
 
 import base64
 
@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from tfedu.widgets import WIDGET_VIEW, InteractiveFigure, interactive_figure  # noqa: E402
+from tfedu.course.widgets import WIDGET_VIEW, InteractiveFigure, interactive_figure  # noqa: E402
 
 
 def draw_line(slope=1.0, label="a"):

@@ -1,5 +1,5 @@
 """tfedu: the Transformer, built by hand. This file only re-exports, lazily (the grader's runner
-imports ``tfedu.grading.inside`` in every sandbox and must not pay for torch there)."""
+imports ``tfedu.course.grading.inside`` in every sandbox and must not pay for torch there)."""
 
 from typing import Any
 

@@ -12,7 +12,7 @@ The course builds every layer by hand; this module is the proof that the hand-bu
 
 ``pretrained("gpt2")`` reads real GPT-2 weights from disk only (a Hugging Face cache or a folder):
 tfedu never downloads anything itself. The course's own models (``course-gpt``, ``induction-gpt``) are folders
-written and read by ``save_shipped`` / ``load_shipped``.
+written and read by ``tfedu.shipped_models``.
 
 Built up in notebooks/07_transformer_block.ipynb.
 """
@@ -30,66 +30,9 @@ from torch import Tensor, nn
 
 from tfedu.config import ModelConfig, preset
 from tfedu.model import GPT
+from tfedu.shipped_models import SHIPPED, load_shipped
 
 SUPPORTED = ("gpt2", "llama")
-
-
-# ----------------------------------------------------------------------------- the course's own shipped models
-
-
-def shipped_folder(name: str) -> Path:
-    """``data/NAME`` in a checkout; ``tfedu/shipped/NAME`` in an installed wheel (Colab), where pyproject puts it."""
-    checkout = Path(__file__).resolve().parent.parent / "data" / name
-    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "shipped" / name
-
-
-def save_shipped(model: GPT, out_dir: str | os.PathLike, config: dict, files: Mapping[str, object] = {}) -> Path:
-    """Write a shipped model's folder: ``model.safetensors``, ``config.json`` (``config``) and ``files``.
-
-    ``files`` maps a file name to a function that writes it at a given path. Every file goes through a
-    temporary name and a rename (``tfedu.data.write_atomically``).
-    """
-    from safetensors.torch import save_file
-
-    from tfedu.data import write_atomically
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # safetensors refuses two names for one tensor: a tied W_U is stored once, as the embedding.
-    state = {k: v.contiguous() for k, v in model.state_dict().items()
-             if not (model.cfg.tied_embeddings and k == "unembed.weight")}
-    write_atomically(out / "model.safetensors", lambda p: save_file(state, str(p)))
-    write_atomically(out / "config.json", lambda p: p.write_text(json.dumps(config, indent=1) + "\n"))
-    for file_name, write in files.items():
-        write_atomically(out / file_name, write)
-    return out
-
-
-def load_shipped(path: str | os.PathLike, name: str, file_format: str, *, extra_files: tuple[str, ...] = (),
-                 rebuild: str = "") -> tuple[GPT, dict]:
-    """A shipped model (eval mode) and its ``config.json``; a clear error when files are missing or foreign.
-
-    ``config.json`` must say ``"format": file_format`` and hold the ``ModelConfig`` under ``"model"``.
-    """
-    from safetensors.torch import load_file
-
-    folder = Path(path)
-    files = [folder / f for f in ("model.safetensors", "config.json", *extra_files)]
-    missing = [str(f) for f in files if not f.is_file()]
-    if missing:
-        raise FileNotFoundError(f"the shipped {name} model is incomplete; missing {missing}. Rebuild it with "
-                                f"`tfedu train --preset {name}`{rebuild}")
-    config = json.loads(files[1].read_text())
-    if config.get("format") != file_format:
-        article = "an" if name[0] in "aeiou" else "a"
-        raise ValueError(f"{files[1]} is not {article} {name} config (format {config.get('format')!r}, "
-                         f"expected {file_format!r})")
-    model = GPT(ModelConfig(**config["model"]))
-    state = load_file(str(files[0]))
-    if model.cfg.tied_embeddings:
-        state["unembed.weight"] = state["embed.weight"]
-    model.load_state_dict(state)
-    return model.eval(), config
 
 
 def _get(config: object, name: str, default: object = None) -> object:
@@ -282,17 +225,12 @@ def pretrained(name: str = "gpt2", *, path: str | os.PathLike | None = None, **o
     Hugging Face cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``)
     is searched for ``name``. If nothing is found this fails at once, saying where it looked and
     how to fetch the files while online. ``pretrained("course-gpt")`` is the course's own model,
-    shipped in ``data/course-gpt`` (see ``tfedu.course_gpt``; its tokenizer: ``course_gpt.load()``);
-    ``pretrained("induction-gpt")`` is notebook 15's two-layer attention-only model (``tfedu.induction``).
+    shipped in ``data/course-gpt`` (see ``tfedu.experiments.course_gpt``; its tokenizer: ``course_gpt.load()``);
+    ``pretrained("induction-gpt")`` is notebook 15's two-layer attention-only model (``tfedu.experiments.induction``).
+    Both come through ``tfedu.shipped_models``.
     """
-    if name == "course-gpt":
-        from tfedu import course_gpt
-
-        return course_gpt.load(path if path is not None else course_gpt.FOLDER)[0]
-    if name == "induction-gpt":
-        from tfedu import induction
-
-        return induction.load(path if path is not None else induction.FOLDER)
+    if name in SHIPPED:
+        return load_shipped(name, path)[0]
     folders = [Path(path)] if path is not None else candidate_folders(name)
     for folder in folders:
         weights = folder / "model.safetensors"

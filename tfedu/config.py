@@ -28,10 +28,11 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from tfedu.activations import ACTIVATIONS, swiglu_hidden
+
 POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "none")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 ATTENTION_IMPLS = ("manual", "sdpa")
 ROPE_LAYOUTS = ("interleaved", "half")
 _DERIVED = ("d_head", "n_kv_heads", "d_mlp")
@@ -109,8 +110,6 @@ class ModelConfig:
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_mlp is None:
-            from tfedu.layers import swiglu_hidden  # tfedu.layers imports nothing from here at import time
-
             hidden = swiglu_hidden(self.d_model) if self.activation == "swiglu" else 4 * self.d_model
             object.__setattr__(self, "d_mlp", hidden)
         for name in ("d_head", "n_kv_heads"):

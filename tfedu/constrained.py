@@ -360,7 +360,7 @@ def generate_matching(
     ``eos_token_id`` defaults to the tokenizer's ``<|endoftext|>``. Raises ``ValueError`` when the
     match is not finished after ``max_new_tokens`` (the text so far is in the message).
 
-    >>> from tfedu import course_gpt
+    >>> from tfedu.experiments import course_gpt
     >>> model, tok = course_gpt.load()  # doctest: +SKIP
     >>> generate_matching(model, tok, "The person is", JSON_AGE, max_new_tokens=16)  # doctest: +SKIP
     '{"age": 101}'
@@ -403,7 +403,7 @@ def bench(
     ``constrained_tokens``: how many tokens the constrained run generated (it stops at the end token).
     Each time is the best of ``repeats`` runs (the least disturbed by other work on the machine).
 
-    >>> from tfedu import course_gpt
+    >>> from tfedu.experiments import course_gpt
     >>> model, tok = course_gpt.load()  # doctest: +SKIP
     >>> bench(model, tok, "The person is", JSON_AGE, 16)["warm_ms"]  # doctest: +SKIP
     """

@@ -4,8 +4,8 @@ The default corpus is CPython's own documentation (``pydoc_data.topics``), about
 466 KB of English that ships with every Python. Tiny Shakespeare can be fetched once
 when online; it is verified by SHA-256 and cached under ``data/cache/``.
 ``encode_bytes`` and ``sample_windows`` turn a corpus into byte-level training batches (a fixed
-vocabulary of 256 that needs no training), shared by the experiments of ``tfedu.extrapolation``
-and ``tfedu.depth``.
+vocabulary of 256 that needs no training), shared by the experiments of ``tfedu.experiments.extrapolation``
+and ``tfedu.experiments.depth``.
 Used from notebooks/00_start_here.ipynb onwards.
 """
 

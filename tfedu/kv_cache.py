@@ -54,18 +54,14 @@ Built by hand in notebooks/10_inference_and_kv_cache.ipynb.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Float, Int
-from torch import Tensor
+from torch import Tensor, nn
 
-from torch import nn
-
-if TYPE_CHECKING:
-
-    from tfedu.config import ModelConfig
+from tfedu.config import ModelConfig
+from tfedu.inputs import check_ids
+from tfedu.positional import apply_rope
 
 
 def kv_cache_bytes(cfg: ModelConfig, n_tokens: int, batch: int = 1, dtype: torch.dtype = torch.float32) -> int:
@@ -319,9 +315,6 @@ def greedy_by_hand(
     MLP. ``step`` defaults to ``decode_step``; notebook 10 passes the learner's. The context must fit
     (``pos + max_new_tokens - 1 <= n_ctx``): this loop does not start again past it.
     """
-    from tfedu.model import check_ids
-    from tfedu.positional import apply_rope
-
     _by_hand_supported(model)
     check_ids(ids, model.cfg)
     total = ids.shape[1] + max_new_tokens - 1

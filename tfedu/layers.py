@@ -21,50 +21,29 @@ these classes, so their attribute names (``weight``, ``bias``, ``W_in``, ``W_gat
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
+from tfedu.activations import ACTIVATIONS, activate, swiglu_hidden
 from tfedu.attention import MultiHeadAttention, attention_weights, causal_mask, combine_masks
+from tfedu.config import ModelConfig
+from tfedu.inputs import check_d_model, check_features
 from tfedu.kv_cache import LayerKVCache
+from tfedu.moe import MoE
 from tfedu.positional import apply_rope
-
-if TYPE_CHECKING:
-    from tfedu.config import ModelConfig
-
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
 
 
 # ----------------------------------------------------------------------------- checks
-
-
-def _check_d_model(d_model: object) -> None:
-    if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model <= 0:
-        raise ValueError(f"d_model must be a positive int, got {d_model!r}")
 
 
 def _check_eps(eps: object) -> None:
     if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not eps > 0:
         # eps keeps the division finite when a position's vector is (nearly) constant/zero.
         raise ValueError(f"eps must be a positive number (it keeps the sqrt away from 0), got {eps!r}")
-
-
-def _check_input(layer: str, x: object, d_model: int) -> None:
-    expected = f"(..., d_model) with d_model = {d_model}"
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{layer} expects a torch.Tensor of shape {expected}, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(
-            f"{layer} expects a floating-point tensor, got dtype {x.dtype}; "
-            "token ids must go through the embedding first (or call .float())"
-        )
-    if x.dim() == 0 or x.shape[-1] != d_model:
-        raise ValueError(f"{layer} expects shape {expected}, got shape {tuple(x.shape)} (last dim must be d_model)")
 
 
 def dropout(drop: nn.Module, x: Tensor) -> Tensor:
@@ -130,7 +109,7 @@ class LayerNorm(nn.Module):
 
     def __init__(self, d_model: int, *, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__()
-        _check_d_model(d_model)
+        check_d_model(d_model)
         _check_eps(eps)
         self.d_model = d_model
         self.eps = float(eps)
@@ -142,7 +121,7 @@ class LayerNorm(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-        _check_input("LayerNorm", x, self.d_model)
+        check_features("LayerNorm", x, self.d_model)
         # layer_norm_by_hand's formula in one fused kernel (its eight element-wise steps cost ~10x more).
         return F.layer_norm(x, (self.d_model,), self.weight, self.bias, self.eps)
 
@@ -167,14 +146,14 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d_model: int, *, eps: float = 1e-6) -> None:
         super().__init__()
-        _check_d_model(d_model)
+        check_d_model(d_model)
         _check_eps(eps)
         self.d_model = d_model
         self.eps = float(eps)
         self.weight = nn.Parameter(torch.ones(d_model))
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-        _check_input("RMSNorm", x, self.d_model)
+        check_features("RMSNorm", x, self.d_model)
         in_dtype = x.dtype
         # Squares of bfloat16/float16 values lose precision fast; do the statistics in float32
         # (float64 stays float64), as LlamaRMSNorm does.
@@ -189,51 +168,6 @@ class RMSNorm(nn.Module):
 
 
 # ----------------------------------------------------------------------------- MLP
-
-
-def swiglu_hidden(d_model: int, multiple_of: int = 1) -> int:
-    """Hidden width of a SwiGLU MLP with (about) the parameters of a 4·d_model MLP.
-
-    A plain MLP has 2 matrices of d_model x 4·d_model: 8·d_model² weights. SwiGLU has three
-    (W_gate, W_in, W_out), so 3·d_model·h = 8·d_model² gives h = 8·d_model/3 (Shazeer 2020,
-    sec. 2). Exact rule, Llama's: ``h = floor(8 * d_model / 3)``, then rounded UP to the next
-    multiple of ``multiple_of`` (hardware likes widths that are multiples of 64 or 256).
-    Llama uses ``multiple_of=256``: for Llama-7B, d_model 4096 gives floor(32768 / 3) = 10922,
-    rounded up to 43 · 256 = 11008.
-
-    >>> swiglu_hidden(4096, multiple_of=256)  # Llama-7B
-    11008
-    >>> swiglu_hidden(768)  # 8 * 768 / 3 = 2048 exactly
-    2048
-    >>> swiglu_hidden(64, multiple_of=32)  # floor(170.67) = 170 -> 192
-    192
-
-    Built by hand in notebooks/07_transformer_block.ipynb.
-    """
-    _check_d_model(d_model)
-    if isinstance(multiple_of, bool) or not isinstance(multiple_of, int) or multiple_of <= 0:
-        raise ValueError(f"multiple_of must be a positive int, got {multiple_of!r}")
-    hidden = (8 * d_model) // 3  # integer floor: no float rounding for big d_model
-    return multiple_of * math.ceil(hidden / multiple_of)
-
-
-def activate(pre: Tensor, activation: str, gate: Tensor | None = None) -> Tensor:
-    """The MLP's nonlinearity on ``pre = W_in x``; SwiGLU also takes ``gate = W_gate x``.
-
-    Shared by ``MLP`` and the experts of ``tfedu.moe.MoE``.
-
-    >>> activate(torch.tensor([-1.0, 2.0]), "relu").tolist()
-    [0.0, 2.0]
-    """
-    if activation == "swiglu":
-        # Shazeer 2020 eq. 6: FFN_SwiGLU(x) = (Swish(x W) ⊗ x V) W_2, Swish_1 = SiLU.
-        return F.silu(gate) * pre
-    if activation == "relu":
-        return F.relu(pre)
-    if activation == "gelu":
-        return F.gelu(pre)  # x Φ(x), exact with erf (Hendrycks & Gimpel 2016)
-    # GPT-2's 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), HF's "gelu_new".
-    return F.gelu(pre, approximate="tanh")
 
 
 class MLP(nn.Module):
@@ -258,7 +192,7 @@ class MLP(nn.Module):
 
     def __init__(self, d_model: int, d_mlp: int | None = None, *, activation: str = "gelu", bias: bool = True) -> None:
         super().__init__()
-        _check_d_model(d_model)
+        check_d_model(d_model)
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; valid ones are {', '.join(map(repr, ACTIVATIONS))}")
         if d_mlp is None:
@@ -274,7 +208,7 @@ class MLP(nn.Module):
         self.W_out = nn.Linear(d_mlp, d_model, bias=bias)
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-        _check_input("MLP", x, self.d_model)
+        check_features("MLP", x, self.d_model)
         gate = self.W_gate(x) if self.activation == "swiglu" else None
         return self.W_out(activate(self.W_in(x), self.activation, gate))  # ... d_model
 
@@ -464,8 +398,6 @@ def make_attention(cfg: ModelConfig, *, cross: bool = False) -> Attention:
 def make_mlp(cfg: ModelConfig) -> nn.Module:
     """The feed-forward layer for ``cfg``: an ``MLP``, or a ``tfedu.moe.MoE`` of them when ``cfg.n_experts`` is set."""
     if cfg.n_experts is not None:
-        from tfedu.moe import MoE  # tfedu.moe imports this module
-
         return MoE.from_config(cfg)
     return MLP(cfg.d_model, cfg.d_mlp, activation=cfg.activation, bias=cfg.bias)
 

@@ -44,6 +44,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from tfedu.config import ModelConfig
+from tfedu.inputs import check_ids
 from tfedu.kv_cache import KVCache
 from tfedu.layers import Block, dropout, make_norm
 from tfedu.moe import MoE
@@ -53,36 +54,6 @@ IGNORE_INDEX = -100  # target value that the loss skips (padding, unmasked MLM p
 
 
 # ----------------------------------------------------------------------------- input checks
-
-
-def check_ids(ids: object, cfg: ModelConfig, name: str = "ids", *, cached: int = 0) -> None:
-    """A clear error unless ``ids`` is an integer (batch, pos) tensor of in-range ids, ``cached + pos <= n_ctx``.
-
-    ``cached`` counts the positions a KV cache already holds before these ids.
-    """
-    expected = f"an integer tensor of shape (batch, pos) with 1 <= pos <= n_ctx={cfg.n_ctx}"
-    if not isinstance(ids, Tensor):
-        raise TypeError(f"{name} must be {expected}, got {type(ids).__name__}")
-    if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
-        raise TypeError(f"{name} must be {expected}, got dtype {ids.dtype} (token ids are whole numbers: use .long())")
-    if ids.dim() != 2:
-        hint = " (one sequence? use ids[None])" if ids.dim() == 1 else ""
-        raise ValueError(f"{name} must be {expected}, got shape {tuple(ids.shape)}{hint}")
-    if ids.shape[1] == 0:
-        raise ValueError(f"{name} has no positions: give at least one token, shape (batch, pos) with pos >= 1")
-    if cached and cached + ids.shape[1] > cfg.n_ctx:
-        raise ValueError(f"{name} has {ids.shape[1]} position(s) after the {cached} cached: "
-                         f"{cached + ids.shape[1]} in all, more than n_ctx={cfg.n_ctx}")
-    if ids.shape[1] > cfg.n_ctx:
-        raise ValueError(
-            f"{name} has {ids.shape[1]} positions but this model's context is n_ctx={cfg.n_ctx}: "
-            f"give at most {cfg.n_ctx} tokens (crop with {name}[:, -{cfg.n_ctx}:])"
-        )
-    if not ids.numel():
-        return
-    low, high = (int(value) for value in torch.aminmax(ids))  # one reduction, one wait for the device
-    if low < 0 or high >= cfg.d_vocab:
-        raise IndexError(f"{name} must lie in 0..{cfg.d_vocab - 1} (d_vocab={cfg.d_vocab}), got values from {low} to {high}")
 
 
 def _check_targets(targets: object, ids: Tensor, cfg: ModelConfig) -> None:
@@ -370,20 +341,10 @@ class GPT(LanguageModel):
     """A decoder-only language model (Radford et al. 2018, 2019): embeddings, causal blocks, final norm, unembedding.
 
     ``forward(ids, targets)``: targets are usually the ids shifted by one (the next token).
-    ``GPT.from_hf`` loads GPT-2 and Llama weights from ``transformers``.
+    ``tfedu.checkpoints.gpt_from_hf`` loads GPT-2 and Llama weights from ``transformers`` into one.
     """
 
     causal = True
-
-    @classmethod
-    def from_hf(cls, source: object, config: object = None, **overrides: object) -> GPT:
-        """A GPT with the weights of a ``transformers`` GPT-2 or Llama model (or its state dict plus config).
-
-        See ``tfedu.checkpoints.gpt_from_hf``; ``overrides`` change config fields such as ``attention="sdpa"``.
-        """
-        from tfedu.checkpoints import gpt_from_hf
-
-        return gpt_from_hf(source, config, **overrides)
 
 
 class Encoder(LanguageModel):

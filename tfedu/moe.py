@@ -37,17 +37,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from tfedu.layers import ACTIVATIONS, _check_input, activate
-
-if TYPE_CHECKING:
-    from tfedu.config import ModelConfig
+from tfedu.activations import ACTIVATIONS, activate
+from tfedu.config import ModelConfig
+from tfedu.inputs import check_features
 
 DISPATCHES = ("sorted", "loop")
 
@@ -251,8 +249,6 @@ class MoE(nn.Module):
                  gating: Callable[[Tensor, int], tuple[Tensor, Tensor]] = top_k_gating,
                  balance: Callable[[Tensor, Tensor], Tensor] = balance_loss) -> None:
         super().__init__()
-        from tfedu.config import ModelConfig  # its checks are the ones we want; it imports nothing from here
-
         cfg = ModelConfig(d_vocab=1, n_ctx=1, d_model=d_model, n_layers=1, n_heads=1, d_mlp=d_mlp,
                           activation=activation, n_experts=n_experts, top_k=top_k, capacity_factor=capacity_factor,
                           balance_loss_coef=balance_loss_coef, z_loss_coef=z_loss_coef)
@@ -346,7 +342,7 @@ class MoE(nn.Module):
         return logits, gates, experts.long()
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
-        _check_input("MoE", x, self.d_model)
+        check_features("MoE", x, self.d_model)
         if self.dispatch not in DISPATCHES:
             raise ValueError(f"dispatch={self.dispatch!r} is not one of {', '.join(map(repr, DISPATCHES))}")
         flat = x.reshape(-1, self.d_model)

@@ -44,7 +44,8 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from tfedu.layers import Attention
-from tfedu.model import LanguageModel, check_ids, next_token_loss
+from tfedu.inputs import check_ids
+from tfedu.model import LanguageModel, next_token_loss
 
 LORA_TARGETS = ("W_Q", "W_K", "W_V", "W_O", "W_in", "W_gate", "W_out")  # the nn.Linear names of tfedu.layers
 

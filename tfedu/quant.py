@@ -58,6 +58,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from tfedu.train import evaluate
+
 GRANULARITIES = ("tensor", "row", "group")
 METHODS = ("rtn", "gptq")
 
@@ -503,8 +505,6 @@ def window_losses(model: nn.Module, data, seq_len: int, batch_size: int = 64) ->
 def perplexity(model: nn.Module, data, seq_len: int, max_batches: int | None = None, batch_size: int = 32) -> float:
     """exp(mean next-token loss) on ``data`` (``tfedu.train.evaluate``'s windows). A float16 model runs on a
     float32 copy of its stored values: every row of a comparison then differs in the weights' storage alone."""
-    from tfedu.train import evaluate
-
     if any(p.dtype == torch.float16 for p in model.parameters()):
         model = copy.deepcopy(model).float()
     return math.exp(evaluate(model, data, seq_len, batch_size=batch_size, max_batches=max_batches))

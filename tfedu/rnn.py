@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from tfedu.toy_tasks import BOS, D_VOCAB, PAD
+from tfedu.toy_tasks import BOS, D_VOCAB, PAD, teacher_forcing_inputs
 
 NONLINEARITIES = ("tanh", "relu", "linear")  # relu: the IRNN of Le et al. 2015
 
@@ -464,8 +464,6 @@ def train_seq2seq(
 
     Batches are one length each (no padding), so every target position counts in the loss.
     """
-    from tfedu.toy_tasks import teacher_forcing_inputs
-
     optimiser = torch.optim.Adam(model.parameters(), lr=lr)
     steps_iter = range(steps)
     if progress:

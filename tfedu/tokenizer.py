@@ -38,7 +38,7 @@ from pathlib import Path
 
 import regex
 
-from tfedu.tokenizer_io import FORMAT_NAME, FORMAT_VERSION, parse_tokenizer_file, read_gpt2_files
+from tfedu.tokenizer_io import FORMAT_NAME, FORMAT_VERSION, parse_tokenizer_file, read_gpt2_files, render_token
 
 # The split patterns as published. GPT-2's is the one in OpenAI's gpt-2 repository
 # (src/encoder.py); GPT-4's is cl100k_base as published in tiktoken. They differ in
@@ -50,6 +50,18 @@ GPT4_PATTERN = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
 )
 PATTERNS = {"gpt2": GPT2_PATTERN, "gpt4": GPT4_PATTERN}
+
+
+def letter_ids(text: str) -> list[int]:
+    """a..z -> 1..26, the lecture's toy vocabulary.
+
+    >>> letter_ids("abz")
+    [1, 2, 26]
+    """
+    if not text.isascii() or not text.isalpha() or not text.islower():
+        raise ValueError(f"letter_ids takes lowercase letters a-z, got {text!r}")
+    return [ord(c) - ord("a") + 1 for c in text]
+
 
 _CACHE_LIMIT = 200_000  # pre-tokens remembered by an encoder before its cache is emptied
 _LONG_WORD = 64  # words longer than this get local count updates (pattern=None makes one huge word)
@@ -604,7 +616,7 @@ class Tokenizer:
         lines.append("bytes identity" if identity else "bytes " + " ".join(map(str, self.byte_ids)))
         lines.append(f"merges {len(self.merges)}")
         for i, (a, b) in enumerate(self.merges):
-            lines.append(f"{256 + i} {a} {b} {_render(self.vocab[256 + i])}")
+            lines.append(f"{256 + i} {a} {b} {render_token(self.vocab[256 + i])}")
         lines.append(f"specials {len(self.special_tokens)}")
         for token, idx in self.special_tokens.items():
             lines.append(f"{idx} {_with_crc(json.dumps(token, ensure_ascii=False), salt=str(idx))}")
@@ -653,11 +665,6 @@ def _safe_cut(buffer: str, limit: int, specials: Iterable[str]) -> int:
 # ---------------------------------------------------------------------------------------
 # Argument checks shared by the trainers
 # ---------------------------------------------------------------------------------------
-
-
-def _render(token: bytes) -> str:
-    """A token's bytes as readable JSON text (invalid UTF-8 as \\xNN); used by save and load."""
-    return json.dumps(token.decode("utf-8", errors="backslashreplace"), ensure_ascii=False)
 
 
 def _with_crc(text: str, salt: str = "") -> str:

@@ -95,6 +95,11 @@ def read_gpt2_files(encoder_json_path, vocab_bpe_path) -> tuple[list[tuple[int, 
     return merges, byte_ids, specials
 
 
+def render_token(token: bytes) -> str:
+    """A token's bytes as readable JSON text (invalid UTF-8 as \\xNN), as a merge line of the file shows it."""
+    return json.dumps(token.decode("utf-8", errors="backslashreplace"), ensure_ascii=False)
+
+
 def parse_tokenizer_file(data: bytes, name: str = "<tokenizer file>") -> dict:
     """Parse the ``tfedu-bpe`` format (see ``Tokenizer.save``) into the Tokenizer's fields.
 
@@ -102,8 +107,6 @@ def parse_tokenizer_file(data: bytes, name: str = "<tokenizer file>") -> dict:
     merge line's id and text agree with its pair; the file ends with the checksum line;
     the checksum matches. The first failure raises ``TokenizerFileError`` naming the line.
     """
-    from tfedu.tokenizer import PATTERNS, _render
-
     def fail(line_no: int, problem: str):
         raise TokenizerFileError(f"{name}, line {line_no}: {problem}")
 
@@ -156,7 +159,7 @@ def parse_tokenizer_file(data: bytes, name: str = "<tokenizer file>") -> dict:
     number, line = next_line("'pattern ...'")
     pattern = None
     if line in ("pattern gpt2", "pattern gpt4"):
-        pattern = PATTERNS[line[len("pattern "):]]
+        pattern = line[len("pattern "):]  # a name the Tokenizer resolves (tfedu.tokenizer.PATTERNS)
     elif line.startswith("pattern regex "):
         pattern = json_with_crc(line[len("pattern regex "):], number, "the pattern")
         if not isinstance(pattern, str):
@@ -189,8 +192,8 @@ def parse_tokenizer_file(data: bytes, name: str = "<tokenizer file>") -> dict:
         if a not in vocab or b not in vocab:
             fail(number, f"merge ({a}, {b}) uses an id not defined before this line (ids so far: 0..{255 + i})")
         token = vocab[a] + vocab[b]
-        if parts[3] != _render(token):
-            fail(number, f"the token text {parts[3][:40]} does not match the pair ({a}, {b}), which gives {_render(token)}")
+        if parts[3] != render_token(token):
+            fail(number, f"the token text {parts[3][:40]} does not match the pair ({a}, {b}), which gives {render_token(token)}")
         vocab[idx] = token
         merges.append((a, b))
 

@@ -1,6 +1,6 @@
 # Tries to patch the grader itself.
-import tfedu.grading.harness as h
-import tfedu.grading.grade as g
+import tfedu.course.grading.harness as h
+import tfedu.course.grading.grade as g
 
 g.judge = lambda *args, **kwargs: None
 h.read_result = lambda folder: {"error": None, "tripwire": [], "outputs": {}}

@@ -435,3 +435,51 @@ def run_probe(
     if "outputs" not in scope:
         raise KeyError(f"probe for {probe.exercise}: its run code did not bind `outputs`")
     return scope["outputs"], probe.reference(inputs)
+
+
+def compare_plain(actual: Any, expected: Any, rtol: float, atol: float, where: str = "outputs") -> str | None:
+    """None when ``actual`` (plain data from the kernel) matches ``expected``; else what differs."""
+    if hasattr(expected, "detach") and hasattr(expected, "numpy"):
+        expected = expected.detach().cpu().numpy()
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return f"{where} should be a dict, got {type(actual).__name__}"
+        for key in expected:
+            if key not in actual:
+                return f"{where} has no entry {key!r}"
+            problem = compare_plain(actual[key], expected[key], rtol, atol, f"{where}[{key!r}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, str) or expected is None or isinstance(expected, bool):
+        return None if type(actual) is type(expected) and actual == expected else f"{where} is {str(actual)[:60]!r}, expected {str(expected)[:60]!r}"
+    if isinstance(expected, (list, tuple)) and not all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in expected):
+        if not isinstance(actual, list) or len(actual) != len(expected):
+            return f"{where} should be a list of {len(expected)} items"
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            problem = compare_plain(a, e, rtol, atol, f"{where}[{i}]")
+            if problem:
+                return problem
+        return None
+    e = np.asarray(expected)
+    if not (isinstance(actual, (np.ndarray, list, int, float)) and not isinstance(actual, bool) or e.dtype.kind == "b"):
+        return f"{where} should be numbers, got {type(actual).__name__}"
+    try:
+        a = np.asarray(actual)
+    except (ValueError, TypeError):
+        return f"{where} is not a rectangular array of numbers"
+    if a.dtype.kind not in "biuf":
+        return f"{where} should hold numbers, got dtype {a.dtype}"
+    if a.shape != e.shape:
+        return f"{where} has shape {a.shape}, expected {e.shape}"
+    if e.dtype.kind == "f" or a.dtype.kind == "f":
+        a64, e64 = a.astype(np.float64), e.astype(np.float64)
+        if not np.isfinite(a64).all() and np.isfinite(e64).all():
+            return f"{where} contains NaN or Inf where the reference is finite"
+        if not np.allclose(a64, e64, rtol=rtol, atol=atol, equal_nan=False):
+            diff = np.abs(a64 - e64)
+            diff = np.where(np.isnan(diff), np.inf, diff)
+            worst = np.unravel_index(int(np.argmax(diff)), diff.shape) if diff.ndim else ()
+            return f"{where} differs from the reference: largest error {float(np.max(diff)):.3g} at index {tuple(int(i) for i in worst)}"
+        return None
+    return None if np.array_equal(a, e) else f"{where} differs from the reference"

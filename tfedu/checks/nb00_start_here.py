@@ -224,7 +224,7 @@ PROBES = {
         reference=_softmax_reference,
         compare=_compare_softmax,
         # The exercise is to build the softmax: the reference and torch's own versions are off limits.
-        # (torch.ops.aten.* is refused by the grader's scan for every answer; see tfedu.grading.scan.)
+        # (torch.ops.aten.* is refused by the grader's scan for every answer; see tfedu.checks.scan.)
         forbidden=SOFTMAX_SHORTCUTS,
     ),
 }

@@ -17,7 +17,6 @@ import regex
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, expect
 from tfedu.tokenizer import GPT2_PATTERN, GPT4_PATTERN, Tokenizer, get_pair_counts, merge_pair, pretokenize, train_bpe
 from tfedu.tokenizer import merge_pair as reference_merge_pair
-from tfedu.tokenizer_widgets import letter_ids  # noqa: F401  (the notebook imports it from here)
 
 # The lecture's worked example with a..z = 1..26 (only the 11-letter string fits its numbers).
 DECK_TEXT = "aaabdaaabac"

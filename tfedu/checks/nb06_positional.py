@@ -30,6 +30,7 @@ from tfedu.checks.core import (
     call_learner,
     checker,
     compare,
+    compare_plain,
     describe,
     expect,
     is_close,
@@ -739,8 +740,6 @@ def _alibi_reference(inputs: dict) -> dict:
 
 
 def _compare_alibi(outputs: dict, expected: dict) -> str | None:
-    from tfedu.grading.grade import compare_plain  # here, not at the top: grading imports the checkers
-
     problem = _kinds_and_dtypes(outputs, expected, function="alibi_bias",
                                 dtype_hints={"torch.bool": HINT_BOOL_BIAS, "": "build the bias as a float32 tensor"})
     if problem:

@@ -33,7 +33,7 @@ import torch
 from tfedu.checks.core import (CheckFailure, Probe, call_learner, checker, describe, expect, from_modules,
                                global_names, globals_from_modules)
 from tfedu.checks.probes import CLEANUP, HELPERS
-from tfedu.grading.scan import scan_answer
+from tfedu.checks.scan import scan_answer
 
 FORBIDDEN = ("tfedu.constrained", "tfedu.generate")
 NAME = "constrained_probs"

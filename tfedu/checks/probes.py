@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from tfedu.checks.core import compare_plain
+
 # Run in the student's kernel (as part of Probe.run) and, for the reference, here: one source.
 HELPERS = '''\
 def _kind(value):
@@ -141,8 +143,6 @@ def compare_outputs(
     more loosely (``grad_rtol``, and ``grad_atol`` times the largest reference gradient when that
     exceeds one): they amplify the rounding of the values, and a detached path is off by far more.
     """
-    from tfedu.grading.grade import compare_plain  # here, not at the top: grading imports the checkers
-
     labels, nan_hints, kind_hints = labels or {}, nan_hints or {}, kind_hints or {}
     if not isinstance(outputs, dict):
         return f"the hidden test's outputs should be a dict, got {type(outputs).__name__}"

@@ -1,0 +1,159 @@
+"""The course map in one place: every notebook, its title, what it builds and its status.
+
+Notebook 00's map and the README's table are generated from ``CHAPTERS`` by ``tfedu clean``
+(``course_map.sync``); ``tests/test_course_map.py`` fails when either drifts from it, when a title
+differs from its notebook's header, or when a notebook is missing from the list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+STATUSES = ("ready", "coming")
+MAP_NOTEBOOK = "00_start_here.ipynb"  # the notebook whose markdown holds the map
+BEGIN = "<!-- course map: generated from tfedu/course/course_map.py by `tfedu clean`; edit it there -->"
+END = "<!-- end of the course map -->"
+
+
+@dataclass(frozen=True)
+class Chapter:
+    number: str  # "00".."15": the file name's prefix and the order
+    name: str  # the rest of the file name: notebooks/{number}_{name}.ipynb
+    title: str  # the header's title, after "# NN · "
+    builds: str  # what the learner builds, one line of markdown
+    status: str = "ready"  # ready | coming
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"Chapter {self.number}: status must be one of {STATUSES}, got {self.status!r}")
+        if "|" in self.builds or "\n" in self.builds:
+            raise ValueError(f"Chapter {self.number}: builds must be one table cell (no '|' or newline)")
+
+    @property
+    def filename(self) -> str:
+        return f"{self.number}_{self.name}.ipynb"
+
+
+CHAPTERS: tuple[Chapter, ...] = (
+    Chapter("00", "start_here", "Start here", (
+        "how the course works, checks, your device, a stable softmax"
+    )),
+    Chapter("01", "tokenization", "Tokenization", (
+        "byte-level BPE from the worked example to a fast, exact tokenizer; encoding by merge rank; "
+        "WordPiece"
+    )),
+    Chapter("02", "embeddings", "Embeddings", (
+        "one-hot vectors, embedding look-ups, word2vec (SGNS, CBOW, hierarchical softmax), weight tying"
+    )),
+    Chapter("03", "rnns_to_attention", "From RNNs to attention", (
+        "recurrence, gradients through time, the LSTM, seq2seq, Bahdanau attention, convolutions, Table 1"
+    )),
+    Chapter("04", "attention", "Attention", (
+        "scaled dot-product attention by hand, when sqrt(d_k) is right, fused QKV, attention dropout"
+    )),
+    Chapter("05", "masks_and_heads", "Masks and heads", (
+        "causal and padding masks, what a causal mask tells about order, multi-head and cross-attention"
+    )),
+    Chapter("06", "positional_encoding", "Positional encoding", (
+        "binary codes, sinusoids and their rotation, learned positions, ALiBi, RoPE in both layouts, a "
+        "length-extrapolation experiment"
+    )),
+    Chapter("07", "transformer_block", "The Transformer block", (
+        "the FFN (ReLU, GELU, SwiGLU), LayerNorm and RMSNorm, the residual stream, pre- and post-norm "
+        "blocks, the course GPT checked against GPT-2, parameter and FLOP counts, pre- vs post-norm at "
+        "depth, encoder / decoder / encoder-decoder"
+    )),
+    Chapter("08", "training_and_decoding", "Training and decoding", (
+        "the next-token objective, the training loop (AdamW, warm-up and cosine, clipping, checkpoints), "
+        "a GPT trained live against count baselines, the unmasked model that cheats, the shipped course "
+        "GPT, greedy, temperature, top-k, top-p, beam search, repetition"
+    )),
+    Chapter("09", "efficient_attention", "Efficient attention: online softmax, tiles, FlashAttention and a Triton kernel", (
+        "attention's cost measured (FLOPs, peak memory, time), HBM vs SRAM, softmax naive/safe/online, "
+        "tiled matmul with its loads counted, FlashAttention's forward by tiles and its backward, memory "
+        "vs n, deck 000's IO table counted, a Triton FlashAttention kernel read and run (CPU interpreter "
+        "or GPU), linear attention and the retrieval it fails"
+    )),
+    Chapter("10", "inference_and_kv_cache", "Inference and the KV cache: decoding cost, identical tokens, MQA, GQA and MLA", (
+        "decoding's cost without a cache, measured; why the past never changes; one cached decoding step "
+        "by hand, driving the course GPT; identical tokens cached and uncached (greedy, sampled, beam); "
+        "per-step FLOPs counted exactly, O(bd^2 + bnd) vs O(bnd^2 + bn^2 d); the cache's bytes (deck "
+        "004's 2ndL and its unstated conditions); MQA/GQA cache sizes, and the course GPT converted to "
+        "fewer key/value heads and uptrained; MLA's latent cache against GQA's"
+    )),
+    Chapter("11", "beyond_text", "Beyond text: images, sound and the same blocks", (
+        "an image as a sequence of patches, cut by hand, and the patch embedding two ways (conv with "
+        "kernel = stride = P, and unfold + linear), equal bit for bit; a ViT (equal to transformers' "
+        "ViTForImageClassification) trained on digits; a CNN against a ViT on growing training sets; the "
+        "deck's \"ViT: no inductive bias\" measured; mean attention distance per head; a log-mel "
+        "spectrogram with a mel filterbank by hand (equal to librosa's); a spectrogram transformer on "
+        "synthetic audio; the Conformer block, its half steps, and its convolution's shift equivariance"
+    )),
+    Chapter("12", "moe_and_scaling", "Mixture of experts and scaling laws", (
+        "a mixture of experts in the course GPT (`ModelConfig(n_experts=E, top_k=k, capacity_factor=c)`): "
+        "parameters grow by E and FLOPs by k, measured with torch's FLOP counter (and Mixtral's 46.7B / "
+        "12.9B counted); the router by hand, and why one gate must not be renormalised; capacity and "
+        "dropped tokens; Switch's balance loss trained on and off (without it the router collapses); loop "
+        "vs sort-and-gather dispatch, equal, timed; five GPTs trained on the same bytes and a power law "
+        "fitted; the compute frontier; C = 6ND, PF-days, Kaplan vs Chinchilla allocations"
+    )),
+    Chapter("13", "peft", "Parameter-efficient fine-tuning", (
+        "the course GPT fine-tuned to Python source code (a new style, measured) by full fine-tuning, "
+        "LoRA (W_Q, W_V; the MLP; equal budgets), adapters, prefix tuning (a learned prefix on "
+        "`tfedu.layers.Attention`) and prompt tuning, in one table of trainable fraction, held-out loss, "
+        "time and training memory; LoRA by hand (B = 0, alpha / r, no activation), merged into plain "
+        "layers with identical logits; a rank sweep; the deck's \"15%\" and \"W_Q and W_V\" checked against "
+        "Hu et al.; `tfedu.peft` tested against Hugging Face peft"
+    )),
+    Chapter("14", "quantization", "Quantization", (
+        "absmax and zero-point quantization by hand; one outlier against per-tensor, per-row and "
+        "per-group scales; int4 packed two per byte, memory as bytes stored; GPTQ by hand on one layer "
+        "(the Cholesky update, against round-to-nearest); the course GPT at 32/16/8/4 bits, perplexity "
+        "and bytes, RTN vs GPTQ; the deck's \"~4.5 bits\" and \"<5% for 1B+\" checked against Frantar et al."
+    )),
+    Chapter("15", "interpretability_and_decoding", "Looking inside, and steering the output", (
+        "attention maps of the course GPT per head and averaged over the last layer (and what the average "
+        "hides); previous-token and induction scores on a repeated random sequence against chance (the "
+        "course GPT has neither previous-token nor induction heads, measured; a two-layer attention-only "
+        "model trained on repeating sequences has both, and ablating either layer undoes the copying); "
+        "the logit lens, its last row equal to the logits bit for bit; direct logit attribution that adds "
+        "up to the logit; constrained decoding by hand (-inf before the softmax), a regex constraint over "
+        "the vocabulary's byte trie (`tfedu.constrained`, a logits processor for `tfedu.generate`), JSON "
+        "valid in 100 of 100 samples, its cost per token"
+    )),
+)
+
+
+def notebook_table() -> str:
+    """The map as notebook 00 shows it: links relative to notebooks/."""
+    rows = [f"| [{c.number} · {c.title}]({c.filename}) | {c.builds} | {c.status} |" for c in CHAPTERS]
+    return "\n".join(["| notebook | what you build | status |", "|---|---|---|", *rows])
+
+
+def readme_table() -> str:
+    """The map as the README shows it: links from the repository root."""
+    rows = [f"| {c.number} | [{c.title}](notebooks/{c.filename}) | {c.builds} | {c.status} |" for c in CHAPTERS]
+    return "\n".join(["| # | notebook | what you build | status |", "|---|---|---|---|", *rows])
+
+
+def replace_table(text: str, table: str) -> str:
+    """``text`` with what lies between the BEGIN and END markers replaced by ``table``; unchanged without markers."""
+    if BEGIN not in text:
+        return text
+    before, rest = text.split(BEGIN, 1)
+    if END not in rest:
+        raise ValueError(f"the course map starts with {BEGIN!r} but its end marker {END!r} is missing")
+    return f"{before}{BEGIN}\n{table}\n{END}{rest.split(END, 1)[1]}"
+
+
+def sync_readme(path: str | Path, *, check_only: bool = False) -> bool:
+    """Regenerate the README's table (between the markers); True when it changed (or, checking, would)."""
+    path = Path(path)
+    before = path.read_text(encoding="utf-8")
+    if BEGIN not in before:
+        raise ValueError(f"{path} has no course-map markers ({BEGIN!r} ... {END!r})")
+    after = replace_table(before, readme_table())
+    if after != before and not check_only:
+        path.write_text(after, encoding="utf-8")
+    return after != before

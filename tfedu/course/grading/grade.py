@@ -1,0 +1,724 @@
+"""Autograding: ``tfedu grade SUBMISSION.ipynb... --out results.json`` (and a CSV next to it).
+
+How one submission is graded:
+
+1. **Trusted notebook.** The source notebook (found in ``notebooks/`` by the submission's file
+   name, or given with ``--source``) is the program that runs. From the submission only the
+   *answer cells* are taken, matched by the ``grade_id`` of the source's solution cells; the
+   student's check and test cells, metadata, points and kernelspec are ignored. Points come
+   from the source's check cells. Duplicated answer cells: the first one counts. An unreadable
+   file (invalid JSON, not nbformat 4, no cells, a ``.py`` renamed) scores zero with a message.
+2. **Static scan** (:mod:`tfedu.checks.scan`) of every answer cell for escape hatches, and of
+   each exercise's own answer for its ``Probe.forbidden`` reference (earlier answers serve as
+   context for aliases; indirect calls are left to the run-time tripwire). A flagged
+   answer scores zero with the reason, and it is replaced by the release stub before running.
+   The scan has its own limits (an answer over ``scan.MAX_ANSWER_CHARS`` characters, or whose
+   scan runs past ``scan.SCAN_SECONDS``, scores zero), so no answer can stall the grader here.
+3. **Run in a sandbox** (:mod:`tfedu.course.grading.sandbox`): the hidden tests' inputs are drawn first,
+   from OS entropy, and bound read-only into a fresh bubblewrap sandbox; the plan (every cell's
+   code, the answers or their stubs) goes in on stdin. Inside, the runner
+   (:mod:`tfedu.course.grading.inside`) drives a fresh kernel (:mod:`tfedu.course.grading.kernel`: memory,
+   file-size, CPU and process limits, no stdin, a per-cell and a total time limit). After each
+   check cell a harness cell (:mod:`tfedu.course.grading.harness`) runs the check's ``Probe`` and exports
+   plain data; the runner appends it to its report, one JSON line at a time, so a later crash
+   cannot take it back. Reference stand-ins for the earlier exercises an exercise builds on are
+   bound while its check cell and hidden test run (``Probe.standins``): one mistake costs one
+   exercise. Past the total limit (plus :data:`BACKSTOP_SECONDS`) the grader kills the sandbox,
+   and with it every process inside.
+4. **Judge in the grader's own process**, after the sandbox has exited: ``probe.reference(inputs)``
+   is computed here and compared with the exported data (``probe.compare`` or ``np.allclose``
+   with the probe's tolerances). An exercise earns its points only when its check cell ran
+   without error *and* the probe matched *and* the tripwire stayed silent. The check cell's hint
+   is the feedback when it fails. The runner can only report zeros and data: no point comes from
+   inside the sandbox.
+5. **Failures stay local.** When a cell runs past its limit or the kernel dies, the runner blames
+   the most recent student answer at or before that cell (zero, with the reason), replaces it by
+   its stub, and a fresh kernel replays the notebook from the top and carries on. Past the total
+   limit, whatever is not graded yet scores zero. Submissions are independent (``jobs`` of them
+   run at once, each in its own sandbox).
+6. **Plain-text report.** Everything the grader reports (feedback, notes, file names) goes
+   through :func:`clean_text` before it is returned, printed or written to the JSON and CSV: an
+   error message is the student's text, and terminal escapes in it could forge the report.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import importlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unicodedata
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tfedu.course import nbtools
+from tfedu.checks.core import NOT_DONE_MESSAGE, Probe, compare_plain
+from tfedu.course.grading import harness, sandbox
+from tfedu.course.grading.kernel import clean_environment, kill_session
+from tfedu.course.grading.release import CODE_STUB, _replace_regions, is_check, is_solution
+from tfedu.checks.scan import SCAN_SECONDS, SUBMISSION_SCAN_SECONDS, scan_answer
+
+MAX_SUBMISSION_BYTES = 20 << 20
+MAX_REPORT_BYTES = 64 << 20  # the runner's report (hidden tests' outputs, base64), read into the grader
+BACKSTOP_SECONDS = 5.0  # past the total limit, the grader kills the sandbox (the runner stopped or froze)
+CPU_WINDOW_SECONDS = 10.0  # the CPU share is measured over this window
+
+# Terminal escape sequences, removed whole so that their parameters do not stay behind as text:
+# OSC (ESC ] ... BEL or ST, window titles and hyperlinks), CSI (ESC [ ... final byte, colours,
+# cursor moves, line erasing; 0x9b is its one-byte C1 form), then any other two-byte ESC sequence.
+_ESCAPES = re.compile(r"\x1b\][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+                      r"|(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+                      r"|\x1b[ -~]?")
+
+
+def clean_text(text: str, *, one_line: bool = False) -> str:
+    r"""Student-controlled text made safe to print and to store: terminal escape sequences removed,
+    control and format characters (carriage return, backspace, C1, bidi overrides such as U+202E,
+    lone surrogates) dropped, tabs made spaces. Newlines stay, or become `` | `` with ``one_line``
+    (a report line per exercise must not be forged by a newline in an error message).
+
+    >>> clean_text("\x1b[2K\r\u2714 all checks passed\u202e")
+    '\u2714 all checks passed'
+    >>> clean_text("a\nb\tc", one_line=True)
+    'a | b c'
+    """
+    text = _ESCAPES.sub("", str(text))
+    kept = []
+    for char in text:
+        if char in "\n\u2028\u2029":
+            kept.append(" | " if one_line else "\n")
+        elif char == "\t":
+            kept.append(" ")
+        elif unicodedata.category(char) not in ("Cc", "Cf", "Cs"):
+            kept.append(char)
+    return "".join(kept)
+
+
+def _clean_entry(entry: dict[str, Any]) -> dict[str, Any]:
+    """The one place a submission's results are made plain text before leaving the grader."""
+    entry["file"] = clean_text(entry["file"])
+    entry["notes"] = [clean_text(note) for note in entry["notes"]]
+    for exercise in entry["exercises"].values():
+        exercise["feedback"] = clean_text(exercise["feedback"])
+    return entry
+
+
+class ConfigError(RuntimeError):
+    """The instructor's side is wrong (no source notebook, a check cell without a probe, ...)."""
+
+
+class SubmissionError(ValueError):
+    """The submission file cannot be read as a notebook."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    cell_timeout: float = 120.0  # seconds any one cell may run
+    timeout: float = 900.0  # seconds for a whole submission, kernel starts and replays included
+    memory_gib: float = 4.0  # address-space limit of the kernel and what it starts
+    file_mib: float = 256.0  # largest file the kernel may write
+    startup_timeout: float = 60.0
+    processes: int = 128  # processes in the sandbox at once (and RLIMIT_NPROC, which counts threads)
+    threads: int = 512  # threads of all its processes together (each takes a process ID of the host)
+    files: int = 20_000  # files (inodes) in each private folder: a tmpfs's size does not bound them
+    tmp_mib: float = 256.0  # size of each private tmpfs in the sandbox (/tmp, $HOME, /dev/shm, the exchange)
+
+
+@dataclass
+class Step:
+    kind: str  # "code" (trusted), "answer", "check" or "probe"
+    source: str
+    cell: int  # index in the source notebook
+    grade_id: str = ""  # the answer's or the check's grade_id
+
+
+@dataclass
+class Assignment:
+    path: Path
+    steps: list[Step]
+    answers: list[str]  # solution grade_ids in notebook order
+    stubs: dict[str, str]  # solution grade_id -> its released source
+    points: dict[str, float]  # check grade_id -> points
+    probes: dict[str, Probe]  # check grade_id -> probe
+
+
+def default_notebooks_dir() -> Path:
+    here = Path(__file__).resolve().parents[3] / "notebooks"
+    return here if here.is_dir() else Path.cwd() / "notebooks"
+
+
+def find_source(submission: Path, notebooks_dir: Path) -> Path:
+    """The source notebook for ``submission``: same file name, else the longest name its stem starts with."""
+    exact = notebooks_dir / submission.name
+    if exact.is_file():
+        return exact
+    candidates = [p for p in notebooks_dir.glob("*.ipynb") if submission.stem.startswith(p.stem)]
+    if not candidates:
+        raise ConfigError(f"no source notebook in {notebooks_dir} matches {submission.name}; pass --source")
+    return max(candidates, key=lambda p: len(p.stem))
+
+
+def checks_module(source: Path, nb, name: str | None = None) -> Any:
+    """The module holding the source's PROBES: ``name``, else tfedu.checks.nb<stem>, else the one its cells import."""
+    if name:
+        return importlib.import_module(name)
+    names = [f"tfedu.checks.nb{source.stem}"]
+    for cell in nb.cells:
+        names += [f"tfedu.checks.{m}" for m in re.findall(r"tfedu\.checks\.(nb\w+)|from tfedu\.checks import (nb\w+)", cell.source) for m in m if m]
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ConfigError(f"{source.name}: no checks module found (tried {', '.join(dict.fromkeys(names))})")
+
+
+def load_assignment(source: Path, checks: str | None = None) -> Assignment:
+    nb = nbtools.read(source)
+    module = checks_module(source, nb, checks)
+    probes_all: dict[str, Probe] = getattr(module, "PROBES", {})
+    steps: list[Step] = []
+    answers, stubs, points, probes = [], {}, {}, {}
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        meta = nbtools.nbgrader_meta(cell) or {}
+        grade_id = str(meta.get("grade_id", ""))
+        if is_solution(cell):
+            answers.append(grade_id)
+            stub, replaced = _replace_regions(cell.source, nbtools.BEGIN_SOLUTION, nbtools.END_SOLUTION, CODE_STUB, grade_id)
+            stubs[grade_id] = stub if replaced else CODE_STUB
+            steps.append(Step("answer", cell.source, index, grade_id))
+        elif is_check(cell):
+            probe = probes_all.get(grade_id)
+            if probe is None:
+                raise ConfigError(f"{source.name}: check cell {grade_id} has no Probe in {module.__name__}.PROBES")
+            if probe.exercise not in answers:
+                raise ConfigError(f"{source.name}: probe {grade_id} grades {probe.exercise!r}, which is not an answer cell before it")
+            points[grade_id] = float(meta.get("points", 0) or 0)
+            probes[grade_id] = probe
+            steps.append(Step("check", cell.source, index, grade_id))
+            steps.append(Step("probe", "", index, grade_id))
+        else:
+            steps.append(Step("code", cell.source, index))
+    return Assignment(source, steps, answers, stubs, points, probes)
+
+
+def read_answers(path: Path, wanted: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The submission's answer sources by grade_id, plus notes for the student."""
+    try:
+        if not path.is_file():  # a FIFO, a device or a folder would block or never end
+            raise SubmissionError("the submission is not a regular file")
+        if path.stat().st_size > MAX_SUBMISSION_BYTES:
+            raise SubmissionError(f"the file is larger than {MAX_SUBMISSION_BYTES >> 20} MiB")
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as err:
+        if isinstance(err, SubmissionError):
+            raise
+        raise SubmissionError(f"the file is not a Jupyter notebook (it is not valid JSON: {str(err)[:120]})") from None
+    if isinstance(data, dict) and "nbformat" in data and data["nbformat"] != 4:
+        raise SubmissionError(f"the notebook is nbformat {data['nbformat']!r}; open and save it in a current Jupyter (nbformat 4)")
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise SubmissionError("the file is not a Jupyter notebook (no list of cells); was a .py file renamed to .ipynb?")
+    if not data["cells"]:
+        raise SubmissionError("the notebook has no cells")
+    answers: dict[str, str] = {}
+    notes: list[str] = []
+    for cell in data["cells"]:
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        meta = cell.get("metadata")
+        nbg = meta.get("nbgrader") if isinstance(meta, dict) else None
+        grade_id = nbg.get("grade_id") if isinstance(nbg, dict) else None
+        if not isinstance(grade_id, str) or grade_id not in wanted:
+            continue
+        source = cell.get("source", "")
+        if isinstance(source, list) and all(isinstance(s, str) for s in source):
+            source = "".join(source)
+        if not isinstance(source, str):
+            continue
+        if grade_id in answers:
+            notes.append(f"several answer cells carry grade_id {grade_id}; only the first was graded")
+            continue
+        answers[grade_id] = source
+    return answers, notes
+
+
+def judge(probe: Probe, inputs: dict, result: dict | None) -> str | None:
+    """None when the exported result matches the reference; else feedback."""
+    if result is None:
+        return "the hidden test produced no result (did the answer interfere with the notebook or the files around it?)"
+    processes = [t for t in result["tripwire"] if "process" in t and "profiler" not in t]
+    if processes and len(processes) == len(result["tripwire"]):
+        return ("the answer started processes that ran beside the hidden test (" + "; ".join(processes)
+                + "); work that the grader cannot watch scores zero")
+    if result["tripwire"]:
+        return ("the answer called the reference it is supposed to build (" + "; ".join(result["tripwire"])
+                + "); an answer that uses the reference scores zero")
+    if result["error"]:
+        error = result["error"]
+        if error.startswith("NotImplementedError"):
+            return NOT_DONE_MESSAGE
+        return f"on fresh random inputs (the hidden test) your code raised {error}"
+    expected = probe.reference(inputs)
+    try:
+        problem = probe.compare(result["outputs"], expected) if probe.compare else compare_plain(result["outputs"], expected, probe.rtol, probe.atol)
+    except Exception as err:  # the outputs had an unexpected form
+        problem = f"the result has an unexpected form ({type(err).__name__}: {str(err)[:200]})"
+    return None if problem is None else f"on fresh random inputs (the hidden test): {problem}"
+
+
+@dataclass
+class Run:
+    """The state of grading one submission."""
+
+    assignment: Assignment
+    answers: dict[str, str]
+    limits: Limits
+    outcome: dict[str, tuple[float, str]] = field(default_factory=dict)  # check id -> (points, feedback)
+    stubbed: dict[str, str] = field(default_factory=dict)  # answer id -> why it was replaced
+    answer_errors: dict[str, str] = field(default_factory=dict)
+
+    def checks_of(self, answer: str) -> list[str]:
+        return [c for c, p in self.assignment.probes.items() if p.exercise == answer]
+
+    def zero(self, check: str, feedback: str) -> None:
+        self.outcome.setdefault(check, (0.0, feedback))
+
+    def zero_rest(self, feedback: str) -> None:
+        for check in self.assignment.probes:
+            self.zero(check, feedback)
+
+
+def static_phase(run: Run) -> None:
+    a = run.assignment
+    budget_end = time.monotonic() + SUBMISSION_SCAN_SECONDS
+
+    def scan(source: str, **kwargs: Any) -> list[str]:  # per answer SCAN_SECONDS, per submission SUBMISSION_SCAN_SECONDS
+        left = budget_end - time.monotonic()
+        if left <= 0:
+            return [f"the static scan of this submission ran past its total limit ({SUBMISSION_SCAN_SECONDS:g} s); "
+                    "this answer was not scanned and nothing of it was run"]
+        return scan_answer(source, time_limit=min(SCAN_SECONDS, left), **kwargs)
+
+    context: list[str] = []
+    answer_sources: dict[str, str] = {}
+    for step in a.steps:
+        if step.kind == "code":
+            context.append(step.source)
+        elif step.kind == "answer":
+            gid = step.grade_id
+            if gid not in run.answers:
+                run.stubbed[gid] = f"no answer cell with grade_id {gid} was found in the submission (deleted, or its metadata changed?)"
+                for check in run.checks_of(gid):
+                    run.zero(check, run.stubbed[gid])
+                continue
+            source = run.answers[gid]
+            problems = scan(source, context=context)  # over the size or time limit: one problem saying so
+            if problems:
+                run.stubbed[gid] = "; ".join(problems)
+                for check in run.checks_of(gid):
+                    run.zero(check, run.stubbed[gid])
+            else:
+                answer_sources[gid] = source
+                context.append(source)
+        elif step.kind == "check":
+            probe = a.probes[step.grade_id]
+            if not probe.forbidden:
+                continue
+            ctx: list[str] = []
+            for earlier in a.steps[: a.steps.index(step)]:
+                if earlier.kind == "code":
+                    ctx.append(earlier.source)
+                elif earlier.kind == "answer" and earlier.grade_id in answer_sources:
+                    src = answer_sources[earlier.grade_id]
+                    # Only the exercise's own answer is scanned for its reference. Earlier answers
+                    # are context (an alias imported there and used here is still resolved), and a
+                    # call into the reference through an earlier answer's function is caught by
+                    # the run-time tripwire, so one misuse does not zero the exercises after it.
+                    if earlier.grade_id == probe.exercise:
+                        plain = set(scan(src, context=ctx))
+                        hits = [p for p in scan(src, context=ctx, forbidden=probe.forbidden) if p not in plain]
+                        if hits:
+                            run.zero(step.grade_id, "; ".join(hits))
+                            run.stubbed.setdefault(earlier.grade_id, "; ".join(hits))
+                    ctx.append(src)
+
+
+# What a sandboxed run gets of the grader's environment: what Python, Jupyter and the course read,
+# never the rest (an instructor's tokens and paths would otherwise reach every submission).
+SANDBOX_ENV = {"LANG", "LANGUAGE", "TZ", "TERM", "MPLBACKEND", "PYTHONHASHSEED", "PYTHONUTF8", "PYTHONIOENCODING",
+               "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TRITON_INTERPRET"}
+SANDBOX_ENV_PREFIXES = ("LC_", "TFEDU_")
+
+
+def _runner_environment(home: str, tmp: str, sandboxed: bool, cpus: float = 1.0) -> dict[str, str]:
+    """The environment of the runner and its kernel: the grader's, minus test-runner variables, with a
+    private home (IPython, Jupyter and matplotlib folders inside it) and temporary folder."""
+    env = clean_environment(home)
+    if sandboxed:
+        env = {k: v for k, v in env.items() if k in SANDBOX_ENV or k.startswith(SANDBOX_ENV_PREFIXES)}
+    for key in ("PYTHONSTARTUP", "OLDPWD", "IPYTHONDIR", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR",
+                "JUPYTER_PATH", "JUPYTER_CONFIG_PATH", "MPLCONFIGDIR", "XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
+        env.pop(key, None)
+    env.update(HOME=home, TMPDIR=tmp, IPYTHONDIR=f"{home}/.ipython", JUPYTER_CONFIG_DIR=f"{home}/.jupyter",
+               JUPYTER_DATA_DIR=f"{home}/.local/share/jupyter", JUPYTER_RUNTIME_DIR=f"{home}/.local/share/jupyter/runtime",
+               MPLCONFIGDIR=f"{home}/.config/matplotlib", XDG_CONFIG_HOME=f"{home}/.config", XDG_CACHE_HOME=f"{home}/.cache",
+               PYTHONUSERBASE=site.getuserbase(), PYTHONDONTWRITEBYTECODE="1")
+    for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # torch's threads: the run's CPU share (see Monitor)
+        env.setdefault(key, str(max(1, int(cpus))))
+    if sandboxed:
+        env["PYTHONPATH"] = sandbox.python_path()
+        env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"])
+    return env
+
+
+def _read_events(handle: Any) -> list[dict[str, Any]]:
+    """The runner's report: JSON objects, one per line, at most MAX_REPORT_BYTES; a torn last line is dropped."""
+    handle.seek(0)
+    data = handle.read(MAX_REPORT_BYTES + 1)[:MAX_REPORT_BYTES]
+    events = []
+    for line in data.split(b"\n"):
+        try:
+            event = json.loads(line.decode("utf-8"))
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def _unpack(files: Any, folder: Path) -> None:
+    """A hidden test's exported files, written into a fresh ``folder``/out for :func:`harness.read_result`."""
+    out = folder / "out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(mode=0o700)
+    if not isinstance(files, dict):
+        return
+    for name, data in list(files.items())[:1000]:
+        if isinstance(name, str) and isinstance(data, str) and re.fullmatch(r"result\.json|[0-9]{1,6}\.npy", name):
+            try:
+                (out / name).write_bytes(base64.b64decode(data, validate=True))
+            except ValueError:
+                continue
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End the runner and everything it started. In a sandbox, killing bwrap ends its PID namespace.
+    Without one, SIGTERM first lets the kernel's launcher (a subreaper) kill what its kernel started."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=3)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    kill_session(proc.pid)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _process_tree(root: int) -> list[int]:
+    """``root`` and every process below it (from the host's /proc: a sandbox's processes are in it too)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [root]
+    while todo and len(found) < 100_000:
+        pid = todo.pop()
+        found.append(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _usage(pids: list[int]) -> tuple[float, int]:
+    """CPU seconds of ``pids`` and of the children they have waited for (utime, stime, cutime,
+    cstime), and their number of threads."""
+    ticks, threads = 0, 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+            ticks += sum(int(f) for f in fields[11:15])
+            threads += int(fields[17])
+        except (OSError, ValueError, IndexError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK"), threads
+
+
+def _files_in_private_folders(pids: list[int]) -> int:
+    """The most files (inodes) in any of the sandbox's private tmpfs, seen through /proc/PID/root of a
+    process inside it. A tmpfs's --size bounds bytes, not inodes, and each inode costs host kernel memory."""
+    for pid in pids[1:3]:  # bwrap's child (the sandbox's init) and the runner live in the sandbox's mounts
+        try:
+            counts = []
+            for folder in ("tmp", sandbox.HOME.strip("/"), "dev/shm", sandbox.EXCHANGE.strip("/")):
+                info = os.statvfs(f"/proc/{pid}/root/{folder}")
+                counts.append(info.f_files - info.f_ffree)
+            return max(counts)
+        except OSError:
+            continue
+    return 0
+
+
+class Monitor(threading.Thread):
+    """Watches one run from outside its sandbox, where nothing in the sandbox can stop it: ends the run
+    when it holds more than ``limits.processes`` processes, or uses more than its share of the CPU
+    (``cpus`` cores, with some slack, over :data:`CPU_WINDOW_SECONDS`) and so slows down the
+    submissions graded beside it. ``reason`` says why it ended a run."""
+
+    def __init__(self, proc: subprocess.Popen, limits: Limits, cpus: float, sandboxed: bool = True):
+        super().__init__(daemon=True)
+        self.proc, self.limits, self.allowed, self.sandboxed = proc, limits, cpus * 1.2 + 0.2, sandboxed
+        self.reason: str | None = None
+        self.done = threading.Event()
+        self.peak = 0.0  # the highest CPU rate seen (cores), for the record
+
+    def run(self) -> None:
+        samples: list[tuple[float, float]] = []
+        while self.proc.poll() is None and not self.done.is_set():
+            pids = _process_tree(self.proc.pid)
+            now, (used, threads) = time.monotonic(), _usage(pids)
+            samples = [s for s in samples if now - s[0] <= CPU_WINDOW_SECONDS] + [(now, used)]
+            span = now - samples[0][0]
+            rate = (used - samples[0][1]) / span if span >= CPU_WINDOW_SECONDS / 2 else 0.0
+            self.peak = max(self.peak, rate)
+            if len(pids) > self.limits.processes + 8:  # bwrap, its init, the runner and the launcher are not the answer's
+                self.reason = f"the run held more than {self.limits.processes} processes at once"
+            elif threads > self.limits.threads:
+                self.reason = f"the run held more than {self.limits.threads} threads at once"
+            elif self.sandboxed and _files_in_private_folders(pids) > self.limits.files:
+                self.reason = f"the run made more than {self.limits.files} files in one of its private folders"
+            elif rate > self.allowed:
+                self.reason = (f"the run used {rate:.1f} CPU cores on average over {CPU_WINDOW_SECONDS:g} s, more than its "
+                               f"share ({self.allowed:.2f}), slowing down the other submissions graded with it")
+            if self.reason:
+                kill_session(self.proc.pid)
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                return
+            self.done.wait(0.5)
+
+
+def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float = 1.0) -> None:
+    """Run the notebook in a sandbox (``box``; None: without one), then judge what came back.
+
+    The plan (every cell's code, the answers or their stubs, the hidden tests and their inputs'
+    folders) goes in on the runner's stdin; inputs are drawn here first, from OS entropy. The
+    runner's report is read only after the runner, its kernel and everything they started are gone.
+    """
+    a, limits = run.assignment, run.limits
+    exchange = Path(tempfile.mkdtemp(prefix="tfedu-grade-"))
+    home = Path(tempfile.mkdtemp(prefix="tfedu-home-")) if box is None else None
+    drawn: dict[str, tuple[dict[str, Any], str, Path]] = {}
+    plan_probes: dict[str, dict[str, Any]] = {}
+    try:
+        for index, (check, probe) in enumerate(a.probes.items()):
+            if check in run.outcome:
+                continue
+            folder = exchange / str(index)
+            try:
+                inputs = probe.make_inputs(np.random.default_rng(secrets.randbits(128)))
+                folder.mkdir()
+                harness.write_inputs(folder, inputs)
+            except Exception as err:  # the instructor's probe is broken, not the answer
+                run.zero(check, f"internal error in the hidden test, tell your instructor: {type(err).__name__}: {err}")
+                continue
+            nonce = secrets.token_hex(16)
+            drawn[check] = (inputs, nonce, folder)
+            plan_probes[check] = {"exercise": probe.exercise, "folder": str(index), "run": probe.run, "nonce": nonce,
+                                  "forbidden": list(probe.forbidden), "standins": getattr(probe, "standins", "") or ""}
+        if box is not None and box.as_nobody:  # bwrap, running as nobody, must be able to read the inputs
+            for path in [exchange, *exchange.rglob("*")]:
+                path.chmod(0o755 if path.is_dir() else 0o644)
+        plan = {
+            "steps": [{"kind": s.kind, "source": s.source, "cell": s.cell, "grade_id": s.grade_id} for s in a.steps],
+            "answers": {gid: src for gid, src in run.answers.items() if gid in a.stubs},
+            "stubs": a.stubs, "stubbed": sorted(run.stubbed), "done": sorted(run.outcome), "probes": plan_probes,
+            "cell_timeout": limits.cell_timeout, "timeout": limits.timeout, "startup_timeout": limits.startup_timeout,
+            "memory_bytes": int(limits.memory_gib * (1 << 30)), "file_bytes": int(limits.file_mib * (1 << 20)),
+            "processes": limits.processes if box is not None else 0, "sandboxed": box is not None,
+            "not_done": NOT_DONE_MESSAGE,
+        }
+        with tempfile.TemporaryFile() as report, tempfile.TemporaryFile() as errors:
+            if box is not None:
+                argv = [sys.executable, "-m", "tfedu.course.grading.inside", sandbox.EXCHANGE, str(report.fileno())]
+                env = _runner_environment(sandbox.HOME, "/tmp", True, cpus)
+                cmd = sandbox.command(box, argv, env=env, tmp_bytes=int(limits.tmp_mib * (1 << 20)),
+                                      inputs={name: exchange / name / "in" for name in (p["folder"] for p in plan_probes.values())},
+                                      hide=[a.path.parent, default_notebooks_dir(), *hide])
+                popen_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            else:
+                assert home is not None
+                (home / "tmp").mkdir()
+                cmd = [sys.executable, "-m", "tfedu.course.grading.inside", str(exchange), str(report.fileno())]
+                env = popen_env = _runner_environment(str(home), str(home / "tmp"), False, cpus)
+            who: dict[str, Any] = {}
+            if box is not None and box.as_nobody:
+                os.fchmod(report.fileno(), 0o666)  # the runner, as nobody, writes its report here
+                who = {"user": sandbox.NOBODY, "group": sandbox.NOBODY, "extra_groups": []}
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors,
+                                    pass_fds=(report.fileno(),), start_new_session=True, env=popen_env,
+                                    cwd=str(home) if home is not None else "/", **who)
+            killed = False
+            monitor = Monitor(proc, limits, cpus, sandboxed=box is not None)
+            monitor.start()
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps(plan).encode("utf-8"))
+                proc.stdin.close()
+            except OSError:
+                pass
+            try:  # the runner enforces the total limit itself; this is the backstop if it cannot
+                proc.wait(timeout=limits.timeout + BACKSTOP_SECONDS)
+            except subprocess.TimeoutExpired:
+                killed = True
+            monitor.done.set()
+            monitor.join()
+            _end(proc)
+            events = _read_events(report)
+            errors.seek(0)
+            runner_error = errors.read(4000).decode("utf-8", "replace").strip().splitlines()[-1:]
+        finished = any(e.get("end") is True for e in events)
+        for event in events:
+            check = event.get("zero") or event.get("probe")
+            if not isinstance(check, str) or check not in drawn:
+                continue
+            if "zero" in event:
+                run.zero(check, str(event.get("feedback", ""))[:3000])
+            elif check not in run.outcome:
+                inputs, nonce, folder = drawn[check]
+                _unpack(event.get("files"), folder)
+                try:
+                    problem = judge(a.probes[check], inputs, harness.read_result(folder, nonce))
+                except Exception as err:  # probe.reference raised: the instructor's side
+                    problem = f"internal error in the hidden test's reference, tell your instructor: {type(err).__name__}: {err}"
+                if problem is None:
+                    run.outcome[check] = (a.points[check], "passed: the check cell and the hidden test on fresh random inputs")
+                else:
+                    run.zero(check, problem)
+        if monitor.reason:
+            run.zero_rest(f"{monitor.reason}; it was stopped before this exercise was graded")
+        elif killed:
+            run.zero_rest(f"the run was stopped at the total time limit for a submission ({limits.timeout:g} s) before "
+                          "this exercise was graded")
+        elif not finished:
+            why = f": {runner_error[0][:300]}" if runner_error else ""
+            run.zero_rest(f"grading stopped before this exercise was graded (the grader's runner ended early{why})")
+    finally:
+        shutil.rmtree(exchange, ignore_errors=True)
+        if home is not None:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def grade_submission(path: str | Path, *, source: str | Path | None = None, notebooks_dir: str | Path | None = None,
+                     limits: Limits = Limits(), checks: str | None = None, sandboxed: bool = True,
+                     hide: tuple[str | Path, ...] = (), cpus: float | None = None) -> dict[str, Any]:
+    """Grade one submission; the entry of the results JSON for it. Raises only for instructor errors.
+
+    ``sandboxed=False`` runs it without the operating-system sandbox (see :mod:`tfedu.course.grading.sandbox`);
+    with it, :class:`sandbox.SandboxUnavailable` is raised where none can be made. ``hide``: more host
+    folders the sandbox must not show, should a folder it binds contain them.
+    """
+    path = Path(path)
+    box = sandbox.find() if sandboxed else None
+    started = time.monotonic()
+    source_path = Path(source) if source else find_source(path, Path(notebooks_dir) if notebooks_dir else default_notebooks_dir())
+    assignment = load_assignment(source_path, checks)
+    entry: dict[str, Any] = {"file": str(path), "source": source_path.name, "total": 0.0,
+                             "max": float(sum(assignment.points.values())), "exercises": {}, "notes": []}
+    try:
+        answers, notes = read_answers(path, assignment.answers)
+        entry["notes"] = notes
+        run = Run(assignment, answers, limits)
+        static_phase(run)
+        if any(check not in run.outcome for check in assignment.probes):
+            execute(run, box, [path.resolve().parent, *(Path(h) for h in hide)], cpus or float(os.cpu_count() or 1))
+    except SubmissionError as err:
+        run = Run(assignment, {}, limits)
+        run.zero_rest(f"the submission could not be graded: {err}")
+    except Exception as err:  # a grader bug must not take the other submissions down with it
+        run = Run(assignment, {}, limits)
+        run.zero_rest(f"internal error while grading this submission, tell your instructor: {type(err).__name__}: {str(err)[:300]}")
+    for check, points in assignment.points.items():
+        got, feedback = run.outcome.get(check, (0.0, "not graded"))
+        entry["exercises"][check] = {"points": got, "max": points, "feedback": feedback}
+    entry["total"] = float(sum(e["points"] for e in entry["exercises"].values()))
+    entry["seconds"] = round(time.monotonic() - started, 2)
+    return _clean_entry(entry)
+
+
+def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str | Path | None = None,
+          notebooks_dir: str | Path | None = None, limits: Limits = Limits(), jobs: int = 1,
+          checks: str | None = None, sandboxed: bool = True) -> dict[str, Any]:
+    """Grade every submission (``jobs`` at a time); write ``out`` (JSON) and a CSV beside it.
+
+    ``checks`` names the module with the ``PROBES`` (default: ``tfedu.checks.nb<source stem>``).
+    Each submission runs in its own sandbox; without one (``sandboxed=False``, ``--no-sandbox``)
+    see :mod:`tfedu.course.grading.sandbox` for what is no longer guaranteed. Raises
+    :class:`sandbox.SandboxUnavailable` before grading anything when a sandbox is asked for and none can be made.
+    """
+    if sandboxed:
+        sandbox.find()
+    hide = tuple(str(Path(p).resolve().parent) for p in paths) + ((str(Path(out).resolve().parent),) if out is not None else ())
+    unmatched: dict[str, str] = {}
+    for path in paths:  # instructor errors first, before any kernel starts
+        try:
+            found = Path(source) if source else find_source(Path(path), Path(notebooks_dir) if notebooks_dir else default_notebooks_dir())
+        except ConfigError as err:  # this file only: the others are still graded
+            unmatched[str(path)] = str(err)
+            continue
+        load_assignment(found, checks)
+
+    def one(path: str | Path) -> dict[str, Any]:
+        if str(path) in unmatched:
+            return _clean_entry({"file": str(path), "source": None, "total": 0.0, "max": 0.0, "exercises": {},
+                                 "notes": [unmatched[str(path)]]})
+        return grade_submission(path, source=source, notebooks_dir=notebooks_dir, limits=limits, checks=checks,
+                                sandboxed=sandboxed, hide=hide, cpus=max(1.0, (os.cpu_count() or 1) / max(1, jobs)))
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        entries = list(pool.map(one, paths))
+    results = {"submissions": entries}
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+        write_csv(results, out.with_suffix(".csv"))
+    return results
+
+
+def write_csv(results: dict[str, Any], path: Path) -> None:
+    """One row per submission: file, total, max, then the points of each exercise."""
+    columns: list[str] = []
+    for entry in results["submissions"]:
+        columns += [c for c in entry["exercises"] if c not in columns]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["file", "total", "max", *columns])
+        for entry in results["submissions"]:
+            writer.writerow([entry["file"], entry["total"], entry["max"],
+                             *(entry["exercises"].get(c, {}).get("points", "") for c in columns)])
