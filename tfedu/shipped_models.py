@@ -77,11 +77,10 @@ def load_shipped(name: str, path: str | os.PathLike | None = None) -> tuple[GPT,
         raise FileNotFoundError(f"the shipped {name} model is incomplete; missing {missing}. Rebuild it with "
                                 f"`tfedu train --preset {name}`{shipped.rebuild}")
     config = json.loads(files[1].read_text())
-    file_format = shipped.format
-    if config.get("format") != file_format:
+    if config.get("format") != shipped.format:
         article = "an" if name[0] in "aeiou" else "a"
         raise ValueError(f"{files[1]} is not {article} {name} config (format {config.get('format')!r}, "
-                         f"expected {file_format!r})")
+                         f"expected {shipped.format!r})")
     model = GPT(ModelConfig(**config["model"]))
     state = load_file(str(files[0]))
     if model.cfg.tied_embeddings:
