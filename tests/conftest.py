@@ -49,8 +49,8 @@ def one_torch_thread():
 # notebook's run), then everything else in its usual order. xdist's loadscope hands units out in
 # collection order, so with the long ones first the short tests fill in around them instead of one
 # worker grading notebook 08 alone at the end. Order only: no test is added, dropped or regrouped.
-FIRST = ("test_grading_notebooks.py", "test_grading_tamper.py", "test_grading_honest.py",
-         "test_grading_sandbox_attacks.py", "test_notebooks.py", "test_release.py")
+FIRST = ("test_notebooks.py", "test_grading_tamper.py", "test_grading_honest.py",
+         "test_grading_sandbox_attacks.py", "test_release.py")
 
 
 def pytest_collection_modifyitems(items):

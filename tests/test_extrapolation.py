@@ -263,11 +263,12 @@ def test_plot_draws_learned_only_where_it_ran():
 # ----------------------------------------------------------------------------- the headline
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [1, 2])
 def test_alibi_degrades_least_past_the_training_length(seed):
     """The notebook's claim, on its own config: loss(4L) - loss(L) is smallest for ALiBi.
 
-    Learned positions cannot run at 4L and are left out (the notebook shows why).
+    Learned positions cannot run at 4L and are left out (the notebook shows why). Seed 0 is the notebook's
+    own run: its guard cell asserts the same, and tests/test_notebooks.py and tests/test_release.py run it.
     """
     cfg = dataclasses.replace(CPU, seed=seed)
     result = run_extrapolation(cfg)  # all five; learned is compared at L only

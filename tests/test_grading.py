@@ -166,6 +166,17 @@ def test_cli_grade_writes_json_and_csv_and_reports_instructor_errors(tmp_path, c
     assert source.is_file()
 
 
+def test_cli_grade_prints_a_line_per_cell_that_raised(tmp_path, capsys, monkeypatch):
+    from tfedu.course.grading import grade as grading
+
+    entry = {"file": "x.ipynb", "source": "00_start_here.ipynb", "total": 2.0, "max": 2.0, "notes": [],
+             "exercises": {"check_softmax": {"points": 2.0, "max": 2.0, "feedback": "passed"}},
+             "cell_errors": [{"cell": 9, "error": "NameError: name 'probs' is not defined\nmore", "traceback": "..."}]}
+    monkeypatch.setattr(grading, "grade", lambda *args, **kwargs: {"submissions": [entry]})
+    assert cli.main(["grade", "x.ipynb", "--out", str(tmp_path / "r.json"), "--no-sandbox"]) == 0
+    assert "  cell 9 (not an exercise) raised NameError: name 'probs' is not defined | more" in capsys.readouterr().out
+
+
 @needs_sandbox
 def test_a_check_cell_without_a_probe_is_an_instructor_error(toy, tmp_path):
     nb = toy_source()
@@ -436,6 +447,63 @@ def test_a_forbidden_call_costs_only_the_exercise_that_depends_on_it(toy, tmp_pa
     for name in ("alias_from_earlier_answer", "helper_from_earlier_answer"):
         assert points(got[name]) == {"check_double": 1, "check_square": 2, "check_total": 0, "check_ready": 1}, name
         assert "math.fsum" in got[name]["exercises"]["check_total"]["feedback"], name
+
+
+def shared_checks_source():
+    """As in the course's notebooks: the first check cell imports the checks module, the later ones use it."""
+    return nbtools.new_notebook([
+        nbtools.md("# 91 · Toy"), nbtools.code("import math"),
+        nbtools.exercise("ex_total", ANSWERS["ex_total"]),
+        nbtools.check("check_total", "import toy_checks as checks\n\nchecks.check_total(total)", points=3),
+        nbtools.exercise("ex_double", ANSWERS["ex_double"]),
+        nbtools.check("check_double", "checks.check_double(double)", points=1),
+    ])
+
+
+@needs_sandbox
+def test_a_first_exercise_decided_before_the_run_keeps_the_check_imports_for_the_rest(toy, tmp_path):
+    """A learner's notebook 07 with F.layer_norm in 7.1 scored 0 / 7: the grader skipped 7.1's decided check
+    cell, and with it the `from tfedu.checks import ... as checks` that 7.2's and 7.3's check cells use.
+    The first answer here is decided before the run twice over: by the static scan (a forbidden call) and
+    as an unchanged stub; either way the later exercise keeps its marks."""
+    source = tmp_path / "91_shared.ipynb"
+    nbtools.write(shared_checks_source(), source)
+    stub = student_version(shared_checks_source()).cells[2].source
+    subs = {"forbidden_first": "import math\n\ndef total(xs):\n    return math.fsum(xs)", "stub_first": stub}
+    paths = []
+    for name, answer in subs.items():
+        nb = student_version(shared_checks_source())
+        nb.cells[2].source, nb.cells[4].source = answer, correct("ex_double")
+        paths.append(tmp_path / f"91_shared_{name}.ipynb")
+        paths[-1].write_text(nbformat.writes(nb))
+    results = grade(paths, source=source, checks="toy_checks", limits=Limits(cell_timeout=60, timeout=240, memory_gib=2), jobs=2)
+    got = {Path(e["file"]).stem.removeprefix("91_shared_"): e for e in results["submissions"]}
+    assert "math.fsum" in got["forbidden_first"]["exercises"]["check_total"]["feedback"]
+    assert "not done yet" in got["stub_first"]["exercises"]["check_total"]["feedback"]
+    for name, entry in got.items():
+        assert points(entry) == {"check_total": 0, "check_double": 1}, (name, entry)
+        assert entry["cell_errors"] == [], (name, entry)
+
+
+def test_an_unchanged_stub_is_decided_without_a_kernel(toy, tmp_path, monkeypatch):
+    """Every answer is the release's stub (blank lines and trailing spaces aside): each exercise scores zero,
+    "not done yet", and no kernel starts."""
+    from tfedu.course.grading import grade as grading
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a kernel was started for a notebook of unchanged stubs")
+
+    monkeypatch.setattr(grading, "execute", no_run)
+    unfinished = submission()
+    for cell in unfinished.cells:
+        if (nbtools.nbgrader_meta(cell) or {}).get("grade_id") == "ex_square":
+            cell.source = "\n" + cell.source.replace("\n", "  \n") + "\n\n"
+    path = tmp_path / "90_toy_unfinished.ipynb"
+    path.write_text(nbformat.writes(unfinished))
+    [entry] = grade([path], source=toy, checks="toy_checks", sandboxed=False)["submissions"]
+    assert points(entry) == {check: 0 for check, _ in CHECKS.values()}
+    for exercise in entry["exercises"].values():
+        assert "still the released stub" in exercise["feedback"] and "not done yet" in exercise["feedback"]
 
 
 def test_processes_an_answer_detaches_are_killed_with_its_kernel(tmp_path):

@@ -33,6 +33,11 @@ NEAR_LIMIT = 5 / 8  # the near-limit answer sleeps this fraction of the per-cell
 CHECK, ANSWER = "check_softmax", "ex_softmax"
 CORRECT = (TAMPER / "full_correct.py").read_text().split("\n", 1)[1]
 STUB = (TAMPER / "zero_stub.py").read_text().split("\n", 1)[1]
+# The stub with a line of the learner's: no longer the release's stub, so it runs (and its check cell raises
+# ExerciseNotDone) instead of being decided before the run. The structural tricks below go with it, so that
+# the grader's run, not the static phase, is what they meet.
+RUNNING_STUB = STUB.replace("    # YOUR CODE HERE\n", "    # YOUR CODE HERE\n    # (later)\n")
+assert RUNNING_STUB != STUB
 
 
 def released():
@@ -50,19 +55,19 @@ def with_answer(source, nb=None):
 
 
 def edited_check_cell():
-    nb = with_answer(STUB)
+    nb = with_answer(RUNNING_STUB)
     nb.cells[cell_index(nb, CHECK)].source = 'print("\N{CHECK MARK} stable softmax: all checks passed")'
     return nb
 
 
 def deleted_check_cell():
-    nb = with_answer(STUB)
+    nb = with_answer(RUNNING_STUB)
     del nb.cells[cell_index(nb, CHECK)]
     return nb
 
 
 def duplicated_check_cells():
-    nb = with_answer(STUB)
+    nb = with_answer(RUNNING_STUB)
     i = cell_index(nb, CHECK)
     fake = copy.deepcopy(nb.cells[i])
     fake.source = "softmax = lambda x: x  # replaced before the check runs"
@@ -71,7 +76,7 @@ def duplicated_check_cells():
 
 
 def points_changed():
-    nb = with_answer(STUB)
+    nb = with_answer(RUNNING_STUB)
     nb.cells[cell_index(nb, CHECK)].metadata["nbgrader"]["points"] = 100
     return nb
 
@@ -90,14 +95,14 @@ def answer_moved_to_a_markdown_cell():
 
 
 def student_cell_defines_the_answer():
-    nb = with_answer(STUB)
+    nb = with_answer(RUNNING_STUB)
     nb.cells.insert(cell_index(nb, ANSWER), nbformat.v4.new_code_cell("from tfedu.softmax import softmax as _s\nsoftmax = _s"))
     nb.cells.insert(cell_index(nb, CHECK), nbformat.v4.new_code_cell("softmax = _s"))
     return nb
 
 
 def duplicated_answer_cells_first_is_stub():
-    nb = with_answer(STUB)
+    nb = with_answer(RUNNING_STUB)
     i = cell_index(nb, ANSWER)
     second = copy.deepcopy(nb.cells[i])
     second.source = "from tfedu.softmax import softmax"
@@ -106,14 +111,14 @@ def duplicated_answer_cells_first_is_stub():
 
 
 def kernelspec_and_language_changed():
-    nb = with_answer(STUB)
+    nb = with_answer(RUNNING_STUB)
     nb.metadata["kernelspec"] = {"name": "bash", "display_name": "Bash", "language": "bash"}
     nb.metadata["nbgrader"] = {"graded": True, "total": 2}
     return nb
 
 
 def answer_cell_marked_as_check_with_points():
-    nb = with_answer(STUB)
+    nb = with_answer(RUNNING_STUB)
     meta = nb.cells[cell_index(nb, ANSWER)].metadata["nbgrader"]
     meta.update(grade=True, points=50)
     return nb

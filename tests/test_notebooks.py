@@ -1,90 +1,111 @@
-"""Every source notebook in notebooks/ runs top to bottom in one fresh kernel without an error.
+"""Every source notebook in notebooks/ runs top to bottom in one kernel, and the grader agrees with it.
 
-Each notebook is ONE test: nbclient executes all its cells in order in one kernel, inside that test,
-so no scheduler (pytest-xdist's or another) can send two cells of a notebook to different workers.
-(Under nbval each cell was its own test, kept on one worker by xdist's `--dist loadgroup`. With
-pytest 9.2 and xdist 3.8 that grouping does nothing: xdist renames `item._nodeid`, pytest 9.2 reads
-`item._id`. The cells were split and the later ones failed with NameError in a fresh kernel.)
-Each notebook's test sits in a class of its own (tests/per_notebook.py), so the notebooks spread over
-the workers.
+One execution of each notebook feeds every check here. `grade` runs the source notebook (its own
+solutions as the submission) cell by cell, in order, in one fresh kernel (tfedu.course.grading.inside),
+inside the bubblewrap sandbox where this machine can make one and without it elsewhere. The test asserts:
+- no cell that is not an exercise raised (the grader lists such cells in ``cell_errors``, with the
+  error and the kernel's traceback; a failure here names the cell, its first line and the error);
+- every exercise scores full marks: its check cell passed and its hidden test agreed with the reference
+  on fresh random inputs, so no cell ran past a limit and the kernel was never restarted;
+- the released student version, graded in the same call, scores zero with "not done yet" on every
+  exercise (its answers are the release's stubs, which the grader decides without a kernel).
+The released version's own Run All, as a learner sees it in JupyterLab, is tests/test_release.py's.
 
-A failure names the notebook, the cell (its index and first line) and the error, with the
-traceback as the kernel printed it.
+(Until 2026-11 each notebook ran three more times: with nbclient here, and twice in the grading test.
+Under nbval each cell was a test of its own, and pytest 9.2 with xdist 3.8 split a notebook's cells over
+workers; here a notebook is one test, so no scheduler can split it.) Each notebook's test sits in a class
+of its own (tests/per_notebook.py), so the notebooks spread over the workers.
 """
 
-import re
-import time
+import shutil
 from pathlib import Path
 
 import pytest
 
 from tfedu.course import nbtools
+from tfedu.course.grading.grade import Limits, grade
+from tfedu.course.grading.release import release
 
+from optional_parts import REQUIRED, sandbox_problem
 from per_notebook import NOTEBOOKS, one_class_per_notebook
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+TAMPER = Path(__file__).resolve().parent / "tamper"
+# Generous: these are the course's own answers, not a timing test, and the machine runs other tests meanwhile.
+LIMITS = Limits(cell_timeout=600, timeout=1800)
 
 
 def test_there_are_notebooks_to_run():
     assert any(p.name == "00_start_here.ipynb" for p in NOTEBOOKS)
 
 
-def first_error(nb):
-    """(index, cell, error output) of the first cell whose outputs hold an error, or None."""
-    for index, cell in enumerate(nb.cells):
-        for output in cell.get("outputs", []):
-            if output.output_type == "error":
-                return index, cell, output
-    return None
+def sandboxed() -> bool:
+    """The sandbox where this machine can make one (or where CI requires it: then a missing one fails)."""
+    return sandbox_problem() is None or "bwrap" in REQUIRED
 
 
-def failure_report(name, index, cell, error):
+def failure_report(nb, error: dict) -> str:
+    cell = nb.cells[error["cell"]]
     first_line = next((line for line in cell.source.splitlines() if line.strip()), "")
-    traceback = ANSI.sub("", "\n".join(error.get("traceback", [])))
-    return (f"{name}, cell {index} ({first_line[:80]!r}) raised {error.ename}: {error.evalue}\n\n"
-            f"{traceback[-6000:]}")
+    return f"cell {error['cell']} ({first_line[:80]!r}) raised {error['error']}\n\n{error['traceback']}"
 
 
-def run_in_one_kernel(path):
-    """Execute ``path`` with nbclient in one kernel started in notebooks/; the executed notebook."""
-    from nbclient import NotebookClient
-
-    nb = nbtools.read(path)
-    # allow_errors: every cell runs and the first error is reported below with its cell and traceback
-    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
-    return nb
+def grade_source_and_release(path: Path, folder: Path, checks: str | None = None) -> tuple[dict, dict]:
+    """The results of grading the source notebook (as a submission) and its released version, in one call."""
+    solved = folder / "solved" / path.name
+    solved.parent.mkdir(parents=True)
+    shutil.copy(path, solved)
+    [unsolved] = release([path], folder / "released")
+    full, empty = grade([solved, unsolved], source=path, limits=LIMITS, jobs=2, checks=checks,
+                        sandboxed=sandboxed())["submissions"]
+    return full, empty
 
 
 class OneNotebook:
     path: Path
 
-    def test_runs_top_to_bottom_in_one_kernel(self):
-        start = time.monotonic()
-        nb = run_in_one_kernel(self.path)
-        seconds = time.monotonic() - start
-        failed = first_error(nb)
-        if failed is not None:
-            pytest.fail(failure_report(self.path.name, *failed), pytrace=False)
-        counts = [c.execution_count for c in nb.cells if c.cell_type == "code"]
-        # One kernel, in order: its execution counter numbers the code cells 1, 2, 3, ... A cell run in
-        # another kernel (or skipped) would break the sequence.
-        assert counts == list(range(1, len(counts) + 1)), f"{self.path.name}: execution counts {counts}"
-        print(f"{self.path.name}: {len(counts)} code cells in {seconds:.1f} s")
+    def test_runs_top_to_bottom_and_scores_full_marks_and_its_release_zero(self, tmp_path):
+        full, empty = grade_source_and_release(self.path, tmp_path)
+        nb = nbtools.read(self.path)
+        if full["cell_errors"]:
+            pytest.fail(f"{self.path.name}, " + failure_report(nb, full["cell_errors"][0]), pytrace=False)
+        assert full["max"] > 0 and full["exercises"], f"{self.path.name} has no graded exercises"
+        for grade_id, exercise in full["exercises"].items():
+            assert exercise["points"] == exercise["max"] > 0, f"{self.path.name} {grade_id}: {exercise['feedback']}"
+        assert full["total"] == full["max"]
+        assert empty["exercises"].keys() == full["exercises"].keys()
+        for grade_id, exercise in empty["exercises"].items():
+            assert exercise["points"] == 0, f"{self.path.name} {grade_id}: the unsolved version scored {exercise['points']}"
+            assert "not done yet" in exercise["feedback"], f"{self.path.name} {grade_id}: {exercise['feedback']}"
+        assert empty["total"] == 0 and empty["cell_errors"] == []
+        print(f"{self.path.name}: graded in {full['seconds']:.1f} s")
 
 
 one_class_per_notebook(OneNotebook, globals())
 
 
-def test_cells_share_one_kernel_and_a_failure_names_its_cell(tmp_path):
+def toy_notebook():
+    """Cells that share names, one exercise, and a demo cell that fails after it."""
+    return nbtools.new_notebook([
+        nbtools.code("x = 41"),
+        nbtools.md("text"),
+        nbtools.exercise("ex_double", "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"),
+        nbtools.check("check_double", "from toy_checks import check_double\n\ncheck_double(double)", points=1),
+        nbtools.code("y = x + 1"),
+        nbtools.code("assert y == 42 and double(y) == 84\nraise ValueError(f'y is {y}')"),
+    ])
+
+
+def test_cells_share_one_kernel_and_a_failing_cell_is_named(tmp_path, monkeypatch):
     """The mechanism on a toy notebook: a later cell sees an earlier cell's names (in separate kernels it
-    would raise NameError), the counts run 1, 2, 3, and the report names the failing cell and its error."""
+    would raise NameError), and the cell that raised is reported with its error and traceback."""
+    monkeypatch.syspath_prepend(str(TAMPER))
+    monkeypatch.setenv("PYTHONPATH", str(TAMPER))
     path = tmp_path / "99_toy.ipynb"
-    nbtools.write(nbtools.new_notebook([nbtools.code("x = 41"), nbtools.md("text"), nbtools.code("y = x + 1"),
-                                        nbtools.code("assert y == 42\nraise ValueError(f'y is {y}')")]), path)
-    nb = run_in_one_kernel(path)
-    assert [c.execution_count for c in nb.cells if c.cell_type == "code"] == [1, 2, 3]
-    index, cell, error = first_error(nb)
-    assert (index, error.ename, error.evalue) == (3, "ValueError", "y is 42")
-    report = failure_report(path.name, index, cell, error)
-    assert report.startswith("99_toy.ipynb, cell 3 ('assert y == 42') raised ValueError: y is 42")
-    assert "\x1b[" not in report
+    nbtools.write(toy_notebook(), path)
+    full, empty = grade_source_and_release(path, tmp_path / "graded", checks="toy_checks")
+    assert full["total"] == full["max"] == 1 and empty["total"] == 0
+    [error] = full["cell_errors"]
+    assert (error["cell"], error["error"]) == (5, "ValueError: y is 42")
+    assert "ValueError" in error["traceback"] and "\x1b[" not in error["traceback"]
+    report = failure_report(nbtools.read(path), error)
+    assert report.startswith("cell 5 ('assert y == 42 and double(y) == 84') raised ValueError: y is 42")

@@ -46,6 +46,8 @@ def _grade(args: argparse.Namespace) -> int:
         print(f"{entry['file']}: {entry['total']:g} / {entry['max']:g}")
         for grade_id, ex in entry["exercises"].items():
             print(f"  {clean_text(grade_id)}: {ex['points']:g} / {ex['max']:g}  {clean_text(ex['feedback'], one_line=True)}")
+        for error in entry.get("cell_errors", []):
+            print(f"  cell {error['cell']} (not an exercise) raised {clean_text(error['error'], one_line=True)[:200]}")
     print(f"wrote {args.out} and {args.out.rsplit('.', 1)[0]}.csv")
     return 1 if unmatched else 0
 

@@ -8,7 +8,10 @@ How one submission is graded:
    student's check and test cells, metadata, points and kernelspec are ignored. Points come
    from the source's check cells. Duplicated answer cells: the first one counts. An unreadable
    file (invalid JSON, not nbformat 4, no cells, a ``.py`` renamed) scores zero with a message.
-2. **Static scan** (:mod:`tfedu.checks.scan`) of every answer cell for escape hatches, and of
+2. **Static phase.** An answer cell that is still the released stub (up to blank lines and trailing
+   spaces) scores zero, "not done yet", without running: its check cell could only raise
+   ExerciseNotDone, and a notebook left unsolved costs no kernel. Then a **static scan**
+   (:mod:`tfedu.checks.scan`) of every other answer cell for escape hatches, and of
    each exercise's own answer for its ``Probe.forbidden`` reference (earlier answers serve as
    context for aliases; indirect calls are left to the run-time tripwire). A flagged
    answer scores zero with the reason, and it is replaced by the release stub before running.
@@ -35,7 +38,9 @@ How one submission is graded:
    the most recent student answer at or before that cell (zero, with the reason), replaces it by
    its stub, and a fresh kernel replays the notebook from the top and carries on. Past the total
    limit, whatever is not graded yet scores zero. Submissions are independent (``jobs`` of them
-   run at once, each in its own sandbox).
+   run at once, each in its own sandbox). A cell of the notebook that is not an exercise (a demo,
+   an experiment) and raises is listed in the entry's ``cell_errors`` (its index, the error, the
+   traceback): the learner's answer may be why, or the course's own notebook is broken.
 6. **Plain-text report.** Everything the grader reports (feedback, notes, file names) goes
    through :func:`clean_text` before it is returned, printed or written to the JSON and CSV: an
    error message is the student's text, and terminal escapes in it could forge the report.
@@ -75,6 +80,7 @@ from tfedu.checks.scan import SCAN_SECONDS, SUBMISSION_SCAN_SECONDS, scan_answer
 
 MAX_SUBMISSION_BYTES = 20 << 20
 MAX_REPORT_BYTES = 64 << 20  # the runner's report (hidden tests' outputs, base64), read into the grader
+MAX_CELL_ERRORS = 50  # errors of the notebook's other cells kept per submission
 BACKSTOP_SECONDS = 5.0  # past the total limit, the grader kills the sandbox (the runner stopped or froze)
 CPU_WINDOW_SECONDS = 10.0  # the CPU share is measured over this window
 
@@ -115,6 +121,8 @@ def _clean_entry(entry: dict[str, Any]) -> dict[str, Any]:
     entry["notes"] = [clean_text(note) for note in entry["notes"]]
     for exercise in entry["exercises"].values():
         exercise["feedback"] = clean_text(exercise["feedback"])
+    for error in entry.setdefault("cell_errors", []):
+        error["error"], error["traceback"] = clean_text(error["error"]), clean_text(error["traceback"])
     return entry
 
 
@@ -293,6 +301,7 @@ class Run:
     outcome: dict[str, tuple[float, str]] = field(default_factory=dict)  # check id -> (points, feedback)
     stubbed: dict[str, str] = field(default_factory=dict)  # answer id -> why it was replaced
     answer_errors: dict[str, str] = field(default_factory=dict)
+    cell_errors: list[dict[str, Any]] = field(default_factory=list)  # the notebook's other cells that raised
 
     def checks_of(self, answer: str) -> list[str]:
         return [c for c, p in self.assignment.probes.items() if p.exercise == answer]
@@ -303,6 +312,20 @@ class Run:
     def zero_rest(self, feedback: str) -> None:
         for check in self.assignment.probes:
             self.zero(check, feedback)
+
+
+def unchanged_stub(answer: str, stub: str) -> bool:
+    r"""Whether ``answer`` is the released stub, up to blank lines and trailing spaces.
+
+    >>> unchanged_stub("def f(x):\n    raise NotImplementedError  \n\n", "def f(x):\n    raise NotImplementedError")
+    True
+    >>> unchanged_stub("def f(x):\n    # TODO\n    raise NotImplementedError", "def f(x):\n    raise NotImplementedError")
+    False
+    """
+    def lines(text: str) -> list[str]:
+        return [line.rstrip() for line in text.splitlines() if line.strip()]
+
+    return lines(answer) == lines(stub)
 
 
 def static_phase(run: Run) -> None:
@@ -329,6 +352,11 @@ def static_phase(run: Run) -> None:
                     run.zero(check, run.stubbed[gid])
                 continue
             source = run.answers[gid]
+            if unchanged_stub(source, a.stubs[gid]):  # decided without running: its check cell raises ExerciseNotDone
+                run.stubbed[gid] = NOT_DONE_MESSAGE
+                for check in run.checks_of(gid):
+                    run.zero(check, f"the answer cell is still the released stub: {NOT_DONE_MESSAGE}")
+                continue
             problems = scan(source, context=context)  # over the size or time limit: one problem saying so
             if problems:
                 run.stubbed[gid] = "; ".join(problems)
@@ -604,6 +632,9 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
             runner_error = errors.read(4000).decode("utf-8", "replace").strip().splitlines()[-1:]
         finished = any(e.get("end") is True for e in events)
         for event in events:
+            if type(event.get("cell_error")) is int and len(run.cell_errors) < MAX_CELL_ERRORS:
+                run.cell_errors.append({"cell": event["cell_error"], "error": str(event.get("error", ""))[:2000],
+                                        "traceback": str(event.get("traceback", ""))[-4000:]})
             check = event.get("zero") or event.get("probe")
             if not isinstance(check, str) or check not in drawn:
                 continue
@@ -667,6 +698,7 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
         got, feedback = run.outcome.get(check, (0.0, "not graded"))
         entry["exercises"][check] = {"points": got, "max": points, "feedback": feedback}
     entry["total"] = float(sum(e["points"] for e in entry["exercises"].values()))
+    entry["cell_errors"] = run.cell_errors
     entry["seconds"] = round(time.monotonic() - started, 2)
     return _clean_entry(entry)
 

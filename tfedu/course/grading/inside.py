@@ -7,6 +7,8 @@ one JSON object per line, flushed as it goes (a run killed at the total limit ke
 
 - ``{"zero": CHECK_ID, "feedback": TEXT}``: the exercise scores zero, for the reason given;
 - ``{"probe": CHECK_ID, "files": {NAME: BASE64}}``: the files the hidden test exported;
+- ``{"cell_error": CELL, "error": TEXT, "traceback": TEXT}``: a cell of the source notebook that is not an
+  exercise (a demo, an experiment) raised; CELL is its index in the source notebook;
 - ``{"end": true}``: the plan ran to its end.
 
 Nothing here awards a point. The grader (outside the sandbox, after the sandbox has exited)
@@ -219,7 +221,10 @@ def run_plan(plan: dict[str, Any], exchange: Path, report: Report, watchdog: Wat
                         return  # nothing left to grade: no need for a fresh kernel
                     restart = True
                     break
-                if kind == "answer" and result.status == "error":
+                if kind == "code" and result.status == "error":
+                    report.emit(cell_error=step["cell"], error=f"{result.ename}: {result.evalue}"[:2000],
+                                traceback=result.traceback)
+                elif kind == "answer" and result.status == "error":
                     answer_errors[gid] = f"{result.ename}: {result.evalue}"
                 elif kind == "check" and result.status == "error":
                     hint = result.evalue or result.ename

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 OUTPUT_CAP = 20_000
+TRACEBACK_CAP = 4_000
 DROPPED_ENV_PREFIXES = ("PYTEST", "JPY_", "NBGRADER", "TFEDU_GRAD", "COV_CORE", "PYTHONBREAKPOINT", "PYTHONINSPECT")
 
 # Runs as `python -c LAUNCHER mem fsize cpu nproc python -m ipykernel_launcher ...`. It sets the limits,
@@ -122,6 +123,7 @@ class CellResult:
     exit_code: int | None = None
     seconds: float = 0.0
     errors: list[tuple[str, str]] = field(default_factory=list)
+    traceback: str = ""  # the first error's traceback as the kernel rendered it, its last TRACEBACK_CAP characters
 
 
 def clean_environment(cwd: str | Path) -> dict[str, str]:
@@ -239,6 +241,10 @@ class Kernel:
                         result.dropped += max(0, len(text) - room)
                     elif kind == "error":
                         result.errors.append((str(content.get("ename", ""))[:200], str(content.get("evalue", ""))[:2000]))
+                        if not result.traceback:
+                            frames = content.get("traceback")
+                            text = "\n".join(str(f) for f in frames) if isinstance(frames, list) else ""
+                            result.traceback = text[-TRACEBACK_CAP:]
                     elif kind == "status" and content.get("execution_state") == "idle":
                         idle = True
             except queue.Empty:
