@@ -4,7 +4,8 @@
 
 constraints.txt is `pip freeze` of the environment that ran the suite (the project itself left out),
 with local version labels dropped (torch 2.13.0+cpu is pinned as 2.13.0: the same release from any
-index). Every `>=` floor of a dependency named in pyproject.toml and environment.yml is then raised
+index), and a Python marker on a pin whose release needs a newer Python than the oldest the project
+supports (requires-python's major.minor, patch 0): there pip picks a release that installs. Every `>=` floor of a dependency named in pyproject.toml and environment.yml is then raised
 to the version that ran: a floor says the oldest release the suite passed with, and this suite only
 ever runs the pinned one. tests/test_packaging.py checks both files against constraints.txt.
 """
@@ -61,10 +62,26 @@ def raise_floors(text: str, pins: dict[str, str]) -> str:
     return FLOOR.sub(floor, text)
 
 
+def python_marker(name: str, oldest: str) -> str:
+    """`` ; python_full_version ...`` when the installed ``name`` needs a newer Python than ``oldest`` (the
+    oldest the project supports), else "". Such a pin holds only where its Python does: elsewhere pip picks
+    a release that installs (soupsieve 4.1.3 needs 3.11.5; Debian 12's Python is 3.11.2)."""
+    from importlib import metadata
+
+    from packaging.specifiers import SpecifierSet
+
+    needs = metadata.distribution(name).metadata.get("Requires-Python")
+    if not needs or SpecifierSet(needs).contains(oldest):
+        return ""
+    return " ; " + " and ".join(f'python_full_version {s.operator} "{s.version}"' for s in SpecifierSet(needs))
+
+
 def write() -> None:
     pins = frozen()
     python = ".".join(map(str, sys.version_info[:3]))
-    (ROOT / "constraints.txt").write_text(HEADER.format(python=python) + "".join(f"{n}=={v}\n" for n, v in sorted(pins.items(), key=lambda p: canonical_name(p[0]))))
+    oldest = ".".join(map(str, sys.version_info[:2])) + ".0"  # requires-python below: >= this major.minor
+    lines = "".join(f"{n}=={v}{python_marker(n, oldest)}\n" for n, v in sorted(pins.items(), key=lambda p: canonical_name(p[0])))
+    (ROOT / "constraints.txt").write_text(HEADER.format(python=python) + lines)
     canonical_pins = {canonical_name(n): v for n, v in pins.items()} | {"python": python.rsplit(".", 1)[0]}
     pyproject = (ROOT / "pyproject.toml").read_text()
     head, sep, rest = pyproject.partition("[project]")  # the build system's own floor (setuptools) stays

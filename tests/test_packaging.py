@@ -5,6 +5,8 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from tfedu.course import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,3 +159,39 @@ def test_lint_imports_fails_on_an_import_cycle_hidden_in_a_function(tmp_path):
     done = lint_imports_on_a_copy(tmp_path, "activations.py", "def _later():\n    from tfedu import layers  # noqa")
     assert done.returncode != 0, done.stdout
     assert "No import cycle anywhere in tfedu" in done.stdout and "BROKEN" in done.stdout
+
+
+def test_every_pin_installs_on_the_oldest_python_the_project_supports_or_says_where_it_holds():
+    """soupsieve 4.1.3 needs Python 3.11.5, and on Debian 12's Python 3.11.2 the README's install failed with
+    ResolutionImpossible. A pin whose release needs a newer Python than requires-python's floor carries a
+    marker (.ci/pins.py writes it), so elsewhere pip picks a release that installs."""
+    from importlib import metadata
+
+    from packaging.specifiers import SpecifierSet
+
+    floor = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"].removeprefix(">=")
+    oldest = floor + ".0" * (2 - floor.count("."))
+    unmarked = []
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line or ";" in line:
+            continue
+        name, _, version = line.partition("==")
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        needs = dist.metadata.get("Requires-Python")
+        if dist.version.split("+")[0] == version and needs and not SpecifierSet(needs).contains(oldest):
+            unmarked.append(f"{name}=={version} needs Python {needs}")
+    assert not unmarked, f"pins that cannot install on Python {oldest} and carry no marker: {unmarked}"
+
+
+def test_read_pins_leaves_out_a_pin_whose_marker_is_false_here(tmp_path):
+    constraints = tmp_path / "constraints.txt"
+    constraints.write_text('# header\nsoupsieve==4.1.3 ; python_full_version >= "3.11.5"\n'
+                           'old-thing==1.0 ; python_version < "3.0"\nNumPy==2.4.6\n')
+    assert cli.read_pins(constraints) == {"soupsieve": "4.1.3", "numpy": "2.4.6"}
+    constraints.write_text("x==1 ; python_version >>> '3'\n")
+    with pytest.raises(ValueError, match="not PEP 508"):
+        cli.read_pins(constraints)

@@ -83,15 +83,25 @@ def canonical_name(name: str) -> str:
 
 
 def read_pins(constraints: Path) -> dict[str, str]:
-    """Canonical name -> version of a constraints file's ``name==version`` lines (comments ignored)."""
+    """Canonical name -> version of a constraints file's ``name==version`` lines (comments ignored) that
+    apply to this Python: a line may end in a PEP 508 marker (``soupsieve==4.1.3 ; python_full_version >=
+    "3.11.5"``), and where the marker is false pip leaves the package free, so it is left out here too."""
+    from packaging.markers import InvalidMarker, Marker
+
     pins = {}
     for line in constraints.read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()
         if line:
-            name, sep, version = line.partition("==")
+            requirement, _, marker = line.partition(";")
+            name, sep, version = requirement.partition("==")
             if not sep:
                 raise ValueError(f"{constraints}: expected name==version lines, got {line!r}")
-            pins[canonical_name(name)] = version.strip()
+            try:
+                if marker.strip() and not Marker(marker.strip()).evaluate():
+                    continue
+            except InvalidMarker as err:
+                raise ValueError(f"{constraints}: the marker of {line!r} is not PEP 508: {err}") from None
+            pins[canonical_name(name.strip())] = version.strip()
     return pins
 
 
