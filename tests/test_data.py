@@ -146,3 +146,32 @@ def test_bad_token_data_gets_clear_errors(small_tokenizer, tmp_path):
     no_eot = train_bpe("hello world", 260)
     with pytest.raises(ValueError, match="endoftext"):
         data.TokenDataset.from_texts(["x"], no_eot)
+
+
+def test_the_corpus_is_the_shipped_copy_whatever_this_pythons_help_says(monkeypatch):
+    """Python 3.11.2's pydoc topics are not 3.11.7's: on Debian 12's Python the course GPT's tokenizer no longer
+    matched its corpus and notebooks 06, 08, 13 and 14 failed their guards. The corpus is the shipped copy."""
+    import sys
+    import types
+
+    from tfedu.peft import CODE_MODULES, code_documents
+
+    text, docs, code = data.load_pydoc_text(), data.pydoc_documents(), code_documents()
+    fake = types.ModuleType("pydoc_data.topics")
+    fake.topics = {"assert": "a different Python's help"}
+    monkeypatch.setitem(sys.modules, "pydoc_data.topics", fake)
+    assert data.load_pydoc_text() == text and data.pydoc_documents() == docs and code_documents() == code
+    assert len(code) == len(CODE_MODULES) and data.shipped_text("pydoc_topics.json.gz")["python"] == "3.11.7"
+
+
+def test_a_damaged_shipped_text_is_named(tmp_path, monkeypatch):
+    import gzip
+
+    monkeypatch.setattr(data, "shipped_folder", lambda name: tmp_path)
+    with pytest.raises(FileNotFoundError, match="pydoc_topics.json.gz is missing or not gzip"):
+        data.shipped_text("pydoc_topics.json.gz")
+    (tmp_path / "pydoc_topics.json.gz").write_bytes(gzip.compress(b'{"topics": {}}'))
+    with pytest.raises(ValueError, match="expected 128bdb75.*restore it from git"):
+        data.shipped_text("pydoc_topics.json.gz")
+    with pytest.raises(ValueError, match="unknown shipped text"):
+        data.shipped_text("other.json.gz")

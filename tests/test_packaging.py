@@ -97,7 +97,8 @@ def test_every_tfedu_package_is_listed_and_the_course_gpt_ships_in_the_wheel():
     folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "tfedu").rglob("__init__.py")}
     assert set(setuptools["packages"]) == folders | {"tfedu.shipped"}
     assert setuptools["package-dir"]["tfedu.shipped"] == "data"
-    assert setuptools["package-data"]["tfedu.shipped"] == ["course-gpt/*", "induction-gpt/*"]
+    assert setuptools["package-data"]["tfedu.shipped"] == ["course-gpt/*", "induction-gpt/*", "corpus/*"]
+    assert (ROOT / "data" / "corpus" / "pydoc_topics.json.gz").is_file()
     assert (ROOT / "data" / "course-gpt" / "model.safetensors").is_file()
     assert (ROOT / "data" / "induction-gpt" / "model.safetensors").is_file()
     # tfedu.course.publish's nbconvert templates (the course site and the slides) ship inside the package
@@ -189,7 +190,7 @@ def test_every_pin_installs_on_the_oldest_python_the_project_supports_or_says_wh
 
 def test_read_pins_leaves_out_a_pin_whose_marker_is_false_here(tmp_path):
     constraints = tmp_path / "constraints.txt"
-    constraints.write_text('# header\nsoupsieve==4.1.3 ; python_full_version >= "3.11.5"\n'
+    constraints.write_text('# header\nsoupsieve==4.1.3 ; python_full_version >= "3.0.1"\n'
                            'old-thing==1.0 ; python_version < "3.0"\nNumPy==2.4.6\n')
     assert cli.read_pins(constraints) == {"soupsieve": "4.1.3", "numpy": "2.4.6"}
     constraints.write_text("x==1 ; python_version >>> '3'\n")

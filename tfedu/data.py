@@ -1,7 +1,10 @@
 """Text the course trains on, available offline.
 
 The default corpus is CPython's own documentation (``pydoc_data.topics``), about
-466 KB of English that ships with every Python. Tiny Shakespeare can be fetched once
+466 KB of English. Its text changes between Python releases (3.11.2's is not 3.11.7's), and the course
+GPT, its tokenizer and every notebook's measured claim rest on one text, so the course ships the topics of
+the Python it was made with (``data/corpus/pydoc_topics.json.gz``, checked by SHA-256) and reads those
+on every Python. Tiny Shakespeare can be fetched once
 when online; it is verified by SHA-256 and cached under ``data/cache/``.
 ``encode_bytes`` and ``sample_windows`` turn a corpus into byte-level training batches (a fixed
 vocabulary of 256 that needs no training), shared by the experiments of ``tfedu.experiments.extrapolation``
@@ -50,14 +53,52 @@ def cache_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "data" / "cache"
 
 
+def shipped_folder(name: str) -> Path:
+    """``data/NAME`` in a checkout; ``tfedu/shipped/NAME`` in an installed wheel (Colab), where pyproject puts it."""
+    checkout = Path(__file__).resolve().parent.parent / "data" / name
+    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "shipped" / name
+
+
+# The shipped texts: file in data/corpus -> SHA-256 of its uncompressed JSON (written once, from Python 3.11.7).
+SHIPPED_TEXTS = {
+    "pydoc_topics.json.gz": "128bdb755053fa3beef3c2c2c3f1380d51efcbb6d6256fd7655429deea4b538e",
+    "stdlib_code.json.gz": "e0bfc314d02ffb87206947f1bca3efba1bbb17a0d248a103d00a98328d9bd24c",
+}
+
+
+def shipped_text(filename: str) -> dict:
+    """The JSON of a shipped text in ``data/corpus`` (see ``SHIPPED_TEXTS``), checked against its SHA-256.
+
+    >>> sorted(shipped_text("pydoc_topics.json.gz"))
+    ['python', 'topics']
+    """
+    import gzip
+    import json
+
+    if filename not in SHIPPED_TEXTS:
+        raise ValueError(f"unknown shipped text {filename!r}; expected one of: {', '.join(SHIPPED_TEXTS)}")
+    path = shipped_folder("corpus") / filename
+    try:
+        raw = gzip.decompress(path.read_bytes())
+    except (OSError, EOFError) as err:
+        raise FileNotFoundError(f"{path} is missing or not gzip ({err}); reinstall tfedu or restore it from git") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    if digest != SHIPPED_TEXTS[filename]:
+        raise ValueError(f"{path} has SHA-256 {digest}, expected {SHIPPED_TEXTS[filename]}: restore it from git")
+    return json.loads(raw.decode("utf-8"))
+
+
+def _pydoc_topics() -> dict[str, str]:
+    return shipped_text("pydoc_topics.json.gz")["topics"]
+
+
 def load_pydoc_text() -> str:
-    """The text of every topic in CPython's interactive help, joined in sorted order.
+    """The text of every topic in CPython's interactive help (the shipped copy), joined in sorted order.
 
     >>> "assert" in load_pydoc_text()
     True
     """
-    from pydoc_data.topics import topics
-
+    topics = _pydoc_topics()
     return "\n\n".join(topics[name].strip() for name in sorted(topics))
 
 
@@ -160,7 +201,7 @@ END_OF_TEXT = "<|endoftext|>"
 
 
 def pydoc_documents() -> list[str]:
-    """The topics of CPython's interactive help, one string each, in sorted order.
+    """The topics of CPython's interactive help (the shipped copy), one string each, in sorted order.
 
     ``load_pydoc_text`` is these joined by blank lines; ``TokenDataset`` joins them with an
     end-of-text token instead, so a model learns where a document ends.
@@ -169,8 +210,7 @@ def pydoc_documents() -> list[str]:
     >>> len(docs) > 50 and "\\n\\n".join(docs) == load_pydoc_text()
     True
     """
-    from pydoc_data.topics import topics
-
+    topics = _pydoc_topics()
     return [topics[name].strip() for name in sorted(topics)]
 
 

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from tfedu.data import shipped_text
 from tfedu.layers import Attention
 from tfedu.inputs import check_ids
 from tfedu.model import LanguageModel, next_token_loss
@@ -455,8 +456,10 @@ def code_documents(modules: Iterable[str] = CODE_MODULES) -> list[str]:
     """The source code of some pure-Python standard-library modules, one string each, in the given order.
 
     The notebook's "new style": Python code, where the course GPT was trained on the English of Python's
-    help pages (``tfedu.data.pydoc_documents``). It ships with every Python (``inspect.getsource`` reads
-    the module files), so it needs no download. Modules whose source is missing are skipped.
+    help pages (``tfedu.data.pydoc_documents``). The modules of ``CODE_MODULES`` come from the course's
+    shipped copy (``data/corpus/stdlib_code.json.gz``, Python 3.11.7's files: the source changes between
+    Python releases, and the notebook's measured numbers rest on one text); any other module is read from
+    this Python with ``inspect.getsource``, and skipped when its source is missing.
 
     >>> docs = code_documents(["textwrap"])
     >>> docs[0].count("def ") > 5
@@ -465,8 +468,12 @@ def code_documents(modules: Iterable[str] = CODE_MODULES) -> list[str]:
     import importlib
     import inspect
 
+    shipped = shipped_text("stdlib_code.json.gz")["modules"]
     docs = []
     for name in modules:
+        if name in shipped:
+            docs.append(shipped[name].strip())
+            continue
         try:
             docs.append(inspect.getsource(importlib.import_module(name)).strip())
         except (OSError, TypeError, ImportError):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfedu.config import ModelConfig
-from tfedu.data import write_atomically
+from tfedu.data import shipped_folder, write_atomically
 from tfedu.model import GPT
 
 
@@ -31,12 +31,6 @@ SHIPPED = {
     "course-gpt": Shipped("tfedu-course-gpt 1", extra_files=("tokenizer.txt",)),
     "induction-gpt": Shipped("tfedu-induction-gpt 1", rebuild=" (about two and a half minutes on one CPU thread)"),
 }
-
-
-def shipped_folder(name: str) -> Path:
-    """``data/NAME`` in a checkout; ``tfedu/shipped/NAME`` in an installed wheel (Colab), where pyproject puts it."""
-    checkout = Path(__file__).resolve().parent.parent / "data" / name
-    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "shipped" / name
 
 
 def save_shipped(model: GPT, out_dir: str | os.PathLike, config: dict, files: Mapping[str, object] = {}) -> Path:
