@@ -255,14 +255,30 @@ def test_a_detached_process_dies_with_the_sandbox():
 # ---------------------------------------------------------------------------------------------
 
 from tfedu.course.grading.grade import Limits, grade  # noqa: E402
+
+from grading_limits import calibrated  # noqa: E402
 from tfedu.checks.scan import scan_answer  # noqa: E402
 
 ATTACKS_DIR = Path(__file__).resolve().parent / "sandbox_attacks"
 SOURCE = ROOT / "notebooks" / "00_start_here.ipynb"
 CHECK, ANSWER = "check_softmax", "ex_softmax"
-# The SIGSTOP attack freezes the runner: only the grader's backstop (timeout + startup_timeout + 15 s) ends it.
-LIMITS = Limits(cell_timeout=8.0, timeout=15.0, memory_gib=2.0, startup_timeout=12.0, tmp_mib=32.0)
-BACKSTOP = LIMITS.timeout + LIMITS.startup_timeout + 15
+# The limits on an idle machine; the `limits` fixture scales them to what the correct answer costs here and now.
+IDLE_LIMITS = Limits(cell_timeout=8.0, timeout=15.0, memory_gib=2.0, startup_timeout=12.0, tmp_mib=32.0)
+
+
+def backstop(limits):
+    """The SIGSTOP attack freezes the runner: only the grader's backstop (timeout + startup_timeout + 15 s) ends it."""
+    return limits.timeout + limits.startup_timeout + 15
+
+
+@pytest.fixture(scope="module")
+def limits(tmp_path_factory):
+    sandbox_or_skip()
+    path = tmp_path_factory.mktemp("calibration") / SOURCE.name
+    path.write_text(submission(CORRECT))
+    scaled, seconds = calibrated(IDLE_LIMITS, path, SOURCE)
+    print(f"limits {scaled} from a correct run of {seconds:.1f} s")
+    return scaled
 ATTACKS = {  # file stem -> what the feedback must say (the attack ran, and why it scored zero)
     "sigstop_everything": "total time limit",
     "daemon_kills_runner_rewrites_results": "grading stopped",
@@ -352,8 +368,7 @@ def left_behind(token):
 
 
 @pytest.fixture(scope="module")
-def attacked(tmp_path_factory):
-    sandbox_or_skip()
+def attacked(tmp_path_factory, limits):
     token = secrets.token_hex(8)
     base = tmp_path_factory.mktemp("sandbox-attacks")
     subs, instructor, results = base / "submissions", base / "instructor", base / "results"
@@ -400,7 +415,7 @@ def attacked(tmp_path_factory):
     os.environ["INSTRUCTOR_API_TOKEN"] = env_secret  # an instructor's credential in the grader's environment
     try:
         start = time.monotonic()
-        graded = grade(list(paths.values()), out=out, source=SOURCE, limits=LIMITS, jobs=3)
+        graded = grade(list(paths.values()), out=out, source=SOURCE, limits=limits, jobs=3)
         elapsed = time.monotonic() - start
     finally:
         del os.environ["TFEDU_ATTACK_RUN"], os.environ["INSTRUCTOR_API_TOKEN"]
@@ -417,7 +432,8 @@ def attacked(tmp_path_factory):
             path.unlink()
     return {"entries": {Path(e["file"]).stem: e for e in graded["submissions"]}, "elapsed": elapsed, "sources": sources,
             "context": context, "before": before, "written": written, "after": after, "shm_before": shm_before,
-            "decoy_secret": decoy_secret, "env_secret": env_secret, "innocent_tokens": innocent_tokens, "out": out, "host_markers": host_markers}
+            "decoy_secret": decoy_secret, "env_secret": env_secret, "innocent_tokens": innocent_tokens, "out": out, "host_markers": host_markers,
+            "limits": limits}
 
 
 @pytest.mark.parametrize("name", ATTACKS)
@@ -480,7 +496,7 @@ def test_the_fill_attack_was_bounded_by_the_tmpfs_size(attacked):
     filled = {folder: (int(mib), why) for folder, mib, why in re.findall(r"([/\w]+): (\d+) MiB, ([^;\]]+)", feedback)}
     assert set(filled) == {"/dev/shm", "/tmp", sandbox.HOME}, feedback
     for mib, why in filled.values():
-        assert mib <= LIMITS.tmp_mib and why.strip() == f"errno {errno.ENOSPC}", feedback
+        assert mib <= attacked["limits"].tmp_mib and why.strip() == f"errno {errno.ENOSPC}", feedback
 
 
 def test_no_file_outside_the_sandbox_changed(attacked):
@@ -501,14 +517,14 @@ def test_no_process_is_left_behind(attacked):
 def test_every_run_ended_within_its_limits(attacked):
     entries = attacked["entries"]
     for name, entry in entries.items():
-        assert entry["seconds"] <= BACKSTOP + 10, (name, entry["seconds"])  # what the grader promises, SIGSTOP or not
+        assert entry["seconds"] <= backstop(attacked["limits"]) + 10, (name, entry["seconds"])  # what the grader promises, SIGSTOP or not
     print(f"graded {len(entries)} submissions in {attacked['elapsed']:.1f} s")
     for name, entry in entries.items():
         print(f"{name} ({entry['seconds']} s): {entry['exercises'][CHECK]['feedback'][:1500]}")
-    assert attacked["elapsed"] <= BACKSTOP + 3 * (LIMITS.timeout + 10)
+    assert attacked["elapsed"] <= backstop(attacked["limits"]) + 3 * (attacked["limits"].timeout + 10)
 
 
-def test_without_the_sandbox_the_safe_attacks_still_score_zero_and_the_grader_survives(tmp_path):
+def test_without_the_sandbox_the_safe_attacks_still_score_zero_and_the_grader_survives(tmp_path, limits):
     """``sandboxed=False``: only the attacks that are safe to run as the grader's own user (reading,
     and writing into this test's tmp folder; no signals, daemons or writes to the real home). They
     are not contained here (they may read and write what the grader can), but the grader finishes,
@@ -525,11 +541,11 @@ def test_without_the_sandbox_the_safe_attacks_still_score_zero_and_the_grader_su
     for name, answer in answers.items():
         paths.append(subs / f"{name}.ipynb")
         paths[-1].write_text(submission(answer))
-    results = grade(paths, out=tmp_path / "results.json", source=SOURCE, limits=LIMITS, jobs=3, sandboxed=False)
+    results = grade(paths, out=tmp_path / "results.json", source=SOURCE, limits=limits, jobs=3, sandboxed=False)
     entries = {Path(e["file"]).stem: e for e in results["submissions"]}
     assert entries["innocent_correct"]["total"] == 2
     for name in ("leak_proc_and_files", "write_outside"):
         assert entries[name]["total"] == 0 and ("LEAK[" in entries[name]["exercises"][CHECK]["feedback"]
                                                 or "ATTACK[" in entries[name]["exercises"][CHECK]["feedback"])
-        assert entries[name]["seconds"] <= BACKSTOP + 10
+        assert entries[name]["seconds"] <= backstop(limits) + 10
     assert json.loads((tmp_path / "results.json").read_text())["submissions"]

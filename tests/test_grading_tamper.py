@@ -22,6 +22,7 @@ from tfedu.course.grading.grade import Limits, grade
 from tfedu.course.grading.release import student_version
 from tfedu.checks.scan import MAX_ANSWER_CHARS, SCAN_SECONDS
 
+from grading_limits import calibrated as calibrated_limits
 from optional_parts import sandbox_or_skip
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,18 +207,11 @@ def expected_points(name):
 
 
 def calibrated(folder):
-    """IDLE_LIMITS scaled to this machine as loaded now: the correct answer is first graded alone with
-    generous limits, and no one cell may be stopped before twice that whole run (kernel start and every
-    cell of notebook 00) has passed. On a quiet machine that is under 8 s and IDLE_LIMITS stand; under a
-    test suite's load on 2 cores the correct answers were stopped at 8 s, so the limit grows with the cost."""
+    """IDLE_LIMITS scaled to this machine as loaded now (tests/grading_limits.py), from the correct answer."""
     path = folder / "calibration" / SOURCE.name
     path.parent.mkdir()
     path.write_text(nbformat.writes(with_answer(CORRECT)))
-    [entry] = grade([path], source=SOURCE, limits=Limits(cell_timeout=300, timeout=600), jobs=1)["submissions"]
-    assert entry["total"] == entry["max"] == 2, entry["exercises"][CHECK]["feedback"]
-    cell = max(IDLE_LIMITS.cell_timeout, 2 * entry["seconds"])
-    scale = cell / IDLE_LIMITS.cell_timeout
-    return Limits(cell_timeout=cell, timeout=IDLE_LIMITS.timeout * scale, memory_gib=IDLE_LIMITS.memory_gib), entry["seconds"]
+    return calibrated_limits(IDLE_LIMITS, path, SOURCE)
 
 
 @pytest.fixture(scope="module")
