@@ -172,9 +172,12 @@ def test_cli_grade_prints_a_line_per_cell_that_raised(tmp_path, capsys, monkeypa
     entry = {"file": "x.ipynb", "source": "00_start_here.ipynb", "total": 2.0, "max": 2.0, "notes": [],
              "exercises": {"check_softmax": {"points": 2.0, "max": 2.0, "feedback": "passed"}},
              "cell_errors": [{"cell": 9, "error": "NameError: name 'probs' is not defined\nmore", "traceback": "..."}]}
-    monkeypatch.setattr(grading, "grade", lambda *args, **kwargs: {"submissions": [entry]})
+    calls = []
+    monkeypatch.setattr(grading, "grade", lambda *args, **kwargs: calls.append(kwargs) or {"submissions": [entry]})
     assert cli.main(["grade", "x.ipynb", "--out", str(tmp_path / "r.json"), "--no-sandbox"]) == 0
     assert "  cell 9 (not an exercise) raised NameError: name 'probs' is not defined | more" in capsys.readouterr().out
+    assert cli.main(["grade", "x.ipynb", "--out", str(tmp_path / "r.json"), "--no-sandbox", "--full"]) == 0
+    assert [c["full"] for c in calls] == [False, True]
 
 
 @needs_sandbox

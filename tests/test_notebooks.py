@@ -1,15 +1,19 @@
-"""Every source notebook in notebooks/ runs top to bottom in one kernel, and the grader agrees with it.
+"""Every source notebook in notebooks/ is graded as a submission: full marks, and its release zero.
 
-One execution of each notebook feeds every check here. `grade` runs the source notebook (its own
-solutions as the submission) cell by cell, in order, in one fresh kernel (tfedu.course.grading.inside),
-inside the bubblewrap sandbox where this machine can make one and without it elsewhere. The test asserts:
-- no cell that is not an exercise raised (the grader lists such cells in ``cell_errors``, with the
+`grade` runs what grading needs of the source notebook (its own solutions as the submission: the
+answer, check and hidden-test cells and the cells they use, tfedu.course.grading.needs) cell by cell, in
+order, in one fresh kernel (tfedu.course.grading.inside), inside the bubblewrap sandbox where this
+machine can make one and without it elsewhere. The test asserts:
+- no cell it ran that is not an exercise raised (the grader lists such cells in ``cell_errors``, with the
   error and the kernel's traceback; a failure here names the cell, its first line and the error);
 - every exercise scores full marks: its check cell passed and its hidden test agreed with the reference
   on fresh random inputs, so no cell ran past a limit and the kernel was never restarted;
 - the released student version, graded in the same call, scores zero with "not done yet" on every
   exercise (its answers are the release's stubs, which the grader decides without a kernel).
-The released version's own Run All, as a learner sees it in JupyterLab, is tests/test_release.py's.
+Every cell of every notebook runs in the released version's Run All, as a learner sees it in
+JupyterLab (tests/test_release.py): the demonstrations and experiments are the same cells in the source
+and the release, and none of them may call an unfinished exercise there (the release's stubs raise), so
+running them once covers both. The grader's fast run against its full run is tested on a toy below.
 
 (Until 2026-11 each notebook ran three more times: with nbclient here, and twice in the grading test.
 Under nbval each cell was a test of its own, and pytest 9.2 with xdist 3.8 split a notebook's cells over
@@ -49,14 +53,14 @@ def failure_report(nb, error: dict) -> str:
     return f"cell {error['cell']} ({first_line[:80]!r}) raised {error['error']}\n\n{error['traceback']}"
 
 
-def grade_source_and_release(path: Path, folder: Path, checks: str | None = None) -> tuple[dict, dict]:
+def grade_source_and_release(path: Path, folder: Path, checks: str | None = None, full: bool = False) -> tuple[dict, dict]:
     """The results of grading the source notebook (as a submission) and its released version, in one call."""
     solved = folder / "solved" / path.name
     solved.parent.mkdir(parents=True)
     shutil.copy(path, solved)
     [unsolved] = release([path], folder / "released")
     full, empty = grade([solved, unsolved], source=path, limits=LIMITS, jobs=2, checks=checks,
-                        sandboxed=sandboxed())["submissions"]
+                        sandboxed=sandboxed(), full=full)["submissions"]
     return full, empty
 
 
@@ -84,11 +88,12 @@ one_class_per_notebook(OneNotebook, globals())
 
 
 def toy_notebook():
-    """Cells that share names, one exercise, and a demo cell that fails after it."""
+    """Cells that share names, one exercise that uses one of them, and a demo cell that fails after it."""
     return nbtools.new_notebook([
         nbtools.code("x = 41"),
         nbtools.md("text"),
-        nbtools.exercise("ex_double", "def double(x):\n    ### BEGIN SOLUTION\n    return 2 * x\n    ### END SOLUTION"),
+        nbtools.code("two = 2"),
+        nbtools.exercise("ex_double", "def double(x):\n    ### BEGIN SOLUTION\n    return two * x\n    ### END SOLUTION"),
         nbtools.check("check_double", "from toy_checks import check_double\n\ncheck_double(double)", points=1),
         nbtools.code("y = x + 1"),
         nbtools.code("assert y == 42 and double(y) == 84\nraise ValueError(f'y is {y}')"),
@@ -97,15 +102,19 @@ def toy_notebook():
 
 def test_cells_share_one_kernel_and_a_failing_cell_is_named(tmp_path, monkeypatch):
     """The mechanism on a toy notebook: a later cell sees an earlier cell's names (in separate kernels it
-    would raise NameError), and the cell that raised is reported with its error and traceback."""
+    would raise NameError), and the cell that raised is reported with its error and traceback. Graded
+    without --full the same scores come from the cells the exercise needs (``two``, not the demos)."""
     monkeypatch.syspath_prepend(str(TAMPER))
     monkeypatch.setenv("PYTHONPATH", str(TAMPER))
     path = tmp_path / "99_toy.ipynb"
     nbtools.write(toy_notebook(), path)
-    full, empty = grade_source_and_release(path, tmp_path / "graded", checks="toy_checks")
+    fast, _ = grade_source_and_release(path, tmp_path / "fast", checks="toy_checks")
+    assert fast["total"] == fast["max"] == 1 and fast["cell_errors"] == [] and fast["cells_skipped"] == 3
+    full, empty = grade_source_and_release(path, tmp_path / "graded", checks="toy_checks", full=True)
+    assert full["exercises"] == fast["exercises"] and full["cells_skipped"] == 0
     assert full["total"] == full["max"] == 1 and empty["total"] == 0
     [error] = full["cell_errors"]
-    assert (error["cell"], error["error"]) == (5, "ValueError: y is 42")
+    assert (error["cell"], error["error"]) == (6, "ValueError: y is 42")
     assert "ValueError" in error["traceback"] and "\x1b[" not in error["traceback"]
     report = failure_report(nbtools.read(path), error)
-    assert report.startswith("cell 5 ('assert y == 42 and double(y) == 84') raised ValueError: y is 42")
+    assert report.startswith("cell 6 ('assert y == 42 and double(y) == 84') raised ValueError: y is 42")

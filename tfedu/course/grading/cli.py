@@ -32,7 +32,8 @@ def _grade(args: argparse.Namespace) -> int:
         where = "WITHOUT a sandbox (--no-sandbox)" if no_sandbox else f"each in its own {sandbox.find().describe()}"
         print(f"grading {len(args.submissions)} submission(s) {where}", file=sys.stderr)
         results = grade(args.submissions, out=args.out, source=args.source, notebooks_dir=args.notebooks_dir,
-                        limits=limits, jobs=args.jobs, checks=args.checks, sandboxed=not no_sandbox)
+                        limits=limits, jobs=args.jobs, checks=args.checks, sandboxed=not no_sandbox,
+                        full=getattr(args, "full", False))
     except (ConfigError, sandbox.SandboxUnavailable) as err:
         print(f"tfedu grade: {clean_text(err)}", file=sys.stderr)
         return 2
@@ -79,6 +80,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--timeout", type=_positive, default=900.0, help="seconds per submission in all (default 900)")
     g.add_argument("--cell-timeout", type=_positive, default=120.0, help="seconds per cell (default 120)")
     g.add_argument("--memory-gib", type=_positive, default=4.0, help="memory limit of the kernel in GiB (default 4)")
+    g.add_argument("--full", action="store_true",
+                   help="run every cell of the notebook, not only the exercises, their checks and the cells they use "
+                        "(slower; lists each demonstration that raised)")
     g.add_argument("--no-sandbox", action="store_true",
                    help="grade without the operating-system sandbox where none can be made (weaker guarantees, below)")
     g.set_defaults(func=_grade)

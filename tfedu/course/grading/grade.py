@@ -19,7 +19,10 @@ How one submission is graded:
    scan runs past ``scan.SCAN_SECONDS``, scores zero), so no answer can stall the grader here.
 3. **Run in a sandbox** (:mod:`tfedu.course.grading.sandbox`): the hidden tests' inputs are drawn first,
    from OS entropy, and bound read-only into a fresh bubblewrap sandbox; the plan (every cell's
-   code, the answers or their stubs) goes in on stdin. Inside, the runner
+   code, the answers or their stubs) goes in on stdin. The plan holds only what grading needs
+   (:mod:`tfedu.course.grading.needs`): the answers, the check cells, the hidden tests and the cells of
+   the notebook they use, not its demonstrations and experiments (``full=True``, ``--full``: every
+   cell; so does an answer that reads names dynamically). Inside, the runner
    (:mod:`tfedu.course.grading.inside`) drives a fresh kernel (:mod:`tfedu.course.grading.kernel`: memory,
    file-size, CPU and process limits, no stdin, a per-cell and a total time limit). After each
    check cell a harness cell (:mod:`tfedu.course.grading.harness`) runs the check's ``Probe`` and exports
@@ -73,7 +76,8 @@ import numpy as np
 
 from tfedu.course import nbtools
 from tfedu.checks.core import NOT_DONE_MESSAGE, Probe, compare_plain
-from tfedu.course.grading import harness, sandbox
+from tfedu.course.grading import harness, needs, sandbox
+from tfedu.course.grading.inside import import_statements
 from tfedu.course.grading.kernel import clean_environment, kill_session
 from tfedu.course.grading.release import CODE_STUB, _replace_regions, is_check, is_solution
 from tfedu.checks.scan import SCAN_SECONDS, SUBMISSION_SCAN_SECONDS, scan_answer
@@ -302,6 +306,7 @@ class Run:
     stubbed: dict[str, str] = field(default_factory=dict)  # answer id -> why it was replaced
     answer_errors: dict[str, str] = field(default_factory=dict)
     cell_errors: list[dict[str, Any]] = field(default_factory=list)  # the notebook's other cells that raised
+    steps: list[Step] | None = None  # what the run executes (default: every step; see graded_steps)
 
     def checks_of(self, answer: str) -> list[str]:
         return [c for c, p in self.assignment.probes.items() if p.exercise == answer]
@@ -326,6 +331,29 @@ def unchanged_stub(answer: str, stub: str) -> bool:
         return [line.rstrip() for line in text.splitlines() if line.strip()]
 
     return lines(answer) == lines(stub)
+
+
+def graded_steps(run: Run) -> list[Step]:
+    """The steps a graded run needs (:mod:`tfedu.course.grading.needs`): every answer (or its stub), every
+    check cell and hidden test, and the notebook's cells they depend on. A check decided before the run
+    only runs its cell's imports, so it reads nothing. Every step when an answer reads names dynamically."""
+    a = run.assignment
+    cells: list[tuple[str, bool, bool]] = []
+    for step in a.steps:
+        if step.kind == "code":
+            cells.append((step.source, False, True))
+        elif step.kind == "answer":
+            source = a.stubs[step.grade_id] if step.grade_id in run.stubbed else run.answers[step.grade_id]
+            if needs.dynamic(source):
+                return list(a.steps)
+            cells.append((source, True, False))
+        elif step.kind == "check":
+            decided = step.grade_id in run.outcome
+            cells.append((import_statements(step.source) if decided else step.source, True, True))
+        else:
+            cells.append(("" if step.grade_id in run.outcome else a.probes[step.grade_id].run, True, True))
+    keep = needs.needed(cells)
+    return [step for index, step in enumerate(a.steps) if index in keep]
 
 
 def static_phase(run: Run) -> None:
@@ -583,7 +611,8 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
             for path in [exchange, *exchange.rglob("*")]:
                 path.chmod(0o755 if path.is_dir() else 0o644)
         plan = {
-            "steps": [{"kind": s.kind, "source": s.source, "cell": s.cell, "grade_id": s.grade_id} for s in a.steps],
+            "steps": [{"kind": s.kind, "source": s.source, "cell": s.cell, "grade_id": s.grade_id}
+                      for s in (a.steps if run.steps is None else run.steps)],
             "answers": {gid: src for gid, src in run.answers.items() if gid in a.stubs},
             "stubs": a.stubs, "stubbed": sorted(run.stubbed), "done": sorted(run.outcome), "probes": plan_probes,
             "cell_timeout": limits.cell_timeout, "timeout": limits.timeout, "startup_timeout": limits.startup_timeout,
@@ -667,8 +696,11 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
 
 def grade_submission(path: str | Path, *, source: str | Path | None = None, notebooks_dir: str | Path | None = None,
                      limits: Limits = Limits(), checks: str | None = None, sandboxed: bool = True,
-                     hide: tuple[str | Path, ...] = (), cpus: float | None = None) -> dict[str, Any]:
+                     hide: tuple[str | Path, ...] = (), cpus: float | None = None, full: bool = False) -> dict[str, Any]:
     """Grade one submission; the entry of the results JSON for it. Raises only for instructor errors.
+
+    The run executes only the cells grading needs (:func:`graded_steps`); ``full`` runs every cell of
+    the notebook, and lists in ``cell_errors`` each demonstration that raised.
 
     ``sandboxed=False`` runs it without the operating-system sandbox (see :mod:`tfedu.course.grading.sandbox`);
     with it, :class:`sandbox.SandboxUnavailable` is raised where none can be made. ``hide``: more host
@@ -687,6 +719,8 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
         run = Run(assignment, answers, limits)
         static_phase(run)
         if any(check not in run.outcome for check in assignment.probes):
+            run.steps = list(assignment.steps) if full else graded_steps(run)
+            entry["cells_skipped"] = sum(s.kind == "code" for s in assignment.steps) - sum(s.kind == "code" for s in run.steps)
             execute(run, box, [path.resolve().parent, *(Path(h) for h in hide)], cpus or float(os.cpu_count() or 1))
     except SubmissionError as err:
         run = Run(assignment, {}, limits)
@@ -705,8 +739,11 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
 
 def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str | Path | None = None,
           notebooks_dir: str | Path | None = None, limits: Limits = Limits(), jobs: int = 1,
-          checks: str | None = None, sandboxed: bool = True) -> dict[str, Any]:
+          checks: str | None = None, sandboxed: bool = True, full: bool = False) -> dict[str, Any]:
     """Grade every submission (``jobs`` at a time); write ``out`` (JSON) and a CSV beside it.
+
+    Only the cells grading needs run (the exercises, their checks and what they use); ``full`` runs
+    every cell, demonstrations and experiments included.
 
     ``checks`` names the module with the ``PROBES`` (default: ``tfedu.checks.nb<source stem>``).
     Each submission runs in its own sandbox; without one (``sandboxed=False``, ``--no-sandbox``)
@@ -730,7 +767,7 @@ def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str
             return _clean_entry({"file": str(path), "source": None, "total": 0.0, "max": 0.0, "exercises": {},
                                  "notes": [unmatched[str(path)]]})
         return grade_submission(path, source=source, notebooks_dir=notebooks_dir, limits=limits, checks=checks,
-                                sandboxed=sandboxed, hide=hide, cpus=max(1.0, (os.cpu_count() or 1) / max(1, jobs)))
+                                sandboxed=sandboxed, hide=hide, cpus=max(1.0, (os.cpu_count() or 1) / max(1, jobs)), full=full)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         entries = list(pool.map(one, paths))
