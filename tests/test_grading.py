@@ -547,3 +547,87 @@ def test_a_fifo_or_folder_submission_is_refused_without_hanging(toy, tmp_path):
     assert time.monotonic() - start < 20
     for entry in results["submissions"]:
         assert entry["total"] == 0 and "not a regular file" in json.dumps(entry)
+
+
+def _without_seconds(entries):
+    return [{k: v for k, v in entry.items() if k != "seconds"} for entry in entries]
+
+
+def test_shards_merged_equal_one_run(tmp_path, capsys):
+    """N machines each grade a share (--shard K/N) and --merge joins them: the same JSON and CSV as one run,
+    for N smaller than, equal to and larger than the class. The submissions are decided without a kernel."""
+    from tfedu.course.grading import shards
+    from tfedu.course.grading.release import release
+
+    source = ROOT / "notebooks" / "04_attention.ipynb"
+    [released] = release([source], tmp_path / "released")
+    paths = []
+    for i in range(7):
+        path = tmp_path / "class" / f"04_attention_student{i}.ipynb"
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(released.read_bytes() if i % 2 else b"not a notebook %d" % i)
+        paths.append(str(path))
+    one = grade(paths, out=tmp_path / "one" / "results.json", sandboxed=False)
+    for count in (1, 3, 7, 9):
+        parts = []
+        for index in range(1, count + 1):
+            parts.append(tmp_path / f"n{count}" / f"part-{index}.json")
+            assert cli.main(["grade", *paths, "--shard", f"{index}/{count}", "--out", str(parts[-1]), "--no-sandbox"]) == 0
+        out = tmp_path / f"n{count}" / "all.json"
+        assert cli.main(["grade", "--merge", *map(str, reversed(parts)), "--out", str(out)]) == 0
+        merged = json.loads(out.read_text())
+        assert _without_seconds(merged["submissions"]) == _without_seconds(one["submissions"]), count
+        assert out.with_suffix(".csv").read_text() == (tmp_path / "one" / "results.csv").read_text()
+    assert [len(shards.share(paths, k, 3)) for k in (1, 2, 3)] == [3, 2, 2]
+
+
+def test_a_merge_refuses_shards_that_do_not_make_one_whole(tmp_path, capsys):
+    from tfedu.course.grading import shards
+
+    def part(index, count, total, entries):
+        path = tmp_path / f"p{index}-{count}-{total}-{len(entries)}.json"
+        path.write_text(json.dumps({"submissions": entries, "shard": {"index": index, "count": count, "submissions": total}}))
+        return path
+
+    e = {"file": "a.ipynb", "total": 0}
+    with pytest.raises(shards.ShardError, match="missing shard: 2/2"):
+        shards.merge([part(1, 2, 3, [e, e])])
+    with pytest.raises(shards.ShardError, match="given twice"):
+        shards.merge([part(1, 2, 3, [e, e]), part(1, 2, 3, [e, e])])
+    with pytest.raises(shards.ShardError, match="the others are of 2 shards"):
+        shards.merge([part(1, 2, 3, [e, e]), part(2, 3, 3, [e])])
+    with pytest.raises(shards.ShardError, match="should hold 1 results, it holds 2"):
+        shards.merge([part(2, 2, 3, [e, e])])
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({"submissions": []}))
+    with pytest.raises(shards.ShardError, match="not the results of a --shard run"):
+        shards.merge([plain])
+    assert cli.main(["grade", "--merge", str(plain), "--out", str(tmp_path / "x.json")]) == 2
+    assert "not the results of a --shard run" in capsys.readouterr().err
+    for bad in ("0/3", "4/3", "3", "a/b"):
+        assert cli.main(["grade", "x.ipynb", "--shard", bad, "--out", str(tmp_path / "x.json"), "--no-sandbox"]) == 2
+        assert "expected --shard K/N" in capsys.readouterr().err
+
+
+def test_tfedu_check_grades_a_learners_own_notebook_with_the_same_grader(tmp_path, capsys, monkeypatch):
+    """`tfedu check NOTEBOOK`: the instructor's grader, no files written, the sandbox where there is one."""
+    from tfedu.course.grading import grade as grading
+    from tfedu.course.grading import sandbox
+
+    entry = {"file": "04_attention_me.ipynb", "source": "04_attention.ipynb", "total": 3.0, "max": 5.0, "notes": [],
+             "exercises": {"check_attention": {"points": 3.0, "max": 3.0, "feedback": "passed"},
+                           "check_self_attention": {"points": 0.0, "max": 2.0, "feedback": "the check cell failed: ..."}}}
+    calls = []
+    monkeypatch.setattr(grading, "grade", lambda paths, **kwargs: calls.append((paths, kwargs)) or {"submissions": [entry]})
+
+    def no_sandbox():
+        raise sandbox.SandboxUnavailable("bwrap is not installed")
+
+    monkeypatch.setattr(sandbox, "find", no_sandbox)
+    assert cli.main(["check", "04_attention_me.ipynb"]) == 0
+    out, err = capsys.readouterr()
+    assert "04_attention_me.ipynb: 3 / 5" in out and "check_self_attention: 0 / 2  the check cell failed" in out
+    assert "wrote" not in out and "graded without one" in err
+    [(paths, kwargs)] = calls
+    assert paths == ["04_attention_me.ipynb"] and kwargs["out"] is None and kwargs["sandboxed"] is False
+    assert kwargs["jobs"] == 1 and kwargs["full"] is False and kwargs["shard"] is None

@@ -76,7 +76,7 @@ import numpy as np
 
 from tfedu.course import nbtools
 from tfedu.checks.core import NOT_DONE_MESSAGE, Probe, compare_plain
-from tfedu.course.grading import harness, needs, sandbox
+from tfedu.course.grading import harness, needs, sandbox, shards
 from tfedu.course.grading.inside import import_statements
 from tfedu.course.grading.kernel import clean_environment, kill_session
 from tfedu.course.grading.release import CODE_STUB, _replace_regions, is_check, is_solution
@@ -739,11 +739,13 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
 
 def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str | Path | None = None,
           notebooks_dir: str | Path | None = None, limits: Limits = Limits(), jobs: int = 1,
-          checks: str | None = None, sandboxed: bool = True, full: bool = False) -> dict[str, Any]:
+          checks: str | None = None, sandboxed: bool = True, full: bool = False,
+          shard: tuple[int, int] | None = None) -> dict[str, Any]:
     """Grade every submission (``jobs`` at a time); write ``out`` (JSON) and a CSV beside it.
 
     Only the cells grading needs run (the exercises, their checks and what they use); ``full`` runs
-    every cell, demonstrations and experiments included.
+    every cell, demonstrations and experiments included. ``shard=(K, N)`` grades the K-th of N
+    disjoint shares of ``paths`` (:mod:`tfedu.course.grading.shards`; ``merge`` joins them).
 
     ``checks`` names the module with the ``PROBES`` (default: ``tfedu.checks.nb<source stem>``).
     Each submission runs in its own sandbox; without one (``sandboxed=False``, ``--no-sandbox``)
@@ -752,6 +754,10 @@ def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str
     """
     if sandboxed:
         sandbox.find()
+    place = None
+    if shard is not None:
+        place = {"index": shard[0], "count": shard[1], "submissions": len(paths)}
+        paths = shards.share(list(paths), *shard)
     hide = tuple(str(Path(p).resolve().parent) for p in paths) + ((str(Path(out).resolve().parent),) if out is not None else ())
     unmatched: dict[str, str] = {}
     for path in paths:  # instructor errors first, before any kernel starts
@@ -771,13 +777,19 @@ def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         entries = list(pool.map(one, paths))
-    results = {"submissions": entries}
+    results: dict[str, Any] = {"submissions": entries}
+    if place is not None:
+        results["shard"] = place
     if out is not None:
-        out = Path(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-        write_csv(results, out.with_suffix(".csv"))
+        write_results(results, Path(out))
     return results
+
+
+def write_results(results: dict[str, Any], out: Path) -> None:
+    """The results JSON at ``out`` and the CSV beside it."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    write_csv(results, out.with_suffix(".csv"))
 
 
 def write_csv(results: dict[str, Any], path: Path) -> None:
