@@ -243,7 +243,10 @@ def test_top_k_not_done():
 def make_top_p(bug=None):
     def top_p_filter(logits, p):
         sorted_logits, order = torch.sort(logits, dim=-1, descending=bug != "ascending")
-        probs = sorted_logits.softmax(dim=-1)
+        if bug == "exp-sum":  # the red team's softmax (issue 37): no max subtracted, NaN once a logit passes 88
+            probs = sorted_logits.exp() / sorted_logits.exp().sum(dim=-1, keepdim=True)
+        else:
+            probs = sorted_logits.softmax(dim=-1)
         cumulative = probs.cumsum(dim=-1)
         if bug == "crossing":
             remove = cumulative > p
@@ -312,6 +315,7 @@ def test_top_p_reference_and_learner_solutions_pass(capsys):
     ("zero", "set the removed logits to 0"),
     ("in-place", "changed the caller's `logits` in place"),
     ("one-row", "right on one row"),
+    ("exp-sum", "overflows once x passes about 88"),
 ])
 def test_top_p_mistakes_are_named(bug, match):
     with pytest.raises(CheckFailure, match=match):
@@ -329,6 +333,10 @@ def test_top_p_not_done():
 def test_the_checkers_p_values_lie_clear_of_every_cumulative_sum():
     for seed, shape, p in nb08.TOP_P_CALLS:
         assert nb08.top_p_margin(nb08.top_p_logits(seed, *shape), p) > 5e-4, (seed, p)
+    seed, shape, p = nb08.TOP_P_CONFIDENT
+    logits = nb08.top_p_logits(seed, *shape) + nb08.CONFIDENT_OFFSET
+    assert nb08.top_p_margin(logits, p) > 5e-4 and (nb08.filter_top_p(logits, p).isinf().sum(-1) > 0).all()
+    assert (nb08.filter_top_p(logits, p).isfinite().sum(-1) > 1).any()  # a nucleus of several tokens, not only the top one
 
 
 # ----------------------------------------------------------------------------- probes
@@ -356,6 +364,7 @@ BAD = [  # (probe, namespace, a fragment of the feedback)
     ("check_top_k", {"top_k_filter": make_top_k("in-place")}, "changed its input in place"),
     ("check_top_k", {"top_k_filter": top_k_by_scatter}, "ties"),
     ("check_top_p", {"top_p_filter": make_top_p("crossing")}, "across p"),
+    ("check_top_p", {"top_p_filter": make_top_p("exp-sum")}, "overflows once x passes about 88"),
     ("check_top_p", {"top_p_filter": make_top_p("ascending")}, "least likely first"),
     ("check_top_p", {"top_p_filter": make_top_p("no-keep-first")}, "removed every token"),
     ("check_top_p", {"top_p_filter": make_top_p("gather")}, "gather"),

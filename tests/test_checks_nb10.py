@@ -79,6 +79,9 @@ def decode_variant(q, k, v, k_cache, v_cache, mistake=""):
         return attend(q, K, K), K, V
     if mistake == "squeezed":
         return attend(q, K, V).squeeze(2), K, V
+    if mistake == "exp sum":  # the red team's softmax (issue 37): exp over the sum, no max subtracted
+        e = (q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])).exp()
+        return (e / e.sum(dim=-1, keepdim=True)) @ V, K, V
     if mistake == "in place":
         q /= math.sqrt(q.shape[-1])
         return attend(q, K, V, scale=False), K, V
@@ -100,6 +103,7 @@ DECODE_MISTAKES = [
     ("before append", "leaves out the new token's own key"), ("order", "you returned (k_cache, v_cache, z)"),
     ("v from keys", "value cache holds keys"), ("z from keys", "weighted sum of keys"),
     ("squeezed", "lost its query axis"), ("in place", "changed the caller's `q` in place"),
+    ("exp sum", "e^x overflows once x passes about 88"),
 ]
 
 

@@ -62,6 +62,12 @@ def shift_then_mask(logits, allowed):
     return e / e.sum(dim=-1, keepdim=True)
 
 
+def no_max_shift(logits, allowed):
+    """The red team's softmax: exp over the sum with no max subtracted; NaN once an allowed logit passes about 88."""
+    e = logits.masked_fill(~allowed, float("-inf")).exp()
+    return e / e.sum(dim=-1, keepdim=True)
+
+
 RIGHT = {"masked_fill": constrained_probs, "where": by_where, "finfo.min": by_large_negative, "by hand": by_hand_exp}
 
 MISTAKES = {  # name: (answer, a phrase its hint must contain)
@@ -120,6 +126,7 @@ MISTAKE_FUNCTIONS = {
     "half precision": (half, "keep the logits' dtype"),
     "shift by the allowed max, mask after exp": (shift_then_mask, "or after exponentiating"),
     "index assignment in place": (index_assign, "in place"),
+    "exp over the sum without the max shift": (no_max_shift, "overflows float32"),
     "softmax over dim 1 of a 3-d batch": (softmax_dim_1, "wrong dimension"),
     "log_softmax": (log_softmax, "log-probabilities"),
     "a finite fill of -100": (finite_fill, "finite fill"),
@@ -180,4 +187,6 @@ def test_probe_passes_the_reference_and_names_mistakes():
                                   ("zero fill", "instead of -inf"), ("in place", "in place"), ("logits", "not probabilities")]:
             feedback = verdict(probe, {"constrained_probs": lambda x, a, m=mistake: constrained_probs(x, a, m)}, seed)
             assert feedback is not None and fragment in feedback, (seed, mistake, feedback)
+        feedback = verdict(probe, {"constrained_probs": no_max_shift}, seed)  # issue 37: it scored full marks
+        assert feedback is not None and "overflows float32" in feedback, (seed, feedback)
     assert "not defined" in verdict(probe, {}, 0)

@@ -1,6 +1,6 @@
-"""Honest wrong answers score zero, end to end: the mistakes an outside reviewer found scoring full
-marks on notebooks 04 and 05, graded the way an instructor grades (released notebook, real
-answers, `grade` in sandboxes, two at a time), and the cascade: a wrong 4.1 no longer costs 4.2.
+"""Honest wrong answers score zero, end to end: the mistakes outside reviewers found scoring full
+marks on notebooks 04 and 05 and (issue 37) 08, 10 and 15, graded the way an instructor grades
+(released notebook, real answers, `grade` in sandboxes, two at a time), and the cascade: a wrong 4.1 no longer costs 4.2.
 
 Each wrong submission is the notebook's own solution with ONE answer replaced, so every other
 exercise must keep its full marks; the run must stay inside its limits, leave no process behind
@@ -45,6 +45,25 @@ NO_SHIFT_MASKED = '''def masked_attention(q: torch.Tensor, k: torch.Tensor, v: t
     weights = e / e.sum(dim=-1, keepdim=True)
     return weights @ v, weights
 '''
+# The red team's softmax in three more exercises (issue 37): exp over the sum, no max subtracted. Right on small
+# scores; NaN once a score passes about 88 in float32, as with a confident model or a temperature of 0.1.
+NO_SHIFT_TOP_P = '''def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    e = sorted_logits.exp()
+    probs = e / e.sum(dim=-1, keepdim=True)
+    drop_sorted = probs.cumsum(dim=-1) - probs >= p
+    return logits.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+'''
+NO_SHIFT_DECODE = '''def decode_step(q, k_new, v_new, k_cache, v_cache):
+    k_cache = torch.cat([k_cache, k_new], dim=2)
+    v_cache = torch.cat([v_cache, v_new], dim=2)
+    e = (q @ k_cache.transpose(-2, -1) / math.sqrt(q.shape[-1])).exp()
+    return e / e.sum(dim=-1, keepdim=True) @ v_cache, k_cache, v_cache
+'''
+NO_SHIFT_CONSTRAINED = '''def constrained_probs(logits, allowed):
+    e = logits.masked_fill(~allowed, float("-inf")).exp()
+    return e / e.sum(dim=-1, keepdim=True)
+'''
 
 # name -> (notebook, {answer grade_id: wrong source (or a function of the solution)}, expected points by check)
 CASES = {
@@ -63,6 +82,12 @@ CASES = {
     "05_multi_head_attention_under_no_grad": ("05_masks_and_heads", {"ex_multi_head_attention": "no_grad"},
                                               {"check_causal_mask": "full", "check_masked_attention": "full",
                                                "check_multi_head_attention": 0}),
+    "08_top_p_without_max_shift": ("08_training_and_decoding", {"ex_top_p": NO_SHIFT_TOP_P},
+                                   {"check_greedy": "full", "check_top_k": "full", "check_top_p": 0}),
+    "10_decode_step_without_max_shift": ("10_inference_and_kv_cache", {"ex_decode_step": NO_SHIFT_DECODE},
+                                         {"check_decode_step": 0, "check_cache_bytes": "full", "check_pool_kv_weight": "full"}),
+    "15_constrained_probs_without_max_shift": ("15_interpretability_and_decoding",
+                                               {"ex_constrained_probs": NO_SHIFT_CONSTRAINED}, {"check_constrained_probs": 0}),
 }
 
 
@@ -140,7 +165,7 @@ def graded(tmp_path_factory):
     os.environ[RUN_TOKEN] = "1"  # TFEDU_* variables reach the sandbox: an orphan would carry it
     before = ours()
     results = {}
-    for notebook in ("04_attention", "05_masks_and_heads"):
+    for notebook in dict.fromkeys(nb_name for nb_name, _, _ in CASES.values()):
         paths = {}
         for name, (nb_name, wrong, _) in CASES.items():
             if nb_name == notebook:
@@ -176,6 +201,9 @@ FEEDBACK = {
     ("05_causal_mask_from_a_16x16_buffer", "check_causal_mask"): "16",
     ("05_masked_attention_without_max_shift", "check_masked_attention"): "NaN",
     ("05_multi_head_attention_under_no_grad", "check_multi_head_attention"): "grad",
+    ("08_top_p_without_max_shift", "check_top_p"): "overflows",
+    ("10_decode_step_without_max_shift", "check_decode_step"): "overflows",
+    ("15_constrained_probs_without_max_shift", "check_constrained_probs"): "overflows",
 }
 
 

@@ -17,7 +17,9 @@ tutorials and learners' answers:
   the tokens sorted least likely first, probabilities returned (renormalised or not), an empty
   nucleus for a small p (the most likely token is always kept), the mask put back in the wrong
   order (left in sorted order, or gathered where it should be scattered), 0 instead of -inf, the
-  input changed in place, one row only. Compared with ``tfedu.generate.filter_top_p``.
+  input changed in place, one row only, probabilities taken as exp over the sum without subtracting the
+  largest logit (NaN on logits near 100: a confident model, or a temperature of 0.1). Compared with
+  ``tfedu.generate.filter_top_p``.
 """
 
 from __future__ import annotations
@@ -368,6 +370,12 @@ HINT_TOPP_PROBS = (
     "you returned probabilities (renormalised over the nucleus): the filter returns logits, with float('-inf') for "
     "the removed tokens; the softmax comes later, in next_token_distribution"
 )
+HINT_TOPP_OVERFLOW = (
+    "{call}: your filter keeps the wrong tokens on logits near {top:.0f} (a confident model, or logits divided by a "
+    "temperature of 0.1), though the same logits minus {top:.0f} give the same probabilities: in float32 e^x "
+    "overflows once x passes about 88, and inf / inf is NaN. Take the probabilities with a softmax that subtracts "
+    "each row's largest logit first (torch's softmax does), not by exponentiating the logits yourself"
+)
 HINT_TOPP_EMPTY = (
     "with p = {p:g} your filter removed every token of some rows: the token that carries the mass across p "
     "is kept, so the most likely token always stays (nothing comes before it, so the mass before it, 0, is "
@@ -439,6 +447,14 @@ def top_p_logits(seed: int, *shape: int, scale: float = 1.5) -> torch.Tensor:
 
 # The checker's calls: (seed, shape, p). Each p lies at least 1e-3 from every cumulative sum (tested).
 TOP_P_CALLS = ((10, (20,), 0.8), (11, (5, 24), 0.7), (12, (2, 3, 16), 0.9), (13, (4, 30), 0.5))
+# The same kind of call on logits near 100: a softmax written as exp over the sum overflows there (issue 37).
+TOP_P_CONFIDENT, CONFIDENT_OFFSET = (16, (4, 20), 0.8), 100.0
+
+
+def same_filter(got: np.ndarray, want: np.ndarray) -> bool:
+    """Whether ``got`` removes (-inf) exactly the tokens ``want`` removes and keeps the others' logits."""
+    removed = np.isinf(want)
+    return bool(np.array_equal(removed, np.isinf(got) & (got < 0)) and np.allclose(got[~removed], want[~removed]))
 
 
 @checker("top-p (nucleus) filter")
@@ -472,6 +488,13 @@ def check_top_p_filter(top_p_filter) -> None:
     got = _call_filter(top_p_filter, filtered, 0.8, **kwargs)
     compare(got, filter_top_p(filtered, 0.8), what="top_p_filter(filter_top_k(logits, 8), 0.8) (logits holding -inf)",
             mistakes=_top_p_mistakes(filtered, 0.8))
+    seed, shape, p = TOP_P_CONFIDENT
+    logits = top_p_logits(seed, *shape) + CONFIDENT_OFFSET
+    got = _call_filter(top_p_filter, logits, p, **kwargs)
+    expected = filter_top_p(logits, p)
+    if not (isinstance(got, torch.Tensor) and got.shape == expected.shape and same_filter(got.detach().numpy(), expected.numpy())):
+        raise CheckFailure(HINT_TOPP_OVERFLOW.format(call=f"top_p_filter(logits, {p}) with logits of shape {shape}",
+                                                     top=CONFIDENT_OFFSET))
 
 
 # ----------------------------------------------------------------------------- probes
@@ -614,8 +637,9 @@ def _top_p_probe_inputs(rng: np.random.Generator) -> dict:
     with_inf = logits[1].copy()
     with_inf[rng.random(with_inf.shape) < 0.3] = -np.inf
     with_inf[..., 0] = 1.0  # every row keeps a finite logit
-    logits += [logits[1], logits[2], with_inf]
-    args += [1e-5, _safe_p(rng, logits[2]), _safe_p(rng, with_inf)]
+    confident = (logits[0] + np.float32(rng.uniform(90.0, 300.0))).astype(np.float32)  # exp overflows float32 here
+    logits += [logits[1], logits[2], with_inf, confident]
+    args += [1e-5, _safe_p(rng, logits[2]), _safe_p(rng, with_inf), _safe_p(rng, confident)]
     return {"logits": logits, "args": args}
 
 
@@ -626,7 +650,8 @@ def _filter_reference(reference: Callable) -> Callable[[dict], dict]:
         return {"returned": ["tensor"] * len(results), "outputs": [as_array(r) for r in results],
                 "mistakes": [[[hint, as_array(wrong)] for hint, wrong in mistakes(torch.from_numpy(x), arg).items()]
                              for x, arg in zip(inputs["logits"], inputs["args"])],
-                "args": list(inputs["args"])}
+                "args": list(inputs["args"]),
+                "largest": [float(np.max(x[np.isfinite(x)])) for x in inputs["logits"]]}
 
     return run
 
@@ -640,12 +665,15 @@ def _compare_filter(function: str) -> Callable[[dict, dict], str | None]:
         got_all = outputs.get("outputs")
         if not isinstance(got_all, list) or len(got_all) != len(expected["outputs"]):
             return f"the hidden test could not read {function}'s results"
-        for got, want, mistakes, arg in zip(got_all, expected["outputs"], expected["mistakes"], expected["args"]):
+        largest = expected.get("largest", [0.0] * len(got_all))
+        for got, want, mistakes, arg, large in zip(got_all, expected["outputs"], expected["mistakes"], expected["args"], largest):
             call = f"{function}(logits, {arg:g}) with logits of shape {tuple(want.shape)}"
             if not isinstance(got, np.ndarray) or got.shape != want.shape:
                 return f"{call} should return logits' shape {tuple(want.shape)}, got {describe(got)}"
-            if np.array_equal(np.isinf(want), np.isinf(got) & (got < 0)) and np.allclose(got[~np.isinf(want)], want[~np.isinf(want)]):
+            if same_filter(got, want):
                 continue
+            if function == "top_p_filter" and large > 80:
+                return HINT_TOPP_OVERFLOW.format(call=call, top=large)
             if function == "top_p_filter" and not np.isfinite(got).any(axis=-1).all():
                 return HINT_TOPP_EMPTY.format(p=arg)
             for hint, wrong in mistakes:

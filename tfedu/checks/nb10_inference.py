@@ -135,6 +135,12 @@ HINT_Z_NAN = (
     "z holds NaN: at the first step the cache is empty and the new token's own key is the only one; a mask that "
     "hides it leaves a softmax over nothing but -inf. A decoding step needs no mask: append first, then attend"
 )
+HINT_Z_OVERFLOW = (
+    "z holds NaN where the attention scores reach about {top:.0f} (queries and keys as large as a trained model's "
+    "can be): in float32 e^x overflows once x passes about 88, and inf / inf is NaN. The softmax of a row does "
+    "not change when the same number is subtracted from every score in it; subtract the row's largest score "
+    "before exponentiating (torch's softmax does this for you)"
+)
 HINT_Z_SQUEEZED = (
     "z has lost its query axis: return it as (batch, n_heads, 1, d_head), the shape of q, so it goes through "
     "W_O like a one-position sequence"
@@ -235,7 +241,10 @@ def diagnose_decode_step(got: Any, q, k_new, v_new, k_cache, v_cache, what: str)
     _check_cache(v_grown, want[2], v_mistakes, "v_cache", what)
     mistakes = dict(_z_mistakes(q, k_new, v_new, k_cache, v_cache))  # in order: the first that matches is named
     mistakes[HINT_Z_SQUEEZED] = want[0].squeeze(2)
-    compare(z, want[0], what=f"{what}: z", mistakes=mistakes, nan_hint=HINT_Z_NAN)
+    keys = torch.cat([k_cache, k_new], dim=2)
+    top = float((q @ keys.transpose(-2, -1)).abs().max()) / math.sqrt(q.shape[-1]) if keys.shape[2] else 0.0
+    nan_hint = HINT_Z_OVERFLOW.format(top=top) if top > 80 else HINT_Z_NAN
+    compare(z, want[0], what=f"{what}: z", mistakes=mistakes, nan_hint=nan_hint)
 
 
 def _check_decode_call(fn: Any, q, k_new, v_new, k_cache, v_cache, what: str) -> None:
@@ -244,19 +253,21 @@ def _check_decode_call(fn: Any, q, k_new, v_new, k_cache, v_cache, what: str) ->
     diagnose_decode_step(got, q, k_new, v_new, k_cache, v_cache, what)
 
 
-def decode_inputs(seed: int, batch: int, n_heads: int, d_head: int, start: int, steps: int):
+def decode_inputs(seed: int, batch: int, n_heads: int, d_head: int, start: int, steps: int, qk_scale: float = 1.0):
     """The new tokens' (q, k_new, v_new) for ``steps`` steps, and the cache of ``start`` earlier tokens.
 
-    Keys and values are scaled so that the scores spread (no-scaling and other mistakes show).
+    Keys and values are scaled so that the scores spread (no-scaling and other mistakes show); ``qk_scale``
+    multiplies the queries and keys on top (12: scores past 100, where exp without the max shift overflows).
     """
     g = torch.Generator().manual_seed(seed)
-    draw = lambda pos: 1.5 * torch.randn(batch, n_heads, pos, d_head, generator=g)  # noqa: E731
-    tokens = [(draw(1), draw(1), draw(1)) for _ in range(steps)]
-    return tokens, (draw(start), draw(start))
+    draw = lambda pos, scale=1.0: scale * 1.5 * torch.randn(batch, n_heads, pos, d_head, generator=g)  # noqa: E731
+    tokens = [(draw(1, qk_scale), draw(1, qk_scale), draw(1)) for _ in range(steps)]
+    return tokens, (draw(start, qk_scale), draw(start))
 
 
-def _run_decode(fn: Any, seed: int, batch: int, n_heads: int, d_head: int, start: int, steps: int) -> None:
-    tokens, (k_cache, v_cache) = decode_inputs(seed, batch, n_heads, d_head, start, steps)
+def _run_decode(fn: Any, seed: int, batch: int, n_heads: int, d_head: int, start: int, steps: int,
+                qk_scale: float = 1.0) -> None:
+    tokens, (k_cache, v_cache) = decode_inputs(seed, batch, n_heads, d_head, start, steps, qk_scale)
     for step, (q, k_new, v_new) in enumerate(tokens):
         pos = k_cache.shape[2]
         what = (f"step {step + 1} of {steps} (batch {batch}, {n_heads} heads, d_head {d_head}, "
@@ -278,6 +289,7 @@ def check_decode_step(decode_step) -> None:
     expect(not used, HINT_DECODE_SHORTCUT.format(name=", ".join(used)))
     _run_decode(decode_step, 0, batch=2, n_heads=3, d_head=5, start=0, steps=6)
     _run_decode(decode_step, 1, batch=1, n_heads=4, d_head=6, start=6, steps=2)
+    _run_decode(decode_step, 2, batch=2, n_heads=2, d_head=8, start=3, steps=2, qk_scale=12.0)  # scores past 100
     from tfedu.config import preset
     from tfedu.kv_cache import greedy_by_hand
     from tfedu.model import GPT
@@ -635,6 +647,9 @@ def _decode_probe_inputs(rng: np.random.Generator) -> dict:
         q, k_new, v_new = draw(1), draw(1), draw(1)
         steps.append([q, k_new, v_new, as_array(k_cache), as_array(v_cache)])
         _, k_cache, v_cache = reference_decode_step(*(torch.from_numpy(a) for a in (q, k_new, v_new)), k_cache, v_cache)
+    pos, scale = int(rng.integers(1, 6)), np.float32(rng.uniform(10.0, 14.0))  # scores past 100: exp must not overflow
+    steps.insert(int(rng.integers(0, len(steps) + 1)),
+                 [draw(1) * scale, draw(1) * scale, draw(1), draw(pos) * scale, draw(pos)])
     return {"steps": steps}
 
 

@@ -12,6 +12,8 @@ Named mistakes, each built from the same inputs and compared with the learner's 
 - masking after the softmax and renormalising: equal in exact arithmetic, but a row whose allowed tokens are all
   far less likely than a forbidden one (logits 120 below it, as when the model wants to write something the
   grammar forbids) underflows to 0 / 0 in float32;
+- exponentiating without subtracting the row's largest logit: right for small logits, NaN once a logit passes
+  about 88 in float32 (a confident model's logits near 100, or logits divided by a temperature of 0.1);
 - masking with 0 instead of -inf (``masked_fill(~allowed, 0)``, or ``logits * allowed``): a logit of 0 still has
   probability e^0 / Z;
 - the mask inverted (the forbidden tokens kept), no mask at all, the softmax over the wrong dimension, returning
@@ -80,6 +82,12 @@ HINT_IN_PLACE = ("constrained_probs changed the caller's logits in place (masked
                  "clone first")
 HINT_NOT_NORMALISED = "the rows of your probabilities sum to {total:.6g} in {what}, not 1"
 HINT_DIFFERS = "your probabilities differ from softmax over the allowed tokens in {what}: largest error {err:.3g}"
+HINT_OVERFLOW = (
+    "your probabilities contain NaN in {what}, where the allowed logits are near {top:.0f}: e^x overflows float32 "
+    "once x passes about 88 (e^100 is inf), and inf / inf is NaN. The softmax of a row does not change when the "
+    "same number is subtracted from every logit in it; subtract the row's largest allowed logit before "
+    "exponentiating, so the largest term is e^0 = 1 (torch's softmax does this for you)"
+)
 HINT_NAN = ("your probabilities contain NaN in {what}: a row's softmax divided 0 by 0 or subtracted -inf from -inf. "
             "Mask to -inf, then softmax (it subtracts the largest finite logit for you)")
 
@@ -124,6 +132,12 @@ def underflow_case(seed: int, rows: int = 3, d_vocab: int = 12) -> tuple[torch.T
     return logits, allowed
 
 
+def confident_case(seed: int, rows: int = 3, d_vocab: int = 14) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits near 100 (a confident model, or logits divided by a temperature of 0.1): e^x overflows float32."""
+    logits, allowed = random_case(seed, (rows, d_vocab))
+    return logits + 100.0, allowed
+
+
 def random_case(seed: int, shape: tuple[int, ...], *, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """Random logits (spread 3) and a random mask with at least one allowed token per row."""
     g = torch.Generator().manual_seed(seed)
@@ -142,6 +156,7 @@ def cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
         ("a single row of 17 logits (shape (17,))", *random_case(2, (17,))),
         ("a (4, 9) float64 batch", *random_case(3, (4, 9), dtype=torch.float64)),
         ("rows where the model's favourite token is forbidden", *underflow_case(4)),
+        ("rows of logits near 100 (a confident model, or a temperature of 0.1)", *confident_case(5)),
     ]
 
 
@@ -169,6 +184,9 @@ def diagnose(got: Any, logits: torch.Tensor, allowed: torch.Tensor, *, what: str
         for hint, wrong in mistakes(logits, allowed):
             if torch.allclose(got, wrong.double(), rtol=1e-4, atol=1e-6, equal_nan=True):
                 raise CheckFailure(hint)
+        top = float(logits.masked_fill(~allowed, float("-inf")).max())
+        if top > 80:
+            raise CheckFailure(HINT_OVERFLOW.format(what=what, top=top))
         raise CheckFailure(HINT_NAN.format(what=what))
     if torch.allclose(got, want, rtol=1e-4, atol=1e-6):
         return
@@ -247,6 +265,10 @@ def _probe_inputs(rng: np.random.Generator) -> dict:
     logits, allowed = underflow_case(int(rng.integers(0, 2**31)), rows=int(rng.integers(2, 5)),
                                      d_vocab=int(rng.integers(6, 30)))
     out.insert(int(rng.integers(0, 4)), {"logits": logits.numpy(), "allowed": allowed.numpy()})
+    logits, allowed = confident_case(int(rng.integers(0, 2**31)), rows=int(rng.integers(2, 5)),
+                                     d_vocab=int(rng.integers(6, 30)))
+    logits = logits + float(rng.uniform(0.0, 200.0))  # up to 300: overflow whatever the exact offset
+    out.insert(int(rng.integers(0, 5)), {"logits": logits.numpy(), "allowed": allowed.numpy()})
     return {"cases": out}
 
 
