@@ -631,3 +631,19 @@ def test_tfedu_check_grades_a_learners_own_notebook_with_the_same_grader(tmp_pat
     [(paths, kwargs)] = calls
     assert paths == ["04_attention_me.ipynb"] and kwargs["out"] is None and kwargs["sandboxed"] is False
     assert kwargs["jobs"] == 1 and kwargs["full"] is False and kwargs["shard"] is None
+
+
+def test_a_file_name_cannot_forge_a_report_line(tmp_path, capsys):
+    """Issue 37, class 7: a submission named with a newline and a look-alike slash printed "...: 2 / 2 passed" as a
+    line of its own. The name is one line everywhere it is printed or written (console, JSON, CSV)."""
+    name = "00_start_here_eve\nbob.ipynb: 2 \u2215 2\n  check_softmax: 2 \u2215 2  passed.ipynb"
+    path = tmp_path / name
+    path.write_bytes(b"not a notebook")
+    out = tmp_path / "out" / "results.json"
+    assert cli.main(["grade", str(path), "--out", str(out), "--no-sandbox"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert not any(line.startswith(("bob", "  check_softmax: 2 \u2215 2")) for line in printed), printed
+    [entry] = json.loads(out.read_text())["submissions"]
+    assert "\n" not in entry["file"] and " | bob.ipynb" in entry["file"] and entry["total"] == 0
+    rows = out.with_suffix(".csv").read_text().splitlines()
+    assert len(rows) == 2 and rows[1].count(" | ") == 2

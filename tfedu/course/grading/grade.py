@@ -121,7 +121,7 @@ def clean_text(text: str, *, one_line: bool = False) -> str:
 
 def _clean_entry(entry: dict[str, Any]) -> dict[str, Any]:
     """The one place a submission's results are made plain text before leaving the grader."""
-    entry["file"] = clean_text(entry["file"])
+    entry["file"] = clean_text(entry["file"], one_line=True)  # a newline in a file name could forge a report line
     entry["notes"] = [clean_text(note) for note in entry["notes"]]
     for exercise in entry["exercises"].values():
         exercise["feedback"] = clean_text(exercise["feedback"])
