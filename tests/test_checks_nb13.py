@@ -23,7 +23,9 @@ def make_lora(mistake=""):
         def __init__(self, base, r, alpha):
             super().__init__()
             self.base, self.r, self.alpha = base, r, alpha
-            if mistake != "base trainable":
+            if mistake == "bias trainable":
+                base.weight.requires_grad_(False)  # the bias forgotten
+            elif mistake != "base trainable":
                 for p in base.parameters():
                     p.requires_grad_(False)
             d_in, d_out = base.in_features, base.out_features
@@ -35,6 +37,10 @@ def make_lora(mistake=""):
             self.B = nn.Parameter(torch.zeros(shape_b, dtype=dtype))
             if mistake == "B random":
                 nn.init.normal_(self.B)
+            if mistake == "plain tensors":  # the red team's LoRA (issue 37): trains nothing under model.parameters()
+                A, B = self.A.detach().clone().requires_grad_(), self.B.detach().clone().requires_grad_()
+                del self.A, self.B
+                self.A, self.B = A, B
 
         def forward(self, x):
             if mistake == "not done":
@@ -76,6 +82,8 @@ MISTAKES = {
     "merge transposed": "adds (B @ A).T",
     "merge no scale": "without the alpha / r scale",
     "merge in place": "changed the base layer's weight in place",
+    "plain tensors": "not one of its parameters",
+    "bias trainable": "the base layer's bias still trains",
 }
 
 

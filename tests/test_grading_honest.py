@@ -1,5 +1,5 @@
 """Honest wrong answers score zero, end to end: the mistakes outside reviewers found scoring full
-marks on notebooks 04 and 05 and (issue 37) 08, 10 and 15, graded the way an instructor grades
+marks on notebooks 04 and 05 and (issue 37) 08, 10, 13 and 15, graded the way an instructor grades
 (released notebook, real answers, `grade` in sandboxes, two at a time), and the cascade: a wrong 4.1 no longer costs 4.2.
 
 Each wrong submission is the notebook's own solution with ONE answer replaced, so every other
@@ -64,6 +64,25 @@ NO_SHIFT_CONSTRAINED = '''def constrained_probs(logits, allowed):
     e = logits.masked_fill(~allowed, float("-inf")).exp()
     return e / e.sum(dim=-1, keepdim=True)
 '''
+# LoRA's A and B kept as plain tensors with requires_grad (issue 37): right numbers, but not parameters of the
+# module, so an optimizer built from model.parameters() trains nothing and state_dict() loses them.
+PLAIN_TENSOR_LORA = '''class LoRA(nn.Module):
+    def __init__(self, base, r, alpha):
+        super().__init__()
+        self.base, self.r, self.alpha = base, r, alpha
+        for p in base.parameters():
+            p.requires_grad_(False)
+        self.A = torch.empty(r, base.in_features, dtype=base.weight.dtype)
+        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))
+        self.A.requires_grad_(True)
+        self.B = torch.zeros(base.out_features, r, dtype=base.weight.dtype, requires_grad=True)
+
+    def forward(self, x):
+        return self.base(x) + (self.alpha / self.r) * (x @ self.A.T) @ self.B.T
+
+    def merged_weight(self):
+        return self.base.weight + (self.alpha / self.r) * self.B @ self.A
+'''
 
 # name -> (notebook, {answer grade_id: wrong source (or a function of the solution)}, expected points by check)
 CASES = {
@@ -86,6 +105,7 @@ CASES = {
                                    {"check_greedy": "full", "check_top_k": "full", "check_top_p": 0}),
     "10_decode_step_without_max_shift": ("10_inference_and_kv_cache", {"ex_decode_step": NO_SHIFT_DECODE},
                                          {"check_decode_step": 0, "check_cache_bytes": "full", "check_pool_kv_weight": "full"}),
+    "13_lora_as_plain_tensors": ("13_peft", {"ex_lora": PLAIN_TENSOR_LORA}, {"check_lora": 0}),
     "15_constrained_probs_without_max_shift": ("15_interpretability_and_decoding",
                                                {"ex_constrained_probs": NO_SHIFT_CONSTRAINED}, {"check_constrained_probs": 0}),
 }
@@ -204,6 +224,7 @@ FEEDBACK = {
     ("08_top_p_without_max_shift", "check_top_p"): "overflows",
     ("10_decode_step_without_max_shift", "check_decode_step"): "overflows",
     ("15_constrained_probs_without_max_shift", "check_constrained_probs"): "overflows",
+    ("13_lora_as_plain_tensors", "check_lora"): "not one of its parameters",
 }
 
 

@@ -12,7 +12,11 @@ One exercise, checked against ``tfedu.peft.LoRALinear``'s formula after first tr
   merge that adds (B @ A).T (the Conv1D habit of GPT-2's checkpoints) or drops the scale, a forward or
   a merge that changes the base weight in place, gradients that do not reach A and B. Compared with the
   formula on several shapes (square ones too, where a transposed merge has the right shape), with B set
-  to random values first, then the gradients to A and B. ``tfedu.peft`` is refused.
+  to random values first, then the gradients to A and B. Then what an optimizer and a checkpoint see:
+  A and B kept as plain tensors with requires_grad (not parameters of the module: model.parameters() and
+  state_dict() miss them, so nothing trains), the base layer's bias left trainable, and one SGD step over
+  the module's trainable parameters from B = 0 must change B and leave the base layer as it was.
+  ``tfedu.peft`` is refused.
 
 A class whose construction raises NotImplementedError, or a forward that returns None, is taken for an
 unfinished exercise (``ExerciseNotDone``).
@@ -80,6 +84,25 @@ def _lora_record(LoRA, case):
         merged = "an error: " + type(err).__name__ + ": " + str(err)[:200]
     record["merged"] = merged.detach().double().numpy() if isinstance(merged, torch.Tensor) else str(merged)
     record["merge_changed_W"] = not torch.equal(base.weight.detach(), W_before)
+    # What an optimizer and a checkpoint see: the module's parameters, the trainable ones, its state_dict.
+    params = {id(p): name for name, p in layer.named_parameters()}
+    record["registered"] = [id(A) in params, id(B) in params]
+    stored = [t.data_ptr() for t in layer.state_dict().values() if isinstance(t, torch.Tensor)]
+    record["in_state_dict"] = [A.data_ptr() in stored, B.data_ptr() in stored]
+    record["trainable_base"] = sorted(name for name, p in base.named_parameters() if p.requires_grad and id(p) in params)
+    trainable = [p for p in layer.parameters() if p.requires_grad]
+    record["step_changed_B"] = False
+    if trainable and isinstance(out, torch.Tensor) and out.requires_grad:
+        base_before = [p.detach().clone() for p in base.parameters()]
+        with torch.no_grad():
+            B.zero_()  # a fresh adapter, as after __init__
+        B_before = B.detach().clone()
+        optimizer = torch.optim.SGD(trainable, lr=0.1)
+        optimizer.zero_grad()
+        (layer(x) * torch.from_numpy(case["upstream"]).to(x.dtype)).sum().backward()
+        optimizer.step()
+        record["step_changed_B"] = not torch.equal(B.detach(), B_before)
+        record["step_changed_base"] = any(not torch.equal(p.detach(), q) for p, q in zip(base.parameters(), base_before))
     return record
 
 
@@ -111,6 +134,20 @@ HINT_BASE_TRAINABLE = (
     "your base layer's weight still requires grad: LoRA freezes W_0 and trains A and B only (that is the whole "
     "saving). Call base.weight.requires_grad_(False) (and the bias's)"
 )
+HINT_NOT_REGISTERED = (
+    "your {which} is a tensor held by the module but not one of its parameters: layer.parameters() and "
+    "state_dict() do not list it, so an optimizer built from model.parameters() never updates it and a saved "
+    "checkpoint loses it. A trainable weight of an nn.Module must be an nn.Parameter assigned as an attribute"
+)
+HINT_BASE_PART_TRAINABLE = (
+    "the base layer's {names} still trains: LoRA freezes every parameter of W_0's layer, the bias included; "
+    "only A and B learn"
+)
+HINT_STEP = (
+    "one optimizer step over your module's trainable parameters (starting from B = 0) did not change B: the "
+    "adapter does not learn. Check that B is a trainable parameter of the module and that the forward uses it"
+)
+HINT_STEP_BASE = "one optimizer step over your module's trainable parameters changed the frozen base layer"
 HINT_AB_FROZEN = "your A and B should be trainable nn.Parameters (requires_grad=True): they are all that LoRA trains"
 HINT_NO_SCALE = (
     "your forward leaves out the alpha / r scale: h = W_0 x + (alpha / r) B A x. The scale keeps the update's size "
@@ -209,6 +246,13 @@ def diagnose(record: dict, case: dict) -> None:
             f" (shape {merged.shape}, expected {want['merged'].shape})" if merged.shape != want["merged"].shape else "")
         raise CheckFailure(HINT_MERGE.format(detail=detail))
     expect(not record["merge_changed_W"], HINT_IN_PLACE.format(what="merged_weight"))
+    for which, registered in zip(("A", "B"), record["registered"]):
+        expect(registered, HINT_NOT_REGISTERED.format(which=which))
+    for which, stored in zip(("A", "B"), record["in_state_dict"]):
+        expect(stored, HINT_NOT_REGISTERED.format(which=which))
+    expect(not record["trainable_base"], HINT_BASE_PART_TRAINABLE.format(names=" and ".join(record["trainable_base"])))
+    expect(record["step_changed_B"], HINT_STEP)
+    expect(not record.get("step_changed_base"), HINT_STEP_BASE)
 
 
 def make_cases(rng: np.random.Generator) -> list[dict]:
