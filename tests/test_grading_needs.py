@@ -105,3 +105,11 @@ def test_every_notebook_is_readable_by_the_analysis_and_grading_skips_its_demons
     code = [s for s in assignment.steps if s.kind == "code"]
     assert {s.kind for s in assignment.steps if s not in steps} <= {"code"}
     assert len([s for s in steps if s.kind == "code"]) < len(code)
+
+
+def test_an_answer_nested_past_the_visitors_depth_asks_for_the_whole_notebook():
+    """A cell that parses but is nested deeper than the recursive visitors follow never crashes the grader: an
+    answer gets the whole notebook (the full run grades it as before), a trusted cell always runs."""
+    chain = "f = x" + ".a" * 2000
+    assert dynamic(chain) and analyse(chain, set(), {}, trusted=True).opaque
+    assert analyse("f = x" + ".a" * 50, set(), {}, trusted=False).reads == {"x"}

@@ -295,17 +295,20 @@ def analyse(source: str, libraries: set[str], functions: dict[str, set[str]], *,
         names.discard("globals")  # only globals().get("name") and globals()["name"]: plain reads of those names
     attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     order = _Reads()
-    for statement in tree.body:
-        order.visit(statement)
     scope = _Scope(libraries, functions)
-    for statement in tree.body:
-        scope.visit(statement)
+    try:
+        for statement in tree.body:
+            order.visit(statement)
+            scope.visit(statement)
+        reads_inside = _scope_reads(table)
+    except RecursionError:  # nested past what the visitors follow: always run a trusted cell, a whole notebook for an answer
+        return Cell(opaque=trusted, dynamic=not trusted)
     libraries |= scope.imported
     dynamic_names = TRUSTED_DYNAMIC_NAMES if trusted else DYNAMIC_NAMES
     dynamic = bool(names & dynamic_names) or (not trusted and bool(attributes & DYNAMIC_ATTRIBUTES))
     magic = trusted and any(not _plain_magic(node) for node in ast.walk(tree) if isinstance(node, ast.Call)
                             and isinstance(node.func, ast.Attribute) and node.func.attr in ("run_line_magic", "run_cell_magic"))
-    reads = order.reads | (_scope_reads(table) - order.bound) | looked_up
+    reads = order.reads | (reads_inside - order.bound) | looked_up
     return Cell(scope.touched, reads - set(dir(builtins)), opaque=scope.star or magic, dynamic=dynamic)
 
 
