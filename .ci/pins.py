@@ -5,9 +5,10 @@
 constraints.txt is `pip freeze` of the environment that ran the suite (the project itself left out),
 with local version labels dropped (torch 2.13.0+cpu is pinned as 2.13.0: the same release from any
 index), and a Python marker on a pin whose release needs a newer Python than the oldest the project
-supports (requires-python's major.minor, patch 0): there pip picks a release that installs. Every `>=` floor of a dependency named in pyproject.toml and environment.yml is then raised
-to the version that ran: a floor says the oldest release the suite passed with, and this suite only
-ever runs the pinned one. tests/test_packaging.py checks both files against constraints.txt.
+supports (requires-python's major.minor, patch 0): there pip picks a release that installs. Every `>=`
+floor of a dependency named in pyproject.toml and environment.yml is then raised to the version that ran:
+a floor says the oldest release the suite passed with, and this suite only ever runs the pinned one.
+tests/test_packaging.py checks both files against constraints.txt.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's tfedu, whichever one is installed
-from tfedu.course.cli import canonical_name, read_pins  # noqa: E402  the same parsing as `tfedu doctor`'s comparison
+from tfedu.course.cli import canonical_name  # noqa: E402  the same names as `tfedu doctor`'s comparison
 HEADER = """\
 # The exact versions of the last green run of the suite, written by `bash .ci/newest` (.ci/pins.py).
 # Install with them: pip install -c constraints.txt -e ".[test]"   (`tfedu doctor` names what differs)

@@ -78,7 +78,7 @@ from tfedu.course import nbtools
 from tfedu.checks.core import NOT_DONE_MESSAGE, Probe, compare_plain
 from tfedu.course.grading import harness, needs, sandbox, shards
 from tfedu.course.grading.inside import import_statements
-from tfedu.course.grading.kernel import clean_environment, kill_session
+from tfedu.course.grading.kernel import TRACEBACK_CAP, clean_environment, kill_session
 from tfedu.course.grading.release import CODE_STUB, _replace_regions, is_check, is_solution
 from tfedu.checks.scan import SCAN_SECONDS, SUBMISSION_SCAN_SECONDS, scan_answer
 
@@ -663,7 +663,7 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
         for event in events:
             if type(event.get("cell_error")) is int and len(run.cell_errors) < MAX_CELL_ERRORS:
                 run.cell_errors.append({"cell": event["cell_error"], "error": str(event.get("error", ""))[:2000],
-                                        "traceback": str(event.get("traceback", ""))[-4000:]})
+                                        "traceback": str(event.get("traceback", ""))[-TRACEBACK_CAP:]})
             check = event.get("zero") or event.get("probe")
             if not isinstance(check, str) or check not in drawn:
                 continue
