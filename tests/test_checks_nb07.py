@@ -656,9 +656,9 @@ def run_under_the_harness(grade_id, answer, *, standins=False):
         exec(harness.standin_sources(probe.standins)[0], cell_globals)
     folder = Path(tempfile.mkdtemp())
     inputs = probe.make_inputs(np.random.default_rng(0))
-    harness.write_inputs(folder, inputs)
+    harness.fresh_out(folder)
     nonce = secrets.token_hex(4)
-    exec(harness.harness_source(folder, probe.run, probe.forbidden, nonce), cell_globals)
+    exec(harness.harness_source(folder, probe.run, probe.forbidden, nonce, harness.encode_inputs(inputs)), cell_globals)
     result = harness.read_result(folder, nonce)
     hits = [hit for hit in result["tripwire"] if "processes" not in hit]  # (run here, pytest's own processes count too)
     feedback = probe.compare(result["outputs"], probe.reference(inputs)) if result["error"] is None else result["error"]

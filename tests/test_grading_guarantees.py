@@ -171,9 +171,11 @@ def test_the_tripwire_sees_fused_kernels_called_as_torch_ops():
         namespace = {"__builtins__": __builtins__}
         exec("import torch\n" + answer, namespace)
         folder = Path(tempfile.mkdtemp())
-        harness.write_inputs(folder, probe.make_inputs(np.random.default_rng(0)))
+        harness.fresh_out(folder)
+        inputs = harness.encode_inputs(probe.make_inputs(np.random.default_rng(0)))
         nonce = secrets.token_hex(4)
-        exec(harness.harness_source(folder, probe.run, probe.forbidden, nonce), {"__builtins__": __builtins__, "globals": lambda: namespace})
+        exec(harness.harness_source(folder, probe.run, probe.forbidden, nonce, inputs),
+             {"__builtins__": __builtins__, "globals": lambda: namespace})
         result = json.loads((folder / "out" / "result.json").read_text())
         ops = [hit for hit in result["tripwire"] if "torch.ops" in hit]  # (run here, pytest's own processes count too)
         if expected is None:
@@ -269,9 +271,10 @@ def test_the_monitor_outside_the_sandbox_ends_a_hog(tmp_path, monkeypatch, attac
 
 
 def test_the_scan_trusts_self_only_as_a_methods_own_first_parameter():
-    """A computed getattr or an attribute store is allowed on `self` inside a method; a function that
-    merely names its parameter `self` (an outside reviewer's route to os.system) or a rebound `self`
-    is flagged."""
+    """An attribute store (and a getattr with a constant name) is allowed on `self` inside a method; a
+    function that merely names its parameter `self` (an outside reviewer's route to os.system), a
+    rebound `self`, a computed attribute name even on `self`, and a method taken from its class, where
+    any object can stand in for `self` (issue 37's route to the builtins), are flagged."""
     from tfedu.checks.scan import scan_answer
 
     flagged = {
@@ -279,10 +282,82 @@ def test_the_scan_trusts_self_only_as_a_methods_own_first_parameter():
         "class A:\n    def m(self, n):\n        self = torch\n        return getattr(self, n)": "assign to the name `self`",
         "self = torch\nself.softmax = None": "assign to the name `self`",
         "f = lambda self, n: getattr(self, n)": "first parameter of a method",
+        "class A:\n    def m(self, n):\n        return getattr(self, n)": "computed attribute name",
+        "class A:\n    def m(self, v):\n        self.allclose = v\nA.m(torch, None)": "take a method from its class (`A.m`)",
+        "class A:\n    def m(self, v):\n        self.allclose = v\nclass B(A):\n    pass\nf = B.m": "(`B.m`)",
+        "class A:\n    def m(self, v):\n        self.allclose = v\ntype(A()).m(torch, None)": "take a method from its class",
+        "class A:\n    def m(self, v):\n        self.allclose = v\nA().__class__.m(torch, None)": "take a method from its class",
     }
     for source, reason in flagged.items():
         assert any(reason in problem for problem in scan_answer("import torch\n" + source)), source
     method = ("class A(torch.nn.Module):\n    def __init__(self, d):\n        super().__init__()\n"
-              "        self.w = torch.nn.Linear(d, d)\n        setattr(self, 'b' + 'x', 1)\n"
-              "    def forward(self, x):\n        return getattr(self, 'w')(x)")
+              "        self.w = torch.nn.Linear(d, d)\n        setattr(self, 'bx', 1)\n"
+              "    def forward(self, x):\n        return getattr(self, 'w')(x)\n"
+              "class B(A):\n    def __init__(self, d):\n        A.__init__(self, d)\n"
+              "    def forward(self, x):\n        return type(self).forward(self, x) + A.forward(self, x)")
     assert scan_answer("import torch\n" + method) == []
+
+
+def test_the_scan_follows_names_to_the_objects_they_name():
+    """Issue 37, class 4: a module reached through another (`torch.serialization.os` is `os`), the
+    reference re-exported by another module, and the same object under another name are what they
+    are, not what they are called."""
+    from tfedu.checks.scan import resolve, scan_answer
+
+    assert resolve("torch.serialization.os.fork") == ("os.fork", "posix.fork")
+    flagged = {
+        "x = torch.serialization.os.memfd_create": "`os.memfd_create` (found `torch.serialization.os.memfd_create`, which is `os.memfd_create`)",
+        "from torch.serialization import threading": "`threading`",
+        "k = torch.serialization.os.kill": "`os.kill`",
+        "w = torch.hub.os.fork": "`os.fork`",
+        "from tfedu.layers import attention_weights as w": "uses `tfedu.attention` (what this exercise rebuilds) through "
+                                                          "`from tfedu.layers import attention_weights`, which is "
+                                                          "`tfedu.attention.attention_weights`",
+        "import tfedu.layers as L\nw = L.attention_weights": "which is `tfedu.attention.attention_weights`",
+    }
+    for source, reason in flagged.items():
+        found = scan_answer("import torch\nimport numpy as np\n" + source, forbidden=("tfedu.attention",))
+        assert any(reason in problem for problem in found), (source, found)
+    same_object = scan_answer("import torch\nf = torch.functional.F.softmax", forbidden=("torch.nn.functional.softmax",))
+    assert any("which is `torch.nn.functional.softmax`" in p for p in same_object), same_object
+    honest = ("import os\nimport math\nimport torch\nimport numpy as np\nimport torch.nn.functional as F\n"
+              "p = os.path.join(os.getcwd(), 'x')\ny = np.emath.sqrt(2.0) + math.inf\nz = F.relu(torch.zeros(2))\n"
+              "from tfedu.layers import attention_weights")
+    assert scan_answer(honest, forbidden=("tfedu.softmax",)) == []
+
+
+def test_an_exercise_is_held_to_its_building_blocks_not_to_a_deny_list():
+    """Issue 37, class 5: what an answer may use from a library is an allow-list per exercise
+    (Probe.builds), so a library's own version of the exercise is refused without anyone naming it,
+    while the elementary operations, in torch or NumPy, stay free."""
+    from tfedu.checks import nb05_masks_and_heads, nb11_beyond_text
+    from tfedu.checks.building_blocks import ELEMENTARY, library_of
+    from tfedu.checks.scan import scan_answer
+
+    patchify, mel = nb11_beyond_text.PROBES["check_patchify"], nb11_beyond_text.PROBES["check_mel_filterbank"]
+    mha = nb05_masks_and_heads.PROBES["check_multi_head_attention"]
+    context = ["import torch\nimport numpy as np\nimport math\nimport torch.nn.functional as F"]
+
+    def problems(answer, probe):
+        return scan_answer(answer, context=context, forbidden=probe.forbidden, allowed=probe.builds)
+
+    refused = {
+        "def patchify(x, p):\n    return F.pixel_unshuffle(x, p).flatten(2).transpose(1, 2)": "`torch.nn.functional.pixel_unshuffle`",
+        "import einops\ndef patchify(x, p):\n    return einops.rearrange(x, 'b c (h p) (w q) -> b (h w) (c p q)', p=p, q=p)":
+            "`einops.rearrange`",
+        "from numpy.lib.stride_tricks import sliding_window_view as w\ny = w": "`numpy.lib.stride_tricks.sliding_window_view`",
+        "import librosa\nbank = librosa.filters.mel(sr=16000, n_fft=400)": "`librosa.filters.mel`",
+    }
+    for answer, name in refused.items():
+        found = problems(answer, patchify if "patchify" in answer or "stride" in answer else mel)
+        assert any(name in p and "elementary operations" in p for p in found), (answer, found)
+    free = [
+        "def patchify(x, p):\n    b, c, h, w = x.shape\n    y = torch.reshape(x, (b, c, h // p, p, w // p, p))\n"
+        "    return torch.permute(y, (0, 2, 4, 1, 3, 5)).reshape(b, -1, c * p * p)",
+        "def mel_filterbank(n_freqs, n_mels, sr):\n    f = np.linspace(0, sr / 2, n_freqs)\n"
+        "    m = 2595 * np.log10(1 + f / 700)\n    return torch.from_numpy(np.maximum(0, np.minimum(m, m)))",
+    ]
+    for answer in free:
+        assert problems(answer, mel) == [], answer
+    assert problems("import einops\nq = einops.rearrange", mha) == []  # multi-head attention is about heads, not layout
+    assert library_of("math.sqrt") is None and "torch.topk" in ELEMENTARY and "torch.softmax" not in ELEMENTARY

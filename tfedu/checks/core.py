@@ -31,6 +31,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tfedu.checks.building_blocks import ELEMENTARY
+
 TICK = "\N{CHECK MARK}"
 
 
@@ -344,6 +346,9 @@ class Probe:
     run: str  # code run in the kernel: reads `inputs`, binds `outputs`
     reference: Callable[[dict[str, Any]], dict[str, Any]]
     forbidden: tuple[str, ...] = ()  # tfedu modules or names the answer must not use
+    # The library functions and classes the answer may use: the elementary operations unless the exercise
+    # names more groups (tfedu.checks.building_blocks); None: any (an exercise about a library's own API).
+    builds: frozenset[str] | None = ELEMENTARY
     rtol: float = 1e-4
     atol: float = 1e-5
     compare: Callable[[dict[str, Any], dict[str, Any]], str | None] | None = None  # custom: returns a failure message

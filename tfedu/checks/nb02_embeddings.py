@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tfedu.checks.building_blocks import ACTIVATIONS, ELEMENTARY
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, expect, is_close, seeded_randn
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 from tfedu.embeddings import SkipGram, cbow_loss, sgns_loss, sgns_step
@@ -586,6 +587,7 @@ def sgns_loss(center, context, negatives):
 
 PROBES = {
     "check_embed_via_one_hot": Probe(
+        builds=ELEMENTARY | {"torch.nn.functional.one_hot"},
         exercise="ex_embed_via_one_hot",
         make_inputs=_embed_inputs,
         run=EMBED_RUN,
@@ -597,6 +599,7 @@ PROBES = {
                    "torch.nn.modules.sparse"),
     ),
     "check_sgns_loss": Probe(
+        builds=ELEMENTARY | ACTIVATIONS,
         exercise="ex_sgns_loss",
         make_inputs=_loss_inputs,
         run=_loss_run("sgns_loss", LOSS_NAMES),
@@ -617,6 +620,7 @@ PROBES = {
         forbidden=("tfedu.embeddings",),
     ),
     "check_cbow_loss": Probe(
+        builds=ELEMENTARY | ACTIVATIONS,
         exercise="ex_cbow_loss",
         make_inputs=_cbow_inputs,
         run=_loss_run("cbow_loss", CBOW_NAMES),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from tfedu.checks.building_blocks import ACTIVATIONS, ELEMENTARY, SOFTMAX
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, expect, is_close, seeded_randn
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 from tfedu.rnn import additive_attention as reference_attention
@@ -437,6 +438,7 @@ def _compare_additive(outputs: dict, expected: dict) -> str | None:
 
 PROBES = {
     "check_run_rnn": Probe(
+        builds=ELEMENTARY | ACTIVATIONS,
         exercise="ex_run_rnn",
         make_inputs=_probe_rnn_inputs,
         run=RNN_RUN,
@@ -446,6 +448,7 @@ PROBES = {
         forbidden=("tfedu.rnn", *RNN_SHORTCUTS),
     ),
     "check_lstm_cell": Probe(
+        builds=ELEMENTARY | ACTIVATIONS,
         exercise="ex_lstm_cell",
         make_inputs=_probe_lstm_inputs,
         run=LSTM_RUN,
@@ -457,6 +460,7 @@ PROBES = {
         forbidden=("tfedu.rnn",),
     ),
     "check_additive_attention": Probe(
+        builds=ELEMENTARY | ACTIVATIONS | SOFTMAX,
         exercise="ex_additive_attention",
         make_inputs=_probe_attention_inputs,
         run=ADDITIVE_RUN,

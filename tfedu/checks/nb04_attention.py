@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from tfedu.attention import scaled_dot_product_attention as reference_attention
+from tfedu.checks.building_blocks import ELEMENTARY, SOFTMAX
 from tfedu.checks.core import (
     CheckFailure,
     ExerciseNotDone,
@@ -609,6 +610,7 @@ def attention(q, k, v):
 
 PROBES = {
     "check_attention": Probe(
+        builds=ELEMENTARY | SOFTMAX,
         exercise="ex_attention",
         make_inputs=_attention_inputs,
         run=ATTENTION_RUN,

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tfedu import attention as reference
+from tfedu.checks.building_blocks import EINOPS, ELEMENTARY, MODULES, SOFTMAX
 from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, describe, expect, seeded_randn
 from tfedu.checks.nb04_attention import PAIR_EXPORT, QKV_LEAVES, compare_pair, exact_large_qk, pair_reference
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
@@ -685,6 +686,7 @@ PROBES = {
         compare=_compare_masks,
     ),
     "check_masked_attention": Probe(
+        builds=ELEMENTARY | SOFTMAX,
         exercise="ex_masked_attention",
         make_inputs=_masked_attention_inputs,
         run=MASKED_ATTENTION_RUN,
@@ -694,6 +696,7 @@ PROBES = {
         forbidden=("tfedu.attention",),
     ),
     "check_multi_head_attention": Probe(
+        builds=ELEMENTARY | SOFTMAX | MODULES | EINOPS,
         exercise="ex_multi_head_attention",
         make_inputs=_mha_inputs,
         run=MHA_RUN,

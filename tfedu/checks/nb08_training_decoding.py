@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tfedu.checks.building_blocks import ELEMENTARY, SOFTMAX
 from tfedu.checks.core import (
     CheckFailure,
     Probe,
@@ -708,6 +709,7 @@ PROBES = {
         forbidden=("tfedu.generate",),
     ),
     "check_top_p": Probe(
+        builds=ELEMENTARY | SOFTMAX,
         exercise="ex_top_p",
         make_inputs=_top_p_probe_inputs,
         run=_filter_run("top_p_filter"),

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tfedu.checks.building_blocks import ELEMENTARY, SOFTMAX
 from tfedu.checks.core import (
     CheckFailure,
     Probe,
@@ -777,6 +778,7 @@ DECODE_FORBIDDEN = ("tfedu.kv_cache", "tfedu.attention", "tfedu.flash", "tfedu.l
 
 PROBES = {
     "check_decode_step": Probe(
+        builds=ELEMENTARY | SOFTMAX,
         exercise="ex_decode_step", make_inputs=_decode_probe_inputs, run=DECODE_PROBE_RUN,
         reference=_decode_probe_reference, compare=_compare_decode, forbidden=DECODE_FORBIDDEN),
     "check_cache_bytes": Probe(

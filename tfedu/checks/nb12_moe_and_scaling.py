@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 import tfedu.moe as _moe
+from tfedu.checks.building_blocks import ELEMENTARY, SOFTMAX
 from tfedu.checks.core import (
     CheckFailure,
     ExerciseNotDone,
@@ -838,6 +839,7 @@ def _compare_balance(outputs: dict, expected: dict) -> str | None:
 
 PROBES = {
     "check_top_k_gating": Probe(
+        builds=ELEMENTARY | SOFTMAX,
         exercise="ex_top_k_gating", make_inputs=_gating_probe_inputs, run=GATING_PROBE_RUN,
         reference=_gating_probe_reference, compare=_compare_gating, forbidden=FORBIDDEN),
     "check_balance_loss": Probe(

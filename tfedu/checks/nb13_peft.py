@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tfedu.checks.building_blocks import ELEMENTARY, MODULES
 from tfedu.checks.core import CheckFailure, ExerciseNotDone, Probe, checker, expect, global_names
 from tfedu.checks.probes import CLEANUP, HELPERS
 
@@ -323,5 +324,6 @@ def _compare_lora(outputs: dict, expected: dict) -> str | None:
 
 PROBES = {
     "check_lora": Probe(exercise="ex_lora", make_inputs=_lora_probe_inputs, run=LORA_PROBE_RUN,
-                        reference=_lora_probe_reference, compare=_compare_lora, forbidden=FORBIDDEN),
+                        reference=_lora_probe_reference, compare=_compare_lora, forbidden=FORBIDDEN,
+                        builds=ELEMENTARY | MODULES),
 }

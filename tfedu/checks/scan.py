@@ -16,11 +16,19 @@ before the notebook runs, so it cannot disturb the rest of the submission):
   (``open(..., "w")``, ``write_text``, ``savetxt``: a written module could be imported, out of the
   tripwire's sight), loaders that can run code (``pickle``, ``torch.load``, ``timeit``, ``doctest``,
   ``typing.get_type_hints``), private internals of a library (``torch._C``), ``getattr`` with a
-  computed name (except on ``self``), and strings naming introspection (``"{0.__globals__}"``).
+  computed name (on ``self`` too), a method taken from its class (``A.m(torch, ...)``: any object
+  can stand in for ``self``, whose attributes a method may set), and strings naming introspection
+  (``"{0.__globals__}"``).
 - **the reference itself**: the exercise's ``Probe.forbidden`` names (``tfedu.softmax`` in the
   softmax exercise), reached through an import, an attribute chain from an imported name, a name
   the notebook bound earlier (``reference_softmax``), ``getattr`` with a constant, or a string
   naming the module or its file.
+- **a library's shortcut**: a library function or class outside the exercise's ``Probe.builds``,
+  its allow-list of building blocks (:mod:`tfedu.checks.building_blocks`).
+
+Names are followed to what they are (:func:`resolve`), not only read as text: ``torch.serialization.os``
+is ``os``, with ``os``'s rules; a function re-exported by another module is still the reference; the
+same object under another name is the same object.
 
 The cell is first turned into plain Python with IPython's own input transformer, exactly as the
 kernel would, so magics cannot hide from the scan; a cell that does not parse scores zero.
@@ -38,9 +46,15 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
+import inspect
+import sys
 import threading
 import time
+import types
 from collections.abc import Iterable
+
+from tfedu.checks import building_blocks
 
 # The course's longest answer is about 2,000 characters: ten times that is still an honest answer.
 MAX_ANSWER_CHARS = 20_000
@@ -153,13 +167,14 @@ def to_python(source: str, deadline: float | None = None) -> str:
 # CPython before 3.12 keeps the AST builder's recursion depth in state shared by all threads, so two
 # threads building ASTs at once (`tfedu grade --jobs N` scans N submissions at once) can fail one of
 # them with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905): an honest
-# answer would score zero as "not valid Python". One lock lets one AST be built at a time.
-_AST_LOCK = threading.Lock()
+# answer would score zero as "not valid Python". One lock lets one AST be built at a time, here and wherever
+# the grader's process builds one (tfedu.course.grading.needs).
+AST_LOCK = threading.Lock()
 
 
 def parse(source: str, deadline: float | None = None) -> ast.Module:
     python = to_python(source, deadline)
-    with _AST_LOCK:
+    with AST_LOCK:
         return compile(python, "<answer>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
 
 
@@ -199,6 +214,24 @@ def _aliases_in(tree: ast.AST) -> dict[str, str]:
     return aliases
 
 
+def _classes_in(tree: ast.AST) -> dict[str, tuple[str, ...]]:
+    """The classes a cell defines -> the names of their methods that take ``self``."""
+    classes: dict[str, tuple[str, ...]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            classes[node.name] = tuple(m.name for m in node.body if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef))
+                                       and m.args.args and m.args.args[0].arg == "self")
+    return classes
+
+
+@functools.lru_cache(maxsize=512)
+def _classes_of(source: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    try:
+        return tuple(_classes_in(parse(source)).items())
+    except Exception:
+        return ()
+
+
 def _bound_names(tree: ast.AST) -> set[str]:
     """Every name the cell binds itself (these shadow names bound by the notebook before it)."""
     names: set[str] = set()
@@ -232,6 +265,75 @@ def _chain(node: ast.AST) -> list[str] | None:
             return None
 
 
+# Packages whose modules the scan may import to follow a name: the course's own reference library (its
+# modules have no side effects on import). Anything else is followed only through modules already loaded.
+IMPORTABLE = ("tfedu",)
+NOT_IMPORTED = ("tfedu.checks", "tfedu.course")
+
+
+def _module(name: str):
+    module = sys.modules.get(name)
+    if module is None and name.split(".")[0] in IMPORTABLE and not name.startswith(NOT_IMPORTED):
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # not a module (a function's dotted name), or a broken one: not followed
+            return None
+    return module
+
+
+@functools.lru_cache(maxsize=4096)
+def _follow(dotted: str) -> tuple[str, object] | None:
+    """``(walked, obj)`` for :func:`resolve`; ``obj`` is None where the walk stopped short of the end."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        module = _module(".".join(parts[:cut]))
+        if module is not None:
+            break
+    else:
+        return None
+    obj, owner, rest = module, module.__name__, []
+    for k, attr in enumerate(parts[cut:]):
+        if not isinstance(obj, (types.ModuleType, type)):  # an instance: its attributes are its own business
+            rest += parts[cut + k:]
+            obj = None
+            break
+        try:
+            obj = inspect.getattr_static(obj, attr)
+        except AttributeError:
+            rest += parts[cut + k:]
+            obj = None
+            break
+        if isinstance(obj, types.ModuleType):
+            owner, rest = obj.__name__, []
+        else:
+            rest.append(attr)
+    return ".".join([owner, *rest]), obj
+
+
+def resolve(dotted: str) -> tuple[str, str] | None:
+    """Where a dotted name really leads, followed through the objects it names as the kernel would find them.
+
+    Returns ``(walked, defined)``: ``walked`` is the name through the last *module* reached
+    (``torch.serialization.os.fork`` is ``os.fork``, ``os.path.join`` is ``posixpath.join``) and
+    ``defined`` the module and qualified name of the function or class at the end, where it was
+    defined (a function re-exported by another module is still its defining module's); "" when
+    unknown. None when the name does not start with a loaded module. Nothing is called on the way:
+    attributes are read statically (no properties, no module ``__getattr__``), and no module is
+    imported except the course's own reference modules (:data:`IMPORTABLE`).
+
+    >>> resolve("os.path.join")
+    ('posixpath.join', 'posixpath.join')
+    """
+    found = _follow(dotted)
+    if found is None:
+        return None
+    walked, obj = found
+    target = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+    module_name, qualname = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    defined = f"{module_name}.{qualname}" if isinstance(module_name, str) and isinstance(qualname, str) and callable(target) else ""
+    return walked, defined
+
+
 def _matches(dotted: str, names: Iterable[str]) -> str | None:
     for name in names:
         if dotted == name or dotted.startswith(name + "."):
@@ -240,11 +342,13 @@ def _matches(dotted: str, names: Iterable[str]) -> str | None:
 
 
 def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable[str] = (),
-                time_limit: float = SCAN_SECONDS) -> list[str]:
+                allowed: frozenset[str] | None = None, time_limit: float = SCAN_SECONDS) -> list[str]:
     """Problems with one answer cell, as sentences a student can act on; empty when clean.
 
     ``context`` holds the sources of the cells that run before it (to know what names such as
-    ``F`` or ``reference_softmax`` stand for); ``forbidden`` the exercise's ``Probe.forbidden``.
+    ``F`` or ``reference_softmax`` stand for); ``forbidden`` the exercise's ``Probe.forbidden``;
+    ``allowed`` its ``Probe.builds``, the only library functions and classes it may use
+    (:mod:`tfedu.checks.building_blocks`; None: any).
     A cell over :data:`MAX_ANSWER_CHARS`, or whose scan runs past ``time_limit`` seconds, has
     one problem saying so.
 
@@ -254,13 +358,14 @@ def scan_answer(source: str, *, context: Iterable[str] = (), forbidden: Iterable
     if len(source) > MAX_ANSWER_CHARS:
         return [f"the answer cell is {len(source):,} characters, over the limit of {MAX_ANSWER_CHARS:,}; nothing was run"]
     try:
-        return _scan(source, tuple(context), tuple(forbidden), time.monotonic() + time_limit)
+        return _scan(source, tuple(context), tuple(forbidden), allowed, time.monotonic() + time_limit)
     except ScanLimitExceeded:
         return [f"the static scan of the answer cell ran past its limit of {time_limit:g} s (too many IPython "
                 f"`!`/`%` lines, or code nested too deep?); nothing was run"]
 
 
-def _scan(source: str, context: tuple[str, ...], forbidden: tuple[str, ...], deadline: float) -> list[str]:
+def _scan(source: str, context: tuple[str, ...], forbidden: tuple[str, ...], allowed: frozenset[str] | None,
+          deadline: float) -> list[str]:
     try:
         tree = parse(source, deadline)
     except ScanLimitExceeded:
@@ -277,22 +382,62 @@ def _scan(source: str, context: tuple[str, ...], forbidden: tuple[str, ...], dea
         problems.setdefault(message if len(message) <= 500 else message[:500] + "...")
 
     reported: set[str] = set()
+    outside: dict[str, str] = {}  # library names outside the exercise's building blocks -> where first found
+    forbidden_objects = [(name, found[1]) for name in forbidden if (found := _follow(name)) is not None
+                         and found[1] is not None and not isinstance(found[1], types.ModuleType)]
 
-    def check_dotted(dotted: str, how: str) -> None:
-        hit = _matches(dotted, forbidden)
-        if hit and hit not in reported:
+    def reference_used(hit: str, how: str) -> None:
+        if hit not in reported:
             reported.add(hit)
             flag(f"this exercise asks you to build it yourself, but the answer uses `{hit}` (what this exercise rebuilds) "
                  f"through {how}; an answer that uses the reference scores zero")
+
+    def check_name(dotted: str, how: str) -> None:
+        hit = _matches(dotted, forbidden)
+        if hit:
+            reference_used(hit, how)
         banned = _matches(dotted, [m for m in BANNED_MODULES if "." in m or m == dotted.split(".")[0]])
         if banned:
             flag(f"answers may not use `{banned}` (found {how})")
         parts = dotted.split(".")
         if parts[0] in ALLOWED_ATTRIBUTES and len(parts) > 1 and parts[1] not in ALLOWED_ATTRIBUTES[parts[0]]:
-            flag(f"answers may not use `{parts[0]}.{parts[1]}`")
+            flag(f"answers may not use `{parts[0]}.{parts[1]}` (found {how})")
+
+    def check_allowed(dotted: str, how: str, found: tuple[str, object] | None) -> None:
+        """A library function or class outside the exercise's building blocks (``allowed``)."""
+        assert allowed is not None
+        if found is None:  # a library the grader has not loaded: judged by its name
+            name, is_leaf = dotted, not any(a.startswith(dotted + ".") for a in allowed)
+        else:
+            name, obj = found
+            is_leaf = obj is not None and callable(obj) and not isinstance(obj, types.ModuleType)
+        if is_leaf and building_blocks.library_of(name) and name not in allowed:
+            outside.setdefault(name, f"{how}, which is `{name}`" if name != dotted else how)
+
+    def check_dotted(dotted: str, how: str) -> None:
+        check_name(dotted, how)
+        parts = dotted.split(".")
         private = next((p for p in parts[1:] if p.startswith("_") and not (p.startswith("__") and p.endswith("__"))), None)
         if private:
             flag(f"answers may not use private internals of a library (`{dotted}`)")
+        # What the name is, not only what it says: a module reached through another (`torch.serialization.os`
+        # is `os`), the reference re-exported by another module, the same object under another name.
+        found = _follow(dotted)
+        if allowed is not None:
+            check_allowed(dotted, how, found)
+        if found is None:
+            return
+        walked, obj = found
+        if walked != dotted:
+            check_name(walked, f"{how}, which is `{walked}`")
+        defined = resolve(dotted)[1]
+        hit = _matches(defined, forbidden) if defined else None
+        if hit:
+            reference_used(hit, f"{how}, which is `{defined}`")
+        elif obj is not None and not isinstance(obj, types.ModuleType):
+            for name, target in forbidden_objects:
+                if obj is target:
+                    reference_used(name, f"{how}, which is the same object as `{name}`")
 
     # `self` is trusted only where it is a method's own first parameter: inside a function defined
     # directly in a class body. Anywhere else (`def f(self)` at the top, `self = os`) it is just a name.
@@ -315,6 +460,27 @@ def _scan(source: str, context: tuple[str, ...], forbidden: tuple[str, ...], dea
             flag("answers may not assign to the name `self` (it is trusted as a method's own object)")
         elif isinstance(node, ast.arg) and node.arg == "self" and id(node) not in first_params:
             flag("`self` may only be the first parameter of a method defined in a class")
+    # A method reached through its class (`A.m`, `type(x).m`, `x.__class__.m`) can be called with any object
+    # as `self`, and a method may set and read attributes of `self`: `A.m(torch, ...)` would monkeypatch torch.
+    # Only `Base.m(self, ...)` inside a method (a base class's method on the method's own object) is allowed.
+    classes = dict(_classes_in(tree))
+    for source in context:
+        classes.update(_classes_of(source))
+    method_names = {m for methods in classes.values() for m in methods}
+    self_calls = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call) and id(node) in in_methods
+                  and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "self"}
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and node.attr in method_names):
+            continue
+        owner = node.value
+        through_class = (isinstance(owner, ast.Name) and owner.id in classes
+                         or isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "type"
+                         or isinstance(owner, ast.Attribute) and owner.attr == "__class__")
+        if through_class and id(node) not in self_calls:
+            shown = ast.unparse(node)
+            flag(f"answers may not take a method from its class (`{shown if len(shown) <= 80 else '...' + shown[-77:]}`): "
+                 "called that way any object can stand in for `self`; call it on an instance, or as "
+                 "`Base.method(self, ...)` inside a method")
     called = {id(node.func) for node in ast.walk(tree) if isinstance(node, ast.Call)}
     # Links inside a longer chain (`a.b` in `a.b.c`, `a` in `getattr(a, "b")`): the chain is checked
     # once at its outermost node, where every prefix is seen, instead of once per link (quadratic).
@@ -370,8 +536,9 @@ def _scan(source: str, context: tuple[str, ...], forbidden: tuple[str, ...], dea
                 flag(f"answers may not change attributes of `{'.'.join(target)}` (monkeypatching a library)")
             if constant and (name.value in BANNED_ATTRIBUTES or name.value in WRITING_ATTRIBUTES):
                 flag(f"answers may not use `.{name.value}` (it reaches into the interpreter or the notebook machinery)")
-            if not constant and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "self" and id(node) in in_methods):
-                flag(f"answers may not use `{node.func.id}` with a computed attribute name (except on `self`)")
+            if not constant:
+                flag(f"answers may not use `{node.func.id}` with a computed attribute name (name the attribute, or keep "
+                     "the objects in a dict or an `nn.ModuleList`)")
         if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
             targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
             for target in targets:
@@ -391,6 +558,10 @@ def _scan(source: str, context: tuple[str, ...], forbidden: tuple[str, ...], dea
             if chain and chain[0] in aliases:
                 shown = ".".join(chain)
                 check_dotted(".".join([aliases[chain[0]], *chain[1:]]), f"`{shown if len(shown) <= 200 else shown[:200] + '...'}`")
+    for name, how in outside.items():
+        if not any(other.startswith(name + ".") for other in outside):  # not the module of a name flagged already
+            flag(f"this exercise is built from elementary operations ({building_blocks.GROUP_WORDS}); `{name}` (found "
+                 f"{how}) is not one of them, and an answer that uses it scores zero")
     found = list(problems)
     if len(found) > MAX_PROBLEMS:
         found = found[:MAX_PROBLEMS] + [f"and {len(found) - MAX_PROBLEMS} more problems"]

@@ -18,8 +18,9 @@ How one submission is graded:
    The scan has its own limits (an answer over ``scan.MAX_ANSWER_CHARS`` characters, or whose
    scan runs past ``scan.SCAN_SECONDS``, scores zero), so no answer can stall the grader here.
 3. **Run in a sandbox** (:mod:`tfedu.course.grading.sandbox`): the hidden tests' inputs are drawn first,
-   from OS entropy, and bound read-only into a fresh bubblewrap sandbox; the plan (every cell's
-   code, the answers or their stubs) goes in on stdin. The plan holds only what grading needs
+   from OS entropy, and travel in the plan (every cell's code, the answers or their stubs) on the
+   stdin of a fresh bubblewrap sandbox's runner, which hands each probe's inputs to the kernel inside
+   that probe's harness cell, never as a file: no cell before it can read them. The plan holds only what grading needs
    (:mod:`tfedu.course.grading.needs`): the answers, the check cells, the hidden tests and the cells of
    the notebook they use, not its demonstrations and experiments (``full=True``, ``--full``: every
    cell; so does an answer that reads names dynamically). Inside, the runner
@@ -395,7 +396,7 @@ def static_phase(run: Run) -> None:
                 context.append(source)
         elif step.kind == "check":
             probe = a.probes[step.grade_id]
-            if not probe.forbidden:
+            if not probe.forbidden and probe.builds is None:
                 continue
             ctx: list[str] = []
             for earlier in a.steps[: a.steps.index(step)]:
@@ -409,7 +410,8 @@ def static_phase(run: Run) -> None:
                     # the run-time tripwire, so one misuse does not zero the exercises after it.
                     if earlier.grade_id == probe.exercise:
                         plain = set(scan(src, context=ctx))
-                        hits = [p for p in scan(src, context=ctx, forbidden=probe.forbidden) if p not in plain]
+                        hits = [p for p in scan(src, context=ctx, forbidden=probe.forbidden, allowed=probe.builds)
+                                if p not in plain]
                         if hits:
                             run.zero(step.grade_id, "; ".join(hits))
                             run.stubbed.setdefault(earlier.grade_id, "; ".join(hits))
@@ -582,8 +584,8 @@ class Monitor(threading.Thread):
 def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float = 1.0) -> None:
     """Run the notebook in a sandbox (``box``; None: without one), then judge what came back.
 
-    The plan (every cell's code, the answers or their stubs, the hidden tests and their inputs'
-    folders) goes in on the runner's stdin; inputs are drawn here first, from OS entropy. The
+    The plan (every cell's code, the answers or their stubs, the hidden tests and their inputs)
+    goes in on the runner's stdin; inputs are drawn here first, from OS entropy. The
     runner's report is read only after the runner, its kernel and everything they started are gone.
     """
     a, limits = run.assignment, run.limits
@@ -591,25 +593,24 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
     home = Path(tempfile.mkdtemp(prefix="tfedu-home-")) if box is None else None
     drawn: dict[str, tuple[dict[str, Any], str, Path]] = {}
     plan_probes: dict[str, dict[str, Any]] = {}
+    cgroup: sandbox.RunCgroup | None = None
     try:
         for index, (check, probe) in enumerate(a.probes.items()):
             if check in run.outcome:
                 continue
-            folder = exchange / str(index)
+            folder = exchange / str(index)  # on this side only: where the probe's exported result is judged
             try:
                 inputs = probe.make_inputs(np.random.default_rng(secrets.randbits(128)))
+                encoded = harness.encode_inputs(inputs)
                 folder.mkdir()
-                harness.write_inputs(folder, inputs)
             except Exception as err:  # the instructor's probe is broken, not the answer
                 run.zero(check, f"internal error in the hidden test, tell your instructor: {type(err).__name__}: {err}")
                 continue
             nonce = secrets.token_hex(16)
             drawn[check] = (inputs, nonce, folder)
             plan_probes[check] = {"exercise": probe.exercise, "folder": str(index), "run": probe.run, "nonce": nonce,
+                                  "inputs": encoded,
                                   "forbidden": list(probe.forbidden), "standins": getattr(probe, "standins", "") or ""}
-        if box is not None and box.as_nobody:  # bwrap, running as nobody, must be able to read the inputs
-            for path in [exchange, *exchange.rglob("*")]:
-                path.chmod(0o755 if path.is_dir() else 0o644)
         plan = {
             "steps": [{"kind": s.kind, "source": s.source, "cell": s.cell, "grade_id": s.grade_id}
                       for s in (a.steps if run.steps is None else run.steps)],
@@ -620,12 +621,11 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
             "processes": limits.processes if box is not None else 0, "sandboxed": box is not None,
             "not_done": NOT_DONE_MESSAGE,
         }
-        with tempfile.TemporaryFile() as report, tempfile.TemporaryFile() as errors:
+        with tempfile.TemporaryFile() as report, tempfile.TemporaryFile() as errors, sandbox.seccomp_file() as rules:
             if box is not None:
                 argv = [sys.executable, "-m", "tfedu.course.grading.inside", sandbox.EXCHANGE, str(report.fileno())]
                 env = _runner_environment(sandbox.HOME, "/tmp", True, cpus)
-                cmd = sandbox.command(box, argv, env=env, tmp_bytes=int(limits.tmp_mib * (1 << 20)),
-                                      inputs={name: exchange / name / "in" for name in (p["folder"] for p in plan_probes.values())},
+                cmd = sandbox.command(box, argv, env=env, tmp_bytes=int(limits.tmp_mib * (1 << 20)), seccomp_fd=rules.fileno(),
                                       hide=[a.path.parent, default_notebooks_dir(), *hide])
                 popen_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
             else:
@@ -633,13 +633,17 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
                 (home / "tmp").mkdir()
                 cmd = [sys.executable, "-m", "tfedu.course.grading.inside", str(exchange), str(report.fileno())]
                 env = popen_env = _runner_environment(str(home), str(home / "tmp"), False, cpus)
-            who: dict[str, Any] = {}
             if box is not None and box.as_nobody:
                 os.fchmod(report.fileno(), 0o666)  # the runner, as nobody, writes its report here
-                who = {"user": sandbox.NOBODY, "group": sandbox.NOBODY, "extra_groups": []}
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=errors,
-                                    pass_fds=(report.fileno(),), start_new_session=True, env=popen_env,
-                                    cwd=str(home) if home is not None else "/", **who)
+            if box is not None and (parent := sandbox.memory_cgroup()) is not None:
+                cgroup = sandbox.RunCgroup(parent, int((limits.memory_gib + sandbox.CGROUP_SLACK_GIB) * (1 << 30)))
+            # In a sandbox nothing of the grader's is writable: not even a stderr, which bwrap's first process
+            # (the sandbox's init) would hold open for the whole run. The runner reports its own failure in its
+            # report; a sandbox that never started is asked why afterwards (sandbox.diagnose).
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL if box is not None else errors,
+                                    pass_fds=(report.fileno(), rules.fileno()), start_new_session=True, env=popen_env,
+                                    cwd=str(home) if home is not None else "/", preexec_fn=sandbox.start_as(box, cgroup))
             killed = False
             monitor = Monitor(proc, limits, cpus, sandboxed=box is not None)
             monitor.start()
@@ -659,6 +663,9 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
             events = _read_events(report)
             errors.seek(0)
             runner_error = errors.read(4000).decode("utf-8", "replace").strip().splitlines()[-1:]
+            runner_error = [str(e["runner_error"]) for e in events if "runner_error" in e][:1] or runner_error
+            if box is not None and not events and not monitor.reason and not killed:
+                runner_error = [sandbox.diagnose(box, cmd[: len(cmd) - len(argv)])]
         finished = any(e.get("end") is True for e in events)
         for event in events:
             if type(event.get("cell_error")) is int and len(run.cell_errors) < MAX_CELL_ERRORS:
@@ -685,6 +692,9 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
         elif killed:
             run.zero_rest(f"the run was stopped at the total time limit for a submission ({limits.timeout:g} s) before "
                           "this exercise was graded")
+        elif cgroup is not None and cgroup.ran_out() and not finished:
+            run.zero_rest(f"the run went over the memory limit of its whole sandbox ({cgroup.memory_bytes / (1 << 30):.1f} GiB) "
+                          "before this exercise was graded")
         elif not finished:
             why = f": {runner_error[0][:300]}" if runner_error else ""
             run.zero_rest(f"grading stopped before this exercise was graded (the grader's runner ended early{why})")
@@ -692,6 +702,8 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
         shutil.rmtree(exchange, ignore_errors=True)
         if home is not None:
             shutil.rmtree(home, ignore_errors=True)
+        if cgroup is not None:
+            cgroup.remove()
 
 
 def grade_submission(path: str | Path, *, source: str | Path | None = None, notebooks_dir: str | Path | None = None,

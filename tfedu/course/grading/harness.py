@@ -3,14 +3,16 @@
 After each check cell the grader runs one *harness* cell (silently: it is not stored in the
 kernel's history and gets no execution count). It
 
-1. loads the probe's inputs, which the grader drew a moment ago with fresh OS entropy and wrote
-   as JSON plus ``.npy`` files into a private exchange folder (never the kernel's working folder);
+1. loads the probe's inputs, which the grader drew with fresh OS entropy before the run: they travel
+   inside this cell's own code (JSON plus ``.npy`` bytes, base64), from the grader's memory through the
+   runner's, never as a file, so no cell that ran before it could read them;
 2. runs ``Probe.run`` in a namespace copied from the notebook's globals plus ``inputs``, ``np``
    and ``torch``, under a *tripwire*: a profiler (this thread and new threads) that records any
    call into a forbidden module's source file or of a forbidden function object, and a check that
    no forbidden module got imported during the run and that the profiler was not removed; it also
-   fires when the run starts a process or when processes of the kernel's session are running
-   (a worker that could compute the reference out of the profiler's sight);
+   fires when the run starts a process or when processes of the kernel's session, or Python threads
+   the kernel did not start with, are running (a worker that could compute the reference out of the
+   profiler's sight);
 3. converts ``outputs`` (still under the tripwire, with base-class methods so a subclass's
    overrides never run) and writes them as plain data only: JSON for numbers, strings, lists and
    dicts, ``.npy`` (numeric and boolean arrays, saved without pickle) for arrays and tensors. Anything else is an error, so an object with a rigged
@@ -24,6 +26,7 @@ in its own process (:mod:`tfedu.course.grading.grade`). Nothing the kernel says 
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import os
@@ -39,15 +42,15 @@ MAX_RESULT_BYTES = 64 << 20
 ARRAY_NAME = re.compile(r"^[0-9]{1,6}\.npy$")
 
 BODY = r'''
-def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
-    import json, os, sys, threading
+def run_in_kernel(folder, code, forbidden, nonce, files, user_namespace):
+    import base64, io, json, os, sys, threading
     import numpy as np
     import torch
 
     def load(node):
         if isinstance(node, dict):
             if set(node) == {"__array__"}:
-                return np.load(os.path.join(folder, "in", node["__array__"]), allow_pickle=False)
+                return np.load(io.BytesIO(base64.b64decode(files[node["__array__"]])), allow_pickle=False)
             return {key: load(value) for key, value in node.items()}
         if isinstance(node, list):
             return [load(value) for value in node]
@@ -81,8 +84,8 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
             return {str(key): dump(item, depth + 1) for key, item in value.items()}
         raise TypeError(f"outputs must be plain data (numbers, strings, lists, dicts, arrays), got {type(value).__name__}")
 
-    with open(os.path.join(folder, "in", "inputs.json")) as handle:
-        inputs = load(json.load(handle))
+    inputs = load(json.loads(base64.b64decode(files["inputs.json"])))
+    files = None
     namespace = dict(user_namespace)
     namespace.update(inputs=inputs, np=np, torch=torch)
 
@@ -169,6 +172,9 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
 
     if others():
         hits.append("processes started by the notebook were still running when the hidden test began")
+    baseline = getattr(sys, "tfedu_kernel_threads", None)
+    if baseline is not None and set(sys._current_frames()) - set(baseline) - {threading.get_ident()}:
+        hits.append("threads started by the notebook were still running when the hidden test began")
     error = None
     threading.setprofile(watch)
     sys.setprofile(watch)
@@ -194,6 +200,10 @@ def run_in_kernel(folder, code, forbidden, nonce, user_namespace):
 
 '''
 
+
+# Run silently once in each fresh kernel, before any cell: the Python threads the kernel itself runs. (On
+# ``sys``, which an answer may not reach: the static scan allows only a few of its attributes.)
+THREADS_BASELINE = "exec('import sys\\nsys.tfedu_kernel_threads = frozenset(sys._current_frames())', {})"
 
 STANDINS_BODY = r'''
 def swap(source, user_namespace, stash):
@@ -236,50 +246,61 @@ def standin_sources(standins: str) -> tuple[str, str]:
     return cell(standins), cell(None)
 
 
-def harness_source(folder: str | Path, code: str, forbidden: tuple[str, ...], nonce: str) -> str:
-    """The harness cell for one probe, reading from and writing to ``folder``/in and /out.
+def harness_source(folder: str | Path, code: str, forbidden: tuple[str, ...], nonce: str, inputs: dict[str, str]) -> str:
+    """The harness cell for one probe: its inputs (:func:`encode_inputs`) inside it, its result written to ``folder``/out.
 
     The helper is defined in a private namespace (not the notebook's globals) and called with the
     notebook's globals, so the code under test sees no new names while it runs. ``nonce`` (fresh
     for each run, known to the kernel only from this cell) must come back in the result, so a
     result file planted earlier is not mistaken for this run's.
     """
-    call = f"run_in_kernel({str(folder)!r}, {code!r}, {tuple(forbidden)!r}, {nonce!r}, user_namespace)"
+    call = f"run_in_kernel({str(folder)!r}, {code!r}, {tuple(forbidden)!r}, {nonce!r}, {inputs!r}, user_namespace)"
     return f"exec({BODY + call!r}, {{'__builtins__': __builtins__, 'user_namespace': globals()}})"
 
 
-def _encode(value: Any, folder: Path, arrays: list[str]) -> Any:
+def _encode(value: Any, arrays: dict[str, bytes]) -> Any:
     if hasattr(value, "detach") and hasattr(value, "numpy"):  # a torch tensor
         value = value.detach().cpu().numpy()
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biuf":
             raise TypeError(f"probe inputs may only hold numeric or boolean arrays, got {value.dtype}")
         name = f"{len(arrays)}.npy"
-        np.save(folder / name, value, allow_pickle=False)
-        arrays.append(name)
+        buffer = io.BytesIO()
+        np.save(buffer, value, allow_pickle=False)
+        arrays[name] = buffer.getvalue()
         return {"__array__": name}
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, dict):
-        return {str(k): _encode(v, folder, arrays) for k, v in value.items()}
+        return {str(k): _encode(v, arrays) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_encode(v, folder, arrays) for v in value]
+        return [_encode(v, arrays) for v in value]
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     raise TypeError(f"probe inputs must be plain data, got {type(value).__name__}")
 
 
-def write_inputs(folder: Path, inputs: dict[str, Any]) -> None:
-    """Clear ``folder`` and write the inputs for one probe run into ``folder``/in."""
-    for sub in ("in", "out"):  # start from fresh folders, whatever was left or planted there
-        path = folder / sub
-        if path.is_symlink() or path.is_file():
-            path.unlink()
-        elif path.exists():
-            shutil.rmtree(path)
-        path.mkdir(mode=0o700)
-    tree = _encode(inputs, folder / "in", [])
-    (folder / "in" / "inputs.json").write_text(json.dumps(tree))
+def encode_inputs(inputs: dict[str, Any]) -> dict[str, str]:
+    """One probe run's inputs as plain text: ``inputs.json`` (the tree, arrays by name) and ``N.npy``, base64.
+
+    The grader puts them in the plan, which reaches the runner on its stdin; the runner hands them to
+    the kernel inside the probe's harness cell (:func:`harness_source`), so they never exist in a file
+    and no cell that runs before the hidden test can read them.
+    """
+    arrays: dict[str, bytes] = {}
+    files = {"inputs.json": json.dumps(_encode(inputs, arrays)).encode("utf-8"), **arrays}
+    return {name: base64.b64encode(data).decode("ascii") for name, data in files.items()}
+
+
+def fresh_out(folder: Path) -> None:
+    """An empty ``folder``/out for one harness run, whatever was left or planted there (a file, a symlink, a tree)."""
+    folder.mkdir(mode=0o700, exist_ok=True)
+    out = folder / "out"
+    if out.is_symlink() or out.is_file():
+        out.unlink()
+    elif out.exists():
+        shutil.rmtree(out)
+    out.mkdir(mode=0o700)
 
 
 def _read_regular(path: Path, limit: int) -> bytes:

@@ -103,15 +103,6 @@ def export(folder: Path) -> dict[str, str] | None:
     return files or None
 
 
-def fresh_out(folder: Path) -> None:
-    out = folder / "out"
-    if out.is_symlink() or out.is_file():
-        out.unlink()
-    elif out.exists():
-        shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(mode=0o700)
-
-
 def import_statements(source: str) -> str:
     """The top-level import statements of an instructor's cell, one per line ("" if none or unparsable).
 
@@ -163,6 +154,9 @@ def run_plan(plan: dict[str, Any], exchange: Path, report: Report, watchdog: Wat
             except Exception as err:
                 zero_rest(f"grading stopped: a fresh Python kernel could not be started ({err})")
                 return
+            # the threads of a fresh kernel: a thread the notebook starts later and leaves running could
+            # compute an answer out of the hidden test's tripwire's sight (harness.BODY reports it)
+            kernel.run(harness.THREADS_BASELINE, 10.0, silent=True)
             restart = False
             for k, step in enumerate(steps):
                 kind, gid = step["kind"], step["grade_id"]
@@ -188,8 +182,10 @@ def run_plan(plan: dict[str, Any], exchange: Path, report: Report, watchdog: Wat
                 elif kind == "probe":
                     probe = probes[gid]
                     folder = exchange / probe["folder"]
-                    fresh_out(folder)
-                    code = harness.harness_source(folder, probe["run"], tuple(probe["forbidden"]), probe["nonce"])
+                    harness.fresh_out(folder)
+                    # the inputs travel inside the harness cell, from this runner's memory: no file holds them
+                    code = harness.harness_source(folder, probe["run"], tuple(probe["forbidden"]), probe["nonce"],
+                                                  probe["inputs"])
                 # Cells before the first student answer are the instructor's alone (set-up, imports):
                 # only the total limit applies to them, so a slow machine does not fail them.
                 cell_limit = cell_timeout if k >= first_answer else remaining
@@ -268,7 +264,11 @@ def main(argv: list[str]) -> int:
     if plan.get("sandboxed") and plan.get("processes"):
         watchdog = Watchdog(int(plan["processes"]))
         watchdog.start()
-    run_plan(plan, exchange, report, watchdog)
+    try:
+        run_plan(plan, exchange, report, watchdog)
+    except BaseException as err:  # the runner has no stderr in a sandbox: its own failure goes in the report
+        report.emit(runner_error=f"{type(err).__name__}: {err}"[:300])
+        raise
     report.emit(end=True)
     return 0
 

@@ -5,7 +5,7 @@ runner, :mod:`tfedu.course.grading.inside`, inside the submission's sandbox).
   (``start_new_session``), in the folder it is given (the grader passes an empty temporary one),
   with stdin, stdout and stderr of the process on /dev/null, and without its working folder on
   ``sys.path`` (``-P``, ``ignore_cwd``). A tiny launcher sets
-  ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (file size) and ``RLIMIT_CORE``, starts the kernel
+  ``RLIMIT_AS`` (memory), ``RLIMIT_FSIZE`` (file size), ``RLIMIT_NOFILE`` and ``RLIMIT_CORE``, starts the kernel
   and stays as its subreaper: processes the kernel's code detaches (``setsid``, double fork)
   are re-parented to it and killed with the kernel (see ``LAUNCHER``).
 - The environment is the grader's own minus test-runner and Jupyter-parent variables: nothing
@@ -31,16 +31,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 OUTPUT_CAP = 20_000
+# RLIMIT_NOFILE of the kernel and what it starts (soft and hard): a kernel running a notebook holds about
+# 60 descriptors; the limit bounds how many pipes, sockets and files one run can pin in the host's memory.
+OPEN_FILES = 512
 TRACEBACK_CAP = 4_000
 DROPPED_ENV_PREFIXES = ("PYTEST", "JPY_", "NBGRADER", "TFEDU_GRAD", "COV_CORE", "PYTHONBREAKPOINT", "PYTHONINSPECT")
 
-# Runs as `python -c LAUNCHER mem fsize cpu nproc python -m ipykernel_launcher ...`. It sets the limits,
-# starts the kernel as its child and stays as a *subreaper* (Linux prctl PR_SET_CHILD_SUBREAPER):
+# Runs as `python -c LAUNCHER mem fsize cpu nproc python -m ipykernel_launcher ...`. It sets the limits
+# (RLIMIT_NOFILE to OPEN_FILES too), starts the kernel as its child and stays as a *subreaper* (prctl
+# PR_SET_CHILD_SUBREAPER):
 # a process the kernel's code double-forks or moves to a new session (setsid) is re-parented here
 # instead of to init, so on SIGTERM, or when the kernel exits, the launcher can kill every one of
 # them. Without prctl (not Linux) it degrades to killing its session, as before.
 LAUNCHER = """\
 import ctypes, os, resource, signal, sys, time
+OPEN_FILES = {open_files}
 mem, fsize, cpu, nproc = (int(v) for v in sys.argv[1:5])
 if mem > 0:
     resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
@@ -51,6 +56,8 @@ if cpu > 0:
 if nproc > 0:  # counts threads too; set only in a sandbox, whose user namespace counts its own processes
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+files = min(OPEN_FILES, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
+resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
 try:
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 except Exception:
@@ -109,7 +116,7 @@ while True:
             signal.signal(-code, signal.SIG_DFL)
             os.kill(me, -code)
         os._exit(code)
-"""
+""".replace("{open_files}", str(OPEN_FILES))
 
 
 @dataclass

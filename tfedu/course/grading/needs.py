@@ -29,6 +29,8 @@ import symtable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfedu.checks.scan import AST_LOCK
+
 DYNAMIC_NAMES = frozenset({"globals", "vars", "locals", "eval", "exec", "__main__", "get_ipython", "__import__",
                            "__builtins__", "breakpoint"})
 # In a trusted cell IPython's magics become get_ipython() calls; those read no notebook name.
@@ -283,8 +285,9 @@ def analyse(source: str, libraries: set[str], functions: dict[str, set[str]], *,
     (the notebook's functions and what a call of each touches) are updated with what the cell adds."""
     python = python_source(source)
     try:
-        tree = ast.parse(python) if python is not None else None
-        table = symtable.symtable(python, "<cell>", "exec") if python is not None else None
+        with AST_LOCK:  # one AST at a time in this process (CPython gh-106905; see tfedu.checks.scan)
+            tree = ast.parse(python) if python is not None else None
+            table = symtable.symtable(python, "<cell>", "exec") if python is not None else None
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         tree = table = None
     if tree is None or table is None:
