@@ -602,3 +602,21 @@ def test_without_the_sandbox_the_safe_attacks_still_score_zero_and_the_grader_su
                                                 or "ATTACK[" in entries[name]["exercises"][CHECK]["feedback"])
         assert entries[name]["seconds"] <= backstop(limits) + 10
     assert json.loads((tmp_path / "results.json").read_text())["submissions"]
+
+
+def test_a_runs_cgroup_is_made_joined_read_and_removed(tmp_path):
+    """The cgroup v2 path's own steps, on a stand-in folder (this machine's cgroups are v1, so a real
+    memory.max is not tried here): the limit written, swap off, the process moved in by its pid, an OOM
+    kill read back from memory.events, the folder removed."""
+    run = sandbox.RunCgroup(tmp_path, 3 << 30)
+    assert run.path.parent == tmp_path and (run.path / "memory.max").read_text() == str(3 << 30)
+    (run.path / "cgroup.procs").write_text("")
+    run.join()
+    assert (run.path / "cgroup.procs").read_text() == str(os.getpid())
+    assert not run.ran_out()
+    (run.path / "memory.events").write_text("low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n")
+    assert run.ran_out()
+    for name in ("memory.max", "cgroup.procs", "memory.events"):  # a real cgroup's files go with it
+        (run.path / name).unlink()
+    run.remove()
+    assert not run.path.exists()
