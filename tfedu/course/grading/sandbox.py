@@ -93,7 +93,8 @@ What `tfedu grade` promises, each submission graded in its own sandbox:
      says which rule is in force), per process (--memory-gib) elsewhere; memfd_create and SysV
      shared memory are denied and a process holds at most 512 open files.
   5. Obvious uses of the reference are flagged: a static scan and a run-time tripwire zero an
-     answer that imports or calls the reference it is meant to build, and say so.
+     answer that imports or calls the reference it is meant to build, or a library function
+     outside the exercise's building blocks (its allow-list), and say so.
 What it does not promise: the reference implementations ship with the course and the hidden
 test runs in the same process as the student's code, so a student who copies the reference, or
 subverts their own kernel, can raise their own score. Read the flagged feedback; sample the rest.
