@@ -132,7 +132,7 @@ def test_layer_norm_handed_to_tfedus_module_is_refused_as_fused():
         ("dim-2", "you normalised over dim -2, across the positions"),
         ("all", "one mean and one variance over the whole tensor"),
         ("unbiased", "you used the unbiased variance, which divides by d_model - 1"),
-        ("no-eps", "no epsilon: divide by torch.sqrt"),
+        ("no-eps", "no epsilon: add eps to the variance before the square root"),
         ("eps-outside", "eps is outside the square root"),
         ("annotated", "the Annotated Transformer's LayerNorm"),
         ("no-gain", "the gain is missing"),
@@ -295,7 +295,7 @@ def test_pre_norm_block_reference_and_learner_solutions_pass(capsys):
         ("mlp-first", "the sub-layers are in the wrong order"),
         ("mlp-first-norms-by-position", "the sub-layers are in the wrong order"),
         ("parallel", "GPT-J's parallel block"),
-        ("mid-only", "you returned resid_mid"),
+        ("mid-only", "you returned the stream after attention"),
         ("resid-twice", "the block's input is added twice"),
         ("final-norm", "you normalised the block's output"),
         ("attn-twice", "the result is right, but attn was called 2 times"),
@@ -337,7 +337,7 @@ def test_pre_norm_block_names_its_own_mistake_and_the_wrong_layer_norm():
     namespace = {"torch": torch, "layer_norm": make_layer_norm("no-bias")}
     exec("def pre_norm_block(resid, ln1, attn, ln2, mlp):\n"
          "    return resid + attn(layer_norm(resid, ln1.weight, ln1.bias))\n", namespace)
-    with pytest.raises(CheckFailure, match=r"you returned resid_mid.*Also, your pre_norm_block calls your layer_norm"):
+    with pytest.raises(CheckFailure, match=r"you returned the stream after attention.*Also, your pre_norm_block calls your layer_norm"):
         nb07.check_pre_norm_block(namespace["pre_norm_block"])
 
 

@@ -61,11 +61,11 @@ F64 = torch.float64
 
 HINT_LN_DIM0 = (
     "you normalised over dim 0, across the batch: LayerNorm normalises each position's vector on its own, "
-    "over the last dim (d_model): x.mean(dim=-1, keepdim=True)"
+    "over the last dim (d_model), keeping that dim so the result broadcasts back"
 )
 HINT_LN_DIM_POS = (
     "you normalised over dim -2, across the positions: LayerNorm normalises each position's vector on its own, "
-    "over the last dim (d_model): x.mean(dim=-1, keepdim=True)"
+    "over the last dim (d_model), keeping that dim so the result broadcasts back"
 )
 HINT_LN_ALL_DIMS = (
     "you took one mean and one variance over the whole tensor: LayerNorm takes them for each position, "
@@ -73,11 +73,10 @@ HINT_LN_ALL_DIMS = (
 )
 HINT_LN_UNBIASED = (
     "you used the unbiased variance, which divides by d_model - 1 (the default of torch.var and x.std()): "
-    "LayerNorm divides by d_model, ((x - mean) ** 2).mean(dim=-1, keepdim=True), or torch.var(x, dim=-1, "
-    "keepdim=True, correction=0)"
+    "LayerNorm divides by d_model: the mean of the squared deviations, or torch.var with correction=0"
 )
 HINT_LN_NO_EPS = (
-    "no epsilon: divide by torch.sqrt(var + eps). eps keeps the division finite when a position's entries are "
+    "no epsilon: add eps to the variance before the square root. eps keeps the division finite when a position's entries are "
     "(nearly) all equal, and it changes the result wherever the variance is small"
 )
 HINT_LN_EPS_OUTSIDE = (
@@ -86,8 +85,8 @@ HINT_LN_EPS_OUTSIDE = (
 )
 HINT_LN_ANNOTATED = (
     "that is the Annotated Transformer's LayerNorm, (x - mean) / (x.std(-1) + eps): x.std() is the unbiased "
-    "standard deviation (it divides by d_model - 1) and eps sits outside the root. LayerNorm divides by "
-    "sqrt(var + eps) with the biased variance, ((x - mean) ** 2).mean(dim=-1, keepdim=True)"
+    "standard deviation (it divides by d_model - 1) and eps sits outside the root. LayerNorm takes the root of "
+    "the biased variance (divided by d_model) plus eps"
 )
 HINT_LN_NO_GAIN = "the gain is missing: scale the normalised x by weight, then add bias: x_hat * weight + bias"
 HINT_LN_NO_BIAS = "the bias is missing: scale the normalised x by weight, then add bias: x_hat * weight + bias"
@@ -96,12 +95,12 @@ HINT_LN_X_HAT_ONLY = (
 )
 HINT_LN_SWAPPED = "gain and bias are swapped: multiply by weight and add bias, x_hat * weight + bias"
 HINT_LN_NOT_CENTRED = (
-    "you divided by the standard deviation but did not subtract the mean first: "
-    "x_hat = (x - mean) / sqrt(var + eps)"
+    "you divided by the standard deviation but did not subtract the mean first: LayerNorm centres each "
+    "position's vector, then scales it"
 )
 HINT_LN_RMS = (
-    "that is RMSNorm, x / sqrt(mean(x ** 2) + eps) (Llama's norm): LayerNorm subtracts the mean first and then "
-    "divides by the standard deviation, (x - mean) / sqrt(var + eps)"
+    "that is RMSNorm (Llama's norm), which divides by the root mean square and never centres: LayerNorm "
+    "subtracts the mean first and then divides by the standard deviation"
 )
 HINT_LN_EPS_IGNORED = (
     "layer_norm(x, weight, bias, eps={eps:g}) gave the result for eps = 1e-5: use the eps argument instead of a "
@@ -109,18 +108,18 @@ HINT_LN_EPS_IGNORED = (
 )
 HINT_LN_CONSTANT_NAN = (
     "NaN where all the entries of a position are equal (a constant vector, variance 0): without eps inside the "
-    "square root that is 0 / 0. Divide by torch.sqrt(var + eps): a constant vector then normalises to 0 and "
-    "the layer returns its bias"
+    "square root that is 0 / 0. With eps added to the variance under the root, a constant vector normalises to "
+    "0 and the layer returns its bias"
 )
 HINT_LN_ONE_PASS = (
     "right in float64 but not in float32 at mean 1e3: did you compute the variance as mean(x ** 2) - mean(x) ** 2? "
     "In float32 that subtracts two numbers near 1e6 that agree in all but their last digits (catastrophic "
-    "cancellation), leaving rounding noise, even a negative variance. Subtract the mean first, then square: "
-    "((x - mean) ** 2).mean(dim=-1, keepdim=True)"
+    "cancellation), leaving rounding noise, even a negative variance. Subtract the mean first, then square "
+    "and average"
 )
 HINT_LN_MUTATED = (
     "your layer_norm changed the caller's `{name}` in place (x -= mean, x /= std, or another in-place op such as "
-    "x.sub_): build new tensors instead, x_hat = (x - mean) / torch.sqrt(var + eps)"
+    "x.sub_): build new tensors instead, and leave the argument as it was"
 )
 HINT_LN_DTYPE = "return x's dtype ({want}), got {got}: compute with x's own dtype, without .float() or .double()"
 HINT_LN_NUMPY = "build it with torch operations on x and return a torch.Tensor of x's shape"
@@ -313,26 +312,26 @@ def check_layer_norm(layer_norm) -> None:
 
 HINT_BLOCK_POST_NORM = (
     "that is the post-norm block of the 2017 paper, ln(x + sublayer(x)): in the pre-norm block (GPT-2) each "
-    "sub-layer reads a normalised copy and adds its output to the un-normalised stream, "
-    "resid_mid = resid + attn(ln1(resid)), resid_post = resid_mid + mlp(ln2(resid_mid))"
+    "sub-layer reads a normalised copy of the stream and adds its output to the un-normalised stream; nothing "
+    "normalises the stream itself"
 )
 HINT_BLOCK_NO_ATTN_RESID = (
-    "the residual connection around attention is missing: add attention's output to the stream, "
-    "resid_mid = resid + attn(ln1(resid))"
+    "the residual connection around attention is missing: attention's output is added to the stream it read, "
+    "not put in its place"
 )
 HINT_BLOCK_NO_MLP_RESID = (
-    "the residual connection around the MLP is missing: add its output to the stream, "
-    "resid_post = resid_mid + mlp(ln2(resid_mid))"
+    "the residual connection around the MLP is missing: the MLP's output is added to the stream it read, "
+    "not put in its place"
 )
 HINT_BLOCK_NO_RESID = (
     "both residual connections are missing: each sub-layer adds its output to the stream it read, "
-    "resid_mid = resid + attn(ln1(resid)), resid_post = resid_mid + mlp(ln2(resid_mid))"
+    "so the stream keeps everything the layers before wrote"
 )
 HINT_BLOCK_MLP_RAW = (
-    "the MLP reads the un-normalised stream: normalise it first with ln2, resid_post = resid_mid + mlp(ln2(resid_mid))"
+    "the MLP reads the un-normalised stream: it should read the stream after attention, normalised by ln2"
 )
 HINT_BLOCK_ATTN_RAW = (
-    "attention reads the un-normalised stream: normalise it first with ln1, resid_mid = resid + attn(ln1(resid))"
+    "attention reads the un-normalised stream: it should read the stream normalised by ln1"
 )
 HINT_BLOCK_NO_NORMS = (
     "neither sub-layer reads a normalised stream: attention reads ln1(resid), the MLP reads ln2(resid_mid)"
@@ -346,20 +345,20 @@ HINT_BLOCK_LN2_TWICE = (
 HINT_BLOCK_NORMS_SWAPPED = "ln1 and ln2 are swapped: attention reads ln1(resid), the MLP reads ln2(resid_mid)"
 HINT_BLOCK_RESID_FROM_NORMED = (
     "you added the sub-layer's output to the normalised stream, ln(x) + sublayer(ln(x)): the residual stream "
-    "itself is never normalised inside the block; add to the stream you read, resid + attn(ln1(resid))"
+    "itself is never normalised inside the block; each sub-layer's output goes onto the stream it read"
 )
 HINT_BLOCK_MLP_FIRST = (
     "the sub-layers are in the wrong order: attention comes first (tokens gather from each other), then the MLP "
     "(each position on its own)"
 )
 HINT_BLOCK_PARALLEL = (
-    "both sub-layers read the block's input, resid + attn(ln1(resid)) + mlp(ln2(resid)): that is GPT-J's "
-    "parallel block. In GPT-2's block the MLP reads the stream after attention: mlp(ln2(resid_mid))"
+    "both sub-layers read the block's input: that is GPT-J's parallel block. In GPT-2's block the MLP reads the "
+    "stream after attention has added to it"
 )
-HINT_BLOCK_MID_ONLY = "you returned resid_mid: the block goes on with the MLP, resid_post = resid_mid + mlp(ln2(resid_mid))"
+HINT_BLOCK_MID_ONLY = "you returned the stream after attention: the block goes on with the MLP's update"
 HINT_BLOCK_RESID_TWICE = (
-    "the block's input is added twice: resid_post = resid_mid + mlp(ln2(resid_mid)), where resid_mid already "
-    "holds resid"
+    "the block's input is added twice: the stream after attention already holds it, so the MLP's update adds "
+    "only the MLP's output"
 )
 HINT_BLOCK_FINAL_NORM = (
     "you normalised the block's output: in a pre-norm block the stream leaves un-normalised (GPT-2 applies one "
@@ -368,20 +367,19 @@ HINT_BLOCK_FINAL_NORM = (
 HINT_BLOCK_TUPLE = "return only resid_post, the tensor of shape (batch, pos, d_model), not a tuple"
 HINT_BLOCK_ATTN_TWICE = (
     "the result is right, but attn was called {n} times in one call of pre_norm_block: attention is the costly "
-    "part, compute attn(ln1(resid)) once and keep the result"
+    "part: call it once per block and keep its output"
 )
 HINT_BLOCK_MLP_TWICE = (
-    "the result is right, but mlp was called {n} times in one call of pre_norm_block: compute "
-    "mlp(ln2(resid_mid)) once"
+    "the result is right, but mlp was called {n} times in one call of pre_norm_block: call it once per block"
 )
 HINT_BLOCK_ORDER = "mlp was called before attn: attention comes first, then the MLP reads the stream after it"
 HINT_BLOCK_CALL = (
     "pre_norm_block(resid, ln1, attn, ln2, mlp): resid is (batch, pos, d_model); ln1, ln2 and mlp are modules and "
-    "attn a function, each called with one tensor, e.g. attn(ln1(resid)) (attn is causal already: pass no mask)"
+    "attn a function, each called with one tensor (attn is causal already: pass no mask)"
 )
 HINT_BLOCK_MUTATED = (
-    "your pre_norm_block changed the caller's `{name}` in place (resid += ...): build a new tensor, "
-    "resid_mid = resid + attn(ln1(resid))"
+    "your pre_norm_block changed the caller's `{name}` in place (resid += ...): build new tensors with `+`, "
+    "and leave the argument as it was"
 )
 HINT_BLOCK_NO_GRAD = (
     "no gradient flows back through pre_norm_block to {name}: was it computed under torch.no_grad(), or "

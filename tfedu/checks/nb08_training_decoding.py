@@ -72,12 +72,11 @@ HINT_GREEDY_NOT_FED_BACK = (
     "(prompt plus the tokens so far) back into the model at every step"
 )
 HINT_GREEDY_CROP_START = (
-    "you cropped the first n_ctx tokens, ids[:, :n_ctx]: the model must see the most recent ones, "
-    "ids[:, -model.cfg.n_ctx:]"
+    "you kept the first n_ctx tokens: the model must see the most recent ones, the last n_ctx of the sequence"
 )
 HINT_GREEDY_NO_CROP = (
-    "the sequence outgrew the model's context: crop it to the last model.cfg.n_ctx tokens before each forward "
-    "pass, model(ids[:, -model.cfg.n_ctx:])"
+    "the sequence outgrew the model's context: before each forward pass, keep only its last model.cfg.n_ctx "
+    "tokens"
 )
 HINT_GREEDY_RANDOM = (
     "two calls with the same model and prompt gave different tokens: greedy decoding is deterministic, it takes "
@@ -274,12 +273,12 @@ HINT_TOPK_PROBS_UNNORMALISED = (
 )
 HINT_TOPK_TIES = (
     "with ties at the k-th largest value you kept exactly k tokens: keep every logit >= the k-th largest "
-    "(as transformers' TopKLogitsWarper), e.g. logits.masked_fill(logits < kth, float('-inf')) with "
-    "kth = torch.topk(logits, k).values[..., -1:]"
+    "(as transformers' TopKLogitsWarper): compare every logit with the k-th largest value of its row, not with "
+    "the positions of the k largest"
 )
 HINT_TOPK_MUTATED = (
     "your top_k_filter changed the caller's `{name}` in place (logits[...] = -inf or masked_fill_): return a new "
-    "tensor, logits.masked_fill(mask, float('-inf'))"
+    "tensor and leave the argument as it was"
 )
 HINT_TOPK_CALL = (
     "top_k_filter(logits, k): logits is (..., d_vocab), k an int; return a tensor of logits' shape with all but the "
@@ -383,20 +382,20 @@ HINT_TOPP_EMPTY = (
     "below p); the old transformers code set sorted_indices_to_remove[..., 0] = False for this"
 )
 HINT_TOPP_SORTED_ORDER = (
-    "you returned the filtered logits in sorted order: put them back in the tokens' own order, e.g. scatter the "
-    "sorted mask back with remove = remove_sorted.scatter(-1, order, remove_sorted), then logits.masked_fill(remove, -inf)"
+    "you returned the filtered logits in sorted order: put them back in the tokens' own order (the mask you "
+    "built in sorted order says, at place i, what to do with token order[i])"
 )
 HINT_TOPP_UNSORTED_MASK = (
     "you applied the mask, which is in sorted order, to the unsorted logits: position i of the sorted mask belongs "
-    "to token order[i]; scatter it back first, remove = remove_sorted.scatter(-1, order, remove_sorted)"
+    "to token order[i], so move it back to the tokens' order first"
 )
 HINT_TOPP_GATHER = (
-    "you moved the mask back with gather, which applies the permutation the wrong way round: "
-    "remove_sorted[..., i] belongs to token order[..., i], so scatter it, remove_sorted.scatter(-1, order, remove_sorted)"
+    "you moved the mask back with gather, which applies the permutation the wrong way round: place i of the "
+    "sorted mask belongs to token order[..., i], so it must be written to that token's place, not read from it"
 )
 HINT_TOPP_MUTATED = (
     "your top_p_filter changed the caller's `{name}` in place (logits[...] = -inf or masked_fill_): return a new "
-    "tensor, logits.masked_fill(remove, float('-inf'))"
+    "tensor and leave the argument as it was"
 )
 HINT_TOPP_CALL = (
     "top_p_filter(logits, p): logits is (..., d_vocab), p a float in (0, 1]; sort each row's logits descending "

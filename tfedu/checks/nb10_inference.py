@@ -65,17 +65,16 @@ CACHE_LAYOUT = "(batch, n_heads, pos, d_head): heads before positions, the posit
 HINT_OVERWRITTEN = (
     "your cache was overwritten instead of appended: the returned {name} holds {held} position(s) where it "
     "should hold pos + 1 = {want}. The cache keeps every earlier token's key and value; each step adds the new "
-    "token's after them, torch.cat([k_cache, k_new], dim=2), and returns that grown cache"
+    "token's after them, on the positions axis, and returns that grown cache"
 )
 HINT_OVERWROTE_LAST = (
     "your cache was overwritten instead of appended: the new token's {what} replaced the last cached position, "
-    "so that earlier token is lost. Keep every cached position and add the new one after them, "
-    "torch.cat([k_cache, k_new], dim=2)"
+    "so that earlier token is lost. Keep every cached position and add the new one after them"
 )
 HINT_ONLY_NEW = (
     "your z is the new token's own value: its query attended to its own key alone, as if the cache had been "
     "overwritten instead of appended. It must attend over every cached key and its own, so take the scores "
-    "against the grown cache, q @ k_cache.transpose(-2, -1) with k_cache = torch.cat([k_cache, k_new], dim=2)"
+    "against the grown cache: every cached key and the new one"
 )
 HINT_SELF_TWICE = (
     "the new token's query attends to itself twice: its key and value are in the grown cache already, and you "
@@ -84,15 +83,15 @@ HINT_SELF_TWICE = (
 )
 HINT_LAYOUT = (
     "the returned {name} is laid out (batch, pos, n_heads, d_head): the cache must stay in the layout it came "
-    "in, " + CACHE_LAYOUT + ". Grow it with torch.cat([k_cache, k_new], dim=2) and do not transpose it"
+    "in, " + CACHE_LAYOUT + ". Grow it along the positions and do not transpose it"
 )
 HINT_HEADS_AXIS = (
-    "your {name} grew along the heads axis (dim 1): the cache is " + CACHE_LAYOUT + ", so append the new "
-    "token with torch.cat(..., dim=2)"
+    "your {name} grew along the heads axis (dim 1): the cache is " + CACHE_LAYOUT + ", so the new token "
+    "goes on the positions axis"
 )
 HINT_FRONT = (
     "you put the new token's {what} at the front of the cache: position order matters to every later step "
-    "(and to anything that reads the cache by position), so append it at the end, torch.cat([k_cache, k_new], dim=2). "
+    "(and to anything that reads the cache by position), so append it at the end. "
     "This step's z comes out the same, which is why only the returned cache shows it"
 )
 HINT_CACHE_SHAPE = (
@@ -100,7 +99,7 @@ HINT_CACHE_SHAPE = (
     "after each step"
 )
 HINT_V_FROM_K = (
-    "your value cache holds keys: grow v_cache from v_new, torch.cat([v_cache, v_new], dim=2), not from k_new"
+    "your value cache holds keys: the value cache grows with the new token's value, not its key"
 )
 HINT_Z_FROM_KEYS = (
     "your z is a weighted sum of keys: the attention weights multiply the values, softmax(q K^T / sqrt(d_head)) @ V "
@@ -149,8 +148,8 @@ HINT_Z_SQUEEZED = (
 HINT_ORDER = "you returned ({got}): return (z, k_cache, v_cache), the attention output first and the grown caches after"
 HINT_TRIPLE = "decode_step should return a triple of tensors (z, k_cache, v_cache), got {got}"
 HINT_DECODE_MUTATED = (
-    "your decode_step changed the caller's `{name}` in place: return new tensors. For the cache that is "
-    "torch.cat([k_cache, k_new], dim=2); writing into it (k_cache[...] = ...) would overwrite a position, not add one"
+    "your decode_step changed the caller's `{name}` in place: return new tensors (a new, longer cache); writing "
+    "into the old one (k_cache[...] = ...) would overwrite a position, not add one"
 )
 HINT_DECODE_CALL = (
     "decode_step(q, k_new, v_new, k_cache, v_cache): q, k_new, v_new are (batch, n_heads, 1, d_head); k_cache and "

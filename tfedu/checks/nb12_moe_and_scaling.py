@@ -188,7 +188,7 @@ HINT_SQUEEZED = (
 )
 HINT_K_IGNORED = (
     "your {name} are of shape {shape}, {got} expert{s} per token, where k = {k} was asked{every}: the router "
-    "keeps exactly k experts per token, so pass k on (torch.topk(probs, k, dim=-1)) rather than a fixed number"
+    "keeps exactly k experts per token, so use the k it is given rather than a fixed number"
 )
 HINT_TOKENS_AXIS = (
     "your {name} are (k, n_experts) = {got}: you picked along the tokens axis (dim 0), the k tokens that rate each "
@@ -211,7 +211,7 @@ HINT_SOFTMAX_TOKENS = (
 )
 HINT_NOT_RENORMALISED = (
     "your {k} gates per token add to less than 1 (token 0's add to {total:.4f}): with k > 1 divide the kept "
-    "probabilities by their sum, gates / gates.sum(dim=-1, keepdim=True), so a token's output is a weighted average "
+    "probabilities by their sum over the token's k experts, so a token's output is a weighted average "
     "of its k experts' (GShard's top-2, Mixtral). Only with k = 1 is the probability kept as it is"
 )
 HINT_RENORMALISED_K1 = (
@@ -228,8 +228,7 @@ HINT_RAW_LOGITS = (
 )
 HINT_SMALLEST = (
     "you kept the k experts with the smallest probabilities (largest=False, or the first k of an ascending sort): "
-    "each token goes to the experts the router rates highest, torch.topk(probs, k, dim=-1) (largest=True is its "
-    "default) or argsort(descending=True)[:, :k]"
+    "each token goes to the k experts the router rates highest"
 )
 HINT_DUPLICATES = "your experts for token {t} are {got}: the same expert twice. Each token's k experts are k different ones"
 HINT_EXPERTS_DIFFER = (
@@ -509,7 +508,7 @@ HINT_LOSS_NOT_TENSOR = "balance_loss should return a 0-d torch tensor, the loss,
 HINT_LOSS_NOT_FLOAT = "your balance_loss returned a {dtype} tensor: the loss is a float, P_i is a mean of probabilities"
 HINT_NOT_SUMMED = (
     "your loss has one entry per expert, shape {shape}: those are E * f_i * P_i, so sum them over the experts "
-    "(E * (f * P).sum()) for the scalar loss"
+    "for the scalar loss"
 )
 HINT_NOT_SCALAR = (
     "your loss has shape {shape}: return a 0-d tensor (shape ()), as .sum() gives, so it adds to the training loss "
@@ -519,9 +518,8 @@ HINT_LOSS_SHAPE = "balance_loss({what}) returned shape {shape}: the loss is one 
 HINT_LOSS_NAN = "your balance loss is {value} for {what}: a division by zero? f divides by tokens * k, P by tokens"
 HINT_F_FROM_PROBS = (
     "your f is the router's probabilities, not the counts: that gives E * sum_i P_i^2. f_i is the fraction of the "
-    "assignments actually routed to expert i, counted from experts (torch.bincount(experts.flatten(), "
-    "minlength=E) / experts.numel(), or F.one_hot(experts, E) summed): it is not differentiable, and the "
-    "gradient reaches the router through P alone (Fedus et al. 2022, eq. 4-6)"
+    "assignments actually routed to expert i, counted from experts and divided by the number of assignments: "
+    "it is not differentiable, and the gradient reaches the router through P alone (Fedus et al. 2022, eq. 4-6)"
 )
 HINT_MISSING_E = (
     "your loss is the reference's divided by E = {E}: either the factor E in front is missing, or you averaged "
@@ -530,7 +528,8 @@ HINT_MISSING_E = (
 )
 HINT_MEAN_NO_E = (
     "your loss is the reference's divided by E^2 = {E2}: you averaged f_i * P_i over the experts with .mean() "
-    "and left out the factor E as well. The loss is E * (f * P).sum(): 1 when the tokens are spread evenly"
+    "and left out the factor E as well. The formula sums over the experts and multiplies by E: 1 when the tokens "
+    "are spread evenly"
 )
 HINT_RAW_COUNTS = (
     "your f holds raw counts: divide them by the number of assignments, tokens * k = {n} (experts.numel()), so f "
@@ -538,11 +537,11 @@ HINT_RAW_COUNTS = (
 )
 HINT_P_SUMMED = (
     "your loss is tokens = {tokens} times the reference's: your P sums router_probs over the tokens. P_i is the "
-    "mean probability of expert i, router_probs.mean(dim=0), so the loss does not grow with the batch"
+    "mean probability of expert i over the tokens, so the loss does not grow with the batch"
 )
 HINT_COUNTS_OR_SUM = (
     "your loss is tokens = {n} times the reference's: either your f holds raw counts (divide them by the number of "
-    "assignments, experts.numel()) or your P sums router_probs over the tokens (take router_probs.mean(dim=0)). "
+    "assignments) or your P sums router_probs over the tokens (it is their mean). "
     "With k = 1 the two slips give the same number; both f and P are averages"
 )
 HINT_PER_TOKEN = (
@@ -557,13 +556,13 @@ HINT_FIRST_CHOICE = (
 )
 HINT_P_CHOSEN = (
     "your P is taken over the chosen experts' probabilities only: P_i is the mean of router_probs[:, i] over all "
-    "the tokens, chosen or not (router_probs.mean(dim=0)). That full probability is what lets the gradient lower "
+    "the tokens, chosen or not. That full probability is what lets the gradient lower "
     "an overloaded expert's probability for every token"
 )
 HINT_LOSS_DIFFERS = "balance_loss({what}) is {got:.6g}, expected {want:.6g}: the loss is " + FORMULA
 HINT_P_DETACHED = (
     "your loss carries no gradient back to router_probs{why}: is P detached (.detach(), torch.no_grad(), .item(), "
-    "or rebuilt from numbers)? f is counted and has no gradient, so P = router_probs.mean(dim=0) is the only way the "
+    "or rebuilt from numbers)? f is counted and has no gradient, so P, the mean of router_probs, is the only way the "
     "loss trains the router: keep it a differentiable torch operation"
 )
 HINT_LOSS_GRAD_DIFFERS = (
@@ -576,7 +575,7 @@ HINT_LOSS_GRAD_FAILED = (
     "backpropagating through your loss failed ({err}): was a tensor the backward pass needs changed in place?"
 )
 HINT_LOSS_MUTATED = "your balance_loss changed the caller's `{name}` in place: compute f and P as new tensors"
-LOSS_HOW = "torch.bincount or F.one_hot for f, router_probs.mean(dim=0) for P"
+LOSS_HOW = "f counted from experts (a count per expert, divided by the assignments), P the mean of router_probs"
 
 
 def fractions(experts: torch.Tensor, n_experts: int) -> torch.Tensor:
