@@ -20,7 +20,7 @@ def test_a_different_correct_implementation_passes():
 
 
 def test_overflowing_softmax_is_told_to_subtract_the_max():
-    with pytest.raises(CheckFailure, match="Subtract the row max") as info:
+    with pytest.raises(CheckFailure, match="Subtract each row.s own max") as info:
         nb00.check_softmax(nb00.naive_softmax)
     assert "overflows" in str(info.value)
 
@@ -168,7 +168,7 @@ COL_SUM = lambda e: e.sum(dim=0, keepdim=True)  # noqa: E731
     (softmax_from(ROW_MAX, lambda e: e.sum(dim=1, keepdim=True)),
      "on a (2, 3, 5) batch: you subtracted each row's max but summed over dim 1"),
     (softmax_from(lambda x: x.amin(dim=-1, keepdim=True), lambda e: e.sum(dim=1, keepdim=True)),
-     "Subtract the row max"),  # the large logits come before the batch
+     "Subtract each row's own max"),  # the large logits come before the batch
     (lambda x: (x - ROW_MAX(x)).exp() / (x - ROW_MAX(x)).sum(-1, keepdim=True), "sum of the exponentials"),
     (lambda x: (x - ROW_MAX(x)).exp() / (x - ROW_MAX(x)).sum(-1, keepdim=True).exp(), "exp of a sum is not a sum of exps"),
 ])

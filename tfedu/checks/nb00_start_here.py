@@ -152,8 +152,8 @@ def check_softmax(softmax) -> None:
         what="softmax of large logits",
         nan_hint=(
             "NaN or Inf for large logits like [1000, 1001, 1002] or [0, 500, 1000]: exp(1000) overflows float32. "
-            "Subtract the row max (x - x.max(dim=-1, keepdim=True).values) before exp: "
-            "not the min, the mean, the first entry or the max of the whole tensor"
+            "Subtract each row's own max from that row before exp (a softmax does not change when a whole row "
+            "shifts): not the min, the mean, the first entry or the max of the whole tensor"
         ),
     )
     batched = seeded_randn(1, 2, 3, 5)
@@ -203,8 +203,8 @@ def _softmax_reference(inputs: dict) -> dict:
 
 
 HINT_PROBE_OVERFLOW = (
-    "exp overflows for logits around 1e3 (exp(89) is already inf in float32): subtract each row's max "
-    "(x - x.max(dim=-1, keepdim=True).values) before exp"
+    "exp overflows for logits around 1e3 (exp(89) is already inf in float32): subtract each row's own max "
+    "before exp"
 )
 
 

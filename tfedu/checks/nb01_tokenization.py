@@ -320,8 +320,8 @@ def _looks_like_pairs(value: Any) -> bool:
 
 
 TIE_HINT = (
-    "wrong tie-break: when two pairs are equally frequent, take the pair with the smaller ids, "
-    "min(counts, key=lambda p: (-counts[p], p)); the deck merges ab=(1, 2) rather than Za=(27, 1) at step 2"
+    "wrong tie-break: when two pairs are equally frequent, take the pair with the smaller ids (compare the "
+    "pairs themselves, first id first); the deck merges ab=(1, 2) rather than Za=(27, 1) at step 2"
 )
 LEARN_MISTAKES = {
     TIE_HINT + " (max(counts, key=counts.get) keeps whichever equal pair came first)": (
@@ -407,7 +407,7 @@ def check_utf8(utf8_encode, utf8_decode) -> None:
         what = f"utf8_encode({text!r})"
         got = _as_int_list(call_learner(utf8_encode, text, name="utf8_encode"), what)
         _match(got, list(text.encode("utf-8")), what, {
-            "you returned code points (ord(c)), not UTF-8 bytes; use list(text.encode('utf-8'))": [ord(c) for c in text],
+            "you returned code points (ord(c)), not UTF-8 bytes: encode the text to bytes first, then list them": [ord(c) for c in text],
             "you encoded with UTF-16; the course's bytes are UTF-8": list(text.encode("utf-16-le")),
             "you encoded with UTF-16 (its first two bytes, 255 254, are a byte-order mark); the course's bytes "
             "are UTF-8": list(text.encode("utf-16")),

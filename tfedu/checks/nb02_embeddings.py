@@ -25,7 +25,7 @@ DTYPE_HINT = (
     "convert the one-hot with .to(W_E.dtype) (or .float()) before multiplying"
 )
 D_VOCAB_HINT = (
-    "your one-hot vectors have the wrong length: d_vocab is the number of rows of W_E (W_E.shape[0]), "
+    "your one-hot vectors have the wrong length: d_vocab is the number of rows of W_E, "
     "not ids.max() + 1; F.one_hot(ids) without num_classes guesses it from the ids"
 )
 TRANSPOSED_HINT = (
@@ -33,8 +33,8 @@ TRANSPOSED_HINT = (
     "so the product is one_hot(ids) @ W_E, with no transpose"
 )
 NUM_CLASSES_HINT = (
-    "an id was not smaller than num_classes: one-hot vectors have d_vocab = W_E.shape[0] entries "
-    "(the rows of W_E), not W_E.shape[1]"
+    "an id was not smaller than num_classes: one-hot vectors have d_vocab entries (the rows of W_E), not "
+    "d_model (its columns)"
 )
 FLATTENED_HINT = (
     "keep the shape of ids: the result has shape ids.shape + (d_model,); F.one_hot works on ids of any "

@@ -69,7 +69,7 @@ def rnn_mistakes(x, h0, W_xh, b_xh, W_hh, b_hh) -> dict[str, torch.Tensor]:
             right[:, :-1],
         "you included h_0 in the output: return only the new states h_1..h_T, one per input position":
             torch.cat([h0[:, None, :], right], dim=1),
-        "torch.cat joined the states end to end; torch.stack(states, dim=1) adds the new pos axis, (batch, pos, d_hidden)":
+        "torch.cat joined the states end to end: they need a new pos axis after the batch, (batch, pos, d_hidden)":
             right.reshape(right.shape[0], -1),
         "you returned only the final state; return every state h_1..h_T stacked to (batch, pos, d_hidden)":
             right[:, -1],
@@ -110,8 +110,8 @@ def check_run_rnn(run_rnn) -> None:
 
 LSTM_ARGS = ("x", "h_prev", "c_prev", "W_ih", "b_ih", "W_hh", "b_hh")
 LSTM_ERROR_HINT = (
-    "x @ W_ih.T + b_ih + h_prev @ W_hh.T + b_hh has shape (batch, 4 * d_hidden): split it into the "
-    "four gates along the last axis (.chunk(4, dim=-1))"
+    "the two projections and their biases, added, have shape (batch, 4 * d_hidden): split that into the "
+    "four gates along the last axis"
 )
 
 
@@ -307,8 +307,8 @@ def check_additive_attention(additive_attention) -> None:
 RNN_SHORTCUTS = ("torch.nn.RNN", "torch.nn.RNNCell", "torch.nn.modules.rnn", "torch.rnn_tanh", "torch.rnn_tanh_cell")
 
 HINT_PROBE_OVERFLOW = (
-    "scores around 1e3 overflow exp (exp(89) is already inf in float32): take torch.softmax(scores, dim=-1), "
-    "or subtract each row's max before exp if you wrote the softmax yourself"
+    "scores around 1e3 overflow exp (exp(89) is already inf in float32): use torch's softmax over the source "
+    "positions, or subtract each row's max before exp if you wrote the softmax yourself"
 )
 
 

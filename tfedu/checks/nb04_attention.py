@@ -30,8 +30,8 @@ from tfedu.checks.core import (
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 
 HINT_NO_SCALE = (
-    "missing 1/sqrt(d_k) scale: divide the scores q @ k.transpose(-2, -1) by math.sqrt(d_k) "
-    "(d_k = q.shape[-1]) before the softmax"
+    "missing 1/sqrt(d_k) scale: divide the scores by the square root of d_k, the size of each query and key, "
+    "before the softmax"
 )
 HINT_SCALE_BY_D = (
     "you scaled by d_k instead of sqrt(d_k): the dot product's standard deviation is sqrt(d_k), "

@@ -61,8 +61,8 @@ HINT_FACTOR_INVERTED = (
     "to be relative to the larger max, so multiply by exp(m - m_new) <= 1"
 )
 HINT_BLOCK_MAX_ONLY = (
-    "your new max is the block's max alone: the running max is m_new = max(m, max of the block), "
-    "torch.maximum(m, x_block.amax(dim=-1)); a block of small scores must not lower it"
+    "your new max is the block's max alone: the running max is the larger of the old max and the block's, "
+    "row by row; a block of small scores must not lower it"
 )
 HINT_BLOCK_NOT_ADDED = "your new sum leaves out the block: add sum(exp(x_block - m_new)) over the block's last dim"
 HINT_RAW_EXP = (

@@ -146,7 +146,7 @@ HINT_UNSIGNED = (
 )
 HINT_MAX_NOT_ABS = (
     "your scale comes from max(x), not max(|x|): this tensor's largest magnitude is a negative value ({v:.4g}), "
-    "which then clamps. Use x.abs().max()"
+    "which then clamps. The scale comes from the largest magnitude, positive or negative"
 )
 HINT_TRUNCATE = (
     "your codes are truncated, not rounded: casting to an integer (.to(torch.int8), .int(), .long()) cuts off the "
