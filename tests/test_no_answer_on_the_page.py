@@ -196,7 +196,7 @@ def test_the_matching_ignores_names_spaces_and_quotes_but_not_structure():
 # Answers still on the page, each to be rewritten into words (issue 38, item 1): the test fails on any leak not
 # listed here, and on a listed one that is gone (then delete its line). Fixed so far: every checker message
 # that spelled out a line of its solution (00-04, 07-10, 12, 14), 07's pre-norm block shown before 7.2 and
-# its docstring. Left: code in the teaching cells of 01, 02, 04, 05, 06 and 09.
+# its docstring, and 06's brief. Left: code in the teaching cells of 01, 02, 04, 05 and 09.
 KNOWN = {
     '01_tokenization': (
         'ex_learn_bpe: `pair = min(counts, key=lambda p: (-counts[p], p))` is shown in a cell before it',
@@ -211,9 +211,6 @@ KNOWN = {
         'ex_masked_attention: `scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., query_pos, key_pos)` is shown in a cell before it',
         'ex_masked_attention: `scores = scores.masked_fill(~mask, float("-inf"))  # hide what the mask forbids, before the softmax` is shown in a cell before it and its checker\'s messages',
         'ex_multi_head_attention: `split = "batch pos (n_heads d_head) -> batch n_heads pos d_head"` is shown in a cell before it and its checker\'s messages',
-    ),
-    '06_positional_encoding': (
-        'ex_sinusoidal: `angles = positions[:, None] * omega[None, :]  # (pos, d_model / 2)` is shown in a cell before it',
     ),
     '09_efficient_attention': (
         'ex_tile_update: `p = torch.exp(s - m_new[..., None])  # (*rows, block), against the new max` is shown in a cell before it',
