@@ -406,11 +406,12 @@ def _scan(source: str, context: tuple[str, ...], forbidden: tuple[str, ...], all
     def check_allowed(dotted: str, how: str, found: tuple[str, object] | None) -> None:
         """A library function or class outside the exercise's building blocks (``allowed``)."""
         assert allowed is not None
-        if found is None:  # a library the grader has not loaded: judged by its name
-            name, is_leaf = dotted, not any(a.startswith(dotted + ".") for a in allowed)
+        if found is None or found[1] is None:  # not loaded, or past a lazy attribute (librosa.filters): by its name
+            name = dotted if found is None else found[0]
+            is_leaf = not any(a.startswith(name + ".") for a in allowed)
         else:
             name, obj = found
-            is_leaf = obj is not None and callable(obj) and not isinstance(obj, types.ModuleType)
+            is_leaf = callable(obj) and not isinstance(obj, types.ModuleType)
         if is_leaf and building_blocks.library_of(name) and name not in allowed:
             outside.setdefault(name, f"{how}, which is `{name}`" if name != dotted else how)
 
