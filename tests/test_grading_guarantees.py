@@ -364,3 +364,42 @@ def test_an_exercise_is_held_to_its_building_blocks_not_to_a_deny_list():
     # judged by its name, as an unloaded library is
     assert any("`torch.lazily_loaded.mel`" in p for p in problems("y = torch.lazily_loaded.mel(3)", mel))
     assert library_of("math.sqrt") is None and "torch.topk" in ELEMENTARY and "torch.softmax" not in ELEMENTARY
+
+
+def test_the_harness_reports_a_notebook_thread_but_not_a_librarys(tmp_path):
+    """Issue 37, class 3: a thread the notebook started and left running (it could compute an answer out of
+    the profiler's sight) trips the hidden test; a library's own thread (tqdm's monitor) does not."""
+    import json
+    import os
+    import sys
+    import threading
+
+    from tqdm import tqdm
+
+    def run_probe():
+        harness.fresh_out(tmp_path)
+        namespace = {"__builtins__": __builtins__}
+        exec(harness.harness_source(tmp_path, "outputs = {'y': 1}", (), "n", harness.encode_inputs({"x": 1})),
+             {"__builtins__": __builtins__, "globals": lambda: namespace})
+        return json.loads((tmp_path / "out" / "result.json").read_text())["tripwire"]
+
+    before = getattr(sys, "tfedu_kernel_threads", None)
+    sys.tfedu_kernel_threads = frozenset(sys._current_frames())
+    sink = open(os.devnull, "w")
+    bar = tqdm(total=2, disable=False, mininterval=60, file=sink)  # starts tqdm's monitor thread
+    stop = threading.Event()
+    try:
+        assert not any("threads" in hit for hit in run_probe())
+        scope = {"stop": stop}
+        exec(compile("def spin():\n    while not stop.wait(0.01):\n        pass\n", "<a notebook cell>", "exec"), scope)
+        worker = threading.Thread(target=scope["spin"], daemon=True)
+        worker.start()
+        assert any("threads started by the notebook" in hit for hit in run_probe())
+    finally:
+        stop.set()
+        bar.close()
+        sink.close()
+        if before is None:
+            del sys.tfedu_kernel_threads
+        else:
+            sys.tfedu_kernel_threads = before

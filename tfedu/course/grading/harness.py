@@ -11,8 +11,8 @@ kernel's history and gets no execution count). It
    call into a forbidden module's source file or of a forbidden function object, and a check that
    no forbidden module got imported during the run and that the profiler was not removed; it also
    fires when the run starts a process or when processes of the kernel's session, or Python threads
-   the kernel did not start with, are running (a worker that could compute the reference out of the
-   profiler's sight);
+   the kernel did not start with that run the notebook's own code, are running (a worker that could
+   compute the reference out of the profiler's sight; a library's thread, such as tqdm's monitor, is not);
 3. converts ``outputs`` (still under the tripwire, with base-class methods so a subclass's
    overrides never run) and writes them as plain data only: JSON for numbers, strings, lists and
    dicts, ``.npy`` (numeric and boolean arrays, saved without pickle) for arrays and tensors. Anything else is an error, so an object with a rigged
@@ -172,8 +172,17 @@ def run_in_kernel(folder, code, forbidden, nonce, files, user_namespace):
 
     if others():
         hits.append("processes started by the notebook were still running when the hidden test began")
+    def runs_notebook_code(frame):  # a cell's code or a string's, not a library's file (tqdm's monitor, say)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith("<") or not os.path.isfile(name):
+                return True
+            frame = frame.f_back
+        return False
+
     baseline = getattr(sys, "tfedu_kernel_threads", None)
-    if baseline is not None and set(sys._current_frames()) - set(baseline) - {threading.get_ident()}:
+    if baseline is not None and any(runs_notebook_code(frame) for ident, frame in sys._current_frames().items()
+                                     if ident not in baseline and ident != threading.get_ident()):
         hits.append("threads started by the notebook were still running when the hidden test began")
     error = None
     threading.setprofile(watch)
