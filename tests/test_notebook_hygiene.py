@@ -104,6 +104,22 @@ def test_exercise_header_must_state_its_points(start_here):
     assert any("must read '### Exercise N.M" in p for p in problems)
 
 
+@pytest.mark.parametrize("edit", [(", importance: core,", ","), ("importance: core", "importance: high"),
+                                  ("(easy,", "(tricky,")], ids=["no importance", "unknown importance", "unknown difficulty"])
+def test_exercise_header_must_state_difficulty_and_importance_from_the_scale(start_here, edit):
+    i = _exercise_header_cell(start_here)
+    assert edit[0] in start_here.cells[i].source
+    start_here.cells[i].source = start_here.cells[i].source.replace(*edit)
+    problems = nbtools.hygiene_problems(start_here, "00_start_here.ipynb")
+    assert any("importance: core|useful|optional" in p for p in problems)
+
+
+def test_exercise_minutes_add_up_the_headers_and_count_a_range_by_its_upper_end():
+    nb = nbtools.new_notebook([nbtools.md("### Exercise 1.1: a (easy, importance: core, about 5 minutes, 1 point)"),
+                               nbtools.md("### Exercise 1.2: b (medium, importance: optional, about 10-15 minutes, 2 points)")])
+    assert nbtools.exercise_minutes(nb) == 20
+
+
 def test_exercise_header_points_must_match_its_check_cells(start_here):
     i = _exercise_header_cell(start_here)
     start_here.cells[i].source = start_here.cells[i].source.replace(", 2 points)", ", 5 points)")

@@ -1,6 +1,7 @@
 """The course map in one place: every notebook, its title, what it builds and its status.
 
-Notebook 00's map and the README's table are generated from ``CHAPTERS`` by ``tfedu clean``
+Notebook 00's map and the README's table (with each notebook's exercise time, added up from its exercise
+headers) are generated from ``CHAPTERS`` by ``tfedu clean``
 (``course_map.sync``); ``tests/test_course_map.py`` fails when either drifts from it, when a title
 differs from its notebook's header, or when a notebook is missing from the list.
 """
@@ -125,16 +126,29 @@ CHAPTERS: tuple[Chapter, ...] = (
 )
 
 
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"  # the source notebooks, in a checkout
+
+
+def exercise_time(chapter: Chapter) -> str:
+    """The minutes the chapter's exercise headers ask for, added up, as the map shows them."""
+    from tfedu.course import nbtools
+
+    path = NOTEBOOKS / chapter.filename
+    return f"{nbtools.exercise_minutes(nbtools.read(path))} min" if path.is_file() else "–"
+
+
 def notebook_table() -> str:
     """The map as notebook 00 shows it: links relative to notebooks/."""
-    rows = [f"| [{c.number} · {c.title}]({c.filename}) | {c.builds} | {c.status} |" for c in CHAPTERS]
-    return "\n".join(["| notebook | what you build | status |", "|---|---|---|", *rows])
+    rows = [f"| [{c.number} · {c.title}]({c.filename}) | {c.builds} | {exercise_time(c)} | {c.status} |"
+            for c in CHAPTERS]
+    return "\n".join(["| notebook | what you build | exercises | status |", "|---|---|---|---|", *rows])
 
 
 def readme_table() -> str:
     """The map as the README shows it: links from the repository root."""
-    rows = [f"| {c.number} | [{c.title}](notebooks/{c.filename}) | {c.builds} | {c.status} |" for c in CHAPTERS]
-    return "\n".join(["| # | notebook | what you build | status |", "|---|---|---|---|", *rows])
+    rows = [f"| {c.number} | [{c.title}](notebooks/{c.filename}) | {c.builds} | {exercise_time(c)} | {c.status} |"
+            for c in CHAPTERS]
+    return "\n".join(["| # | notebook | what you build | exercises | status |", "|---|---|---|---|---|", *rows])
 
 
 def replace_table(text: str, table: str) -> str:

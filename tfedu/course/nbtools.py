@@ -12,7 +12,8 @@ them, ``tfedu clean`` fixes the mechanical ones):
    Check cells carry ``grade: true, locked: true``, a unique ``grade_id`` (``check_<name>``)
    and points.
 4. Committed notebooks have no outputs, execution counts or widget state.
-5. Each exercise header reads ``### Exercise N.M: title (difficulty, about K minutes, P points)``,
+5. Each exercise header reads ``### Exercise N.M: title (difficulty, importance: I, about K minutes, P points)``
+   (I is core, useful or optional: how central the idea is),
    and P is the sum of the points of the check cells between it and the next header.
 6. Every cell carries the slide metadata that :func:`slide_types` gives it (``tfedu clean`` writes it):
    the lecture deck (``tfedu slides``, RISE) is the notebook itself.
@@ -242,18 +243,30 @@ def nbgrader_meta(cell: nbformat.NotebookNode) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
+DIFFICULTIES = ("easy", "medium", "hard")
+# How central an exercise's idea is to the course: core (later notebooks build on it), useful (worth doing,
+# nothing later needs it), optional (a side path for the curious).
+IMPORTANCES = ("core", "useful", "optional")
 EXERCISE_HEADER = re.compile(
-    r"^#{2,4} Exercise (?P<number>\d+\.\d+[a-z]?): .+ \((?P<detail>[^()]*\babout \d+(?:[-–]\d+)? minutes?, "
-    r"(?P<points>\d+(?:\.\d+)?) points?)\)\s*$",
+    r"^#{2,4} Exercise (?P<number>\d+\.\d+[a-z]?): .+ \((?P<difficulty>" + "|".join(DIFFICULTIES) + r"), "
+    r"importance: (?P<importance>" + "|".join(IMPORTANCES) + r"), "
+    r"about (?P<minutes>\d+)(?:[-–](?P<most>\d+))? minutes?, (?P<points>\d+(?:\.\d+)?) points?\)\s*$",
     re.MULTILINE,
 )
+HEADER_FORM = "'### Exercise N.M: title (difficulty, importance: core|useful|optional, about K minutes, P points)'"
+
+
+def exercise_minutes(nb: nbformat.NotebookNode) -> int:
+    """The minutes a notebook's exercise headers ask for, added up (a range counts its upper end)."""
+    return sum(int(m["most"] or m["minutes"]) for cell in nb.cells if cell.cell_type == "markdown"
+               for m in EXERCISE_HEADER.finditer(cell.source))
 
 
 def exercise_point_problems(nb: nbformat.NotebookNode) -> list[str]:
-    """Each exercise header states difficulty, minutes and points; the points are its check cells' sum.
+    """Each exercise header states difficulty, importance, minutes and points; the points are its check cells' sum.
 
-    A header looks like ``### Exercise 4.1: scaled dot-product attention (easy, about 10 minutes,
-    2 points)``; the check cells between it and the next header carry those points in nbgrader.
+    A header looks like ``### Exercise 4.1: scaled dot-product attention (easy, importance: core, about 10
+    minutes, 2 points)``; the check cells between it and the next header carry those points in nbgrader.
     """
     problems: list[str] = []
     current: tuple[int, str, float] | None = None  # (cell index, exercise number, stated points)
@@ -270,8 +283,7 @@ def exercise_point_problems(nb: nbformat.NotebookNode) -> list[str]:
                 if re.match(r"#{2,4} Exercise\b", line):
                     match = EXERCISE_HEADER.match(line)
                     if match is None:
-                        problems.append(f"cell {i}: exercise header {line!r} must read "
-                                        "'### Exercise N.M: title (difficulty, about K minutes, P points)'")
+                        problems.append(f"cell {i}: exercise header {line!r} must read {HEADER_FORM}")
                         continue
                     close()
                     current, counted = (i, match["number"], float(match["points"])), 0.0
