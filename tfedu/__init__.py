@@ -4,7 +4,7 @@ imports ``tfedu.course.grading.inside`` in every sandbox and must not pay for to
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["device", "seed_everything", "pretrained", "__version__"]
+__all__ = ["device", "seed_everything", "pretrained", "hint", "solution", "solutions_off", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
@@ -16,4 +16,8 @@ def __getattr__(name: str) -> Any:
         from tfedu.checkpoints import pretrained
 
         return pretrained
+    if name in ("hint", "solution", "solutions_off"):
+        from tfedu.course import hints
+
+        return getattr(hints, name)
     raise AttributeError(f"module 'tfedu' has no attribute {name!r}")

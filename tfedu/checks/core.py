@@ -98,6 +98,40 @@ class ExerciseNotDone(CheckFailure):
 NOT_DONE_MESSAGE = "this exercise is not done yet: replace the `raise NotImplementedError` with your code"
 
 
+BLANK = "____"  # a blank in a hint's skeleton, for the learner to fill
+
+
+@dataclass(frozen=True)
+class Hints:
+    """Three hints for one exercise, shown one at a time by ``tfedu.hint("N.M")``, each more detailed.
+
+    Every checker module keeps a ``HINTS`` dict, the exercise's solution-cell grade_id -> ``Hints``.
+    None of the three may hold a line of the solution (tests/test_no_answer_on_the_page.py reads them
+    as the checker's messages): the skeleton leaves every line that carries the idea with a
+    :data:`BLANK` in it.
+    """
+
+    number: str  # the exercise's number, "5.2", as its header gives it
+    check: str  # the name of the checker the exercise's check cell calls ("check_masked_attention")
+    idea: str  # 1: the idea in words: what the result is, which invariant it keeps
+    approach: str  # 2: the approach and the shapes: the steps in order, each tensor's shape
+    skeleton: str  # 3: the code's outline with blanks (BLANK) where the answer goes
+
+
+# The checkers run in this interpreter, by "module:function" name (a pass or a failure): a learner has tried
+# an exercise once its checker ran, and only then does ``tfedu.solution`` show its reference solution.
+ATTEMPTED: set[str] = set()
+
+
+def hint_invitation(module: str, function: str) -> str:
+    """The line a failure ends with: how to ask for the exercise's first (or next) hint; "" when it has none."""
+    import sys
+
+    hints = getattr(sys.modules.get(module), "HINTS", {})
+    number = next((h.number for h in hints.values() if h.check == function), None)
+    return f"\n(stuck? tfedu.hint(\"{number}\") gives a hint; ask again for the next)" if number else ""
+
+
 def checker(title: str) -> Callable[[Callable[..., Any]], Callable[..., None]]:
     """Turn a function that raises on the first problem into a learner-facing checker.
 
@@ -110,12 +144,14 @@ def checker(title: str) -> Callable[[Callable[..., Any]], Callable[..., None]]:
         @functools.wraps(body)
         def run(*args: Any, **kwargs: Any) -> None:
             __tracebackhide__ = True  # the learner sees their cell and the hint, not this wrapper
+            ATTEMPTED.add(f"{body.__module__}:{body.__name__}")
             try:
                 body(*args, **kwargs)
             except CheckFailure as failure:
-                raise type(failure)(f"{title}: {failure}") from None
+                invite = hint_invitation(body.__module__, body.__name__)
+                raise type(failure)(f"{title}: {failure}{invite}") from None
             except NotImplementedError:
-                raise ExerciseNotDone(f"{title}: {NOT_DONE_MESSAGE}") from None
+                raise ExerciseNotDone(f"{title}: {NOT_DONE_MESSAGE}{hint_invitation(body.__module__, body.__name__)}") from None
             except Exception as err:  # a bug the checker did not foresee: still a hint, not a traceback
                 raise CheckFailure(f"{title}: checking failed with {type(err).__name__}: {err}") from None
             print(f"{TICK} {title}: all checks passed")

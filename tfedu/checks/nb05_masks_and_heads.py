@@ -13,7 +13,7 @@ from torch import nn
 
 from tfedu import attention as reference
 from tfedu.checks.building_blocks import EINOPS, ELEMENTARY, MODULES, SOFTMAX
-from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, describe, expect, seeded_randn
+from tfedu.checks.core import CheckFailure, Hints, Probe, call_learner, checker, compare, describe, expect, seeded_randn
 from tfedu.checks.nb04_attention import PAIR_EXPORT, QKV_LEAVES, compare_pair, exact_large_qk, pair_reference
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 
@@ -703,5 +703,94 @@ PROBES = {
         reference=_mha_reference,
         compare=_compare_mha,
         forbidden=("tfedu.attention",),
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- hints, in steps (tfedu.hint)
+
+HINTS = {
+    "ex_causal_mask": Hints(
+        number="5.1",
+        check="check_causal_mask",
+        idea=(
+            "Entry (i, j) answers one yes/no question: may query i look at key j? It may when key j is not "
+            "in query i's future, so the answer depends only on how i and j compare. Drawn with queries as "
+            "rows, the True entries fill the lower triangle, and the diagonal is True: a token may look at "
+            "itself."
+        ),
+        approach=(
+            "Two routes, both one or two lines. (a) Start from an (n, n) tensor of booleans that are all True "
+            "and keep only its lower triangle (torch has a function that keeps a triangle, and its `diagonal` "
+            "argument decides whether the diagonal stays). (b) Make a column of query positions, shape (n, 1), "
+            "and a row of key positions, shape (1, n), and compare them: broadcasting gives the (n, n) answer, "
+            "already boolean."
+        ),
+        skeleton=(
+            "def causal_mask(n):\n"
+            "    query = torch.arange(n)[____]  # (n, 1): one row per query\n"
+            "    key = torch.arange(n)[____]  # (1, n): one column per key\n"
+            "    return ____  # (n, n) booleans: True where key j is not after query i\n"
+        ),
+    ),
+    "ex_masked_attention": Hints(
+        number="5.2",
+        check="check_masked_attention",
+        idea=(
+            "A masked key must get weight exactly zero while each query's weights still sum to one. The "
+            "softmax does both for you if the masked scores are minus infinity when it runs, because "
+            "exp(-inf) = 0 and the denominator then only adds up the visible keys. Zeroing weights after the "
+            "softmax breaks the sum; filling scores with 0 does not hide anything, since exp(0) = 1."
+        ),
+        approach=(
+            "Four steps, as in notebook 04 plus one. Scores: q against the keys with the keys' last two axes "
+            "swapped (only those two: the inputs may carry batch and head axes in front), divided by the "
+            "square root of d_k, shape (..., query_pos, key_pos). Mask: where `mask` is False, replace the "
+            "score by -inf with an out-of-place fill, so the caller's tensors are untouched; the mask "
+            "broadcasts against the scores. Softmax over the keys, the last axis. Output: the weights times "
+            "v, shape (..., query_pos, d_v). Return the output first, then the weights."
+        ),
+        skeleton=(
+            "def masked_attention(q, k, v, mask):\n"
+            "    scores = ____ / math.sqrt(____)  # (..., query_pos, key_pos)\n"
+            "    scores = scores.masked_fill(____, ____)  # where may NOT a query attend?\n"
+            "    weights = ____  # a distribution over the keys, for every query\n"
+            "    return ____, weights\n"
+        ),
+    ),
+    "ex_multi_head_attention": Hints(
+        number="5.3",
+        check="check_multi_head_attention",
+        idea=(
+            "Multi-head attention is n_heads small attentions side by side. Each head sees its own slice of "
+            "d_head = d_model / n_heads features of the queries, keys and values, attends on its own, and "
+            "the heads' outputs are laid side by side again and mixed by W_O. Nothing new happens inside a "
+            "head: it is exercise 5.2 with d_k = d_head."
+        ),
+        approach=(
+            "Shapes all the way: project x with W_Q and the context with W_K and W_V, each (batch, pos, "
+            "d_model). Split the last axis into (n_heads, d_head) and move the head axis in front of the "
+            "positions: (batch, n_heads, pos, d_head); one einops pattern does it for all three. Scores per "
+            "head: contract d_head, giving (batch, n_heads, query_pos, key_pos), scaled by the square root of "
+            "d_head (not of d_model). If a mask is given, fill -inf where it is False. Softmax over key_pos, "
+            "then contract key_pos with the values: (batch, n_heads, query_pos, d_head). Merge the heads "
+            "back, (batch, query_pos, n_heads * d_head), with the head axis outer (the layout W_O expects), "
+            "and apply W_O."
+        ),
+        skeleton=(
+            "def forward(self, x, context=None, mask=None):\n"
+            "    context = x if context is None else context\n"
+            "    split = ____  # an einops pattern: (batch, pos, d_model) -> (batch, n_heads, pos, d_head)\n"
+            "    q = einops.rearrange(____, split, n_heads=self.n_heads)\n"
+            "    k = ____\n"
+            "    v = ____\n"
+            "    scores = einops.einsum(q, k, ____) / ____  # (batch, n_heads, query_pos, key_pos)\n"
+            "    if mask is not None:\n"
+            "        scores = ____\n"
+            "    pattern = ____  # softmax over the keys\n"
+            "    z = einops.einsum(pattern, v, ____)  # (batch, n_heads, query_pos, d_head)\n"
+            "    concat = einops.rearrange(z, ____)  # (batch, query_pos, d_model), heads outer\n"
+            "    return ____\n"
+        ),
     ),
 }

@@ -124,7 +124,7 @@ BANNED_ATTRIBUTES = {
 }
 BANNED_DEFINITIONS = {"__torch_function__", "__torch_dispatch__", "__getattribute__", "__del__", "__init_subclass__",
                       "__class_getitem__", "__set_name__", "__instancecheck__", "__subclasscheck__"}
-PROTECTED_STRINGS = ("tfedu.checks", "tfedu.course.grading", "tfedu/checks", "tfedu/course/grading")
+PROTECTED_STRINGS = ("tfedu.checks", "tfedu.course.grading", "tfedu/checks", "tfedu/course/grading", "solutions.json")
 # names that, written inside a string, point at introspection (str.format, attrgetter, ...)
 SUSPECT_IN_STRINGS = tuple(sorted({a for a in BANNED_ATTRIBUTES if a.startswith(("__", "f_", "tb_", "gi_", "co_"))}
                                   | {"__import__", "__builtins__", "exec(", "eval("}))

@@ -168,11 +168,12 @@ def clean(paths: list[str], check_only: bool) -> int:
     """Strip notebooks and write their generated parts again, in place (with --check, only report).
 
     Generated: the Colab badge and install line (from ``[project.urls]``), notebook 00's course map
-    and, when no notebook is named (the whole course), the README's map (from ``tfedu.course.course_map``).
+    and, when no notebook is named (the whole course), the README's map (from ``tfedu.course.course_map``)
+    and the reference solutions that ``tfedu.solution`` shows (``tfedu/course/solutions.json``).
     """
     import nbformat
 
-    from tfedu.course import course_map, nbtools
+    from tfedu.course import course_map, hints, nbtools
 
     targets = [Path(p) for p in paths] or sorted(Path("notebooks").glob("*.ipynb"))
     dirty = 0
@@ -188,6 +189,14 @@ def clean(paths: list[str], check_only: bool) -> int:
             print(f"{'would clean' if check_only else 'cleaned'} {path}")
             if not check_only:
                 path.write_text(after, encoding="utf-8")
+    solutions = hints.SOLUTIONS
+    if not paths and solutions.parent.resolve() == (Path("tfedu") / "course").resolve():  # a checkout's root
+        text = hints.solutions_json(targets)
+        if not solutions.is_file() or solutions.read_text(encoding="utf-8") != text:
+            dirty += 1
+            print(f"{'would regenerate' if check_only else 'regenerated'} {solutions}")
+            if not check_only:
+                solutions.write_text(text, encoding="utf-8")
     readme = Path("README.md")
     if not paths and readme.is_file() and course_map.sync_readme(readme, check_only=check_only):
         dirty += 1

@@ -8,8 +8,10 @@ differs from its notebook's header, or when a notebook is missing from the list.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 STATUSES = ("ready", "coming")
 MAP_NOTEBOOK = "00_start_here.ipynb"  # the notebook whose markdown holds the map
@@ -126,15 +128,34 @@ CHAPTERS: tuple[Chapter, ...] = (
 )
 
 
+DIFFICULTIES = ("easy", "medium", "hard")
+# How central an exercise's idea is to the course: core (later notebooks build on it), useful (worth doing,
+# nothing later needs it), optional (a side path for the curious).
+IMPORTANCES = ("core", "useful", "optional")
+EXERCISE_HEADER = re.compile(
+    r"^#{2,4} Exercise (?P<number>\d+\.\d+[a-z]?): .+ \((?P<difficulty>" + "|".join(DIFFICULTIES) + r"), "
+    r"importance: (?P<importance>" + "|".join(IMPORTANCES) + r"), "
+    r"about (?P<minutes>\d+)(?:[-–](?P<most>\d+))? minutes?, (?P<points>\d+(?:\.\d+)?) points?\)\s*$",
+    re.MULTILINE,
+)
+HEADER_FORM = "'### Exercise N.M: title (difficulty, importance: core|useful|optional, about K minutes, P points)'"
+
+
+def exercise_minutes(nb: Any) -> int:
+    """The minutes a notebook's exercise headers ask for, added up (a range counts its upper end)."""
+    return sum(int(m["most"] or m["minutes"]) for cell in nb.cells if cell.cell_type == "markdown"
+               for m in EXERCISE_HEADER.finditer(cell.source))
+
+
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"  # the source notebooks, in a checkout
 
 
 def exercise_time(chapter: Chapter) -> str:
     """The minutes the chapter's exercise headers ask for, added up, as the map shows them."""
-    from tfedu.course import nbtools
+    import nbformat
 
     path = NOTEBOOKS / chapter.filename
-    return f"{nbtools.exercise_minutes(nbtools.read(path))} min" if path.is_file() else "–"
+    return f"{exercise_minutes(nbformat.read(path, as_version=4))} min" if path.is_file() else "–"
 
 
 def notebook_table() -> str:

@@ -30,6 +30,7 @@ from typing import Any
 import nbformat
 
 from tfedu.course import course_map
+from tfedu.course.course_map import DIFFICULTIES, EXERCISE_HEADER, HEADER_FORM, IMPORTANCES, exercise_minutes  # noqa: F401 (re-exported)
 
 
 
@@ -241,25 +242,6 @@ def write(nb: nbformat.NotebookNode, path: str | Path) -> None:
 def nbgrader_meta(cell: nbformat.NotebookNode) -> dict | None:
     meta = cell.get("metadata", {}).get("nbgrader")
     return meta if isinstance(meta, dict) else None
-
-
-DIFFICULTIES = ("easy", "medium", "hard")
-# How central an exercise's idea is to the course: core (later notebooks build on it), useful (worth doing,
-# nothing later needs it), optional (a side path for the curious).
-IMPORTANCES = ("core", "useful", "optional")
-EXERCISE_HEADER = re.compile(
-    r"^#{2,4} Exercise (?P<number>\d+\.\d+[a-z]?): .+ \((?P<difficulty>" + "|".join(DIFFICULTIES) + r"), "
-    r"importance: (?P<importance>" + "|".join(IMPORTANCES) + r"), "
-    r"about (?P<minutes>\d+)(?:[-–](?P<most>\d+))? minutes?, (?P<points>\d+(?:\.\d+)?) points?\)\s*$",
-    re.MULTILINE,
-)
-HEADER_FORM = "'### Exercise N.M: title (difficulty, importance: core|useful|optional, about K minutes, P points)'"
-
-
-def exercise_minutes(nb: nbformat.NotebookNode) -> int:
-    """The minutes a notebook's exercise headers ask for, added up (a range counts its upper end)."""
-    return sum(int(m["most"] or m["minutes"]) for cell in nb.cells if cell.cell_type == "markdown"
-               for m in EXERCISE_HEADER.finditer(cell.source))
 
 
 def exercise_point_problems(nb: nbformat.NotebookNode) -> list[str]:

@@ -16,7 +16,7 @@ def _release(args: argparse.Namespace) -> int:
     from tfedu.course.grading.release import ReleaseError, release
 
     try:
-        for path in release(args.notebooks, args.out):
+        for path in release(args.notebooks, args.out, solutions=not args.no_solutions):
             print(f"released {path}")
     except ReleaseError as err:
         print(f"tfedu release: {err}", file=sys.stderr)
@@ -84,6 +84,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("release", help="write student versions of source notebooks")
     p.add_argument("notebooks", nargs="+", help="source notebooks (solutions in place)")
     p.add_argument("--out", required=True, help="folder for the student versions")
+    p.add_argument("--no-solutions", action="store_true",
+                   help="for a graded course: tfedu.solution() answers that solutions are off (hints stay)")
     p.set_defaults(func=_release)
 
     from tfedu.course.grading.sandbox import GUARANTEES

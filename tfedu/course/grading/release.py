@@ -16,7 +16,9 @@ tests/test_release.py checks the two agree on every notebook):
 - check cells also get the ``raises-exception`` cell tag (:data:`RUN_ON_TAG`, added to any tags
   already there). This is the one thing nbgrader's student version does not do.
 
-Everything else (markdown, set-up and demonstration cells, metadata) is kept as it is.
+Everything else (markdown, set-up and demonstration cells, metadata) is kept as it is, except that
+``solutions=False`` (``tfedu release --no-solutions``, for a graded course) ends the set-up cell with
+:data:`SOLUTIONS_OFF`, so that ``tfedu.solution("N.M")`` answers that solutions are off; hints stay.
 
 Why the tag. In a fresh student version every check cell fails with ``ExerciseNotDone``. Without
 the tag, JupyterLab's Run All stops at the first of them: it sends every cell to the kernel at
@@ -45,6 +47,7 @@ from tfedu.course import nbtools
 
 CODE_STUB = '# YOUR CODE HERE\nraise NotImplementedError("replace this line with your code")'
 TEXT_STUB = "YOUR ANSWER HERE"
+SOLUTIONS_OFF = "tfedu.solutions_off()  # this course is graded: tfedu.solution() is off, tfedu.hint() is not"
 RUN_ON_TAG = "raises-exception"  # JupyterLab's Run All and nbclient go past a failing cell with this tag
 
 
@@ -85,8 +88,15 @@ def is_check(cell) -> bool:
     return bool(meta.get("grade")) and not meta.get("solution")
 
 
-def student_version(nb: nbformat.NotebookNode, name: str = "notebook") -> nbformat.NotebookNode:
-    """Return the student version of source notebook ``nb`` (``nb`` itself is not changed)."""
+def setup_cell(nb: nbformat.NotebookNode) -> int | None:
+    """The index of the set-up cell: the first code cell that imports tfedu."""
+    return next((i for i, cell in enumerate(nb.cells)
+                 if cell.cell_type == "code" and re.search(r"^import tfedu\b", cell.source, re.M)), None)
+
+
+def student_version(nb: nbformat.NotebookNode, name: str = "notebook", *, solutions: bool = True) -> nbformat.NotebookNode:
+    """Return the student version of source notebook ``nb`` (``nb`` itself is not changed); ``solutions=False``
+    switches ``tfedu.solution`` off in its set-up cell."""
     nb = copy.deepcopy(nb)
     nbtools.strip(nb)
     nb.metadata.pop("celltoolbar", None)
@@ -111,11 +121,16 @@ def student_version(nb: nbformat.NotebookNode, name: str = "notebook") -> nbform
         if is_check(cell):
             tags = list(cell.metadata.get("tags", []))
             cell.metadata["tags"] = tags if RUN_ON_TAG in tags else [*tags, RUN_ON_TAG]
+    if not solutions:
+        setup = setup_cell(nb)
+        if setup is None:
+            raise ReleaseError(f"{name}: no set-up cell (a code cell with `import tfedu`) to switch solutions off in")
+        nb.cells[setup].source = nb.cells[setup].source.rstrip("\n") + "\n" + SOLUTIONS_OFF
     nbformat.validate(nb)
     return nb
 
 
-def release(paths: list[str | Path], out_dir: str | Path) -> list[Path]:
+def release(paths: list[str | Path], out_dir: str | Path, *, solutions: bool = True) -> list[Path]:
     """Write the student version of each notebook in ``paths`` into ``out_dir`` (same file names)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -126,6 +141,6 @@ def release(paths: list[str | Path], out_dir: str | Path) -> list[Path]:
         target = out / path.name
         if target.resolve() == path.resolve():
             raise ReleaseError(f"{path}: --out must not be the folder of the source notebooks")
-        nbtools.write(student_version(nbtools.read(path), path.name), target)
+        nbtools.write(student_version(nbtools.read(path), path.name, solutions=solutions), target)
         written.append(target)
     return written
