@@ -207,11 +207,6 @@ KNOWN = {
     '04_attention': (
         'ex_self_attention: `q, k, v = x @ W_Q, x @ W_K, x @ W_V` is shown in a cell before it',
     ),
-    '05_masks_and_heads': (
-        'ex_masked_attention: `scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (..., query_pos, key_pos)` is shown in a cell before it',
-        'ex_masked_attention: `scores = scores.masked_fill(~mask, float("-inf"))  # hide what the mask forbids, before the softmax` is shown in a cell before it and its checker\'s messages',
-        'ex_multi_head_attention: `split = "batch pos (n_heads d_head) -> batch n_heads pos d_head"` is shown in a cell before it and its checker\'s messages',
-    ),
     '09_efficient_attention': (
         'ex_tile_update: `p = torch.exp(s - m_new[..., None])  # (*rows, block), against the new max` is shown in a cell before it',
         'ex_tile_update: `alpha = torch.exp(m - m_new)  # (*rows): shrinks what was summed against the old max` is shown in a cell before it',

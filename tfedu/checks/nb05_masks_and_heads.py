@@ -22,24 +22,24 @@ from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_ou
 HINT_TRANSPOSED = (
     "your mask is True above the diagonal: query i may attend to the keys after it and not to the ones "
     "before it, so it hides the past and shows the future (a transposed mask). Keep the lower triangle: "
-    "key j is visible to query i when j <= i, e.g. torch.ones(n, n, dtype=torch.bool).tril()"
+    "key j is visible to query i when j <= i"
 )
 HINT_NO_DIAGONAL = (
     "the diagonal is False: every token must be able to attend to itself (key j is visible to query i "
-    "when j <= i, not j < i); use .tril() or .tril(diagonal=0), not .tril(-1)"
+    "when j <= i, not j < i): the triangle you keep must include its diagonal"
 )
 HINT_MASKED_CONVENTION = (
     "you returned True where attention is forbidden (the convention of nn.MultiheadAttention's attn_mask). "
     "In tfedu, as in F.scaled_dot_product_attention, True = may attend: invert your mask with ~"
 )
 HINT_SHIFTED = (
-    "your mask also lets query i see key i + 1, the very token it has to predict (a .tril(1)): key j is "
-    "visible to query i when j <= i, so keep the diagonal and nothing above it: .tril() or .tril(diagonal=0)"
+    "your mask also lets query i see key i + 1, the very token it has to predict (the triangle reaches one "
+    "step above the diagonal): key j is visible to query i when j <= i, so keep the diagonal and nothing above it"
 )
 HINT_ALL_TRUE = "your mask is True everywhere: nothing is hidden, so every token still sees the future"
 HINT_NOT_BOOL = (
-    "return a boolean tensor (dtype torch.bool), True = may attend, e.g. "
-    "torch.ones(n, n, dtype=torch.bool).tril()"
+    "return a boolean tensor (dtype torch.bool), True = may attend: a comparison gives booleans, and so "
+    "does a triangle kept from a tensor of booleans"
 )
 HINT_ADDITIVE = (
     "you returned an additive float mask (0 and -inf, added to the scores). Here the mask is boolean: "
@@ -78,25 +78,25 @@ def check_causal_mask(causal_mask) -> None:
 
 HINT_AFTER_SOFTMAX = (
     "you masked after the softmax: the weights of each row no longer sum to one, and the future still "
-    "leaks in through the softmax's denominator. Fill the masked scores with -inf first "
-    "(scores.masked_fill(~mask, float('-inf'))), then take the softmax"
+    "leaks in through the softmax's denominator. Set the masked scores to minus infinity first, then take "
+    "the softmax"
 )
 HINT_INVERTED = (
-    "your mask hides the keys where mask is True; here True = may attend, so fill where the mask is "
-    "False: scores.masked_fill(~mask, float('-inf'))"
+    "your mask hides the keys where mask is True; here True = may attend, so the scores to hide are "
+    "where the mask is False (the mask's negation)"
 )
 HINT_INVERTED_FINITE = (
-    "your mask hides the keys where mask is True; here True = may attend, so fill where the mask is "
-    "False: scores.masked_fill(~mask, -1e9)"
+    "your mask hides the keys where mask is True; here True = may attend, so the scores to hide (with your "
+    "very negative number) are where the mask is False (the mask's negation)"
 )
 HINT_IGNORED = "the mask had no effect: fill the scores where mask is False with -inf before the softmax"
 HINT_FILL_ZERO = (
     "you filled the masked scores with 0, but exp(0) = 1, so masked keys still get weight; fill with "
-    "float('-inf') (or a very negative number such as -1e9)"
+    "minus infinity (or a very negative number such as -1e9)"
 )
-HINT_NO_SCALE = "missing 1/sqrt(d_k) scale: divide q @ k.transpose(-2, -1) by math.sqrt(q.shape[-1]) before masking"
+HINT_NO_SCALE = "missing 1/sqrt(d_k) scale: divide the scores by the square root of d_k (the last axis of q) before masking"
 HINT_SCALE_NO_SQRT = (
-    "you divided the scores by d_k; the scale is 1/sqrt(d_k): divide by math.sqrt(q.shape[-1])"
+    "you divided the scores by d_k; the scale is 1/sqrt(d_k): divide by its square root"
 )
 HINT_SWAPPED_PAIR = "you returned (weights, output); return them in the order (output, weights)"
 HINT_MIX_TRANSPOSED = (
@@ -104,15 +104,15 @@ HINT_MIX_TRANSPOSED = (
     "output is weights @ v, without transposing the weights"
 )
 HINT_BATCHED_CALL = (
-    "the inputs are batched, (..., pos, d): transpose only the keys' last two axes with "
-    "k.transpose(-2, -1) (k.T reverses every axis of a batched tensor), and use the mask as given: "
-    "it broadcasts against the scores (..., query_pos, key_pos), so scores.masked_fill(~mask, ...) works "
-    "where indexing scores[~mask] = ... needs a mask of the scores' full shape"
+    "the inputs are batched, (..., pos, d): swap only the keys' last two axes (.T reverses every axis of a "
+    "batched tensor), and use the mask as given: it broadcasts against the scores (..., query_pos, "
+    "key_pos), which an out-of-place masked fill accepts, where assigning through boolean indexing needs a "
+    "mask of the scores' full shape"
 )
 HINT_MUTATED = (
-    "your code changed its input `{name}` in place (an in-place op such as {name} /= ..., {name}.masked_fill_(...) "
-    "or {name}.logical_not_()), so the caller's tensor is no longer what it passed in: build new tensors "
-    "instead ({name} = {name} / ..., masked_fill without the underscore)"
+    "your code changed its input `{name}` in place (an in-place op: /=, or a method whose name ends in an "
+    "underscore such as masked_fill_ or logical_not_), so the caller's tensor is no longer what it passed "
+    "in: build new tensors instead (the out-of-place operator or method, without the underscore)"
 )
 HINT_QUERY_AXIS = "softmax over the wrong (query) axis: each query's weights sum to one over the keys, dim=-1"
 HINT_NAN = (
@@ -224,19 +224,18 @@ def check_masked_attention(masked_attention) -> None:
 # ----------------------------------------------------------------------------- multi-head attention
 
 HINT_VIEW_SPLIT = (
-    "heads split along the wrong axis: .view(batch, n_heads, pos, d_head) (or reshape) straight from "
+    "heads split along the wrong axis: a view (or reshape) to (batch, n_heads, pos, d_head) straight from "
     "(batch, pos, d_model) reinterprets memory, so a 'head' mixes features of several positions. Split the "
-    "last axis: einops.rearrange(t, 'batch pos (n_heads d_head) -> batch n_heads pos d_head', n_heads=...) "
-    "or t.view(batch, pos, n_heads, d_head).transpose(1, 2)"
+    "last axis, d_model, into (n_heads, d_head) first, then move the head axis in front of pos"
 )
 HINT_VIEW_MERGE = (
-    "concatenation wrong: .reshape(batch, pos, n_heads * d_head) straight from (batch, n_heads, pos, d_head) "
-    "glues positions together, not heads. Move the head axis next to d_head first: einops.rearrange(z, "
-    "'batch n_heads pos d_head -> batch pos (n_heads d_head)') or z.transpose(1, 2).reshape(batch, pos, -1)"
+    "concatenation wrong: a reshape to (batch, pos, n_heads * d_head) straight from (batch, n_heads, pos, "
+    "d_head) glues positions together, not heads. Move the head axis next to d_head first (after pos), then "
+    "merge the two"
 )
 HINT_POS_SPLIT = (
     "heads split along the wrong axis: you cut the pos axis into n_heads pieces. Every head sees every "
-    "position and a d_head-wide slice of the features: 'batch pos (n_heads d_head) -> batch n_heads pos d_head'"
+    "position and a d_head-wide slice of the features: cut the last axis, d_model, not pos"
 )
 HINT_INTERLEAVED = (
     "concatenation order wrong: you used '(d_head n_heads)', which interleaves the heads' features. Head h "
@@ -246,8 +245,8 @@ HINT_INTERLEAVED = (
 HINT_INTERLEAVED_SPLIT = (
     "heads split along the wrong axis: '(d_head n_heads)' deals the features out to the heads in turn "
     "(feature j goes to head j % n_heads), so each head gets a strided set of features. Head h owns the "
-    "contiguous block h*d_head:(h+1)*d_head (the layout of W_Q's rows and of nn.MultiheadAttention): split "
-    "with 'batch pos (n_heads d_head) -> batch n_heads pos d_head'"
+    "contiguous block h*d_head:(h+1)*d_head (the layout of W_Q's rows and of nn.MultiheadAttention): in the "
+    "pattern you split with, the head axis is the outer of the two"
 )
 HINT_INTERLEAVED_BOTH = (
     f"{HINT_INTERLEAVED_SPLIT}, and concatenate with the same '(n_heads d_head)' (you used '(d_head n_heads)' "
@@ -256,18 +255,19 @@ HINT_INTERLEAVED_BOTH = (
 HINT_NO_W_O = "missing W_O: after concatenating the heads, apply the output projection self.W_O"
 HINT_SCALE_D_MODEL = (
     "you scaled the scores by sqrt(d_model); each head computes dot products of length d_head, so divide "
-    "by math.sqrt(self.d_head)"
+    "by the square root of d_head"
 )
 HINT_MHA_NO_SCALE = "missing 1/sqrt(d_head) scale on the scores q @ k^T of each head"
-HINT_MHA_SCALE_NO_SQRT = "you divided the scores by d_head; the scale is 1/sqrt(d_head): math.sqrt(self.d_head)"
+HINT_MHA_SCALE_NO_SQRT = "you divided the scores by d_head; the scale is 1/sqrt(d_head), its square root"
 HINT_HEADS_NOT_MOVED = (
     "your attention ran across the heads, not across the positions: after splitting to (batch, pos, n_heads, "
     "d_head) move the head axis next to the batch axis, (batch, n_heads, pos, d_head), so that the scores are "
-    "(batch, n_heads, query_pos, key_pos): 'batch pos (n_heads d_head) -> batch n_heads pos d_head'"
+    "(batch, n_heads, query_pos, key_pos)"
 )
 HINT_MHA_CALL = (
-    "split each projection with 'batch pos (n_heads d_head) -> batch n_heads pos d_head' and concatenate with "
-    "the reverse pattern (a .view after a .transpose needs .reshape)"
+    "split each projection's last axis into (n_heads, d_head) with the head axis moved in front of pos, and "
+    "concatenate with the reverse move (a view after a transpose needs a reshape: the memory is no longer "
+    "contiguous)"
 )
 HINT_MHA_CALL_MASK = (
     "the mask arrives already broadcastable to the scores (batch, n_heads, query_pos, key_pos): a "
@@ -488,8 +488,8 @@ HINT_PROBE_OVERFLOW = (
     "scores, or subtract each row's max before exp if you wrote the softmax yourself"
 )
 HINT_FIXED_BUFFER = (
-    "build the mask for the n you are given (torch.ones(n, n, dtype=torch.bool).tril(), or compare two "
-    "torch.arange(n)): a mask cut from a fixed-size buffer, buffer[:n, :n], is too small for longer sequences"
+    "build the mask for the n you are given: a mask cut from a fixed-size buffer is too small for longer "
+    "sequences"
 )
 
 
