@@ -26,6 +26,7 @@ from tfedu.checks.core import (
     name_mistake,
     CheckFailure,
     ExerciseNotDone,
+    Hints,
     Probe,
     call_learner,
     checker,
@@ -58,26 +59,28 @@ HINT_SIN_COS_SWAPPED = (
 )
 HINT_FREQ_FLIPPED = (
     "your frequencies increase along the vector: pair 0 must turn fastest (omega_0 = 1 radian per position) "
-    "and the last pair slowest (about 1/base); omega_i = base ** (-2i / d_model) for i = 0, 1, ..., d_model/2 - 1"
+    "and the last pair slowest (about 1/base). The exponent of the base is -2i / d_model, which falls as the pair "
+    "index i runs from 0 to d_model/2 - 1"
 )
 HINT_FREQ_POSITIVE = (
-    "the exponent's sign is wrong: base ** (+2i / d_model) grows along the vector; use omega_i = "
-    "base ** (-2i / d_model) (= 1 / base ** (2i / d_model)), which falls from 1 towards 1/base"
+    "the exponent's sign is wrong: base ** (+2i / d_model) grows along the vector. The frequency omega_i is "
+    "base ** (-2i / d_model), that is 1 / base ** (2i / d_model), which falls from 1 towards 1/base"
 )
 HINT_OTHER_BASE = (
-    "you used base = {base:.6g}; the paper uses 10000 (some slides write N = 100,000): compute "
-    "omega_i = base ** (-2i / d_model) with the `base` argument, whose default is 10000.0"
+    "you used base = {base:.6g}; the paper uses 10000 (some slides write N = 100,000). Raise the `base` "
+    "argument, whose default is 10000.0, to the power -2i / d_model for the frequency of pair i"
 )
 HINT_BASE_IGNORED = (
     "sinusoidal(9, 6, base=100.0) gave the table of base {base:.6g}: use the `base` argument instead of a "
     "hard-coded number"
 )
 HINT_SIN_FROM_ONE = (
-    "positions start at 0, not 1: row 0 is (sin 0, cos 0, ...) = (0, 1, 0, 1, ...); use torch.arange(n_positions)"
+    "positions start at 0, not 1: row 0 is (sin 0, cos 0, ...) = (0, 1, 0, 1, ...), and the positions run "
+    "from 0 to n_positions - 1"
 )
 HINT_CONCAT = (
     "you put all the sines in the first half and all the cosines in the second; the paper interleaves them: "
-    "sin in the even dimensions (0::2), cos in the odd ones (1::2), each pair (2i, 2i + 1) sharing one frequency"
+    "sin in the even dimensions, cos in the odd ones, each pair (2i, 2i + 1) sharing one frequency"
 )
 HINT_EXPONENT_I = (
     "the exponent is 2i / d_model, not i / d_model (i counts the pairs, 0 .. d_model/2 - 1): with i / d_model "
@@ -88,14 +91,15 @@ HINT_EXPONENT_J = (
     "for both, not the dimension's own index j / d_model"
 )
 HINT_K_FROM_ONE = (
-    "the frequency index starts at 0: omega_0 = base ** 0 = 1, so i runs over 0 .. d_model/2 - 1 "
-    "(torch.arange(0, d_model, 2) / d_model as the exponent), not 1 .. d_model/2"
+    "the frequency index starts at 0, so the first pair turns at omega_0 = base ** 0 = 1 radian per position: "
+    "i runs over 0 .. d_model/2 - 1 (the exponents 2i / d_model are the even numbers 0, 2, 4, ... below d_model, "
+    "divided by d_model), not 1 .. d_model/2"
 )
 HINT_SIN_TRANSPOSED = "your table is (d_model, pos): return (n_positions, d_model), one row per position"
 HINT_SIN_NUMPY = "build it with torch operations (torch.arange, torch.sin, torch.cos) and return a torch.Tensor"
 HINT_SIN_DTYPE = (
-    "return float32 (dtype=torch.float32, the embeddings' dtype), got {dtype}: a float64 table added to "
-    "float32 embeddings would turn every activation after it into float64"
+    "return float32 (the embeddings' dtype), got {dtype}: a float64 table added to float32 embeddings would "
+    "turn every activation after it into float64; compute in float64 if you like, and cast once at the end"
 )
 
 
@@ -212,8 +216,8 @@ HINT_SLOPES_FIXED_8_NOT_POWER = (
     "{twice}-head sequence (its slopes 1, 3, 5, ...) until there are {n}"
 )
 HINT_NO_SLOPE = (
-    "every head has the same bias, -distance: multiply each head's distances by its own slope m_h "
-    "(slopes[:, None, None] * distance)"
+    "every head has the same bias, -distance: multiply each head's distances by its own slope m_h (the slopes, "
+    "shaped (n_heads, 1, 1), broadcast against the (query_pos, key_pos) distances)"
 )
 HINT_BLOOM = (
     "you returned m_h * j (the key's position alone), BLOOM's shortcut: it differs from -m_h * (i - j) by a "
@@ -225,7 +229,10 @@ HINT_BOOL_BIAS = (
     "with shape (n_heads, query_pos, key_pos)"
 )
 HINT_NO_HEAD_AXIS = "one bias per head: return shape (n_heads, query_pos, key_pos), each head with its own slope"
-HINT_HEADS_LAST = "put the heads first: shape (n_heads, query_pos, key_pos), e.g. slopes[:, None, None] * distance"
+HINT_HEADS_LAST = (
+    "put the heads first: shape (n_heads, query_pos, key_pos). Give the slopes shape (n_heads, 1, 1), so that "
+    "they broadcast in front of the (query_pos, key_pos) distances"
+)
 HINT_ALIBI_TRANSPOSED = "queries before keys: shape (n_heads, query_pos, key_pos), entry [h, i, j] for query i and key j"
 HINT_ALIBI_DTYPE = (
     "return float32 (the scores' dtype), got {dtype}: build the slopes and distances as float32 tensors"
@@ -314,19 +321,22 @@ def check_alibi_bias(alibi_bias) -> None:
 
 HINT_HALF_LAYOUT = (
     "you paired dimension i with i + d_head/2 (rotate_half, the layout of GPT-NeoX and Hugging Face Llama); "
-    "this exercise uses the paper's interleaved pairs (0, 1), (2, 3), ...: x[..., 0::2] with x[..., 1::2]"
+    "this exercise uses the paper's interleaved pairs (0, 1), (2, 3), ...: each even dimension with the odd one "
+    "right after it"
 )
 HINT_WRITTEN_AS_HALVES = (
-    "you rotated the interleaved pairs but wrote them back as two halves (torch.cat): put each rotated pair "
-    "back side by side, torch.stack([a, b], dim=-1).flatten(-2)"
+    "you rotated the interleaved pairs but wrote them back as two halves (torch.cat puts every first member "
+    "before every second one): put each rotated pair back side by side, its first member in dimension 2i and its "
+    "second in 2i + 1 (stack the two on a new last axis, then flatten the last two axes into one)"
 )
 HINT_WRONG_DIRECTION = (
     "you rotated by -m * theta_i, the wrong direction: (a, b) turned by phi is "
     "(a cos phi - b sin phi, a sin phi + b cos phi)"
 )
 HINT_NOT_SCALED = (
-    "every position is turned by theta_i alone: the angle is position times frequency, "
-    "positions[:, None] * theta, so that the token at position m turns by m * theta_i"
+    "every position is turned by theta_i alone: the angle is position times frequency, an outer product of "
+    "the positions (pos,) and the frequencies (d_head/2,) giving (pos, d_head/2), so that the token at position m "
+    "turns by m * theta_i"
 )
 HINT_ROPE_FROM_ONE = (
     "use the positions as given: the token at position m turns by m * theta_i (position 0 is not rotated); "
@@ -337,12 +347,12 @@ HINT_IGNORED_POSITIONS = (
     "(with a KV cache, new tokens sit at later positions)"
 )
 HINT_ROPE_FREQ_FLIPPED = (
-    "your frequencies increase along the vector: pair 0 turns fastest, theta_0 = 1, and the last pair slowest; "
-    "theta_i = 10000 ** (-2i / d_head) for i = 0 .. d_head/2 - 1"
+    "your frequencies increase along the vector: pair 0 turns fastest (theta_0 = 1) and the last pair slowest. "
+    "The frequency theta_i is 10000 ** (-2i / d_head), falling as i runs from 0 to d_head/2 - 1"
 )
 HINT_ROPE_FREQ_POSITIVE = (
-    "the exponent's sign is wrong: 10000 ** (+2i / d_head) grows along the vector; use "
-    "theta_i = 10000 ** (-2i / d_head)"
+    "the exponent's sign is wrong: 10000 ** (+2i / d_head) grows along the vector. The frequency theta_i is "
+    "10000 ** (-2i / d_head), which falls from 1"
 )
 HINT_ROPE_EXPONENT_I = "the exponent is 2i / d_head, not i / d_head (i counts the pairs, 0 .. d_head/2 - 1)"
 HINT_FIRST_PAIR_ONLY = (
@@ -351,26 +361,31 @@ HINT_FIRST_PAIR_ONLY = (
 )
 HINT_LOW_PRECISION = (
     "right for small positions, wrong for positions past 2048: float16 and bfloat16 cannot hold every integer "
-    "there (nor the angles, thousands of radians). Keep positions and angles in float32 or float64: "
-    "positions.float()[:, None] * theta"
+    "there (nor the angles, thousands of radians). Keep positions and angles in float32 or float64: convert "
+    "the integer positions to one of those before multiplying them by the frequencies"
 )
 HINT_LARGE_POSITIONS = (
     "your answer is right for positions 0 .. 4 but not for these: are the positions or the angles held in "
     "float16 or bfloat16 (which cannot hold every integer past 2048)? Keep them in float32 or float64"
 )
 HINT_COMPLEX = (
-    "you returned a complex tensor: turn it back into real pairs with torch.view_as_real(z).flatten(-2) "
-    "and return x's dtype"
+    "you returned a complex tensor: turn it back into real pairs (torch.view_as_real gives each complex number "
+    "as its real and imaginary parts on a new last axis; then flatten the last two axes into one) and return "
+    "x's dtype"
 )
-HINT_ROPE_DTYPE = "return x's dtype ({want}), got {got}: cast the result back, .to(x.dtype)"
+HINT_ROPE_DTYPE = (
+    "return x's dtype ({want}), got {got}: computing the angles in float64 is fine, but cast cos and sin (or "
+    "the result) back to x's dtype"
+)
 HINT_ROPE_NUMPY = "build it with torch operations on x and return a torch.Tensor of x's shape"
 HINT_ROPE_MUTATED = (
-    "your apply_rope changed the caller's `{name}` in place (x[..., 0::2] = ..., or an in-place op such as "
-    "x.mul_): build a new tensor instead, e.g. torch.stack([a, b], dim=-1).flatten(-2), or work on x.clone()"
+    "your apply_rope changed the caller's `{name}` in place (an assignment into a slice of x, or an in-place "
+    "op such as mul_): build a new tensor from the rotated pairs instead, or work on a clone of x"
 )
 HINT_ROPE_CALL = (
-    "x has leading batch and head dims, (batch, n_heads, pos, d_head), and positions has shape (pos,): "
-    "index the last dim with x[..., 0::2] and let positions[:, None] * theta broadcast against it"
+    "x has leading batch and head dims, (batch, n_heads, pos, d_head), and positions has shape (pos,): slice "
+    "the pairs out of the last dim only (an ellipsis stands for any leading dims), and make the angles "
+    "(pos, d_head/2) so that they broadcast against the last two dims of x"
 )
 HINT_ROPE_NO_GRAD = (
     "no gradient flows back to x through apply_rope: was it computed under torch.no_grad(), or with "
@@ -402,8 +417,8 @@ def _rope(x: torch.Tensor, positions: torch.Tensor, *, theta: torch.Tensor | Non
 
 
 HINT_ROPE_BASE_100K = (
-    "your angles use base 100000 (deck 001's N = 100,000): theta_i = 10000 ** (-2i / d_head), as in the "
-    "paper and in exercise 6.1's table"
+    "your angles use base 100000 (deck 001's N = 100,000). RoPE's base is 10000, the frequency theta_i is "
+    "10000 ** (-2i / d_head), as in the paper and in exercise 6.1's table"
 )
 
 
@@ -444,7 +459,7 @@ def _apply_rope_problems(apply_rope: Any) -> None:
     x, positions = seeded_randn(60, 2, 3, 5, 8), torch.arange(5)
     got = call_on_copies(apply_rope, {"x": x, "positions": positions}, name="apply_rope",
                           mutated_hint=HINT_ROPE_MUTATED, error_hint=HINT_ROPE_CALL)
-    _check_rotated(got, x, positions, "apply_rope(x, torch.arange(5)) with x of shape (2, 3, 5, 8)")
+    _check_rotated(got, x, positions, "apply_rope(x, positions) with positions 0 .. 4 and x of shape (2, 3, 5, 8)")
     # Positions given out of order and past 4000. Float32 angles are off by about m * 6e-8 radians there
     # (2.5e-4 on these x); 1e-3 allows that and still fails positions or angles kept in float16 / bfloat16.
     x, positions = seeded_randn(61, 3, 6, 16), torch.tensor([7, 0, 1000, 2049, 3001, 4095])
@@ -486,12 +501,18 @@ HINT_ROTATED_V = (
     "you rotated the values too: RoPE turns only the queries and keys, so that their dot products depend "
     "on the offset m - n; the values pass through unrotated"
 )
-HINT_ONLY_K = "you rotated k but not q: apply RoPE to both, q = apply_rope(q, positions) and k = apply_rope(k, positions)"
-HINT_ONLY_Q = "you rotated q but not k: apply RoPE to both, q = apply_rope(q, positions) and k = apply_rope(k, positions)"
-HINT_NO_ROPE = "neither q nor k was rotated: apply_rope(q, positions) and apply_rope(k, positions) before the scores"
+HINT_ONLY_K = (
+    "you rotated k but not q: RoPE turns both the queries and the keys, each with the same positions, so that "
+    "their dot product sees only the offset"
+)
+HINT_ONLY_Q = (
+    "you rotated q but not k: RoPE turns both the queries and the keys, each with the same positions, so that "
+    "their dot product sees only the offset"
+)
+HINT_NO_ROPE = "neither q nor k was rotated: rotate both with your apply_rope before the scores are computed"
 HINT_NO_CAUSAL = (
-    "no causal mask: every query also saw the keys after it. Pass causal_mask(pos, pos) (True = may attend) "
-    "to the attention"
+    "no causal mask: every query also saw the keys after it. Give the attention a (pos, pos) causal mask "
+    "(True where a query may attend)"
 )
 HINT_RA_HALF = (
     "you rotated with half-split pairs (i, i + d_head/2), GPT-NeoX and Llama's rotate_half; this exercise "
@@ -508,12 +529,12 @@ HINT_RA_GRAD = (
     "or done in place?"
 )
 HINT_RA_MUTATED = (
-    "your rope_attention changed the caller's `{name}` in place (x[..., 0::2] = ... or an in-place op inside "
-    "apply_rope?): build new tensors instead"
+    "your rope_attention changed the caller's `{name}` in place (an assignment into a slice of its input, or "
+    "an in-place op, inside apply_rope?): build new tensors instead"
 )
 HINT_RA_CALL = (
     "q, k and v are (batch, n_heads, pos, d_head) and positions is (pos,): rotate q and k with apply_rope, then "
-    "attend with scaled_dot_product_attention(q, k, v, causal_mask(pos, pos))"
+    "attend with scaled_dot_product_attention and a (pos, pos) causal mask"
 )
 # No "or call the reference instead": the grader refuses tfedu.positional in this exercise too.
 _OWN_PART = "(with a right apply_rope in its place, your rope_attention passes)"
@@ -566,7 +587,7 @@ def _rope_attention_failure(rope_attention: Any) -> CheckFailure | None:
         args = {"q": q, "k": k, "v": v, "positions": positions}
         got = call_on_copies(rope_attention, args, name="rope_attention", mutated_hint=HINT_RA_MUTATED,
                               error_hint=HINT_RA_CALL)
-        _check_attended(got, q, k, v, positions, "rope_attention(q, k, v, torch.arange(6)) on (2, 3, 6, 8) inputs")
+        _check_attended(got, q, k, v, positions, "rope_attention(q, k, v, positions) with positions 0 .. 5 on (2, 3, 6, 8) inputs")
         # Positions with gaps (relative offsets that are not all 1), and the gradients to q, k and v.
         leaves = [seeded_randn(73 + i, 2, 7, 4).requires_grad_(True) for i in range(3)]
         positions = torch.tensor([0, 2, 3, 7, 11, 20, 21])
@@ -703,7 +724,7 @@ def _sinusoid_reference(inputs: dict) -> dict:
 
 def _compare_sinusoid(outputs: dict, expected: dict) -> str | None:
     problem = _kinds_and_dtypes(outputs, expected, function="sinusoidal",
-                                dtype_hints={"": "build the table in float32 (dtype=torch.float32), the embeddings' dtype"})
+                                dtype_hints={"": "build the table in float32, the embeddings' dtype"})
     if problem:
         return problem
     labels = {f"table_{i}": label for i, label in enumerate(expected["labels"])}
@@ -807,7 +828,7 @@ def _rope_reference(inputs: dict) -> dict:
 def _compare_rope(outputs: dict, expected: dict) -> str | None:
     problem = _kinds_and_dtypes(outputs, expected, function="apply_rope",
                                 dtype_hints={"torch.complex64": HINT_COMPLEX, "torch.complex128": HINT_COMPLEX,
-                                             "": "return x's dtype: cast the result back with .to(x.dtype)"})
+                                             "": "return x's dtype: cast the result back to it at the end"})
     if problem:
         return problem
     # Positions up to 4095: float32 angles are off by about m * 6e-8 radians (2.5e-4 on these x). 1e-3
@@ -815,7 +836,7 @@ def _compare_rope(outputs: dict, expected: dict) -> str | None:
     return compare_outputs(
         outputs, _without(expected, "dtypes"), function="apply_rope",
         labels={"output": "apply_rope(x, positions) with positions up to 4095",
-                "output_2": "apply_rope(x, torch.arange(pos))"},
+                "output_2": "apply_rope(x, positions) with positions 0 .. pos - 1"},
         rtol=1e-4, atol=1e-3, grad_rtol=1e-3, grad_atol=1e-3,
     )
 
@@ -941,5 +962,135 @@ PROBES = {
         # learner's apply_rope (replaced by the stand-in while this is graded), not the reference RoPE.
         forbidden=("tfedu.positional",),
         standins=APPLY_ROPE_STANDIN,
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- hints
+
+HINTS = {
+    "ex_sinusoidal": Hints(
+        number="6.1",
+        check="check_sinusoidal",
+        idea=(
+            "Each row is one position t and each pair of columns (2i, 2i + 1) one frequency omega_i: the pair "
+            "holds the sine and the cosine of the same angle, omega_i times t. So the whole table is sin and cos "
+            "of one grid of angles, every position times every frequency. The traps: positions start at 0 (the "
+            "first row is 0, 1, 0, 1, ...), the frequencies fall along the vector (the first pair turns at 1 "
+            "radian per position), and the exponent counts pairs, 2i / d_model, not columns."
+        ),
+        approach=(
+            "Three small tensors, then the table. The positions 0 .. n_positions - 1, shape (pos,). The "
+            "frequencies, shape (d_model / 2,): the even numbers 0, 2, 4, ... below d_model, divided by "
+            "d_model, negated, as the power of `base` (use the argument, not a hard-coded 10000). The angles, "
+            "shape (pos, d_model / 2): an outer product, by giving the positions a trailing axis of size 1 and "
+            "the frequencies a leading one so they broadcast. Then a (pos, d_model) table of zeros whose even "
+            "columns (a slice with step 2 from 0) get the sines and odd columns (step 2 from 1) the cosines. "
+            "Working in float64 and casting to float32 once, at the end, keeps the rounding of the large "
+            "angles small."
+        ),
+        skeleton=(
+            "def sinusoidal(n_positions, d_model, base=10000.0):\n"
+            "    t = ____  # (pos,): 0, 1, ..., n_positions - 1, in float64\n"
+            "    omega = base ** (____ / d_model)  # (d_model / 2,): the exponent -2i / d_model for each pair i\n"
+            "    angles = t[____] * omega[____]  # (pos, d_model / 2): every position times every frequency\n"
+            "    table = torch.zeros(____, ____, dtype=torch.float64)  # (pos, d_model)\n"
+            "    table[:, ____] = ____  # the sines go in the even columns\n"
+            "    table[:, ____] = ____  # the cosines in the odd columns\n"
+            "    return ____  # float32, the embeddings' dtype\n"
+        ),
+    ),
+    "ex_alibi_bias": Hints(
+        number="6.2",
+        check="check_alibi_bias",
+        idea=(
+            "ALiBi adds no vector anywhere: each head h gets one number per (query, key) pair, minus its slope "
+            "m_h times how far back the key is. The result is a penalty that grows with distance, steep for "
+            "the first heads, gentle for the last. Two things to get right: the slopes (a geometric sequence "
+            "that starts at 2 ** (-8 / n_heads), with the paper's recipe when n_heads is not a power of two), "
+            "and where the queries sit: they are the last n_query of the n_key tokens, so with fewer queries "
+            "than keys query 0 is not at position 0."
+        ),
+        approach=(
+            "First the slopes, shape (n_heads,). Write a helper that gives the n slopes of an n-head model, "
+            "2 ** (-8 h / n) for h = 1 .. n. Take below, the largest power of two not above n_heads (a log2 and "
+            "a floor), use all the slopes of below heads, and fill the remaining n_heads - below from the slopes "
+            "of 2 * below heads, every other one starting with the first (for a power of two nothing is left "
+            "to fill). Then the distances, shape (query_pos, key_pos): query i sits at position "
+            "i + n_key - n_query, key j at j; subtract with broadcasting (a column of query positions minus a "
+            "row of key positions). Finally the slopes, reshaped to (n_heads, 1, 1), times the distances, "
+            "negated: (n_heads, query_pos, key_pos), float32. Only the entries a causal mask leaves visible are "
+            "checked, so what you put above the diagonal is up to you."
+        ),
+        skeleton=(
+            "def alibi_bias(n_heads, n_query, n_key):\n"
+            "    def geometric(n):\n"
+            "        return [____ for h in range(n)]  # the n slopes of an n-head model: 2 ** (-8 / n), ..., 2 ** -8\n"
+            "\n"
+            "    below = ____  # the largest power of two <= n_heads\n"
+            "    slopes = torch.tensor(geometric(below) + ____)  # (n_heads,): the rest from geometric(2 * below)\n"
+            "    query_at = torch.arange(n_query) + ____  # (query_pos,): the queries are the newest tokens\n"
+            "    key_at = torch.arange(n_key)  # (key_pos,)\n"
+            "    distance = query_at[____] - key_at[____]  # (query_pos, key_pos)\n"
+            "    return ____ * distance  # (n_heads, query_pos, key_pos): minus each head's slope\n"
+        ),
+    ),
+    "ex_apply_rope": Hints(
+        number="6.3",
+        check="check_apply_rope",
+        idea=(
+            "RoPE turns each pair of neighbouring dimensions (2i, 2i + 1) of the row at position m, like a "
+            "point in the plane, by the angle m * theta_i. Rows at different positions turn by different "
+            "angles, pairs at different i at different speeds, and the length of every pair is kept. The traps: "
+            "pairs are neighbours here, not dimension i with i + d_head / 2 (that is the other layout); the "
+            "angle is the position times the frequency; and the rotated pairs must go back interleaved, in the "
+            "places they came from."
+        ),
+        approach=(
+            "Frequencies theta, shape (d_head / 2,): 10000 to the power -2i / d_head, as in exercise 6.1. "
+            "Angles, shape (pos, d_head / 2): the positions (converted to float64 first) as a column times "
+            "theta as a row. Take cos and sin of the angles and cast them to x's dtype once. Split x into the "
+            "first and the second members of every pair, the even and the odd dimensions of the last axis, "
+            "each (..., pos, d_head / 2); the (pos, d_head / 2) cos and sin broadcast against them whatever "
+            "leading axes x has. Rotate: the new first member is first times cos minus second times sin, the "
+            "new second is first times sin plus second times cos. Stack the two on a new last axis, "
+            "(..., pos, d_head / 2, 2), and flatten the last two axes back to d_head. Never write into x."
+        ),
+        skeleton=(
+            "def apply_rope(x, positions):\n"
+            "    d_head = x.shape[____]\n"
+            "    theta = ____  # (d_head / 2,): 10000 ** (-2i / d_head), in float64\n"
+            "    angles = ____  # (pos, d_head / 2): the position of each row times each frequency\n"
+            "    cos, sin = ____, ____  # cast to x's dtype, once\n"
+            "    first, second = x[..., ____], x[..., ____]  # (..., pos, d_head / 2): the two members of every pair\n"
+            "    rotated = torch.stack([____, ____], dim=-1)  # (..., pos, d_head / 2, 2): each pair turned\n"
+            "    return rotated.flatten(____)  # (..., pos, d_head): the pairs interleaved again\n"
+        ),
+    ),
+    "ex_rope_attention": Hints(
+        number="6.4",
+        check="check_rope_attention",
+        idea=(
+            "RoPE changes what enters the scores and nothing else. Rotate the queries and the keys by their "
+            "positions, so that each dot product sees only the offset between query and key, then run ordinary "
+            "causal attention. The values are what gets mixed: they pass through untouched (rotating them would "
+            "stamp absolute positions onto the output). Both q and k must be rotated, with the same positions."
+        ),
+        approach=(
+            "Three steps, all with pieces you have. Rotate q and k with your apply_rope and the given positions; "
+            "shapes stay (..., pos, d_head). Build the causal mask for pos queries and pos keys with "
+            "tfa.causal_mask, where pos is the length of q's second-to-last axis. Call "
+            "tfa.scaled_dot_product_attention on the rotated queries, the rotated keys, the plain values and "
+            "the mask; it scales by the square root of d_head and returns the output and the weights. Return "
+            "only the output, shape (..., pos, d_head)."
+        ),
+        skeleton=(
+            "def rope_attention(q, k, v, positions):\n"
+            "    n = q.shape[____]  # pos\n"
+            "    rotated_q, rotated_k = ____, ____  # what enters the scores, turned by position\n"
+            "    mask = ____  # (pos, pos): True where a query may attend\n"
+            "    out, _ = tfa.scaled_dot_product_attention(____, ____, ____, mask)\n"
+            "    return ____\n"
+        ),
     ),
 }
