@@ -6,6 +6,9 @@ How tests are spread over pytest-xdist's workers is xdist's own `--dist loadscop
 import os
 
 os.environ.setdefault("MPLBACKEND", "Agg")
+# Notebooks and checks run by the tests keep no learner's parts (tfedu.checks.carry): a passing check on the
+# source notebooks' solutions would otherwise write notebooks/my_tfedu/. tests/test_carry.py turns it on.
+os.environ["TFEDU_MY_PARTS"] = "off"
 
 # Before any test imports triton (torch's FlopCounterMode does): without a GPU, tfedu.kernels switches
 # on Triton's CPU interpreter, which only works when it happens before triton's first import.

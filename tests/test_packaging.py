@@ -102,7 +102,8 @@ def test_every_tfedu_package_is_listed_and_the_course_gpt_ships_in_the_wheel():
     assert (ROOT / "data" / "course-gpt" / "model.safetensors").is_file()
     assert (ROOT / "data" / "induction-gpt" / "model.safetensors").is_file()
     # tfedu.course.publish's nbconvert templates (the course site and the slides) ship inside the package
-    assert setuptools["package-data"]["tfedu.course"] == ["templates/*/*"]
+    assert setuptools["package-data"]["tfedu.course"] == ["templates/*/*", "solutions.json"]  # tfedu.solution's
+    assert (ROOT / "tfedu" / "course" / "solutions.json").is_file()
     for template in ("tfedu_site", "tfedu_slides"):
         assert {p.name for p in (ROOT / "tfedu" / "course" / "templates" / template).iterdir()} == {"conf.json", "index.html.j2"}
 

@@ -17,15 +17,13 @@ notebooks; tests/test_hints.py fails when it drifts), so a pip-installed tfedu o
 
 from __future__ import annotations
 
-import importlib
 import json
-import pkgutil
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tfedu.checks import core
+from tfedu.checks import carry, core
 
 SOLUTIONS = Path(__file__).with_name("solutions.json")
 LEVELS = ("the idea", "the approach and the shapes", "a skeleton with blanks")
@@ -50,15 +48,8 @@ class Exercise:
 
 def exercises() -> dict[str, Exercise]:
     """Every exercise that has hints, by number, read from the checker modules' ``HINTS``."""
-    import tfedu.checks
-
-    found: dict[str, Exercise] = {}
-    for info in pkgutil.iter_modules(tfedu.checks.__path__):
-        if re.fullmatch(r"nb\d\d_\w+", info.name):
-            module = importlib.import_module(f"tfedu.checks.{info.name}")
-            for grade_id, hints in getattr(module, "HINTS", {}).items():
-                found[hints.number] = Exercise(hints.number, grade_id, module.__name__, hints)
-    return found
+    return {number: Exercise(number, grade_id, module, entry)
+            for number, (module, grade_id, entry) in carry.exercises().items()}
 
 
 def _exercise(number: Any) -> Exercise:

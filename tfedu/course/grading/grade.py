@@ -438,6 +438,7 @@ def _runner_environment(home: str, tmp: str, sandboxed: bool, cpus: float = 1.0)
                JUPYTER_DATA_DIR=f"{home}/.local/share/jupyter", JUPYTER_RUNTIME_DIR=f"{home}/.local/share/jupyter/runtime",
                MPLCONFIGDIR=f"{home}/.config/matplotlib", XDG_CONFIG_HOME=f"{home}/.config", XDG_CACHE_HOME=f"{home}/.cache",
                PYTHONUSERBASE=site.getuserbase(), PYTHONDONTWRITEBYTECODE="1")
+    env["TFEDU_MY_PARTS"] = "off"  # a graded notebook stands alone: other notebooks' parts are the reference
     for key in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):  # torch's threads: the run's CPU share (see Monitor)
         env.setdefault(key, str(max(1, int(cpus))))
     if sandboxed:

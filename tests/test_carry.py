@@ -1,0 +1,120 @@
+"""The learner's parts carried forward (issue 38, item 3): kept when a check passes, used by a later notebook's
+switch in a fresh kernel, and the reference with the reason when the part is missing or no longer passes."""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tfedu.checks import carry
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLUTIONS = json.loads((ROOT / "tfedu" / "course" / "solutions.json").read_text(encoding="utf-8"))
+
+
+def test_a_cell_keeps_its_definitions_and_drops_what_it_runs():
+    cell = textwrap.dedent('''
+        import math
+        SCALE = 2.0
+
+
+        def f(x):
+            return helper(x) * SCALE + math.pi
+
+
+        print(f(1))
+        f(2)
+    ''')
+    kept = carry.definitions(cell)
+    assert "def f(x)" in kept and "SCALE = 2.0" in kept and "print" not in kept and "f(2)" not in kept
+    assert carry.free_names(kept) == ["helper"]
+
+
+def test_names_a_part_needs_are_brought_by_import_or_carried_part_or_said_missing():
+    from tfedu import attention as tfa
+
+    part = object()
+    carry._carried[id(part)] = "5.3"
+    try:
+        namespace = {"tfa": tfa, "sdpa": tfa.scaled_dot_product_attention, "N": 3, "mine": part, "data": [1]}
+        assert carry.bring("tfa", namespace, set()) == "import tfedu.attention as tfa"
+        assert carry.bring("sdpa", namespace, set()) == "from tfedu.attention import scaled_dot_product_attention as sdpa"
+        assert carry.bring("N", namespace, set()) == "N = 3"
+        assert "_use_mine('5.3')" in carry.bring("mine", namespace, set())
+        assert "not carried" in carry.bring("data", namespace, set())
+        assert "not defined" in carry.bring("nowhere", namespace, set())
+        assert carry.bring("g", namespace, {"g"}) == ""
+    finally:
+        del carry._carried[id(part)]
+
+
+@pytest.fixture
+def parts(tmp_path, monkeypatch):
+    monkeypatch.delenv(carry.ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path / carry.FOLDER
+
+
+def test_the_reference_comes_with_its_reason_when_the_part_is_missing_broken_or_failing(parts, capsys):
+    from tfedu import attention as tfa
+
+    assert carry.use_mine("5.3", tfa.MultiHeadAttention) is tfa.MultiHeadAttention
+    assert "nb05.py does not exist" in capsys.readouterr().out
+    parts.mkdir()
+    (parts / "nb05.py").write_text("KEPT = {'5.3': 'MultiHeadAttention'}\nraise ValueError('half an edit')\n")
+    assert carry.use_mine("5.3", tfa.MultiHeadAttention) is tfa.MultiHeadAttention
+    assert "does not load: ValueError: half an edit" in capsys.readouterr().out
+    (parts / "nb05.py").write_text("from torch import nn\nKEPT = {'5.3': 'MultiHeadAttention'}\n"
+                                   "class MultiHeadAttention(nn.Module):\n"
+                                   "    def __init__(self, d_model, n_heads):\n        super().__init__()\n"
+                                   "    def forward(self, x, context=None, mask=None):\n        return x\n")
+    assert carry.use_mine("5.3", tfa.MultiHeadAttention) is tfa.MultiHeadAttention
+    assert "no longer passes its check: multi-head attention:" in capsys.readouterr().out
+    os.environ[carry.ENV] = "off"
+    try:
+        assert carry.use_mine("5.3", tfa.MultiHeadAttention) is tfa.MultiHeadAttention
+        assert "is off here" in capsys.readouterr().out
+    finally:
+        del os.environ[carry.ENV]
+
+
+def run_cells(cwd: Path, cells: list[str]) -> list[str]:
+    """Run ``cells`` in one fresh IPython kernel started in ``cwd`` (as Jupyter does for a notebook); their outputs."""
+    from jupyter_client.manager import start_new_kernel
+
+    env = {k: v for k, v in os.environ.items() if k != carry.ENV}
+    km, kc = start_new_kernel(cwd=str(cwd), env=env, startup_timeout=120)
+    outputs = []
+    try:
+        for source in cells:
+            texts: list[str] = []
+            reply = kc.execute_interactive(source, timeout=180, output_hook=lambda msg: texts.append(
+                msg["content"].get("text", "") + "".join(msg["content"].get("traceback", []))
+                + str(msg["content"].get("data", {}).get("text/plain", ""))))
+            outputs.append("".join(texts))
+            assert reply["content"]["status"] == "ok", (source, outputs[-1])
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    return outputs
+
+
+def test_a_passed_part_is_kept_and_a_fresh_kernel_uses_it_then_falls_back_when_it_is_deleted(tmp_path):
+    mha = SOLUTIONS["5.3"]["code"]
+    setup = "import math, einops, torch\nfrom torch import nn\nfrom tfedu import attention as tfa\n"
+    first = run_cells(tmp_path, [setup, mha, "from tfedu.checks import nb05_masks_and_heads as checks\n"
+                                              "checks.check_multi_head_attention(MultiHeadAttention)"])
+    kept = tmp_path / carry.FOLDER / "nb05.py"
+    assert "kept in" in first[-1] and kept.is_file()
+    text = kept.read_text()
+    assert "class MultiHeadAttention(nn.Module)" in text and "KEPT['5.3'] = 'MultiHeadAttention'" in text
+    switch = "import tfedu\nMHA = tfedu.use_mine('5.3', tfa.MultiHeadAttention)\nprint(MHA.__module__)"
+    second = run_cells(tmp_path, [setup, switch])
+    assert "yours, from" in second[-1] and "my_tfedu_nb05" in second[-1]
+    kept.unlink()
+    third = run_cells(tmp_path, [setup, switch])
+    assert "nb05.py does not exist" in third[-1] and "tfedu.attention" in third[-1]
