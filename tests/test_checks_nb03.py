@@ -1,4 +1,3 @@
-import numpy as np
 import pytest
 import torch
 
@@ -148,7 +147,7 @@ def indexes_batch_not_time(x, h0, W_xh, b_xh, W_hh, b_hh):
         (one_step_short, "one state is missing"),
         (includes_h0, "you included h_0"),
         (cat_not_stack, "torch.cat joined the states"),
-        (indexes_batch_not_time, "the input at step t is x[:, t]"),
+        (indexes_batch_not_time, "the input at step t is position t of the second axis (pos)"),
     ],
 )
 def test_rnn_mistakes_are_named(buggy, hint):
@@ -273,7 +272,7 @@ attention_no_key_axis = attention_from(lambda q, k, W_q, W_k, v: torch.tanh(q @ 
         (attention_divide_by_sum, "exponentiate first"),
         (attention_tanh_after_v, "the tanh goes before v"),
         (attention_tanh_per_term, "one tanh over the sum"),
-        (attention_no_key_axis, "(query @ W_q.T)[:, None, :]"),
+        (attention_no_key_axis, "give the query a key axis of size one in the middle"),
         (attention_weights_matmul_keys, "(batch, 1, key_pos) with (batch, key_pos, d_key)"),
     ],
 )

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from tfedu.checks.building_blocks import ACTIVATIONS, ELEMENTARY, SOFTMAX
-from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, expect, is_close, seeded_randn
+from tfedu.checks.core import CheckFailure, Hints, Probe, call_learner, checker, compare, expect, is_close, seeded_randn
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 from tfedu.rnn import additive_attention as reference_attention
 from tfedu.rnn import lstm_cell as reference_lstm_cell
@@ -16,10 +16,15 @@ RNN_ARGS = ("x", "h0", "W_xh", "b_xh", "W_hh", "b_hh")
 ATTENTION_ARGS = ("query", "keys", "W_q", "W_k", "v")
 
 
-RNN_ERROR_HINT = "x has shape (batch, pos, d_in), so the input at step t is x[:, t]; x[t] would be the t-th sequence of the batch"
+RNN_ERROR_HINT = (
+    "x has shape (batch, pos, d_in), so the input at step t is position t of the second axis (pos), taken for "
+    "every sequence of the batch at once, shape (batch, d_in); indexing the first axis picks the t-th sequence "
+    "of the batch instead"
+)
 ATTENTION_ERROR_HINT = (
-    "query @ W_q.T has shape (batch, d_attn): give it a key axis, (query @ W_q.T)[:, None, :], "
-    "so it broadcasts against keys @ W_k.T of shape (batch, key_pos, d_attn)"
+    "the projected query has shape (batch, d_attn) and the projected keys (batch, key_pos, d_attn): give the "
+    "query a key axis of size one in the middle, (batch, 1, d_attn), so it broadcasts against every key of its "
+    "own sequence"
 )
 
 
@@ -48,9 +53,11 @@ def rnn_mistakes(x, h0, W_xh, b_xh, W_hh, b_hh) -> dict[str, torch.Tensor]:
     """What the usual wrong recurrences return on these inputs, keyed by the hint that names them."""
     right = reference_run_rnn(x, h0, W_xh, b_xh, W_hh, b_hh)
     mistakes = {
-        "tanh is missing: h_t = tanh(W_xh x_t + b_xh + W_hh h_{t-1} + b_hh); without it the recurrence is linear":
+        "tanh is missing: the new state is the tanh of the whole sum, input term, recurrent term and both biases; "
+        "without it the recurrence is linear":
             reference_run_rnn(x, h0, W_xh, b_xh, W_hh, b_hh, nonlinearity="linear"),
-        "every step used h_0 instead of h_{t-1}: carry the new state into the next step (h = ... inside the loop)":
+        "every step used h_0 instead of h_{t-1}: carry the new state into the next step (update the state "
+        "variable inside the loop)":
             torch.tanh(x @ W_xh.T + b_xh + (h0 @ W_hh.T + b_hh)[:, None, :]),
         "your outputs are shifted by one step: slot t must hold h_t, the state after reading x_t, not h_{t-1} "
         "(append the new state, not the old one)":
@@ -63,9 +70,9 @@ def rnn_mistakes(x, h0, W_xh, b_xh, W_hh, b_hh) -> dict[str, torch.Tensor]:
             _loop(x, h0, lambda x_t, h: torch.tanh(x_t @ W_xh.T + h @ W_hh.T + b_hh)),
         "the Elman cell squashes with tanh, not sigmoid: its states lie in (-1, 1)":
             _loop(x, h0, lambda x_t, h: torch.sigmoid(x_t @ W_xh.T + b_xh + h @ W_hh.T + b_hh)),
-        "tanh must wrap the whole sum: h_t = tanh(W_xh x_t + b_xh + W_hh h_{t-1} + b_hh), the recurrent term inside too":
+        "tanh must wrap the whole sum: the recurrent term and its bias go inside the tanh too, not added after it":
             _loop(x, h0, lambda x_t, h: torch.tanh(x_t @ W_xh.T + b_xh) + h @ W_hh.T + b_hh),
-        "one state is missing: loop over all T positions (range(x.shape[1])), one new state per input x_t":
+        "one state is missing: loop over all T positions (the length of x's pos axis), one new state per input x_t":
             right[:, :-1],
         "you included h_0 in the output: return only the new states h_1..h_T, one per input position":
             torch.cat([h0[:, None, :], right], dim=1),
@@ -139,23 +146,30 @@ def lstm_mistakes(x, h_prev, c_prev, W_ih, b_ih, W_hh, b_hh) -> dict[str, tuple[
     order_hint = ("the gates are in the wrong order: torch.nn.LSTM stacks its weight rows as (input, forget, "
                   "cell candidate, output), so the four chunks are i, f, g, o in that order")
     mistakes = {
-        "the forget gate multiplies the old *cell* state: c_t = f * c_{t-1} + i * g, not f * h_{t-1}":
+        "the forget gate multiplies the old *cell* state c_{t-1}, not the old hidden state h_{t-1}: it decides "
+        "how much of the cell to keep":
             variant(cell=lambda i, f, g, c, h: f * h + i * g),
         "sigmoid and tanh are swapped: the gates i, f, o are sigmoids (values in (0, 1)) and the candidate g is a tanh":
             variant(act=lambda i, f, g, o: (torch.tanh(i), torch.tanh(f), torch.sigmoid(g), torch.tanh(o))),
         "the candidate g is a tanh (values in (-1, 1)), not a sigmoid: only i, f and o are gates":
             variant(act=lambda i, f, g, o: (torch.sigmoid(i), torch.sigmoid(f), torch.sigmoid(g), torch.sigmoid(o))),
-        "the output gate is missing: h_t = o * tanh(c_t), the gate decides how much of the cell to show":
+        "the output gate is missing: the new hidden state is the output gate times the tanh of the new cell; "
+        "the gate decides how much of the cell to show":
             variant(out=lambda o, c: torch.tanh(c)),
-        "h_t = o * tanh(c_t): the new cell state goes through a tanh before the output gate":
+        "the new cell state goes through a tanh before the output gate scales it: the hidden state is the gate "
+        "times the squashed cell, not times the raw cell":
             variant(out=lambda o, c: o * c),
-        "the input gate is missing: c_t = f * c_{t-1} + i * g, the gate i scales what is written":
+        "the input gate is missing: the candidate g is scaled by the input gate i before it is added to the "
+        "kept cell; the gate i scales what is written":
             variant(cell=lambda i, f, g, c, h: f * c + g),
-        "the forget gate is missing: c_t = f * c_{t-1} + i * g, the gate f scales what is kept":
+        "the forget gate is missing: the old cell c_{t-1} is scaled by the forget gate f before the new "
+        "candidate is added; the gate f scales what is kept":
             variant(cell=lambda i, f, g, c, h: c + i * g),
-        "the LSTM has separate input and forget gates: c_t = f * c_{t-1} + i * g, not (1 - f) * g (that coupling is the GRU's)":
+        "the LSTM has separate input and forget gates: the candidate is scaled by its own input gate i, not by "
+        "one minus the forget gate (that coupling is the GRU's)":
             variant(cell=lambda i, f, g, c, h: f * c + (1 - f) * g),
-        "the output uses the old cell state: h_t = o * tanh(c_t) with the new c_t":
+        "the output uses the old cell state: the hidden state comes from the new cell c_t, the one this step "
+        "just computed, not from c_{t-1}":
             (_output_from_old_cell(*args), reference_lstm_cell(*args)[1]),
         order_hint + " (you read them as i, f, o, g)": variant(order=(0, 1, 3, 2)),
         order_hint + " (you read them as i, g, f, o, TensorFlow's order)": variant(order=(0, 2, 1, 3)),
@@ -226,7 +240,8 @@ def attention_mistakes(query, keys, W_q, W_k, v) -> dict[str, dict[str, torch.Te
     no_tanh = torch.softmax(pre @ v, dim=-1)
     over_batch = torch.softmax(scores, dim=0)
     mistakes = {
-        "tanh is missing: score_j = v^T tanh(W_q s + W_k h_j); without it the score is linear in s and h_j": {
+        "tanh is missing: the score of key j is v against the tanh of the two projections added together; "
+        "without it the score is linear in s and h_j": {
             "weights": no_tanh, "context": context_of(no_tanh)},
         "the softmax runs over the batch (dim 0); normalise over the source positions, dim=-1": {
             "weights": over_batch, "context": context_of(over_batch)},
@@ -234,9 +249,10 @@ def attention_mistakes(query, keys, W_q, W_k, v) -> dict[str, dict[str, torch.Te
             "weights": scores, "context": context_of(scores)},
         "the context should be the weighted sum of the keys h_j (the encoder states), not of W_k h_j": {
             "context": (weights[:, :, None] * (keys @ W_k.T)).sum(dim=1)},
-        "you summed over the wrong axis: context_b = sum_j weights[b, j] * keys[b, j], summing over positions j (dim=1)": {
+        "you summed over the wrong axis: the context adds up the weighted keys over the source positions j, "
+        "the key_pos axis (dim 1), not over their features": {
             "context": (weights[:, :, None] * keys).sum(dim=-1)},
-        "the weights already sum to one: the context is their weighted sum over positions (.sum(dim=1)), not the mean": {
+        "the weights already sum to one: the context is their weighted sum over positions, not the mean": {
             "context": (weights[:, :, None] * keys).mean(dim=1)},
         "weights @ keys multiplies a (batch, key_pos) matrix with every batch's keys, crossing the batches: give "
         "the weights a key axis so each row multiplies its own keys, a batched product of (batch, 1, key_pos) "
@@ -244,9 +260,11 @@ def attention_mistakes(query, keys, W_q, W_k, v) -> dict[str, dict[str, torch.Te
             "context": weights @ keys},
         "drop the summed axis: the context has shape (batch, d_key), so no keepdim=True": {
             "context": (weights[:, :, None] * keys).sum(dim=1, keepdim=True)},
-        "the tanh goes before v: score_j = v^T tanh(W_q s + W_k h_j), not tanh(v^T (W_q s + W_k h_j))": {
+        "the tanh goes before v: first the tanh of the summed projections (a d_attn vector for every key), then "
+        "the product with v; not the tanh of that product": {
             "weights": (w := torch.softmax(torch.tanh(pre @ v), dim=-1)), "context": context_of(w)},
-        "one tanh over the sum: score_j = v^T tanh(W_q s + W_k h_j), not v^T (tanh(W_q s) + tanh(W_k h_j))": {
+        "one tanh over the sum: add the projected query and the projected key first, then take one tanh; not "
+        "a tanh of each projection added afterwards": {
             "weights": (w := torch.softmax((torch.tanh(query @ W_q.T)[:, None, :] + torch.tanh(keys @ W_k.T)) @ v, dim=-1)),
             "context": context_of(w)},
         "the weights come from a softmax over source positions, not a sigmoid per position: they must sum to one": {
@@ -467,5 +485,102 @@ PROBES = {
         reference=_additive_reference,
         compare=_compare_additive,
         forbidden=("tfedu.rnn",),
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- hints
+
+HINTS = {
+    "ex_run_rnn": Hints(
+        number="3.1",
+        check="check_run_rnn",
+        idea=(
+            "An RNN reads the sequence one position at a time and carries one state. The new state h_t is the tanh "
+            "of everything added together: what the input x_t brings (through W_xh, plus b_xh) and what the "
+            "previous state h_{t-1} brings (through W_hh, plus b_hh). The same weights serve every step. The "
+            "classic traps: feeding h_0 at every step instead of the state just computed, and storing the state "
+            "from before the update; slot t of the output holds the state after reading x_t."
+        ),
+        approach=(
+            "Start with the state equal to h0, shape (batch, d_hidden), and an empty list. Loop over the "
+            "positions, as many as x's second axis (pos) has. At step t take the input at position t for the "
+            "whole batch, shape (batch, d_in). The weights are in torch's layout (one row per hidden unit), so a "
+            "batch of row vectors meets each matrix through its transpose: both terms come out (batch, d_hidden). "
+            "Add the two biases, take the tanh, make the result the new state and append it to the list. After "
+            "the loop, stack the T states along a new axis 1 (torch.stack, which adds an axis; torch.cat would "
+            "join them end to end): (batch, pos, d_hidden)."
+        ),
+        skeleton=(
+            "def run_rnn(x, h0, W_xh, b_xh, W_hh, b_hh):\n"
+            "    h = h0  # (batch, d_hidden): the state before the first input\n"
+            "    states = []\n"
+            "    for t in range(____):  # one step per position\n"
+            "        x_t = ____  # (batch, d_in): position t of every sequence\n"
+            "        h = torch.tanh(____ + b_xh + ____ + b_hh)  # the input term and the recurrent term\n"
+            "        states.append(____)  # the state after reading x_t\n"
+            "    return torch.stack(states, dim=____)  # (batch, pos, d_hidden)\n"
+        ),
+    ),
+    "ex_lstm_cell": Hints(
+        number="3.2",
+        check="check_lstm_cell",
+        idea=(
+            "One LSTM step computes four vectors from the same two inputs, x_t and h_{t-1}: three gates squashed "
+            "by a sigmoid into (0, 1), input i, forget f and output o, and one candidate g squashed by a tanh into "
+            "(-1, 1). The new cell keeps f of the old cell and adds i of the candidate; the new hidden state shows "
+            "o of the tanh of the new cell. The forget gate scales the old cell state, never the hidden state. "
+            "Torch stacks the four blocks of weight rows in the order i, f, g, o: read in another order (TensorFlow "
+            "uses i, g, f, o) the cell still runs but computes something else."
+        ),
+        approach=(
+            "One product for x (with the transpose of W_ih) and one for h_prev (with the transpose of W_hh), plus "
+            "both biases, give all four pre-activations at once, shape (batch, 4 * d_hidden). Cut that last axis "
+            "into four equal pieces of d_hidden (tensors have a method that splits into n chunks along an axis), "
+            "in the order i, f, g, o. Apply a sigmoid to i, f and o and a tanh to g. The new cell, (batch, "
+            "d_hidden), is the forget gate times c_prev plus the input gate times the candidate, elementwise. The "
+            "new hidden state is the output gate times the tanh of the new cell (not of c_prev). Return h first, "
+            "then c."
+        ),
+        skeleton=(
+            "def lstm_cell(x, h_prev, c_prev, W_ih, b_ih, W_hh, b_hh):\n"
+            "    gates = ____ + b_ih + ____ + b_hh  # (batch, 4 * d_hidden): all four pre-activations\n"
+            "    i, f, g, o = gates.chunk(____, dim=____)  # torch's order: input, forget, candidate, output\n"
+            "    i, f, o = ____, ____, ____  # the three gates, each in (0, 1)\n"
+            "    g = ____  # the candidate, in (-1, 1)\n"
+            "    c = ____ * c_prev + ____  # keep some of the old cell, write some of the candidate\n"
+            "    h = ____  # show some of the new cell\n"
+            "    return ____, ____\n"
+        ),
+    ),
+    "ex_additive_attention": Hints(
+        number="3.3",
+        check="check_additive_attention",
+        idea=(
+            "Bahdanau's score asks a small one-hidden-layer network how well source position j matches what the "
+            "decoder needs now: project the query and the key into the same d_attn space, add them, squash the sum "
+            "with one tanh, and read it out with the vector v, one number per key. A softmax over the source "
+            "positions (not over the batch) turns each row of scores into weights that are non-negative and sum "
+            "to one. The context is the weighted sum of the keys themselves, the annotations h_j, not of their "
+            "projections."
+        ),
+        approach=(
+            "Project the query, (batch, d_query), with the transpose of W_q: (batch, d_attn). Project the keys, "
+            "(batch, key_pos, d_key), with the transpose of W_k: (batch, key_pos, d_attn). To add the two, give "
+            "the projected query a key axis of size one in the middle, (batch, 1, d_attn), so it broadcasts over "
+            "the key positions of its own sequence; take the tanh. A product with v contracts d_attn: scores "
+            "(batch, key_pos). The softmax over the last axis, key_pos, gives the weights. For the context, give "
+            "the weights a trailing axis, (batch, key_pos, 1), multiply with the keys and sum over key_pos: "
+            "(batch, d_key). Return the context first, then the weights."
+        ),
+        skeleton=(
+            "def additive_attention(query, keys, W_q, W_k, v):\n"
+            "    q_proj = ____  # (batch, 1, d_attn): the projected query, with a key axis to broadcast\n"
+            "    k_proj = ____  # (batch, key_pos, d_attn)\n"
+            "    scores = torch.tanh(____) @ ____  # (batch, key_pos)\n"
+            "    weights = torch.softmax(scores, dim=____)  # over the source positions\n"
+            "    context = (____ * keys).sum(dim=____)  # (batch, d_key): the weighted sum of the keys\n"
+            "    return context, weights\n"
+        ),
     ),
 }

@@ -17,6 +17,7 @@ from tfedu.checks.building_blocks import ELEMENTARY, SOFTMAX
 from tfedu.checks.core import (
     CheckFailure,
     ExerciseNotDone,
+    Hints,
     Probe,
     call_learner,
     checker,
@@ -35,7 +36,7 @@ HINT_NO_SCALE = (
 )
 HINT_SCALE_BY_D = (
     "you scaled by d_k instead of sqrt(d_k): the dot product's standard deviation is sqrt(d_k), "
-    "so divide by math.sqrt(d_k)"
+    "so divide by the square root of d_k"
 )
 HINT_MULTIPLIED = "you multiplied the scores by sqrt(d_k); divide by it instead"
 HINT_SCALE_QUERY_POS = (
@@ -59,30 +60,35 @@ HINT_QUERY_AXIS = (
     "so take the softmax over the last dim (dim=-1), not dim=-2"
 )
 HINT_BATCH_AXIS = (
-    "softmax over dim 0, the batch axis (that is the axis F.softmax(scores) picks on 3-D input "
-    "when you give no dim=): take it over the keys, dim=-1"
+    "softmax over dim 0, the batch axis (the axis a softmax picks on 3-D input when you name no dim): "
+    "take it over the keys, the last axis"
 )
 HINT_SOFTMAX_NO_DIM = (
-    "F.softmax(scores) without dim= guesses the axis (dim 0, the batch axis, on 3-D input; dim 1 on "
-    "4-D input) and warns that this is deprecated: write F.softmax(scores, dim=-1)"
+    "a softmax without dim= guesses the axis (dim 0, the batch axis, on 3-D input; dim 1 on "
+    "4-D input) and warns that this is deprecated: name the axis of the keys, the last one"
 )
 HINT_NO_V = (
     "forgot to multiply by V: the output is weights @ v, of shape (..., query_pos, d_v); "
     "you returned the weights themselves"
 )
 HINT_TIMES_K = "you multiplied the weights by k; the output is the weighted average of the values, weights @ v"
-HINT_TUPLE = "return a pair (output, weights): output = weights @ v, weights = softmax(q @ k^T / sqrt(d_k))"
+HINT_TUPLE = (
+    "return a pair (output, weights): the weights are the softmax of the scaled scores over the keys, and the "
+    "output is those weights applied to the values"
+)
 HINT_SWAPPED_PAIR = (
     "you returned (weights, output); return them the other way round, (output, weights), "
     "the order tfa.scaled_dot_product_attention and the rest of the course use"
 )
 HINT_DOT_T = (
     "your attention works on 2-D inputs but raises on 3-D ones (batch, pos, d): "
-    "use k.transpose(-2, -1) (or k.mT): .T reverses every dim of a batched tensor"
+    ".T reverses every dim of a batched tensor; swap only the last two axes of k (the transpose that "
+    "takes the two axes, counted from the end, or .mT)"
 )
 HINT_BATCH = (
-    "your attention works on 3-D inputs but not on 4-D ones (batch, heads, pos, d): transpose the "
-    "last two dims with k.transpose(-2, -1) (not k.T or k.transpose(1, 2)) and softmax over dim=-1"
+    "your attention works on 3-D inputs but not on 4-D ones (batch, heads, pos, d): swap the last two "
+    "axes of k, counted from the end (axes 1 and 2 are the last two only on 3-D input, and .T reverses them "
+    "all), and take the softmax over the last axis"
 )
 
 _NO_DIM_WARNING = "Implicit dimension choice for softmax"
@@ -221,7 +227,9 @@ def check_attention(attention) -> None:
 # ----------------------------------------------------------------------------- exercise 4.2
 
 HINT_SWAPPED_QK = "queries come from W_Q and keys from W_K; you swapped them (q = x @ W_K?)"
-HINT_NO_PROJECTION = "project first: q = x @ W_Q, k = x @ W_K, v = x @ W_V; you attended over x itself"
+HINT_NO_PROJECTION = (
+    "project first: the queries, keys and values are x times W_Q, W_K and W_V; you attended over x itself"
+)
 HINT_V_FROM_WRONG = "the values are x @ W_V; you took them from another projection"
 HINT_V_FROM_K = "your keys and values both come from W_K; the values are x @ W_V"
 HINT_SCALE_D_MODEL = (
@@ -232,7 +240,7 @@ HINT_TRANSPOSED_W = (
     "W_Q, W_K, W_V have shape (d_model, d_k): multiply x @ W_Q (x has shape (batch, pos, d_model)), "
     "not x @ W_Q.T (nn.Linear stores the transpose; these matrices are not nn.Linear weights)"
 )
-_USE_REFERENCE = "(or call the reference tfa.scaled_dot_product_attention(q, k, v) instead)"
+_USE_REFERENCE = "(or call the reference tfa.scaled_dot_product_attention instead)"
 HINT_UPSTREAM_NOT_DONE = (
     f"your self_attention calls your attention from exercise 4.1, which is not done yet: fix 4.1 first {_USE_REFERENCE}"
 )
@@ -435,7 +443,7 @@ FUSED_ATTENTION = (
 )
 
 HINT_PROBE_OVERFLOW = (
-    "scores around 1e3 overflow exp (exp(89) is already inf in float32): take torch.softmax(scores, dim=-1), "
+    "scores around 1e3 overflow exp (exp(89) is already inf in float32): use torch.softmax over the keys, "
     "or subtract each row's max before exp if you wrote the softmax yourself"
 )
 
@@ -496,7 +504,8 @@ outputs = {
 }
 del _q, _k, _v, _result, _big, _pairs
 """
-QKV_LEAVES = "_q, _k, _v = (torch.tensor(inputs[_name], requires_grad=True) for _name in ('q', 'k', 'v'))\n"
+QKV_LEAVES_CODE = "_q, _k, _v = (torch.tensor(inputs[_name], requires_grad=True) for _name in ('q', 'k', 'v'))\n"
+QKV_LEAVES = QKV_LEAVES_CODE  # code the probe runs, not a message (the _CODE name says so); notebook 05's checker imports it
 
 ATTENTION_RUN = HELPERS + QKV_LEAVES + """\
 _result = _call(attention, _q, _k, _v)
@@ -629,5 +638,67 @@ PROBES = {
         # reference tfa.scaled_dot_product_attention: nothing in tfedu computes the projections.
         forbidden=(),
         standins=ATTENTION_STANDIN,
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- hints
+
+HINTS = {
+    "ex_attention": Hints(
+        number="4.1",
+        check="check_attention",
+        idea=(
+            "Attention is a soft look-up. Every query is compared with every key by a dot product; the scores are "
+            "divided by the square root of d_k, the width of a query and a key, so that their spread does not grow "
+            "with the width; a softmax over the keys turns each query's row of scores into weights that are "
+            "positive and sum to one; and each query's output is the weighted average of the values. The classic "
+            "traps: a softmax over the wrong axis (the queries, or the batch), the scale applied after the "
+            "softmax, and .T on a batched tensor, which reverses every axis instead of the last two."
+        ),
+        approach=(
+            "Read d_k from the last axis of q. Scores: q times k with only k's last two axes swapped (torch's "
+            "transpose, given the two axes counted from the end, or .mT), shape (..., query_pos, key_pos), "
+            "divided by the square root of d_k. Weights: the softmax over the last axis, key_pos, so each row "
+            "sums to one. Output: the weights times v, (..., query_pos, d_v). Any leading axes (batch, heads) "
+            "ride along untouched, because matrix products broadcast over them. Return the output first, then "
+            "the weights."
+        ),
+        skeleton=(
+            "def attention(q, k, v):\n"
+            "    d_k = ____  # the width of each query and key\n"
+            "    scores = q @ ____ / ____  # (..., query_pos, key_pos)\n"
+            "    weights = ____  # a distribution over the keys, for every query\n"
+            "    return ____, weights\n"
+        ),
+    ),
+    "ex_self_attention": Hints(
+        number="4.2",
+        check="check_self_attention",
+        idea=(
+            "In self-attention the sequence looks things up in itself: the queries, the keys and the values are "
+            "three different linear maps of the same token vectors x. Every token is projected with the same "
+            "matrix, so one matrix product projects every token of every sequence at once. After the "
+            "projections it is exactly exercise 4.1. The classic traps: attending over x itself, swapping W_Q "
+            "and W_K (the score matrix is not symmetric, so which is which matters), taking the values from the "
+            "wrong matrix, and returning the (output, weights) pair instead of the output."
+        ),
+        approach=(
+            "x is (batch, pos, d_model); W_Q and W_K are (d_model, d_k) and W_V is (d_model, d_v), already in "
+            "the layout x multiplies directly (no transpose: these are not nn.Linear weights). x times each "
+            "matrix gives the queries and the keys, (batch, pos, d_k), and the values, (batch, pos, d_v); the "
+            "product acts on the last axis and keeps batch and pos. Hand the three, in the order queries, keys, "
+            "values, to your attention from exercise 4.1 (or to the reference tfa.scaled_dot_product_attention): "
+            "it returns the pair (output, weights) and takes care of the scale, the square root of the projected "
+            "width d_k. Return only the output, (batch, pos, d_v)."
+        ),
+        skeleton=(
+            "def self_attention(x, W_Q, W_K, W_V):\n"
+            "    q = ____  # (batch, pos, d_k): what each token is looking for\n"
+            "    k = ____  # (batch, pos, d_k): what each token can be found by\n"
+            "    v = ____  # (batch, pos, d_v): what each token hands over\n"
+            "    output, _ = ____  # attention over the projections gives (output, weights)\n"
+            "    return output\n"
+        ),
     ),
 }
