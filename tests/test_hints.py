@@ -47,8 +47,7 @@ CODE = re.compile(r"""
 # to zero, where the module leaves this dict.
 CODE_LEFT = {
     "nb00_start_here": 1, "nb01_tokenization": 3, "nb02_embeddings": 8,
-    "nb07_transformer_block": 1,
-    "nb08_training_decoding": 11, "nb09_efficient_attention": 5, "nb10_inference": 6, "nb11_beyond_text": 9,
+    "nb11_beyond_text": 9,
     "nb12_moe_and_scaling": 4, "nb13_peft": 3, "nb14_quantization": 6, "nb15_interp_decoding": 2,
 }
 

@@ -204,10 +204,6 @@ KNOWN = {
     '02_embeddings': (
         "ex_sgns_step: `loss = model(centers, contexts, negatives)` is shown in a cell before it and its own cell and its checker's messages",
     ),
-    '09_efficient_attention': (
-        'ex_tile_update: `p = torch.exp(s - m_new[..., None])  # (*rows, block), against the new max` is shown in a cell before it',
-        'ex_tile_update: `alpha = torch.exp(m - m_new)  # (*rows): shrinks what was summed against the old max` is shown in a cell before it',
-    ),
 }
 
 

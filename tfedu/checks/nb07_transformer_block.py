@@ -39,6 +39,7 @@ from tfedu.checks.core import (
     global_names,
     name_mistake,
     CheckFailure,
+    Hints,
     ExerciseNotDone,
     Probe,
     call_learner,
@@ -84,9 +85,9 @@ HINT_LN_EPS_OUTSIDE = (
     "add eps to the variance, then take the root"
 )
 HINT_LN_ANNOTATED = (
-    "that is the Annotated Transformer's LayerNorm, (x - mean) / (x.std(-1) + eps): x.std() is the unbiased "
-    "standard deviation (it divides by d_model - 1) and eps sits outside the root. LayerNorm takes the root of "
-    "the biased variance (divided by d_model) plus eps"
+    "that is the Annotated Transformer's LayerNorm, which divides the centred x by its standard deviation plus "
+    "eps: torch's std is the unbiased one by default (it divides by d_model - 1) and eps sits outside the root. "
+    "LayerNorm takes the root of the biased variance (divided by d_model) plus eps"
 )
 HINT_LN_NO_GAIN = "the gain is missing: scale the normalised x by weight, then add bias: x_hat * weight + bias"
 HINT_LN_NO_BIAS = "the bias is missing: scale the normalised x by weight, then add bias: x_hat * weight + bias"
@@ -1276,5 +1277,92 @@ PROBES = {
         reference=_param_count_reference,
         compare=_compare_param_count,
         forbidden=("tfedu.flops", "tfedu.model", "tfedu.layers"),
+    ),
+}
+
+
+HINTS = {
+    "ex_layer_norm": Hints(
+        number="7.1",
+        check="check_layer_norm",
+        idea=(
+            "LayerNorm rescales each position's vector on its own: afterwards the d_model numbers of every "
+            "(batch, pos) have mean 0 and variance 1, and a learned gain and bias, one number per feature, then "
+            "stretch and shift them. Three details decide whether your numbers match PyTorch's: the statistics "
+            "run over the last axis only; the variance is the biased one, divided by d_model (torch.var divides "
+            "by d_model - 1 unless told otherwise); and eps is added to the variance inside the square root, not "
+            "to the standard deviation after it, so a constant vector comes out as the bias instead of 0 / 0."
+        ),
+        approach=(
+            "Four steps, each broadcasting over the leading axes. (1) The mean over the last axis, keeping that "
+            "axis: shape (..., 1). (2) The variance: the mean over the last axis of the squared deviations from "
+            "that mean, again (..., 1). Subtract the mean before squaring: the shortcut 'mean of the squares "
+            "minus the square of the mean' cancels catastrophically in float32 when the mean is large. (3) "
+            "Normalise: the deviations divided by the square root of the variance plus eps, (..., d_model). "
+            "(4) Multiply by weight and add bias, both (d_model,), which broadcast along the last axis. Build "
+            "new tensors throughout: no in-place operation on x, and no fused norm (F.layer_norm, nn.LayerNorm)."
+        ),
+        skeleton=(
+            "def layer_norm(x, weight, bias, eps=1e-5):\n"
+            "    mean = x.mean(dim=____, keepdim=____)  # (..., 1)\n"
+            "    var = ____  # (..., 1): the mean squared deviation, divided by d_model\n"
+            "    x_hat = (x - mean) / ____  # (..., d_model): where does eps go?\n"
+            "    return ____\n"
+        ),
+    ),
+    "ex_pre_norm_block": Hints(
+        number="7.2",
+        check="check_pre_norm_block",
+        idea=(
+            "In a pre-norm block the residual stream itself is never normalised: each sub-layer reads a "
+            "normalised copy of the stream and adds its output back onto the un-normalised stream. So the block "
+            "is two updates of the same form, the stream becomes the stream plus sublayer(norm(stream)): first "
+            "with ln1 and attention, then with ln2 and the MLP, and the MLP reads the stream after attention has "
+            "added to it. The trap is the 2017 post-norm wiring, norm(x + sublayer(x)): the same pieces, the "
+            "same output shape, different numbers."
+        ),
+        approach=(
+            "(1) Normalise resid with ln1 and pass the result to attn (it is causal already: no mask to give). "
+            "Add attn's output to resid itself, not to the normalised copy: that is the stream after attention, "
+            "still (batch, pos, d_model). (2) Normalise that stream with ln2 (its own gain and bias, not ln1's), "
+            "pass it to mlp, and add the MLP's output to the stream after attention. (3) Return that sum as it "
+            "is: no norm at the end (GPT-2's final LayerNorm lives in the model, after the last block). Call attn "
+            "and mlp once each, and use + to build new tensors rather than adding into resid in place."
+        ),
+        skeleton=(
+            "def pre_norm_block(resid, ln1, attn, ln2, mlp):\n"
+            "    resid_mid = resid + attn(____)  # (batch, pos, d_model): attention reads a normalised copy\n"
+            "    resid_post = ____ + mlp(____)  # the MLP reads the stream after attention, through its own norm\n"
+            "    return resid_post\n"
+        ),
+    ),
+    "ex_gpt2_param_count": Hints(
+        number="7.3",
+        check="check_gpt2_param_count",
+        idea=(
+            "Every parameter sits in a matrix or a vector whose shape the four arguments fix, so the count is a "
+            "polynomial in them. Count each part once: the token embedding (the unembedding is tied to it and "
+            "adds nothing), the learned position table, n_layers identical blocks, and one final LayerNorm. A "
+            "block has four d_model x d_model attention matrices and an MLP 4 d_model wide, every linear layer "
+            "with a bias as long as its output, and two LayerNorms with a gain and a bias each. n_heads does not "
+            "appear: splitting d_model into heads reshapes the matrices, it adds nothing."
+        ),
+        approach=(
+            "Write the count as a sum of named parts, in integers (only * and +, never /, so the result is an "
+            "int). Embeddings: d_vocab rows of d_model, plus n_ctx rows of d_model for the positions. One block: "
+            "attention, four d_model x d_model matrices and four biases of d_model; MLP, W_in of d_model x 4 "
+            "d_model with a bias of 4 d_model, and W_out of 4 d_model x d_model with a bias of d_model; two "
+            "LayerNorms of 2 d_model each. Multiply one block by n_layers, then add the final LayerNorm's 2 "
+            "d_model. Test it on GPT-2 small, (50257, 1024, 768, 12), which has 124,439,808 parameters."
+        ),
+        skeleton=(
+            "def gpt2_param_count(d_vocab, n_ctx, d_model, n_layers):\n"
+            "    d = d_model\n"
+            "    attention = ____  # W_Q, W_K, W_V, W_O, each with its bias\n"
+            "    mlp = ____  # W_in (d -> 4d) and W_out (4d -> d), each with a bias as long as its output\n"
+            "    norms = ____  # ln1 and ln2: a gain and a bias each\n"
+            "    embeddings = ____  # the token table (W_U is tied to it) and the position table\n"
+            "    return embeddings + n_layers * (____) + ____  # ... and the final LayerNorm\n"
+        ),
     ),
 }

@@ -33,6 +33,7 @@ import torch
 from tfedu.checks.building_blocks import ELEMENTARY, SOFTMAX
 from tfedu.checks.core import (
     CheckFailure,
+    Hints,
     Probe,
     call_learner,
     call_on_copies,
@@ -54,18 +55,18 @@ NEG_INF = float("-inf")
 
 HINT_GREEDY_FIRST = (
     "you took the logits of the first position: the model predicts the token after position t at position t, "
-    "so the next token's logits are the last position's, logits[:, -1, :]"
+    "so the next token's logits are those of the last position (the last entry of the pos axis), in every row"
 )
 HINT_GREEDY_AXIS = (
     "you took the argmax over the positions: logits is (batch, pos, d_vocab), and the next token is the "
-    "argmax over the vocabulary of the last position, logits[:, -1, :].argmax(dim=-1)"
+    "argmax over the vocabulary (the last axis) of the last position's logits, one token per row"
 )
 HINT_GREEDY_ONLY_NEW = (
     "you returned only the new tokens: return the prompt followed by them, shape (batch, pos + max_new_tokens)"
 )
 HINT_GREEDY_ONLY_PROMPT = (
-    "you returned the prompt unchanged: append each new token to the sequence, "
-    "ids = torch.cat([ids, next_id[:, None]], dim=1), and return the grown sequence"
+    "you returned the prompt unchanged: at every step append the new tokens, one per row as a (batch, 1) "
+    "column, to the end of the sequence (torch.cat along the positions), and return the grown sequence"
 )
 HINT_GREEDY_NOT_FED_BACK = (
     "every step predicted from the prompt alone, so each new token is the same: feed the grown sequence "
@@ -93,7 +94,7 @@ HINT_GREEDY_MUTATED = (
 HINT_GREEDY_CALL = (
     "greedy_generate(model, ids, max_new_tokens): ids is (batch, pos) of token ids; model(ids) returns logits "
     "(batch, pos, d_vocab); take the last position's logits, their argmax over the last dim, and append it "
-    "with torch.cat along dim 1 (next_id[:, None]). Crop to model.cfg.n_ctx tokens before each call"
+    "with torch.cat along dim 1, as a (batch, 1) column. Crop to the last model.cfg.n_ctx tokens before each call"
 )
 HINT_GREEDY_DTYPE = "return token ids in ids' dtype ({want}), got {got}: the argmax gives int64 already, do not convert to float"
 
@@ -206,15 +207,16 @@ def check_greedy_generate(greedy_generate) -> None:
 
 HINT_FILTER_ZERO = (
     "you set the removed logits to 0: a logit of 0 is an ordinary score (e^0 = 1 before normalising), so those "
-    "tokens can still be drawn. Set them to float('-inf'), whose probability after the softmax is exactly 0"
+    "tokens can still be drawn. Set them to minus infinity, whose probability after the softmax is exactly 0"
 )
 HINT_FILTER_BIG_NEGATIVE = (
-    "you set the removed logits to a large negative number instead of float('-inf'): -inf gives probability "
+    "you set the removed logits to a large negative number instead of minus infinity: -inf gives probability "
     "exactly 0 whatever the other logits are (and is what transformers uses)"
 )
 HINT_FILTER_BATCH = (
     "your filter is right on one row (d_vocab,) but not on a batch of rows {shape}: work along the last dim "
-    "(dim=-1, [..., -1:] and keepdim), so every row is filtered on its own"
+    "(and keep that axis wherever a value per row must broadcast back against the row), so every row is "
+    "filtered on its own"
 )
 
 
@@ -257,7 +259,7 @@ def _check_rows(fn: Any, logits: torch.Tensor, arg: Any, reference: Callable, na
 HINT_TOPK_PLUS_ONE = "you kept k + 1 tokens: keep the k largest logits, those >= the k-th largest"
 HINT_TOPK_MINUS_ONE = (
     "you kept k - 1 tokens: the k-th largest logit itself stays; remove only the logits strictly smaller than it "
-    "(logits < kth, not <=)"
+    "(strictly less, not less or equal)"
 )
 HINT_TOPK_SMALLEST = (
     "you kept the k smallest logits: top-k keeps the k largest (torch.topk's default largest=True, or a sort "
@@ -282,7 +284,7 @@ HINT_TOPK_MUTATED = (
 )
 HINT_TOPK_CALL = (
     "top_k_filter(logits, k): logits is (..., d_vocab), k an int; return a tensor of logits' shape with all but the "
-    "k largest of each row set to float('-inf')"
+    "k largest of each row set to -inf (minus infinity)"
 )
 HINT_TOPK_TUPLE = "return one tensor of logits' shape (the filtered logits), not torch.topk's (values, indices)"
 
@@ -355,8 +357,9 @@ def check_top_k_filter(top_k_filter) -> None:
 
 HINT_TOPP_CROSSING = (
     "your nucleus leaves out the token that carries the mass across p: keep the fewest most likely tokens whose "
-    "mass reaches p, that token included. A token stays when the tokens before it hold less than p "
-    "(remove where cumulative - probs >= p, or shift the `cumulative > p` mask right by one)"
+    "mass reaches p, that token included. A token stays when the tokens ranked before it hold less than p: "
+    "remove a token only when the mass before it, its cumulative sum less its own probability, already "
+    "reaches p (or shift the mask of 'cumulative sum past p' one place to the right)"
 )
 HINT_TOPP_ASCENDING = (
     "you sorted the tokens least likely first: the nucleus collects the MOST likely tokens, "
@@ -364,10 +367,10 @@ HINT_TOPP_ASCENDING = (
 )
 HINT_TOPP_PROBS_UNNORMALISED = (
     "you returned probabilities with the removed tokens set to 0 (so they no longer sum to 1): the filter works "
-    "on logits and returns logits, with float('-inf') for the removed tokens; the softmax comes later"
+    "on logits and returns logits, with -inf for the removed tokens; the softmax comes later"
 )
 HINT_TOPP_PROBS = (
-    "you returned probabilities (renormalised over the nucleus): the filter returns logits, with float('-inf') for "
+    "you returned probabilities (renormalised over the nucleus): the filter returns logits, with -inf for "
     "the removed tokens; the softmax comes later, in next_token_distribution"
 )
 HINT_TOPP_OVERFLOW = (
@@ -379,7 +382,7 @@ HINT_TOPP_OVERFLOW = (
 HINT_TOPP_EMPTY = (
     "with p = {p:g} your filter removed every token of some rows: the token that carries the mass across p "
     "is kept, so the most likely token always stays (nothing comes before it, so the mass before it, 0, is "
-    "below p); the old transformers code set sorted_indices_to_remove[..., 0] = False for this"
+    "below p); the old transformers code forced the first sorted token back into the nucleus for this"
 )
 HINT_TOPP_SORTED_ORDER = (
     "you returned the filtered logits in sorted order: put them back in the tokens' own order (the mask you "
@@ -400,7 +403,7 @@ HINT_TOPP_MUTATED = (
 HINT_TOPP_CALL = (
     "top_p_filter(logits, p): logits is (..., d_vocab), p a float in (0, 1]; sort each row's logits descending "
     "(dim=-1), take the softmax and its cumulative sum, and return logits' shape with the tokens outside the "
-    "nucleus set to float('-inf')"
+    "nucleus set to -inf (minus infinity)"
 )
 HINT_TOPP_P_ONE = "top_p_filter(logits, 1.0) must keep every token (the whole distribution has mass 1)"
 
@@ -597,7 +600,7 @@ def _compare_greedy(outputs: dict, expected: dict) -> str | None:
 # The filters: fresh logits of several shapes and scales, k and p drawn; ties for top-k, a tiny p and
 # -inf entries for top-p.
 
-FILTER_PROBE_BODY = """\
+FILTER_PROBE_CODE = """\
 _results = [_call({name}, torch.from_numpy(_logits), _arg) for _logits, _arg in zip(inputs['logits'], inputs['args'])]
 outputs = {{'returned': [_kind(_r) for _r in _results], 'outputs': [_array(_r) for _r in _results], 'mutated': _MUTATED}}
 del _results
@@ -605,7 +608,7 @@ del _results
 
 
 def _filter_run(name: str) -> str:
-    return HELPERS + FILTER_PROBE_BODY.format(name=name) + CLEANUP
+    return HELPERS + FILTER_PROBE_CODE.format(name=name) + CLEANUP
 
 
 def _probe_logits(rng: np.random.Generator) -> list[np.ndarray]:
@@ -715,5 +718,94 @@ PROBES = {
         reference=_filter_reference(filter_top_p),
         compare=_compare_filter("top_p_filter"),
         forbidden=("tfedu.generate",),
+    ),
+}
+
+
+HINTS = {
+    "ex_greedy": Hints(
+        number="8.1",
+        check="check_greedy_generate",
+        idea=(
+            "Greedy decoding is a loop: run the model on the sequence so far, read its prediction for the next "
+            "token, append that token, repeat. Only the last position's logits predict the token that comes next "
+            "(the other positions predict tokens you already have), and greedy takes their argmax over the "
+            "vocabulary, so a prompt always gives the same text. The model knows n_ctx positions only, so each "
+            "call sees at most the most recent n_ctx tokens; and dropout must be off, in evaluation mode."
+        ),
+        approach=(
+            "Switch the model to evaluation mode once. Then, max_new_tokens times: crop the sequence to its last "
+            "model.cfg.n_ctx tokens (a slice of the positions axis, counted from the end; a shorter sequence "
+            "passes whole); call the model, which gives logits (batch, pos, d_vocab); take the last position, "
+            "(batch, d_vocab); the argmax over the vocabulary axis gives one id per row, (batch, 1) if you keep "
+            "that axis; append it to the whole, uncropped sequence with torch.cat along the positions axis, "
+            "(batch, pos + 1). Rebind the name to the new tensor rather than writing into ids, and return the "
+            "grown sequence, (batch, pos + max_new_tokens)."
+        ),
+        skeleton=(
+            "@torch.no_grad()\n"
+            "def greedy_generate(model, ids, max_new_tokens):\n"
+            "    model.____()\n"
+            "    for _ in range(max_new_tokens):\n"
+            "        context = ids[:, ____]  # the last n_ctx tokens at most\n"
+            "        logits = model(context)  # (batch, pos, d_vocab)\n"
+            "        next_id = logits[:, ____].argmax(dim=____, keepdim=True)  # (batch, 1)\n"
+            "        ids = torch.cat([ids, ____], dim=____)  # (batch, pos + 1)\n"
+            "    return ids\n"
+        ),
+    ),
+    "ex_top_k": Hints(
+        number="8.2",
+        check="check_top_k_filter",
+        idea=(
+            "Top-k keeps, in every row, the k largest logits and removes the others by setting them to minus "
+            "infinity, so that the softmax that comes later gives them probability exactly 0 and the kept tokens "
+            "share all the mass. The filter returns logits, not probabilities, in the input's shape. A row's "
+            "cut-off is its k-th largest value: every logit at least that large stays, so tokens tied with the "
+            "k-th one stay too (that is what transformers does)."
+        ),
+        approach=(
+            "Work along the last axis, so that any leading axes are just more rows. (1) Find each row's k-th "
+            "largest value: torch.topk gives the k largest values of each row in descending order, and the last "
+            "of them is the threshold; keep it as a (..., 1) column so that it broadcasts against its row. (2) "
+            "Compare every logit with its row's threshold: strictly smaller means removed. (3) Return a new "
+            "tensor with -inf where removed and the logit itself elsewhere, using an out-of-place fill "
+            "(masked_fill, or torch.where), so the caller's logits stay as they were."
+        ),
+        skeleton=(
+            "def top_k_filter(logits, k):\n"
+            "    kth_largest = torch.topk(logits, k, dim=____).values[____]  # (..., 1): each row's threshold\n"
+            "    return logits.masked_fill(____, ____)  # remove what lies below the threshold\n"
+        ),
+    ),
+    "ex_top_p": Hints(
+        number="8.3",
+        check="check_top_p_filter",
+        idea=(
+            "The nucleus is the smallest set of most likely tokens whose probabilities add up to at least p. "
+            "Ranked from most to least likely, a token is in it exactly when the tokens ranked above it hold "
+            "less than p: so the token that carries the running total past p is in, and the most likely token "
+            "is always in (nothing is above it: mass 0). Every other token gets -inf. Sorting is only a means: "
+            "the result is logits, not probabilities, in the tokens' own order."
+        ),
+        approach=(
+            "Along the last axis: (1) sort each row's logits in descending order and keep the permutation the "
+            "sort returns, both (..., d_vocab). (2) The softmax of the sorted logits gives the sorted "
+            "probabilities (torch's softmax subtracts the row's max, so logits near 100 do not overflow); their "
+            "running sum along the row, less each token's own probability, is the mass ranked above it. (3) A "
+            "token is dropped where that mass already reaches p: a boolean mask, still in sorted order. (4) Put "
+            "the mask back in vocabulary order: place i of the sorted mask belongs to the token whose index "
+            "stands at place i of the permutation, so write it there (scatter); reading with gather applies the "
+            "permutation the wrong way round. (5) Fill -inf where the mask is True, out of place, and return."
+        ),
+        skeleton=(
+            "def top_p_filter(logits, p):\n"
+            "    sorted_logits, order = logits.sort(dim=____, descending=____)  # (..., d_vocab)\n"
+            "    probs = ____  # the sorted probabilities\n"
+            "    mass_before = ____  # the probability of the tokens ranked above each one\n"
+            "    drop_sorted = ____  # True where the nucleus is full before this token (sorted order)\n"
+            "    drop = drop_sorted.scatter(____, ____, ____)  # back to the tokens' own order\n"
+            "    return logits.masked_fill(____, ____)\n"
+        ),
     ),
 }

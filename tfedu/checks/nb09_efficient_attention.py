@@ -21,15 +21,23 @@ Three exercises, each checked against tfedu's reference after first trying the k
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tfedu.checks.core import CheckFailure, Probe, call_on_copies, checker, compare, describe, expect, global_names
+from tfedu.checks.core import (
+    CheckFailure,
+    Hints,
+    Probe,
+    call_on_copies,
+    checker,
+    compare,
+    describe,
+    expect,
+    global_names,
+)
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, compare_outputs
 from tfedu.flash import MatmulOperands, flash_forward, tile_update
 from tfedu.softmax import online_softmax_step
@@ -49,7 +57,8 @@ def _exps_sum(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 HINT_L_NOT_RESCALED = (
     "your running sum l is not rescaled when the max grows: every term already in l is exp(x_j - m_old), so "
-    "before adding the new block multiply l by exp(m_old - m_new): l_new = l * exp(m - m_new) + sum(exp(x - m_new))"
+    "before adding the new block's terms multiply l by exp(m_old - m_new), which turns each old term into "
+    "exp(x_j - m_new)"
 )
 HINT_EXP_BEFORE_MAX = (
     "you took the exponent before updating the max (exp(x - m) with the old m): when the block holds a larger "
@@ -70,8 +79,8 @@ HINT_RAW_EXP = (
     "relative to the running max, exp(x - m_new), which keeps it <= 0"
 )
 HINT_GLOBAL_MAX = (
-    "you took the max over the whole block tensor, not each row: every row keeps its own running max, "
-    "x_block.amax(dim=-1)"
+    "you took the max over the whole block tensor, not each row: every row keeps its own running max, so take "
+    "the block's max along its last axis only, one max per row of shape (*rows)"
 )
 HINT_SWAPPED = "you returned (l_new, m_new): return the max first, (m_new, l_new)"
 HINT_BLOCK_OWN_MAX = (
@@ -88,7 +97,8 @@ HINT_STEP_SHORTCUT = (
 )
 STEP_SHORTCUTS = ("softmax", "log_softmax", "logsumexp")
 HINT_STEP_MUTATED = (
-    "your online_softmax_step changed the caller's `{name}` in place: return new tensors (m_new = ..., not m[...] = ...)"
+    "your online_softmax_step changed the caller's `{name}` in place: return new tensors and leave m and l as "
+    "they were"
 )
 HINT_STEP_CALL = (
     "online_softmax_step(m, l, x_block): m and l have shape (*rows), x_block (*rows, block); return the pair "
@@ -195,20 +205,22 @@ def check_online_softmax_step(online_softmax_step) -> None:
 # ----------------------------------------------------------------------------- 9.2 tiled_matmul
 
 HINT_TILE_OVERWRITE = (
-    "your C holds only the last partial product of each tile: C[i, j] = A[i, k] @ B[k, j] summed over the "
-    "tiles k of the shared dim, so add into C (C[...] += ...), do not assign"
+    "your C holds only the last partial product of each tile: a tile of C is the sum, over the tiles k of the "
+    "shared dim, of (tile i, k of A) times (tile k, j of B), so add each product into C's tile, do not assign "
+    "over it"
 )
 HINT_TILE_EDGES = (
     "the last rows or columns of C are wrong when a size is not a multiple of tile ({shape}): the last tile is "
-    "smaller; range(0, n, tile) with slices [i:i + tile] covers it (slicing past the end is fine)"
+    "smaller; starting a tile every tile rows (or columns) and taking up to tile of them covers it (a slice "
+    "that runs past the end simply stops there)"
 )
 HINT_TILE_WHOLE = (
     "a torch matrix multiply saw an operand of shape {shape}, wider than tile = {tile}: multiply tile by tile "
-    "(A[i:i + tile, k:k + tile] @ B[k:k + tile, j:j + tile]), which is the point of the exercise"
+    "(a block of at most tile rows and tile columns of A times one of B), which is the point of the exercise"
 )
 HINT_TILE_NO_MATMUL = (
     "your tiled_matmul made no torch matrix multiply: multiply each pair of tiles with @ (or torch.matmul), "
-    "A[i:i + tile, k:k + tile] @ B[k:k + tile, j:j + tile]; the tile products are what the notebook counts next"
+    "tile (i, k) of A times tile (k, j) of B; the tile products are what the notebook counts next"
 )
 HINT_TILE_MUTATED = "your tiled_matmul changed the caller's `{name}` in place: write into a new C (torch.zeros)"
 HINT_TILE_CALL = (
@@ -282,8 +294,8 @@ HINT_DIVIDED_EARLY = (
 )
 HINT_LOCAL_SOFTMAX = (
     "you took a softmax of each tile on its own and added the results: each tile's weights then sum to 1 "
-    "however small its scores are. Keep the running max and sum across tiles: p = exp(s - m_new), and "
-    "rescale the old l and o by exp(m - m_new)"
+    "however small its scores are. Keep the running max and sum across tiles: take the tile's exponentials "
+    "against the new running max, and rescale the old l and o by exp(m - m_new)"
 )
 HINT_P_OLD_MAX = (
     "the tile's weights were taken against the old max, p = exp(s - m): use the new one, p = exp(s - m_new), "
@@ -591,3 +603,91 @@ PROBES = {
 def tiled_matmul_reference(A: torch.Tensor, B: torch.Tensor, tile: int) -> torch.Tensor:
     """A @ B one tile x tile block product at a time: what notebook 09's switch runs in place of a failing answer."""
     return _tiled_reference(A, B, tile)
+
+
+HINTS = {
+    "ex_online_step": Hints(
+        number="9.1",
+        check="check_online_softmax_step",
+        idea=(
+            "A row's running state is its max m so far and the sum l of exp(x_j - m) over the scores seen so far. "
+            "A new block can only raise the max. When it does, every term already in l was taken against the old "
+            "max; multiplying l by exp(m_old - m_new), a number at most 1, turns each of them into "
+            "exp(x_j - m_new), the same max that the block's own terms are taken against. Every exponent then stays "
+            "at most 0, so nothing overflows, and the start m = -inf, l = 0 needs no special case."
+        ),
+        approach=(
+            "Two lines, vectorised over the rows. (1) The new max: each row's largest score in the block (a max "
+            "over the block's last axis, shape (*rows)), then the elementwise larger of that and the old m "
+            "(torch.maximum), still (*rows). (2) The new sum: the old l times exp(m - m_new), plus the sum over "
+            "the block's last axis of exp(x_block - m_new), where m_new needs a trailing axis of size 1 to "
+            "broadcast against (*rows, block). Return the pair, the max first. No softmax or logsumexp, and no "
+            "in-place change to m or l."
+        ),
+        skeleton=(
+            "def online_softmax_step(m, l, x_block):\n"
+            "    m_new = torch.maximum(m, ____)  # (*rows): the max can only grow\n"
+            "    l_new = l * ____ + torch.exp(____).sum(dim=-1)  # rescale the old sum, then add the block's terms\n"
+            "    return m_new, l_new\n"
+        ),
+    ),
+    "ex_tiled_matmul": Hints(
+        number="9.2",
+        check="check_tiled_matmul",
+        idea=(
+            "A product C = A @ B can be built block by block: the tile of C at block-row i and block-column j is "
+            "the sum, over the blocks k of the shared dimension, of (tile i, k of A) times (tile k, j of B). Each "
+            "small product is an ordinary matrix multiply of operands at most tile x tile, and the partial "
+            "products of one tile of C are added up, not written over each other. When a size is not a multiple "
+            "of tile, the last tiles are simply smaller."
+        ),
+        approach=(
+            "Start from a C of zeros, shape (n, p), in A's dtype. Three nested loops, each stepping by tile: i "
+            "over the rows of A (0 up to n), j over the columns of B (0 up to p), k over the shared dimension (0 "
+            "up to m). Innermost: take the block of A at rows from i and columns from k (at most tile of each), "
+            "the block of B at rows from k and columns from j, multiply them with @, and add the product into the "
+            "block of C at rows from i and columns from j. A slice that runs past the end just stops there, so "
+            "the edge tiles need no special case. Return C; write into C only, never into A or B."
+        ),
+        skeleton=(
+            "def tiled_matmul(A, B, tile):\n"
+            "    n, m = A.shape\n"
+            "    p = ____  # the number of columns of B\n"
+            "    C = ____  # (n, p) zeros, in A's dtype\n"
+            "    for i in range(____):  # the first row of each block-row of C\n"
+            "        for j in range(____):  # the first column of each block-column of C\n"
+            "            for k in range(____):  # the start of each block along the shared dimension\n"
+            "                C[i:i + tile, j:j + tile] += ____ @ ____\n"
+            "    return C\n"
+        ),
+    ),
+    "ex_tile_update": Hints(
+        number="9.3",
+        check="check_flash_tile_update",
+        idea=(
+            "It is exercise 9.1 with an output attached. Per query the state is the running max m, the running "
+            "sum l of exp(s - m), and an unnormalised output o, the running sum of exp(s - m) times the value "
+            "vectors. A new tile may raise the max; then everything summed so far, l and o alike, was taken "
+            "against the old max and shrinks by the same factor exp(m_old - m_new). The tile's own weights are "
+            "taken against the new max. o is never divided by l here: that happens once, after the last tile."
+        ),
+        approach=(
+            "Shapes: m and l (*rows); o (*rows, d_v); s (*rows, block_k); v (*batch, block_k, d_v). (1) m_new: "
+            "the larger of m and each row's max of s over its last axis, (*rows). (2) The tile's weights: exp of "
+            "s minus m_new, with m_new given a trailing axis to broadcast, (*rows, block_k). (3) The rescale "
+            "factor: exp of m minus m_new, (*rows). (4) l_new: the factor times l, plus the weights summed over "
+            "their last axis. (5) o_new: the factor, with a trailing axis so that it scales each row of o, times "
+            "o, plus the weights times v (a batched (block_q, block_k) @ (block_k, d_v) product), (*rows, d_v). "
+            "Return (m_new, l_new, o_new), with no division by l and nothing changed in place."
+        ),
+        skeleton=(
+            "def flash_tile_update(m, l, o, s, v):\n"
+            "    m_new = torch.maximum(m, ____)  # (*rows)\n"
+            "    p = torch.exp(____)  # (*rows, block): the tile's weights, against which max?\n"
+            "    alpha = ____  # (*rows): shrinks what was summed against the old max\n"
+            "    l_new = ____ + p.sum(dim=-1)\n"
+            "    o_new = ____ + p @ v  # (*rows, d_v): rescale the old o row by row first\n"
+            "    return m_new, l_new, o_new\n"
+        ),
+    ),
+}

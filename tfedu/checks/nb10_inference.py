@@ -42,6 +42,7 @@ import torch
 from tfedu.checks.building_blocks import ELEMENTARY, SOFTMAX
 from tfedu.checks.core import (
     CheckFailure,
+    Hints,
     Probe,
     call_learner,
     call_on_copies,
@@ -118,9 +119,9 @@ HINT_SOFTMAX_QUERY = (
     "and z is the sum of the values: take it over the keys, the last axis of the scores (batch, n_heads, 1, pos + 1)"
 )
 HINT_MASK_FIRST_KEY = (
-    "z attends to the first key alone: a causal mask built for a (1, pos + 1) score matrix (torch.tril or "
-    "torch.triu(..., diagonal=1) of ones(1, pos + 1)) treats the one query as position 0 and hides every later "
-    "key. A decoding step needs no mask: the new token is the last one, nothing in the cache is in its future"
+    "z attends to the first key alone: a causal mask built for a (1, pos + 1) score matrix (the lower triangle "
+    "of a one-row matrix of ones, or its strict upper triangle hidden) treats the one query as position 0 and "
+    "hides every later key. A decoding step needs no mask: the new token is the last one, nothing in the cache is in its future"
 )
 HINT_MASK_SQUARE = (
     "your z has pos + 1 rows: a (pos + 1, pos + 1) causal mask broadcast the one query's scores to pos + 1 rows. "
@@ -149,7 +150,7 @@ HINT_ORDER = "you returned ({got}): return (z, k_cache, v_cache), the attention 
 HINT_TRIPLE = "decode_step should return a triple of tensors (z, k_cache, v_cache), got {got}"
 HINT_DECODE_MUTATED = (
     "your decode_step changed the caller's `{name}` in place: return new tensors (a new, longer cache); writing "
-    "into the old one (k_cache[...] = ...) would overwrite a position, not add one"
+    "into the old one would overwrite a position, not add one"
 )
 HINT_DECODE_CALL = (
     "decode_step(q, k_new, v_new, k_cache, v_cache): q, k_new, v_new are (batch, n_heads, 1, d_head); k_cache and "
@@ -324,12 +325,12 @@ HINT_NO_BATCH = "batch is missing: every sequence in the batch keeps its own cac
 HINT_NO_LAYERS = "n_layers is missing: every block's attention keeps its own keys and values"
 HINT_FOUR_BYTES = (
     "you assumed 4 bytes a number: the size depends on the dtype (float16 and bfloat16 take 2, float64 8); "
-    "ask torch, torch.empty((), dtype=dtype).element_size() or dtype.itemsize"
+    "ask torch: dtype.itemsize, or element_size() of a tensor of that dtype"
 )
 HINT_BITS = "the count is 8 times too large: bits, not bytes (element_size() and itemsize are already in bytes)"
 HINT_NO_BYTES = (
     "you counted numbers, not bytes: multiply by the bytes each number takes in dtype, dtype.itemsize "
-    "(or torch.empty((), dtype=dtype).element_size()): 4 in float32, 2 in float16 and bfloat16"
+    "(or element_size() of a tensor of that dtype): 4 in float32, 2 in float16 and bfloat16"
 )
 HINT_N_CTX = (
     "you used cfg.n_ctx, the longest context the model accepts, where the question is about n_tokens positions: "
@@ -349,7 +350,8 @@ HINT_BYTES_FLOAT = "return an int, not a float ({value!r}): a number of bytes is
 HINT_BYTES_TYPE = "{call} should return the number of bytes as an int, got {value}"
 HINT_BYTES_CALL = (
     "cache_bytes(cfg, n_tokens, batch, dtype): cfg a ModelConfig (cfg.n_layers, cfg.n_kv_heads, cfg.d_head), "
-    "n_tokens and batch ints, dtype a torch.dtype; bytes per number from torch.empty((), dtype=dtype).element_size()"
+    "n_tokens and batch ints, dtype a torch.dtype (any of them, float64 too); the bytes per number come from "
+    "dtype.itemsize, or element_size() of a tensor of that dtype"
 )
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 
@@ -527,7 +529,8 @@ def check_cache_bytes(cache_bytes) -> None:
         held = KVCache.for_model(model, batch=3, capacity=20).nbytes
         got = call_learner(cache_bytes, cfg, 20, 3, dtype, name="cache_bytes", error_hint=HINT_BYTES_CALL)
         expect(got == held, f"cache_bytes(cfg, 20, 3, {dtype}) = {got!r}, but a real KVCache for that model in "
-                            f"{dtype} holds {held:,} bytes (KVCache.for_model(GPT(cfg), batch=3, capacity=20).nbytes)")
+                            f"{dtype} holds {held:,} bytes (the nbytes of a KVCache made for that model, batch 3, "
+                            f"capacity 20)")
 
 
 # ----------------------------------------------------------------------------- 10.3 pool_kv_weight
@@ -553,8 +556,8 @@ HINT_ROWS_TRANSPOSED = (
 )
 HINT_TRAILING = (
     "keep the trailing axes as they are: the first axis holds the heads, and a weight (out, in) has one more axis "
-    "while a bias (out,) has none. weight.unflatten(0, (n_kv_heads, g, d_head)), or "
-    "weight.reshape(n_kv_heads, g, d_head, *weight.shape[1:]), works for both"
+    "while a bias (out,) has none. Split the first axis alone into (n_kv_heads, g, d_head) and pass the trailing "
+    "sizes through as they are, whatever their number (unflatten does this), and it works for both"
 )
 HINT_INPUT_AXIS = (
     "you pooled the input axis: nn.Linear stores its weight as (out_features, in_features), so the heads are the "
@@ -787,4 +790,85 @@ PROBES = {
     "check_pool_kv_weight": Probe(
         exercise="ex_pool_kv_weight", make_inputs=_pool_probe_inputs, run=POOL_PROBE_RUN,
         reference=_pool_probe_reference, compare=_compare_pool, forbidden=("tfedu.kv_cache", "tfedu.model")),
+}
+
+
+HINTS = {
+    "ex_decode_step": Hints(
+        number="10.1",
+        check="check_decode_step",
+        idea=(
+            "A decoding step computes attention for one new token. Its key and value join the cache (in a causal "
+            "model the earlier tokens' keys and values never change, so they are kept, not recomputed), and its "
+            "query attends over every cached key and its own: softmax(q K^T / sqrt(d_head)) V over pos + 1 keys. "
+            "No mask is needed, since nothing in the cache lies in the new token's future. The cache keeps its "
+            "layout, heads before positions, and grows by one position, at the end."
+        ),
+        approach=(
+            "(1) Append: concatenate k_new after k_cache along the positions axis (dim 2), giving (batch, "
+            "n_heads, pos + 1, d_head), and the same for the values; torch.cat makes new tensors and works on an "
+            "empty cache (pos = 0) too. (2) Scores: q against the grown keys with their last two axes swapped, "
+            "divided by the square root of d_head, shape (batch, n_heads, 1, pos + 1). (3) Softmax over the keys, "
+            "the last axis. (4) z: the weights times the grown value cache, (batch, n_heads, 1, d_head), the "
+            "shape of q. Return (z, k_cache, v_cache), the caches grown."
+        ),
+        skeleton=(
+            "def decode_step(q, k_new, v_new, k_cache, v_cache):\n"
+            "    k_cache = torch.cat([____, ____], dim=____)  # (batch, n_heads, pos + 1, d_head)\n"
+            "    v_cache = ____\n"
+            "    scores = ____ / math.sqrt(____)  # (batch, n_heads, 1, pos + 1)\n"
+            "    z = ____  # (batch, n_heads, 1, d_head)\n"
+            "    return z, k_cache, v_cache\n"
+        ),
+    ),
+    "ex_cache_bytes": Hints(
+        number="10.2",
+        check="check_cache_bytes",
+        idea=(
+            "A KV cache keeps, for every token it holds, one key vector and one value vector in every layer and "
+            "for every key/value head. So its size is a product of counts: 2 (keys and values) times n_layers "
+            "times n_kv_heads times d_head numbers per token, times the tokens held, times the sequences in the "
+            "batch, times the bytes one number takes in the dtype. The traps: n_heads where grouped heads share "
+            "n_kv_heads, d_model for the width, 4 bytes whatever the dtype, n_ctx instead of the tokens held."
+        ),
+        approach=(
+            "Read every factor from the arguments: the config's n_layers, n_kv_heads and d_head (d_head is a "
+            "field of its own, it need not be d_model / n_heads); the bytes per number from the dtype, whose "
+            "itemsize is 2 for float16 and bfloat16, 4 for float32 and 8 for float64; n_tokens and batch as "
+            "given. Multiply them all together with the 2 for keys and values, in integers (only *, no /), and "
+            "return that int. A check of your own: GPT-2 small in float32 holds 72 KiB a token."
+        ),
+        skeleton=(
+            "def cache_bytes(cfg, n_tokens, batch, dtype):\n"
+            "    per_token = ____ * cfg.n_layers * ____ * ____  # numbers per token: keys and values, every layer\n"
+            "    bytes_per_number = ____\n"
+            "    return ____ * n_tokens * batch\n"
+        ),
+    ),
+    "ex_pool_kv_weight": Hints(
+        number="10.3",
+        check="check_pool_kv_weight",
+        idea=(
+            "In grouped-query attention g = n_heads / n_kv_heads consecutive query heads share one key/value "
+            "head, and converting a multi-head checkpoint makes each new head the mean of the old heads of its "
+            "group. In a projection's weight the heads lie one after another along the first axis, d_head rows "
+            "each, so new head j is the mean of old heads j*g .. j*g + g - 1: consecutive heads, not every "
+            "n_kv_heads-th one. A mean, not a sum, keeps one head's scale; and the trailing axes (d_model inputs "
+            "for a weight, none for a bias) stay as they are."
+        ),
+        approach=(
+            "(1) d_head is the first axis's length divided by n_heads, and g is n_heads divided by n_kv_heads. "
+            "(2) View the first axis as three, (n_kv_heads, g, d_head), and keep the trailing shape whatever it "
+            "is: a weight becomes (n_kv_heads, g, d_head, d_model), a bias (n_kv_heads, g, d_head); a reshape "
+            "that passes the trailing sizes on, or unflatten on axis 0, does both. (3) Average over the group "
+            "axis, axis 1. (4) Merge the two leading axes back into n_kv_heads * d_head rows, trailing axes "
+            "unchanged. Return a new tensor and leave the input alone."
+        ),
+        skeleton=(
+            "def pool_kv_weight(weight, n_heads, n_kv_heads):\n"
+            "    d_head = ____\n"
+            "    groups = weight.reshape(____, ____, ____, *weight.shape[1:])  # (n_kv_heads, g, d_head, ...)\n"
+            "    return groups.mean(dim=____).reshape(____, *weight.shape[1:])\n"
+        ),
+    ),
 }
