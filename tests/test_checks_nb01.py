@@ -271,7 +271,7 @@ def test_learn_bpe_mistakes():
             merges.append(pair)
         return merges, ids
 
-    message = fails_with(nb01.check_learn_bpe, never_stops, hint="`if not counts: break`")
+    message = fails_with(nb01.check_learn_bpe, never_stops, hint="leaving the loop as soon as the counts come back empty")
     assert "ValueError" in message
 
     def same_id(ids, n_merges, first_id):

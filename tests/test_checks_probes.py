@@ -439,7 +439,7 @@ MISTAKES = [
     ("02_embeddings", "check_embed_via_one_hot", "embed_via_one_hot", lambda ids, W_E: W_E[ids], "indexed W_E directly"),
     ("02_embeddings", "check_embed_via_one_hot", "embed_via_one_hot",
      no_grad(lambda ids, W_E: F.one_hot(ids, W_E.shape[0]).to(W_E.dtype) @ W_E), "no gradient flows back"),
-    ("02_embeddings", "check_sgns_loss", "sgns_loss", sgns_two_step_log, "F.logsigmoid(x) is finite there"),
+    ("02_embeddings", "check_sgns_loss", "sgns_loss", sgns_two_step_log, "F.logsigmoid is finite there"),
     ("02_embeddings", "check_sgns_loss", "sgns_loss", lambda *a: sgns_loss(*a).item(), "not a Python number"),
     ("02_embeddings", "check_sgns_loss", "sgns_loss", no_grad(sgns_loss), "no gradient flows back through sgns_loss"),
     ("03_rnns_to_attention", "check_run_rnn", "run_rnn", run_rnn_detached_state, "wrong gradient"),

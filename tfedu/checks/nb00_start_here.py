@@ -6,12 +6,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, seeded_randn, watch_calls
+from tfedu.checks.core import CheckFailure, Hints, Probe, call_learner, checker, compare, seeded_randn, watch_calls
 from tfedu.checks.probes import CLEANUP, HELPERS, HINT_MUTATED, as_array, backward, compare_outputs, leaf, upstream_like
 from tfedu.softmax import softmax as reference_softmax
 
 SHAPE_HINT = (
-    "x.max(dim=-1) returns (values, indices): take .values; and pass keepdim=True to max and sum "
+    "a max over one dim returns a pair (values, indices): take .values; and pass keepdim=True to max and sum "
     "so the (rows, 1) result broadcasts against x"
 )
 
@@ -226,5 +226,36 @@ PROBES = {
         # The exercise is to build the softmax: the reference and torch's own versions are off limits.
         # (torch.ops.aten.* is refused by the grader's scan for every answer; see tfedu.checks.scan.)
         forbidden=SOFTMAX_SHORTCUTS,
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- hints, in steps (tfedu.hint)
+
+HINTS = {
+    "ex_softmax": Hints(
+        number="0.1",
+        check="check_softmax",
+        idea=(
+            "The softmax of a row is exp of each entry divided by the sum of the exps of that row, so every row "
+            "of the result is positive and sums to one. Subtracting one number from a whole row changes nothing "
+            "(it cancels between numerator and denominator), and the row's own max is the number that helps: "
+            "then the largest exponent is exactly 0, nothing overflows, and the denominator is at least 1. The "
+            "classic traps: the max of the whole tensor or of a column instead of each row's, and summing over "
+            "a different dim than the one you took the max over."
+        ),
+        approach=(
+            "Everything happens along the last dim, so any number of leading batch dims come for free. (1) Take "
+            "each row's max over the last dim, keeping that dim: shape (..., 1), a column that broadcasts (torch's "
+            "max over a dim returns values and indices; you want the values, or use amax). (2) Subtract it from "
+            "x and exponentiate: shape (..., n), every entry in (0, 1]. (3) Sum those exponentials over the last "
+            "dim, again keeping it: shape (..., 1). (4) Divide. No torch.softmax or log_softmax anywhere."
+        ),
+        skeleton=(
+            "def softmax(x):\n"
+            "    row_max = ____  # (..., 1): each row's largest logit, kept as a column\n"
+            "    exps = torch.exp(____)  # (..., n): every exponent is at most 0\n"
+            "    return exps / ____  # (..., n): each row sums to one\n"
+        ),
     ),
 }

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import regex
 
-from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, expect
+from tfedu.checks.core import CheckFailure, Hints, Probe, call_learner, checker, expect
 from tfedu.tokenizer import GPT2_PATTERN, GPT4_PATTERN, Tokenizer, get_pair_counts, merge_pair, pretokenize, train_bpe
 from tfedu.tokenizer import merge_pair as reference_merge_pair
 
@@ -228,7 +228,8 @@ def _match(got: Any, expected: Any, what: str, mistakes: Mapping[str, Any]) -> N
 
 PAIR_MISTAKES = {
     "you counted non-overlapping pairs; every adjacent pair counts, so [a, a, a] has ('a','a') twice "
-    "(positions 0-1 and 1-2): use zip(ids, ids[1:])": (_pairs_chunked, _pairs_non_overlapping),
+    "(positions 0-1 and 1-2): pair every id with the one right after it, moving one position at a time": (
+        _pairs_chunked, _pairs_non_overlapping),
     "the last pair is missing (off by one): a list of n ids has n - 1 adjacent pairs": (_pairs_missing_last,),
     "you counted a pair (last, first) that wraps around; the sequence is not a circle": (_pairs_wrapped,),
     "every count is 1: you recorded which pairs occur, not how many times; add 1 each time a pair is seen":
@@ -263,7 +264,7 @@ def check_get_pair_counts(get_pair_counts) -> None:
 
 MERGE_MISTAKES = {
     "you replaced overlapping pairs: in [a, a, a] only one (a, a) can merge, leaving [Z, a]; after a merge, "
-    "skip both of its ids (i += 2)": _merge_overlapping,
+    "skip both of its ids (move on by two positions)": _merge_overlapping,
     "you did not advance past the merged pair: after appending new_id, move i forward by 2, not 1, so the "
     "pair's right half is not used again": _merge_not_advancing,
     "you merged from right to left; BPE merges left to right, so [a, a, a] becomes [Z, a], not [a, Z]": _merge_right_to_left,
@@ -271,8 +272,8 @@ MERGE_MISTAKES = {
     "the new id replaces both ids of the pair; you kept the pair's right id as well": _merge_keeping_right,
     "only the first occurrence was replaced: keep scanning to the end of the list, replacing every "
     "occurrence (do not return inside the loop)": _merge_first_only,
-    "nothing was merged, though the pair occurs: check your comparison; `pair` is a tuple, so compare "
-    "(ids[i], ids[i + 1]) == pair (a list [x, y] never equals a tuple (x, y))": _merge_nothing,
+    "nothing was merged, though the pair occurs: check your comparison; `pair` is a tuple, so compare it "
+    "with a tuple of the two adjacent ids (a list [x, y] never equals a tuple (x, y))": _merge_nothing,
 }
 
 
@@ -358,8 +359,8 @@ def check_learn_bpe(learn_bpe) -> None:
         runs_out = len(merges) < n_merges
         got = call_learner(
             learn_bpe, list(ids), n_merges, first_id, name="learn_bpe",
-            error_hint="this input runs out of pairs before n_merges: stop early when the counts are empty, "
-                       "`if not counts: break`" if runs_out else "",
+            error_hint="this input runs out of pairs before n_merges: stop early, leaving the loop as soon as "
+                       "the counts come back empty" if runs_out else "",
         )
         if not (isinstance(got, tuple) and len(got) == 2):
             raise CheckFailure(f"{what} should return a tuple (merges, ids), got {type(got).__name__}")
@@ -443,7 +444,7 @@ SPLIT_TEXTS = [
     "I'm here",
     "I'M HERE",
     "we'll see, they'd've",
-    "x = 1999 + 12345",
+    "1999 + 12345 = x",
     "a   b\n\n  c",
     "    return x  ",
     "Hello world! Hello world.",
@@ -488,7 +489,8 @@ SPLIT_MISTAKES = {
     "`[^s\\p{L}\\p{N}]` has lost a backslash (a typo in the deck's slide): `s` there is the letter s, so "
     "this branch now also swallows spaces and newlines; write `[^\\s\\p{L}\\p{N}]`, not whitespace, "
     "not a letter, not a number": regex.compile(GPT2_PATTERN.replace(r"[^\s\p{L}", r"[^s\p{L}")).findall,
-    "you split on whitespace and dropped it; the pieces must join back to the exact text (''.join(pieces) == text)":
+    "you split on whitespace and dropped it; the pieces, joined with nothing between them, must give back the "
+    "exact text":
         str.split,
 }
 
@@ -632,7 +634,7 @@ ENCODE_MISTAKES = {
 
 EMPTY_PAIRS_HINT = (
     "a pre-token that has merged down to one id has no pairs left, and min() of no pairs fails: stop the "
-    "loop when no pair is left (while len(ids) >= 2) or when none of the pairs is a learned merge"
+    "loop when no pair is left (fewer than two ids) or when none of the pairs is a learned merge"
 )
 
 # Small cases, each made so that one of the mistakes above gives a different answer.
@@ -840,5 +842,188 @@ PROBES = {
         reference=lambda inputs: {"pieces": pretokenize(inputs["text"], GPT2_PATTERN)},
         forbidden=("tfedu.tokenizer",),
         compare=_equal,
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- hints, in steps (tfedu.hint)
+
+HINTS = {
+    "ex_get_pair_counts": Hints(
+        number="1.1",
+        check="check_get_pair_counts",
+        idea=(
+            "Every position i except the last starts one pair: the id at i and the id right after it. Pairs "
+            "overlap, so [a, a, a] holds (a, a) twice, and a list of n ids holds n - 1 pairs (none for an empty "
+            "list or a single id). The result maps each pair, a tuple of two ids, to how many times it occurs. "
+            "The usual traps: stepping two positions at a time, losing the last pair, and recording that a pair "
+            "occurs instead of how often."
+        ),
+        approach=(
+            "One pass over the adjacent pairs. The neat way to get them is to walk the list side by side with "
+            "itself shifted by one position (zip stops at the shorter of the two, which drops the last id's "
+            "missing partner for you); a loop over the positions 0 to n - 2 works as well. For each pair, add "
+            "one to its count, starting from 0 the first time it is seen (a dict's get with a default, or "
+            "collections.Counter). Keys are tuples (a, b), values are ints."
+        ),
+        skeleton=(
+            "def get_pair_counts(ids):\n"
+            "    counts = {}\n"
+            "    for pair in ____:  # every adjacent pair (a, b), overlapping ones too\n"
+            "        counts[pair] = ____  # one more than before, 0 before the first time\n"
+            "    return counts\n"
+        ),
+    ),
+    "ex_merge_pair": Hints(
+        number="1.2",
+        check="check_merge_pair",
+        idea=(
+            "Scan left to right and build a new list. Wherever the id at the current position and the next one "
+            "form `pair`, write new_id once and jump past both ids, since they are used up; anywhere else copy "
+            "the id and move on by one. That is why [a, a, a] merged on (a, a) gives [Z, a], not [Z, Z]. The "
+            "list you were given must stay as it was."
+        ),
+        approach=(
+            "Keep an output list and an index i starting at 0, and loop while i is inside the list (up to the "
+            "very last id, so it is not dropped). At each step ask two things: is there a next id at all, and do "
+            "the id at i and the next one, taken as a tuple, equal the pair (convert the pair to a tuple too; a "
+            "list never equals a tuple)? If yes, append new_id and advance i by 2; if not, append the id at i "
+            "and advance by 1. Return the output list."
+        ),
+        skeleton=(
+            "def merge_pair(ids, pair, new_id):\n"
+            "    out, i = ____, 0\n"
+            "    while ____:  # until every id has been used\n"
+            "        if ____:  # is there a next id, and do the two make `pair`?\n"
+            "            out.append(____)\n"
+            "            i += ____\n"
+            "        else:\n"
+            "            out.append(____)\n"
+            "            i += ____\n"
+            "    return out\n"
+        ),
+    ),
+    "ex_learn_bpe": Hints(
+        number="1.3",
+        check="check_learn_bpe",
+        idea=(
+            "Training is the same step repeated n_merges times: count the pairs of the ids as they are NOW, take "
+            "the most frequent pair, and merge it everywhere into a fresh id. Each merge creates new pairs and "
+            "destroys old ones, so the counts must be redone after every merge. A tie is broken by the pairs "
+            "themselves: the smaller tuple wins, comparing the first id first (ab = (1, 2) beats Za = (27, 1) "
+            "at the deck's second step). Merge number k (from 0) gets first_id + k, and the loop stops early "
+            "once no pair is left."
+        ),
+        approach=(
+            "Copy ids into a new list and start an empty list of merges. Loop k over 0 to n_merges - 1. Count "
+            "the pairs with your get_pair_counts; if there are none, break. Choose the pair with min and a key "
+            "function that orders the pairs by count, highest first, and then by the pair itself, "
+            "smallest first: a key can return a tuple, and tuples compare element by element (negating the "
+            "count turns highest-first into smallest-first). Merge it with your merge_pair into first_id + k, "
+            "record the pair, and after the loop return the tuple (merges, ids), in that order."
+        ),
+        skeleton=(
+            "def learn_bpe(ids, n_merges, first_id):\n"
+            "    ids, merges = ____, []  # a copy to work on, and no merges yet\n"
+            "    for k in ____:\n"
+            "        counts = ____  # the pairs of the CURRENT ids\n"
+            "        if ____:  # no pair left?\n"
+            "            break\n"
+            "        pair = min(counts, key=____)  # most frequent first; ties: the smaller pair\n"
+            "        ids = ____  # merged into the k-th new id\n"
+            "        merges.append(pair)\n"
+            "    return ____\n"
+        ),
+    ),
+    "ex_utf8": Hints(
+        number="1.4",
+        check="check_utf8",
+        idea=(
+            "A str is a sequence of code points; UTF-8 writes each one as 1 to 4 bytes, so 'ü' is the two bytes "
+            "195, 188 and not its code point 252. Encoding turns the text into those bytes, as ints. Decoding "
+            "goes back, and must read the bytes as one stream, because a character can span several of them; "
+            "since a model can emit any bytes, invalid ones are replaced by U+FFFD instead of raising an error "
+            "(and not dropped, and not read as latin-1)."
+        ),
+        approach=(
+            "Both are one line, using Python's own codec rather than writing UTF-8 by hand. Encode: a str's "
+            "encode method, with the codec name 'utf-8', gives a bytes object; iterating a bytes object yields "
+            "ints 0..255, so turn it into a list. Decode: the built-in bytes turns a list of ints into one bytes "
+            "object; its decode method takes the codec name and an errors policy, and the policy you want is "
+            "'replace' (the default, 'strict', raises)."
+        ),
+        skeleton=(
+            "def utf8_encode(text):\n"
+            "    return list(____)  # the text's UTF-8 bytes\n"
+            "\n"
+            "\n"
+            "def utf8_decode(ids):\n"
+            "    return ____.decode(____, errors=____)  # all the bytes at once; invalid ones become U+FFFD\n"
+        ),
+    ),
+    "ex_gpt2_split": Hints(
+        number="1.5",
+        check="check_gpt2_split",
+        idea=(
+            "GPT-2's split is one regular expression made of six alternatives, and findall returns every match "
+            "from left to right. At each position the FIRST alternative that matches wins, so their order is "
+            "part of the answer: the contractions come first, or the apostrophe would be taken as punctuation. "
+            "The pattern has no ignore-case flag ('m matches but 'M does not), letters, numbers and other symbols "
+            "each take at most one space in front, and the pieces always join back to the exact text."
+        ),
+        approach=(
+            "Write a raw string joining six branches with |, in this order: (1) the seven contractions 's 't "
+            "'re 've 'm 'll 'd as literal alternatives; (2) an optional space, then a run of letters, using the "
+            "class for any Unicode letter; (3) the same with the class for any number; (4) an optional space, "
+            "then a run of characters that are none of whitespace, letter, number (one negated class holding "
+            "all three); (5) a run of whitespace that is not followed by a non-space (a negative lookahead); "
+            "(6) any run of whitespace. Pass it to the third-party regex module's findall (the built-in re does "
+            "not know the letter and number classes), with no flags."
+        ),
+        skeleton=(
+            "def gpt2_split(text):\n"
+            "    contractions = ____  # 's, 't, 're, 've, 'm, 'll, 'd, as alternatives\n"
+            "    letters = ____  # at most one space, then one or more letters\n"
+            "    numbers = ____  # the same for numbers\n"
+            "    other = ____  # at most one space, then a run of: not whitespace, not a letter, not a number\n"
+            "    spaces = ____  # whitespace, leaving the last space before a word to that word\n"
+            "    pattern = '|'.join([contractions, letters, numbers, other, spaces, ____])\n"
+            "    return regex.____(pattern, text)\n"
+        ),
+    ),
+    "ex_bpe_encode": Hints(
+        number="1.6",
+        check="check_bpe_encode",
+        idea=(
+            "Encoding replays training, in training's order. Split the text with the same pattern, start every "
+            "pre-token from its UTF-8 bytes, and inside it keep applying the learned merge that was learned "
+            "FIRST (the lowest rank) among the pairs present, on every occurrence, until no present pair is a "
+            "learned merge. Frequencies play no part any more, and neither does left-to-right order. Merge r "
+            "(counting from 0) makes id 256 + r; the pre-tokens' ids are concatenated."
+        ),
+        approach=(
+            "Before the loop, build one dict from each pair (as a tuple) to the id its merge made, 256 plus its "
+            "rank (enumerate the merges): it answers both 'is this pair learned?' and 'which was learned "
+            "first?', since a smaller id means an earlier merge. For each piece that regex's findall finds with "
+            "GPT4_SPLIT: take the list of its UTF-8 bytes; while it holds at least two ids, collect the "
+            "adjacent pairs that are in the dict, stop if there are none, else take the one whose id is "
+            "smallest (min with the dict's get as key) and merge it everywhere with your merge_pair. Then "
+            "extend the output with the piece's ids."
+        ),
+        skeleton=(
+            "def bpe_encode(text, merges):\n"
+            "    new_ids = {____: ____ for rank, pair in enumerate(merges)}  # pair -> the id its merge made\n"
+            "    out = []\n"
+            "    for piece in ____:  # GPT-4's pre-tokens\n"
+            "        ids = ____  # the piece's UTF-8 bytes, as ints\n"
+            "        while ____:\n"
+            "            learned = [p for p in ____ if p in new_ids]  # the adjacent pairs that are learned merges\n"
+            "            if not learned:\n"
+            "                break\n"
+            "            pair = ____  # the one learned first\n"
+            "            ids = merge_pair(ids, pair, ____)\n"
+            "        out.extend(ids)\n"
+            "    return out\n"
+        ),
     ),
 }

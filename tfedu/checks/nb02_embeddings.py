@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tfedu.checks.building_blocks import ACTIVATIONS, ELEMENTARY
-from tfedu.checks.core import CheckFailure, Probe, call_learner, checker, compare, expect, is_close, seeded_randn
+from tfedu.checks.core import CheckFailure, Hints, Probe, call_learner, checker, compare, expect, is_close, seeded_randn
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 from tfedu.embeddings import SkipGram, cbow_loss, sgns_loss, sgns_step
 
@@ -22,30 +22,31 @@ from tfedu.embeddings import SkipGram, cbow_loss, sgns_loss, sgns_step
 
 DTYPE_HINT = (
     "F.one_hot returns integers (torch.long) and a matrix product needs one dtype on both sides: "
-    "convert the one-hot with .to(W_E.dtype) (or .float()) before multiplying"
+    "convert the one-hot vectors to W_E's dtype (the tensor method .to takes a dtype) before multiplying"
 )
 D_VOCAB_HINT = (
     "your one-hot vectors have the wrong length: d_vocab is the number of rows of W_E, "
-    "not ids.max() + 1; F.one_hot(ids) without num_classes guesses it from the ids"
+    "not one more than the largest id in the input; F.one_hot without num_classes guesses it from the ids, "
+    "so pass the number of rows of W_E as num_classes"
 )
 TRANSPOSED_HINT = (
     "you picked columns of W_E instead of rows: W_E has shape (d_vocab, d_model), one row per word, "
-    "so the product is one_hot(ids) @ W_E, with no transpose"
+    "so multiply the one-hot vectors by W_E as it is, with no transpose"
 )
 NUM_CLASSES_HINT = (
     "an id was not smaller than num_classes: one-hot vectors have d_vocab entries (the rows of W_E), not "
     "d_model (its columns)"
 )
 FLATTENED_HINT = (
-    "keep the shape of ids: the result has shape ids.shape + (d_model,); F.one_hot works on ids of any "
-    "shape, so there is no need to flatten them"
+    "keep the shape of ids: the result has the shape of ids with one more axis, d_model, at the end; "
+    "F.one_hot works on ids of any shape, so there is no need to flatten them"
 )
 TENSOR_HINT = (
     "return a torch.Tensor, not a NumPy array: .numpy() leaves autograd, so no gradient could reach W_E"
 )
 LOOKUP_HINT = (
-    "you indexed W_E directly (W_E[ids] or nn.Embedding); the values are right, but the exercise is to "
-    "get them as a matrix product: one_hot(ids) @ W_E"
+    "you indexed W_E directly (indexing it with the ids, or nn.Embedding); the values are right, but the "
+    "exercise is to get them as a matrix product of the one-hot vectors with W_E"
 )
 
 
@@ -140,13 +141,13 @@ LOSS_NUMBER_HINT = (
 )
 STABILITY_HINT = (
     "NaN or Inf for large scores: the log of a sigmoid computed in two steps, log(sigma(x)), underflows "
-    "to log(0) = -inf once x is below about -100 (float32); F.logsigmoid(x) computes the same thing "
-    "without underflow"
+    "to log(0) = -inf once x is below about -100 (float32); F.logsigmoid computes the same thing in one "
+    "step, without underflow"
 )
 ONE_MINUS_HINT = (
     "NaN or Inf for large scores: you wrote log(1 - sigma(x)) for a negative's term; that is log sigma(-x), "
     "but in float32 sigma(x) rounds to exactly 1 once x is above about 17, so 1 - sigma(x) is 0 and its log "
-    "is -inf; F.logsigmoid(-x) computes the same thing without that rounding"
+    "is -inf; F.logsigmoid of the negated score computes the same thing without that rounding"
 )
 OUTER_PRODUCT_HINT = (
     "center @ context.T is a (batch, batch) matrix that scores every center against every context; the "
@@ -221,7 +222,7 @@ def check_sgns_loss(sgns_loss_fn) -> None:
         raise CheckFailure("return one number, a 0-d tensor: the mean over the batch of the per-example losses")
     expected = sgns_loss(center, context, negatives)
     _name_variants(got, outer_product_variants(center, context, negatives), expected, OUTER_PRODUCT_HINT)
-    compare(got, expected, what="sgns_loss(center, context, negatives)",
+    compare(got, expected, what="sgns_loss on a batch of 4 (k 5, d_model 3)",
             mistakes=sgns_loss_mistakes(center, context, negatives))
     # Another batch size, k and d_model, with gradients.
     center, context, negatives = (t.double().requires_grad_(True) for t in _sgns_inputs(10, batch=3, k=2, d_model=5))
@@ -244,13 +245,17 @@ def check_sgns_loss(sgns_loss_fn) -> None:
 
 NO_ZERO_GRAD_HINT = (
     "the second step used the first step's gradients as well: PyTorch adds new gradients to old ones, "
-    "so call optimizer.zero_grad() before loss.backward()"
+    "so clear the optimizer's gradients (zero_grad) before you backpropagate the new loss"
 )
 NO_UPDATE_HINT = (
-    "the parameters did not change: the order is optimizer.zero_grad(), loss = model(...), "
-    "loss.backward(), optimizer.step()"
+    "the parameters did not change: the optimizer's step uses the gradients that backward has just "
+    "filled in, so the order is clear the old gradients, compute the loss, backpropagate it, and only "
+    "then step"
 )
-FLOAT_HINT = "return loss.item(), a plain Python float (a tensor would keep the whole graph of the step alive)"
+FLOAT_HINT = (
+    "return the loss as a plain Python float (the tensor's .item() gives it), not a tensor: a tensor would "
+    "keep the whole graph of the step alive"
+)
 LOSS_AFTER_HINT = "return the loss computed before the update (the one you called backward on), not a fresh one"
 
 
@@ -330,7 +335,7 @@ CBOW_ALL_AXES_HINT = (
     "vector per example, the mean over that example's context words (dim 1)"
 )
 CBOW_FIRST_WORD_HINT = (
-    "h used only the first context word (context[:, 0]); average all 2m context words (dim 1)"
+    "h used only the first context word of each example; average all 2m context words (dim 1)"
 )
 CBOW_LOSS_PER_WORD_HINT = (
     "you averaged the losses of the context words, each scored on its own (that is skip-gram); CBOW first "
@@ -388,7 +393,8 @@ def check_cbow_loss(cbow_loss_fn) -> None:
         raise CheckFailure(CBOW_PER_EXAMPLE_HINT)
     expected = cbow_loss(context, center, negatives)
     _name_variants(got, cbow_axis_variants(context, center, negatives), expected, CBOW_DMODEL_AXIS_HINT)
-    compare(got, expected, what="cbow_loss(context, center, negatives)", mistakes=cbow_loss_mistakes(context, center, negatives))
+    compare(got, expected, what="cbow_loss on a batch of 4 (2m 4, k 5, d_model 3)",
+            mistakes=cbow_loss_mistakes(context, center, negatives))
     # Another shape, float64, with gradients.
     context, center, negatives = (t.double().requires_grad_(True)
                                   for t in (seeded_randn(30, 3, 2, 5), seeded_randn(31, 3, 5), seeded_randn(32, 3, 2, 5)))
@@ -470,16 +476,20 @@ LOSS_NAMES = ("center", "context", "negatives")
 
 # The loss goes out as a Python float when it is one number (a 0-d array does not survive every
 # exchange format: np.ascontiguousarray makes it 1-d); anything else as an array, whose shape the
-# comparison then names. The upstream gradient is a float too, for the same reason.
-def _loss_run(function: str, names: tuple[str, ...]) -> str:
-    return HELPERS + f"""\
-_leaves = {{_name: torch.tensor(inputs[_name], requires_grad=True) for _name in {names!r}}}
-_result = {function}(*(_t.clone() for _t in _leaves.values()))
+# comparison then names. The upstream gradient is a float too, for the same reason. $function and
+# $names stand for the learner's function and the names of its inputs.
+LOSS_RUN_CODE = """\
+_leaves = {_name: torch.tensor(inputs[_name], requires_grad=True) for _name in $names}
+_result = $function(*(_t.clone() for _t in _leaves.values()))
 _scalar = isinstance(_result, torch.Tensor) and _result.dim() == 0 and _result.is_floating_point()
-outputs = {{'returned': [_kind(_result)], 'loss': float(_result.detach()) if _scalar else _array(_result),
-           'grad': _backward([_result], [torch.tensor(float(inputs['upstream']))], _leaves)}}
+outputs = {'returned': [_kind(_result)], 'loss': float(_result.detach()) if _scalar else _array(_result),
+           'grad': _backward([_result], [torch.tensor(float(inputs['upstream']))], _leaves)}
 del _leaves, _result, _scalar
-""" + CLEANUP
+"""
+
+
+def _loss_run(function: str, names: tuple[str, ...]) -> str:
+    return HELPERS + LOSS_RUN_CODE.replace("$names", repr(names)).replace("$function", function) + CLEANUP
 
 
 def _loss_reference(inputs: dict, loss_fn: Any = sgns_loss, names: tuple[str, ...] = LOSS_NAMES) -> dict:
@@ -494,7 +504,7 @@ def _compare_loss(outputs: dict, expected: dict, *, function: str) -> str | None
         outputs, expected, function=function,
         labels={"loss": f"the loss of {function} (one number, a 0-d tensor: the mean over the batch)"},
         nan_hints={"loss": "the hidden test scores some pairs at about +-1e3, where log(sigmoid(x)) in two steps is "
-                           "log(0) = -inf; F.logsigmoid(x) is finite there"},
+                           "log(0) = -inf; F.logsigmoid is finite there"},
         kind_hints={"float": LOSS_NUMBER_HINT},
     )
 
@@ -628,5 +638,116 @@ PROBES = {
         compare=lambda outputs, expected: _compare_loss(outputs, expected, function="cbow_loss"),
         forbidden=("tfedu.embeddings",),
         standins=SGNS_STANDIN,
+    ),
+}
+
+
+# ----------------------------------------------------------------------------- hints, in steps (tfedu.hint)
+
+HINTS = {
+    "ex_embed_via_one_hot": Hints(
+        number="2.1",
+        check="check_embed_via_one_hot",
+        idea=(
+            "A one-hot vector for word i is all zeros but a 1 at position i, and multiplying it by W_E keeps "
+            "exactly row i of W_E: the product IS the look-up. The one-hot vectors must be d_vocab long, the "
+            "number of rows of W_E (not worked out from the ids, which may not include the largest word), and "
+            "W_E is used as it is, one row per word, with no transpose. Because it is a product, the gradient "
+            "reaches W_E row by row: words that were not in the input get zero."
+        ),
+        approach=(
+            "Three steps. (1) d_vocab is the first dimension of W_E's shape. (2) F.one_hot with num_classes set "
+            "to d_vocab turns ids of any shape into one-hot vectors of shape (*ids, d_vocab); they come out as "
+            "integers, so convert them to W_E's dtype. (3) Matrix-multiply them by W_E, shape (d_vocab, "
+            "d_model): the product contracts the d_vocab axis and keeps every leading axis of ids, giving "
+            "(*ids, d_model) with no flattening. Never index W_E with the ids yourself."
+        ),
+        skeleton=(
+            "def embed_via_one_hot(ids, W_E):\n"
+            "    d_vocab = ____  # how many words W_E has a row for\n"
+            "    one_hots = F.one_hot(ids, num_classes=____).____  # (*ids, d_vocab), in W_E's dtype\n"
+            "    return ____  # (*ids, d_model)\n"
+        ),
+    ),
+    "ex_sgns_loss": Hints(
+        number="2.2",
+        check="check_sgns_loss",
+        idea=(
+            "Each example is a small logistic regression: the observed pair's score u_o . v_c should be high, "
+            "and each negative's score u_wi . v_c low. The loss is -log sigma of the positive score minus, for "
+            "every negative, log sigma of MINUS its score (the minus sits inside, since log(1 - sigma(s)) = "
+            "log sigma(-s)). Add the k negative terms (sum, not mean), then average over the batch. Compute each "
+            "log sigma in one step with F.logsigmoid: taking the log of a sigmoid gives log(0) = -inf once the "
+            "scores are large."
+        ),
+        approach=(
+            "Shapes: center and context are (batch, d_model), negatives is (batch, k, d_model). Positive scores: "
+            "multiply center and context elementwise and sum over d_model, giving (batch,); a matrix product of "
+            "the two would score every center against every context instead. Negative scores: dot each of the "
+            "k negatives of an example with that example's center, summing over d_model, giving (batch, k); "
+            "an einsum over the d axis does it, or a batched matrix product with the center as a column. Then "
+            "F.logsigmoid of the positive scores plus F.logsigmoid of the negated negative scores summed over "
+            "k, both (batch,); negate, and take the mean over the batch: a 0-d tensor."
+        ),
+        skeleton=(
+            "def sgns_loss(center: torch.Tensor, context: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:\n"
+            "    positive = ____  # (batch,): u_o . v_c for each example\n"
+            "    negative = torch.einsum(\"____\", negatives, center)  # (batch, k): u_wi . v_c for each negative\n"
+            "    per_example = ____  # (batch,): -log sigma(positive) - the k negative terms, summed over k\n"
+            "    return ____  # 0-d: the mean over the batch\n"
+        ),
+    ),
+    "ex_sgns_step": Hints(
+        number="2.3",
+        check="check_sgns_step",
+        idea=(
+            "One optimisation step is four moves in a fixed order. PyTorch ADDS each new gradient to the one "
+            "already stored in a parameter, so the previous step's gradients must be cleared first; then the "
+            "forward pass gives the loss; backward fills every parameter's gradient; and only then does the "
+            "optimizer update the parameters from those gradients. Return the loss of this batch, computed "
+            "before the update, as a plain Python number."
+        ),
+        approach=(
+            "All the pieces are methods. The optimizer has one that zeroes the gradients of the parameters it "
+            "was given, and one that takes the step. The model is called like a function on the three id "
+            "tensors, in the order centers, contexts, negatives (shapes (batch,), (batch,), (batch, k)), and "
+            "returns the SGNS loss as a 0-d tensor. The loss has a method that backpropagates, and one that "
+            "turns a 0-d tensor into a Python float: return that, so no graph is kept alive."
+        ),
+        skeleton=(
+            "def sgns_step(model, optimizer, centers, contexts, negatives) -> float:\n"
+            "    ____  # forget the previous step's gradients\n"
+            "    loss = ____  # the model's SGNS loss on this batch, a 0-d tensor\n"
+            "    ____  # fill every parameter's gradient\n"
+            "    ____  # update the parameters\n"
+            "    return ____  # a plain Python float\n"
+        ),
+    ),
+    "ex_cbow_loss": Hints(
+        number="2.4",
+        check="check_cbow_loss",
+        idea=(
+            "CBOW first turns each example's 2m context vectors into ONE vector h, their average, and then asks "
+            "the same yes/no question as SGNS with h in place of v_c: the center word's score u_o . h should be "
+            "high and each negative's u_wi . h low. So the loss is exactly the SGNS loss with h as the center "
+            "vector and the center word's output vector u_o as the context. Average the vectors (not the "
+            "losses, and not their sum), over the context words only."
+        ),
+        approach=(
+            "Shapes: context is (batch, 2m, d_model), center is (batch, d_model), negatives is (batch, k, d_model). "
+            "(1) h: the mean of context over its middle axis, the 2m context words, giving (batch, d_model); "
+            "the mean over the first axis would mix the examples and over the last would collapse each vector "
+            "to one number. (2) From here it is exercise 2.2: the positive score of h with center, (batch,); "
+            "the negative scores of h against each negative, (batch, k); F.logsigmoid terms with the minus "
+            "inside for the negatives, summed over k, negated and averaged over the batch. Your sgns_loss can "
+            "do step (2) if you pass h where it expects the center and u_o where it expects the context."
+        ),
+        skeleton=(
+            "def cbow_loss(context: torch.Tensor, center: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:\n"
+            "    h = ____  # (batch, d_model): the average of each example's 2m context vectors\n"
+            "    positive = ____  # (batch,): u_o . h\n"
+            "    negative = ____  # (batch, k): u_wi . h for each negative\n"
+            "    return ____  # 0-d: as in sgns_loss, with h in place of v_c\n"
+        ),
     ),
 }
