@@ -103,7 +103,18 @@ def run_cells(cwd: Path, cells: list[str]) -> list[str]:
     return outputs
 
 
-def test_a_passed_part_is_kept_and_a_fresh_kernel_uses_it_then_falls_back_when_it_is_deleted(tmp_path):
+def notebook_07_cells() -> list[str]:
+    """Notebook 07's cells up to its switch for 5.3: imports, the two exercises and switches the GPT uses, the switch."""
+    from tfedu.course import nbtools
+
+    cells = [c.source for c in nbtools.read(ROOT / "notebooks" / "07_transformer_block.ipynb").cells if c.cell_type == "code"]
+    wanted = ("from tfedu.model import GPT", "def layer_norm(", "USE_MY_LAYER_NORM = ", "def pre_norm_block(",
+              "USE_MY_BLOCK = ", 'tfedu.use_mine("5.3"')
+    picked = [next(c for c in cells if marker in c) for marker in wanted]
+    return ["import torch", *picked]
+
+
+def test_a_passed_part_is_kept_and_notebook_07_uses_it_in_a_fresh_kernel_then_falls_back_when_deleted(tmp_path):
     mha = SOLUTIONS["5.3"]["code"]
     setup = "import math, einops, torch\nfrom torch import nn\nfrom tfedu import attention as tfa\n"
     first = run_cells(tmp_path, [setup, mha, "from tfedu.checks import nb05_masks_and_heads as checks\n"
@@ -112,9 +123,11 @@ def test_a_passed_part_is_kept_and_a_fresh_kernel_uses_it_then_falls_back_when_i
     assert "kept in" in first[-1] and kept.is_file()
     text = kept.read_text()
     assert "class MultiHeadAttention(nn.Module)" in text and "KEPT['5.3'] = 'MultiHeadAttention'" in text
-    switch = "import tfedu\nMHA = tfedu.use_mine('5.3', tfa.MultiHeadAttention)\nprint(MHA.__module__)"
-    second = run_cells(tmp_path, [setup, switch])
-    assert "yours, from" in second[-1] and "my_tfedu_nb05" in second[-1]
+    later = notebook_07_cells()
+    second = run_cells(tmp_path, [*later, "print(MultiHeadAttention.__module__, type(gpt_of_parts.blocks[0].attn.mha).__module__)"])
+    assert "exercise 5.3 MultiHeadAttention: yours, from" in second[-2]
+    assert "attention (5.3): yours" in second[-2]
+    assert second[-1].split() == ["my_tfedu_nb05", "my_tfedu_nb05"]  # the GPT's blocks attend with the learner's class
     kept.unlink()
-    third = run_cells(tmp_path, [setup, switch])
-    assert "nb05.py does not exist" in third[-1] and "tfedu.attention" in third[-1]
+    third = run_cells(tmp_path, later)
+    assert "nb05.py does not exist" in third[-1] and "attention (5.3): the reference" in third[-1]
