@@ -131,3 +131,20 @@ def test_a_passed_part_is_kept_and_notebook_07_uses_it_in_a_fresh_kernel_then_fa
     kept.unlink()
     third = run_cells(tmp_path, later)
     assert "nb05.py does not exist" in third[-1] and "attention (5.3): the reference" in third[-1]
+
+
+def test_a_script_keeps_its_definition_and_exec_says_why_it_cannot(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "mine.py"
+    script.write_text("import torch\nfrom tfedu.checks import nb05_masks_and_heads as checks\n\n\n"
+                      "def causal_mask(n):\n    return torch.ones(n, n, dtype=torch.bool).tril()\n\n\n"
+                      "checks.check_causal_mask(causal_mask)\n"
+                      "exec('def causal_mask(n):\\n    return torch.ones(n, n, dtype=torch.bool).tril()')\n"
+                      "checks.check_causal_mask(causal_mask)\n")
+    env = {k: v for k, v in os.environ.items() if k != carry.ENV}
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "kept in" in out.stdout and "could not find the source of causal_mask" in out.stdout
+    assert "return torch.ones(n, n, dtype=torch.bool).tril()" in (tmp_path / carry.FOLDER / "nb05.py").read_text()

@@ -50,7 +50,7 @@ MISTAKES = {  # name: (wrong patchify, a phrase its hint must contain)
                             "treats images as (batch, height, width, channels)"),
     "channels-last input, (p1 p2 c)": (
         lambda x, P: einops.rearrange(x, "b (h p1) (w p2) c -> b (h w) (p1 p2 c)", p1=P, p2=P),
-        "channels last: it cuts correctly when given images.permute(0, 2, 3, 1)"),
+        "channels last: it cuts correctly when given the images with their channel axis moved last"),
     "overlapping strides": (lambda x, P: by_tensor_unfold(x, P, stride=1), "your patches overlap"),
     "stride 2 of 4": (lambda x, P: by_tensor_unfold(x, P, stride=max(1, P // 2)), "a stride of"),
     "naive reshape": (lambda x, P: x.reshape(x.shape[0], -1, x.shape[1] * P * P), "not a P x P square"),
@@ -86,7 +86,7 @@ def test_patchify_names_each_mistake(name):
 
 def test_the_feedback_shows_the_learners_patches_of_a_small_image():
     message = failure_of(nb11.check_patchify, rearranged("b (w h) (c p1 p2)"))
-    assert "torch.arange(48.).reshape(1, 2, 4, 6)" in message
+    assert "one (1, 2, 4, 6) image whose pixels hold their own positions, 0 to 47" in message
     assert "your first two patches are [[0, 1, 6, 7, 24, 25, 30, 31], [12, 13, 18, 19, 36, 37, 42, 43]]" in message
     assert "expected [[0, 1, 6, 7, 24, 25, 30, 31], [2, 3, 8, 9, 26, 27, 32, 33]]" in message
     assert "AST, the Audio Spectrogram Transformer" in failure_of(nb11.check_patchify, MISTAKES["overlapping strides"][0])

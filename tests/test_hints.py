@@ -43,12 +43,6 @@ CODE = re.compile(r"""
   | \w\[[^]]*:[^]]*\]
 """, re.X | re.M)
 
-# Messages that still hand over code, by checker module: each number may only go down (then lower it here),
-# to zero, where the module leaves this dict.
-CODE_LEFT = {
-    "nb11_beyond_text": 9,
-    "nb12_moe_and_scaling": 4, "nb13_peft": 3, "nb14_quantization": 6, "nb15_interp_decoding": 2,
-}
 
 
 def hint_strings(module: Path) -> set[str]:
@@ -68,9 +62,7 @@ def code_in_messages(module: Path) -> list[str]:
 @pytest.mark.parametrize("module", CHECKS, ids=[m.stem for m in CHECKS])
 def test_checker_messages_hold_no_code(module):
     found = code_in_messages(module)
-    left = CODE_LEFT.get(module.stem, 0)
-    assert len(found) <= left, f"{module.name}: messages that hand over code; say it in words:\n" + "\n".join(found)
-    assert len(found) == left, f"{module.name}: {left - len(found)} fewer messages with code: lower CODE_LEFT to {len(found)}"
+    assert not found, f"{module.name}: messages that hand over code; say it in words:\n" + "\n".join(found)
 
 
 def test_the_code_detector_finds_code_and_lets_words_and_inputs_pass():

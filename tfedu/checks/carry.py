@@ -123,18 +123,22 @@ def checker_for(number: str) -> Any:
 # ----------------------------------------------------------------------------- keeping a part when its check passes
 
 def cell_source(obj: Any) -> tuple[str, str] | None:
-    """(the source of the notebook cell that defined ``obj``, its name there), or None when ``obj`` was not
-    written in a notebook cell (a reference, a lambda in a test, a part loaded from a file)."""
+    """(the source of the notebook cell that defined ``obj``, or of its definition in a script run as
+    ``__main__``; its name there), or None when the learner did not write it so (a reference, a lambda in a
+    test, a part loaded from a file, code run with exec)."""
     functions = [obj] if inspect.isfunction(obj) else [f for f in vars(obj).values() if inspect.isfunction(f)] \
         if inspect.isclass(obj) else []
     name = getattr(obj, "__name__", None)
     if not functions or name is None or name == "<lambda>" or getattr(obj, "__module__", None) != "__main__":
         return None
     filename = functions[0].__code__.co_filename
-    if not re.search(r"ipykernel_\d+|<ipython-input-", filename):
+    if re.search(r"ipykernel_\d+|<ipython-input-", filename):  # a notebook cell: IPython keeps its source
+        lines = linecache.getlines(filename)
+        return ("".join(lines), name) if lines else None
+    try:  # a script run as __main__: the definition itself, read from its file
+        return inspect.getsource(obj), name
+    except (OSError, TypeError):
         return None
-    lines = linecache.getlines(filename)
-    return ("".join(lines), name) if lines else None
 
 
 def definitions(source: str) -> str:
@@ -192,6 +196,10 @@ def keep(number: str, check: str, obj: Any, namespace: dict[str, Any] | None = N
         return None
     found = cell_source(obj)
     if found is None:
+        if getattr(obj, "__module__", None) == "__main__" and (inspect.isfunction(obj) or inspect.isclass(obj)) \
+                and getattr(obj, "__name__", "") != "<lambda>":
+            print(f"   (not kept for later notebooks: tfedu keeps what you write in a notebook cell or a script "
+                  f"file, and could not find the source of {obj.__name__})")
         return None
     source, name = found
     try:

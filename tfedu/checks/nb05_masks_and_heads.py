@@ -276,7 +276,7 @@ HINT_MHA_CALL_MASK = (
 HINT_MHA_CALL_CONTEXT = "keys and values have the context's length key_pos, not x's query_pos: split them with the context's shape"
 HINT_MHA_QUERY_AXIS = "softmax over the wrong (query) axis: take it over the keys, the last dim"
 HINT_CONTEXT = (
-    "cross-attention: the keys and values come from `context` (W_K(context), W_V(context)); only the "
+    "cross-attention: the keys and values come from `context` (it goes through W_K and W_V); only the "
     "queries come from x"
 )
 HINT_MHA_MASK_AFTER = HINT_AFTER_SOFTMAX

@@ -41,6 +41,7 @@ from torch import nn
 from tfedu.checks.core import (
     CheckFailure,
     ExerciseNotDone,
+    Hints,
     Probe,
     call_learner,
     call_on_copies,
@@ -64,9 +65,10 @@ LAYOUT = (
     "its rows, then its columns: (batch, n_patches, channels * P * P)"
 )
 HOW_TO_CUT = (
-    "split height and width into (H/P, P) and (W/P, P) with reshape, move the axes to (batch, H/P, W/P, channels, "
-    "P, P) with permute, then flatten: or einops.rearrange(images, 'b c (h p1) (w p2) -> b (h w) (c p1 p2)', "
-    "p1=P, p2=P)"
+    "split the height into (H/P, P) and the width into (W/P, P), the grid index outside and the position inside "
+    "the patch inside; move the axes so that the two grid axes come first and each patch's channel, rows and columns "
+    "last, (batch, H/P, W/P, channels, P, P); then merge the grid axes into one and the patch's three axes into "
+    "one. reshape and permute do it, or a single einops.rearrange pattern that names those axes"
 )
 HINT_GRID_COLUMNS = (
     "your patches go down the columns of the patch grid first ((w h)): read the grid row by row, like text, "
@@ -95,8 +97,8 @@ HINT_NAIVE_RESHAPE = (
 )
 HINT_SPLIT_OUTER = (
     "your patches are strided samples of the image (every (H/P)-th pixel), not P x P squares: you split a side "
-    "as (P, H/P). Split it as (H/P, P), the grid index outside and the position inside the patch inside: "
-    "reshape(batch, channels, H // P, P, W // P, P)"
+    "as (P, H/P). Split it as (H/P, P): the grid index is the outer (slower) axis of the split and the position "
+    "inside the patch the inner (faster) one, so that P neighbouring pixels stay together"
 )
 HINT_CHANNEL_NOT_MOVED = (
     "your patches mix pixels of neighbouring patches of one channel: the channel axis stayed in front of the grid "
@@ -105,9 +107,9 @@ HINT_CHANNEL_NOT_MOVED = (
 )
 HINT_OVERLAP = (
     "your patches overlap: {got} patches where a {H}x{W} image cut into {P}x{P} patches gives (H/P)(W/P) = {want}; "
-    "a stride of {stride}, smaller than the patch size P = {P}, slides the window by {stride} pixel{s} "
-    "(Tensor.unfold(dim, P, {stride})). ViT's patches do not overlap: step by P, Tensor.unfold(dim, P, P), or "
-    "reshape. (AST, the Audio Spectrogram Transformer of Gong et al. 2021, overlaps its 16x16 spectrogram "
+    "a stride of {stride}, smaller than the patch size P = {P}, slides the window by {stride} pixel{s}. ViT's "
+    "patches do not overlap: step the window by the patch size P (Tensor.unfold's step), or cut with reshape. "
+    "(AST, the Audio Spectrogram Transformer of Gong et al. 2021, overlaps its 16x16 spectrogram "
     "patches with stride 10 on purpose, but that is a different, deliberate choice.)"
 )
 HINT_TRANSPOSED = (
@@ -116,7 +118,8 @@ HINT_TRANSPOSED = (
 )
 HINT_CHANNELS_LAST_INPUT = (
     "your patchify treats images as (batch, height, width, channels), channels last: it cuts correctly when given "
-    "images.permute(0, 2, 3, 1). PyTorch images are channels first, (batch, channels, height, width), the "
+    "the images with their channel axis moved last. PyTorch images are channels first, (batch, channels, height, "
+    "width), the "
     "layout Conv2d takes: read the channels from dim 1 and height and width from dims 2 and 3"
 )
 HINT_NO_CHANNELS = (
@@ -140,15 +143,16 @@ HINT_CALL = (
 )
 HINT_VIEW = (
     "After a permute the tensor's memory is no longer in the new axis order, so .view cannot merge those axes: "
-    "use .reshape (it copies when it must), or .contiguous().view(...)"
+    "use .reshape (it copies when it must), or make the tensor contiguous before the .view"
 )
 HINT_SHORTCUT = (
     "your patchify calls {name}: the exercise is the cut itself. To write it, " + HOW_TO_CUT
-    + "; Tensor.unfold(dim, P, P) on the height and width axes works too"
+    + "; Tensor.unfold on the height and width axes, with a window and a step of P, works too"
 )
 HINT_LINEAR = (
     "your patches are right on their own, but a Linear on them does not reproduce the convolution patch "
-    "embedding (LinearPatchEmbedding.from_conv(PatchEmbedding(3, 16, 4), patchify=yours)): largest difference "
+    "embedding (a PatchEmbedding with 3 channels, d_model 16 and P = 4, its weight reshaped into a Linear that reads "
+    "your patches): largest difference "
     "{diff:.3g}"
 )
 
@@ -161,7 +165,7 @@ WATCHED = ((F, "unfold"), (F, "conv2d"), (torch, "conv2d"), (_vision, "patchify"
 
 # The small image the feedback shows: its values are their own flat positions (channel, row, column).
 DEMO_SHAPE, DEMO_P = (1, 2, 4, 6), 2
-DEMO_TEXT = "images = torch.arange(48.).reshape(1, 2, 4, 6), patch_size 2"
+DEMO_TEXT = "one (1, 2, 4, 6) image whose pixels hold their own positions, 0 to 47 in memory order, with patch size 2"
 
 
 def demo_images() -> torch.Tensor:
@@ -356,7 +360,7 @@ def check_patchify(patchify) -> None:
     images = seeded_randn(10, 2, 3, 8, 12)
     with torch.no_grad():
         want = conv(images)
-        got = call_learner(linear, images, name="LinearPatchEmbedding.from_conv(conv, patchify=patchify)",
+        got = call_learner(linear, images, name="the Linear patch embedding on your patchify",
                            error_hint=HINT_CALL)
     diff = (got - want).abs().max().item()
     expect(diff <= 1e-5, HINT_LINEAR.format(diff=diff))
@@ -458,7 +462,7 @@ HINT_MEL_MIXED_LOG = (
 )
 HINT_MEL_BINS_TO_SR = (
     "your FFT bins run from 0 to sample_rate: the n_freqs = n_fft / 2 + 1 bins of a real signal's FFT go from "
-    "0 to sample_rate / 2 (the Nyquist frequency), torch.linspace(0, sample_rate / 2, n_freqs)"
+    "0 to sample_rate / 2 (the Nyquist frequency): n_freqs evenly spaced frequencies, both ends included"
 )
 HINT_MEL_IN_MEL = (
     "your triangles are straight lines in mel: the exercise's (and HTK's and librosa's) triangles rise and fall "
@@ -646,4 +650,73 @@ PROBES = {
     "check_mel_filterbank": Probe(
         exercise="ex_mel_filterbank", make_inputs=_mel_probe_inputs, run=MEL_PROBE_RUN,
         reference=_mel_probe_reference, compare=_compare_mel, forbidden=MEL_FORBIDDEN),
+}
+
+
+HINTS = {
+    "ex_patchify": Hints(
+        number="11.1",
+        check="check_patchify",
+        idea=(
+            "A patch is a P x P square of the image with all its channels; an H x W image holds (H/P) x (W/P) of "
+            "them, side by side, and they become a sequence read like text, left to right, then top to bottom. "
+            "Cutting computes nothing: it only moves numbers, and every pixel lands in exactly one patch. The trap "
+            "is the order: reshape reads memory in order, so reshaping the image straight into rows of "
+            "channels * P * P numbers gives runs of pixels along an image row, not squares. The axes have to be "
+            "split and reordered first."
+        ),
+        approach=(
+            "Three steps. Split: the height into (H/P, P) and the width into (W/P, P), the grid index outside and "
+            "the position inside the patch inside, giving (batch, channels, H/P, P, W/P, P). Reorder with permute: "
+            "the grid's row axis, the grid's column axis, then the channel, the patch's rows and the patch's "
+            "columns, (batch, H/P, W/P, channels, P, P). Merge with reshape (a .view fails after a permute): the "
+            "two grid axes into n_patches = (H/P)(W/P), the last three into channels * P * P. One einops.rearrange "
+            "pattern that names those six axes does all three at once."
+        ),
+        skeleton=(
+            "def patchify(images, patch_size):\n"
+            "    batch, channels, height, width = ____  # (batch, channels, H, W), channels first\n"
+            "    P = patch_size\n"
+            "    grid = images.reshape(batch, channels, ____, P, ____, P)  # (batch, channels, H/P, P, W/P, P)\n"
+            "    grid = grid.permute(0, ____)  # (batch, H/P, W/P, channels, P, P)\n"
+            "    return grid.reshape(batch, ____, ____)  # (batch, n_patches, channels * P * P)\n"
+        ),
+    ),
+    "ex_mel_filterbank": Hints(
+        number="11.2",
+        check="check_mel_filterbank",
+        idea=(
+            "The filterbank is a matrix: row m says how much of each FFT bin's power goes into mel band m. Each "
+            "row is a triangle, 0 up to its left edge, rising linearly in Hz to 1 at its centre, falling back to 0 "
+            "at its right edge, and 0 beyond; neighbouring triangles overlap by half. The n_mels + 2 edges are "
+            "evenly spaced in mel, not in Hz, so the low filters are narrow and the high ones wide. The usual "
+            "slips: edges spaced in Hz, triangles drawn in mel units, bins that run past the Nyquist frequency "
+            "(sample_rate / 2), and slopes left negative outside the triangle."
+        ),
+        approach=(
+            "Work in float64. The bins: n_freqs frequencies evenly spaced from 0 to sample_rate / 2, both ends "
+            "included (torch.linspace), shape (n_freqs,). The edges: convert 0 and sample_rate / 2 to mel with the "
+            "HTK formula, space n_mels + 2 points evenly between them, and convert each back to Hz with the inverse "
+            "formula. Filter m uses edges m, m + 1 and m + 2 (low, centre, high): take them as three (n_mels, 1) "
+            "columns of the edges, which broadcast against the bins. The rising slope is (bin - low) / (centre - low), "
+            "the falling one (high - bin) / (high - centre), both (n_mels, n_freqs); the filter is the smaller of "
+            "the two (torch.minimum), floored at 0."
+        ),
+        skeleton=(
+            "def mel_filterbank(n_freqs, n_mels, sample_rate):\n"
+            "    def hz_to_mel(f):\n"
+            "        return ____  # HTK: 2595 log10(1 + f / 700)\n"
+            "\n"
+            "    def mel_to_hz(m):\n"
+            "        return ____  # its inverse\n"
+            "\n"
+            "    bins = torch.linspace(____, ____, n_freqs, dtype=torch.float64)  # (n_freqs,): each bin's frequency\n"
+            "    top = hz_to_mel(torch.tensor(____, dtype=torch.float64))\n"
+            "    edges = mel_to_hz(torch.linspace(____, ____, ____, dtype=torch.float64))  # (n_mels + 2,), in Hz\n"
+            "    low, centre, high = edges[____, None], edges[____, None], edges[____, None]  # (n_mels, 1) each\n"
+            "    rising = ____  # (n_mels, n_freqs): 0 at low, 1 at the centre\n"
+            "    falling = ____  # 1 at the centre, 0 at high\n"
+            "    return ____  # the smaller slope, never below 0\n"
+        ),
+    ),
 }

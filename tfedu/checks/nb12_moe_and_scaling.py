@@ -47,6 +47,7 @@ from tfedu.checks.building_blocks import ELEMENTARY, SOFTMAX
 from tfedu.checks.core import (
     CheckFailure,
     ExerciseNotDone,
+    Hints,
     Probe,
     call_on_copies,
     checker,
@@ -193,7 +194,7 @@ HINT_K_IGNORED = (
 HINT_TOKENS_AXIS = (
     "your {name} are (k, n_experts) = {got}: you picked along the tokens axis (dim 0), the k tokens that rate each "
     "expert highest (that is expert-choice routing, Zhou et al. 2022, a different method). Here each token picks "
-    "its own experts: topk over the experts axis, dim=-1, giving (tokens, k)"
+    "its own experts: the top k over the experts axis, the last one, giving (tokens, k)"
 )
 HINT_SHAPE = "top_k_gating({what}) returned {name} of shape {got}, expected (tokens, k) = {want}"
 HINT_SHAPES_DIFFER = "your gates {g} and experts {e} differ in shape: both are (tokens, k), gate j going with expert j"
@@ -206,8 +207,8 @@ HINT_OVERFLOW = (
 HINT_NAN = "your gates hold NaN or inf where the reference's are finite (for {what})"
 HINT_SOFTMAX_TOKENS = (
     "your probabilities were normalised over the tokens axis (a softmax over dim 0): each expert's column adds to 1, "
-    "not each token's row. The router gives every token a distribution over the experts: softmax over the last "
-    "axis, dim=-1 (router_logits is (tokens, n_experts))"
+    "not each token's row. The router gives every token a distribution over the experts: a softmax over the last "
+    "axis, the experts (router_logits is (tokens, n_experts))"
 )
 HINT_NOT_RENORMALISED = (
     "your {k} gates per token add to less than 1 (token 0's add to {total:.4f}): with k > 1 divide the kept "
@@ -215,8 +216,9 @@ HINT_NOT_RENORMALISED = (
     "of its k experts' (GShard's top-2, Mixtral). Only with k = 1 is the probability kept as it is"
 )
 HINT_RENORMALISED_K1 = (
-    "with k = 1 every one of your gates is exactly 1: you renormalised the single kept probability (p / p.sum(), or "
-    "a softmax over the one chosen logit). A gate that is always 1 is a constant, so no gradient reaches the router "
+    "with k = 1 every one of your gates is exactly 1: you renormalised the single kept probability (divided it by "
+    "its own sum, or took a softmax over the one chosen logit). A gate that is always 1 is a constant, so no "
+    "gradient reaches the router "
     "through it and the router cannot learn which expert suits a token (only the balance loss would train it). "
     "Switch Transformers keeps the probability itself as the gate when k = 1 (Fedus et al. 2022, eq. 2); "
     "renormalise only when k > 1"
@@ -245,7 +247,7 @@ HINT_GATES_DTYPE = (
 )
 HINT_NO_GRAD = (
     "your gates carry no gradient back to router_logits{why}: was something computed under torch.no_grad(), cut off "
-    "with .detach() or .data, or rebuilt from numbers (.tolist(), .item(), .numpy(), torch.tensor(...))? The "
+    "with .detach() or .data, or rebuilt from numbers (.tolist(), .item(), .numpy(), a new torch.tensor)? The "
     "router is trained through the gates (each expert's output is multiplied by its gate), so keep every step a "
     "differentiable torch operation: torch.softmax, torch.topk (its values carry the gradient), gather, division"
 )
@@ -492,8 +494,9 @@ def check_top_k_gating(top_k_gating) -> None:
 # ----------------------------------------------------------------------------- 12.2 balance_loss
 
 FORMULA = (
-    "E * sum_i f_i * P_i, with f_i the fraction of the tokens * k assignments that went to expert i (counted: "
-    "bincount or a one-hot sum, divided by tokens * k) and P_i the mean of router_probs[:, i] over the tokens"
+    "E * sum_i f_i * P_i, with f_i the fraction of the tokens * k assignments that went to expert i (counted from "
+    "experts, divided by tokens * k) and P_i the router's probability for expert i (column i of router_probs), "
+    "averaged over the tokens"
 )
 HINT_LOSS_CALL = (
     "balance_loss(router_probs, experts): router_probs is a float tensor (tokens, n_experts), each row a softmax; "
@@ -551,12 +554,14 @@ HINT_PER_TOKEN = (
     "token picks: divide by experts.numel()"
 )
 HINT_FIRST_CHOICE = (
-    "your f counts only each token's first choice (experts[:, 0]): with k = {k} every one of a token's k picks "
-    "sends it through an expert and loads it, so count all tokens * k assignments (experts.flatten())"
+    "your f counts only each token's first choice (the first column of experts): with k = {k} every one of a "
+    "token's k picks sends it through an expert and loads it, so count all tokens * k assignments, every entry of "
+    "experts"
 )
 HINT_P_CHOSEN = (
-    "your P is taken over the chosen experts' probabilities only: P_i is the mean of router_probs[:, i] over all "
-    "the tokens, chosen or not. That full probability is what lets the gradient lower "
+    "your P is taken over the chosen experts' probabilities only: P_i is the mean of expert i's probability "
+    "(column i of router_probs) over all the tokens, chosen or not. That full probability is what lets the "
+    "gradient lower "
     "an overloaded expert's probability for every token"
 )
 HINT_LOSS_DIFFERS = "balance_loss({what}) is {got:.6g}, expected {want:.6g}: the loss is " + FORMULA
@@ -569,7 +574,7 @@ HINT_LOSS_GRAD_DIFFERS = (
     "your loss has the right value, but its gradient on router_probs is wrong (largest error {diff:.3g}): "
     "d loss / d router_probs[t, i] = E * f_i / tokens. Is part of P detached, or does f carry a gradient it should "
     "not have (f is counted from experts, not computed from the probabilities)? Or is f shorter than E: "
-    "torch.bincount without minlength=E stops at the last expert that got a token"
+    "torch.bincount without a minimum length of E stops at the last expert that got a token"
 )
 HINT_LOSS_GRAD_FAILED = (
     "backpropagating through your loss failed ({err}): was a tensor the backward pass needs changed in place?"
@@ -844,4 +849,64 @@ PROBES = {
     "check_balance_loss": Probe(
         exercise="ex_balance_loss", make_inputs=_balance_probe_inputs, run=BALANCE_PROBE_RUN,
         reference=_balance_probe_reference, compare=_compare_balance, forbidden=FORBIDDEN),
+}
+
+
+HINTS = {
+    "ex_top_k_gating": Hints(
+        number="12.1",
+        check="check_top_k_gating",
+        idea=(
+            "Each token's row of router logits becomes a probability distribution over the experts, and the token "
+            "keeps the k experts it rates highest. Their gates are those probabilities: with k = 1 the probability "
+            "itself (Switch), so the router learns through the gate's value; with k > 1 rescaled so that a token's "
+            "k gates add to 1. The classic slips: normalising over the tokens instead of the experts, renormalising "
+            "the single gate when k = 1 (it becomes the constant 1 and no gradient reaches the router), and any "
+            "step that cuts the gradient."
+        ),
+        approach=(
+            "Three steps on router_logits (tokens, n_experts). A softmax over the experts axis, the last one: "
+            "probabilities (tokens, n_experts), each row adding to 1 (torch's softmax subtracts the row max, so "
+            "logits in the thousands stay finite). A top-k over that same axis: it gives the k largest values and "
+            "their indices, both (tokens, k), which are the gates and the expert ids (int64). Only when k > 1, "
+            "divide each token's k gates by their sum over the k axis, keeping that axis so the division "
+            "broadcasts. Stay with differentiable torch operations (no .item, .detach or .tolist) and return "
+            "(gates, experts) in that order."
+        ),
+        skeleton=(
+            "def top_k_gating(router_logits, k):\n"
+            "    probs = ____  # (tokens, n_experts): each token's row adds to 1\n"
+            "    gates, experts = ____  # (tokens, k) each: the k largest probabilities and their expert ids\n"
+            "    if k > 1:\n"
+            "        gates = gates / ____  # (tokens, k): now a token's k gates add to 1\n"
+            "    return gates, experts\n"
+        ),
+    ),
+    "ex_balance_loss": Hints(
+        number="12.2",
+        check="check_balance_loss",
+        idea=(
+            "The loss is E times the sum over the experts of f_i * P_i. f_i is what the router did: the share of "
+            "all tokens * k assignments that went to expert i, a count, with no gradient. P_i is what the router "
+            "wanted: its mean probability for expert i over the tokens, the only path by which the loss trains it. "
+            "Spread evenly, both are 1/E and the loss is 1; with every token on one expert it is E. The usual "
+            "slips: f from the probabilities, a mean over the experts where the formula sums, and counts divided "
+            "by the tokens rather than by the assignments."
+        ),
+        approach=(
+            "E is the last size of router_probs. f: count how often each expert id occurs among all the entries of "
+            "experts (tokens, k), in a vector of length E where an expert that got no token keeps its 0 "
+            "(torch.bincount has an argument for that minimum length; a one-hot sum works too), then divide by the "
+            "number of assignments, tokens * k, so f adds to 1. P: the mean of router_probs over the tokens axis, "
+            "shape (E,), left attached to the graph. The loss: f times P elementwise, summed over the experts, "
+            "times E, a 0-d tensor."
+        ),
+        skeleton=(
+            "def balance_loss(router_probs, experts):\n"
+            "    n_experts = ____  # E\n"
+            "    f = torch.bincount(____, minlength=____) / ____  # (E,): each expert's share of the assignments\n"
+            "    P = ____  # (E,): each expert's mean probability; the gradient goes through here\n"
+            "    return ____  # a 0-d tensor, 1 when the load is even\n"
+        ),
+    ),
 }

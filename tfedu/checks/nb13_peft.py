@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from tfedu.checks.building_blocks import ELEMENTARY, MODULES
-from tfedu.checks.core import CheckFailure, ExerciseNotDone, Probe, checker, expect, global_names
+from tfedu.checks.core import CheckFailure, ExerciseNotDone, Hints, Probe, checker, expect, global_names
 from tfedu.checks.probes import CLEANUP, HELPERS
 
 FORBIDDEN = ("tfedu.peft",)
@@ -119,7 +119,8 @@ HINT_NOT_DONE = "this exercise is not done yet (replace the `raise NotImplemente
 HINT_NO_AB = "LoRA should keep its two matrices as attributes A (r, d_in) and B (d_out, r) (nn.Parameters), got {got}"
 HINT_SWAPPED_SHAPES = (
     "your A is {A} and B is {B} for d_in = {d_in}, d_out = {d_out}, r = {r}: A maps the input down to r numbers, "
-    "so it is (r, d_in), like an nn.Linear(d_in, r)'s weight; B maps them up, (d_out, r). Then B @ A is (d_out, d_in), "
+    "so it is (r, d_in), like the weight of an nn.Linear from d_in to r features; B maps them up, (d_out, r). "
+    "Then B @ A is (d_out, d_in), "
     "the shape of W_0, which is what lets it merge"
 )
 HINT_B_NOT_ZERO = (
@@ -133,7 +134,7 @@ HINT_A_ZERO = (
 )
 HINT_BASE_TRAINABLE = (
     "your base layer's weight still requires grad: LoRA freezes W_0 and trains A and B only (that is the whole "
-    "saving). Call base.weight.requires_grad_(False) (and the bias's)"
+    "saving). Switch off requires_grad on the base layer's weight, and on its bias too"
 )
 HINT_NOT_REGISTERED = (
     "your {which} is a tensor held by the module but not one of its parameters: layer.parameters() and "
@@ -151,14 +152,15 @@ HINT_STEP = (
 HINT_STEP_BASE = "one optimizer step over your module's trainable parameters changed the frozen base layer"
 HINT_AB_FROZEN = "your A and B should be trainable nn.Parameters (requires_grad=True): they are all that LoRA trains"
 HINT_NO_SCALE = (
-    "your forward leaves out the alpha / r scale: h = W_0 x + (alpha / r) B A x. The scale keeps the update's size "
+    "your forward leaves out the alpha / r scale: the output is W_0 x + (alpha / r) B A x. The scale keeps the "
+    "update's size "
     "the same when you change r, so the learning rate need not change with it"
 )
 HINT_ALPHA_ONLY = "your forward scales B A x by alpha, not alpha / r: divide by the rank r too"
 HINT_FLOOR_DIV = "your forward scales B A x by alpha // r, which rounds down (3.5 // 2 is 1.0): use alpha / r"
 HINT_DTYPE = (
     "your A and B are {got} but the base layer's weight is float64 (the check uses float64 layers): create them "
-    "with dtype=base.weight.dtype (and device=base.weight.device), so that LoRA fits any layer it wraps"
+    "in the base weight's dtype (and on its device), so that LoRA fits any layer it wraps"
 )
 HINT_ACTIVATION = (
     "your forward puts a nonlinearity ({act}) between A and B: LoRA has none (deck: \"No activation in-between\"), "
@@ -326,4 +328,46 @@ PROBES = {
     "check_lora": Probe(exercise="ex_lora", make_inputs=_lora_probe_inputs, run=LORA_PROBE_RUN,
                         reference=_lora_probe_reference, compare=_compare_lora, forbidden=FORBIDDEN,
                         builds=ELEMENTARY | MODULES),
+}
+
+
+HINTS = {
+    "ex_lora": Hints(
+        number="13.1",
+        check="check_lora",
+        idea=(
+            "LoRA leaves the pretrained layer W_0 untouched and frozen, and learns only a low-rank change beside "
+            "it: A squeezes the d_in input features down to r numbers, B expands them back to d_out, and nothing "
+            "nonlinear sits between them, so B A is one linear map that can later be added into W_0. B starts at "
+            "zero, so at step 0 the wrapped layer is exactly the pretrained one; A starts random, because if both "
+            "were zero neither would ever get a gradient. The update is scaled by alpha / r."
+        ),
+        approach=(
+            "In __init__, keep base and the scale alpha / r, and switch off requires_grad on every parameter of "
+            "base (the bias too). A is an nn.Parameter of shape (r, d_in) with a random start (nn.init has the "
+            "Kaiming-uniform that nn.Linear uses); B an nn.Parameter of shape (d_out, r) full of zeros; both in "
+            "base.weight's dtype (d_in and d_out are the base layer's in_features and out_features). In forward, "
+            "x is (..., d_in): base(x), plus alpha / r times x sent through A, giving (..., r), and then through B, "
+            "giving (..., d_out); the weights are stored (out, in), so multiply x by their transposes. "
+            "merged_weight is W_0 plus alpha / r times B @ A, a new (d_out, d_in) tensor; nothing writes into base."
+        ),
+        skeleton=(
+            "class LoRA(nn.Module):\n"
+            "    def __init__(self, base, r, alpha):\n"
+            "        super().__init__()\n"
+            "        self.base = base\n"
+            "        self.scale = ____  # the factor on the low-rank update\n"
+            "        for p in ____:\n"
+            "            ____  # freeze W_0 and its bias\n"
+            "        self.A = nn.Parameter(torch.empty(____, ____, dtype=base.weight.dtype))  # (r, d_in)\n"
+            "        ____  # a random start for A, like nn.Linear's weight\n"
+            "        self.B = nn.Parameter(____)  # (d_out, r): what must B be at step 0?\n"
+            "\n"
+            "    def forward(self, x):\n"
+            "        return self.base(x) + ____  # (..., d_out): x through A, then B, scaled; no activation between\n"
+            "\n"
+            "    def merged_weight(self):\n"
+            "        return ____  # (d_out, d_in): W_0 plus the scaled B @ A, as a new tensor\n"
+        ),
+    ),
 }

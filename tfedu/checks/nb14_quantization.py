@@ -37,15 +37,15 @@ import numpy as np
 import torch
 
 import tfedu.quant as _quant
-from tfedu.checks.core import (CheckFailure, ExerciseNotDone, Probe, call_learner, checker, describe, expect,
+from tfedu.checks.core import (CheckFailure, ExerciseNotDone, Hints, Probe, call_learner, checker, describe, expect,
                                from_modules, globals_from_modules)
 from tfedu.checks.probes import CLEANUP, HELPERS
 
 FORBIDDEN = ("tfedu.quant",)
 HINT_RETURNED_NONE = "your {function} returned None: this exercise is not done yet, or the function has no `return`"
 HINT_SHORTCUT = "your {function} uses tfedu.quant ({name}): the quantizer is the exercise, so build it from torch operations"
-HINT_MUTATED = ("your {function} changed its input `x` in place (x /= scale, x.round_(), ...): the caller's weights "
-                "must stay as they were, so build new tensors")
+HINT_MUTATED = ("your {function} changed its input `x` in place (an in-place division, round_, ...): the caller's "
+                "weights must stay as they were, so build new tensors")
 
 
 def _refuse_quant(fn: Any, function: str) -> None:
@@ -123,14 +123,14 @@ HINT_ABS_CALL = "absmax_quantize(x, bits): x a float tensor, bits an int from 2 
 HINT_ABS_PAIR = "absmax_quantize should return a pair (q, scale): the int8 codes and the float scale, got {got}"
 HINT_ABS_FLOAT_CODES = (
     "your codes q are {dtype}: the point of quantizing is to store each value in one byte, so cast the rounded "
-    "codes to torch.int8 (.to(torch.int8)) after clamping"
+    "codes to torch.int8 after clamping"
 )
 HINT_ABS_DTYPE = "your codes q are {dtype}: absmax codes are signed, int8 (torch.int8), from -qmax to qmax"
 HINT_ABS_SHAPE = "your codes q have shape {got}, expected the shape of x, {want}"
 HINT_SCALE_SHAPE = "your scale has shape {got}: one number for the whole tensor (a 0-d or 1-element float tensor)"
 HINT_ROUND_FIRST = (
-    "you rounded before scaling (round(x) / scale): the weights are small numbers, so round(x) is mostly 0. Divide "
-    "by the scale first, then round: q = round(x / scale)"
+    "you rounded before scaling (round(x), then divided by the scale): the weights are small numbers, so round(x) "
+    "is mostly 0. Divide by the scale first, then round: the code is round(x / scale)"
 )
 HINT_128 = (
     "your scale is max|x| / 2^(b-1) ({n} for {bits} bits) and the largest value was clamped: the symmetric range is "
@@ -149,21 +149,22 @@ HINT_MAX_NOT_ABS = (
     "which then clamps. The scale comes from the largest magnitude, positive or negative"
 )
 HINT_TRUNCATE = (
-    "your codes are truncated, not rounded: casting to an integer (.to(torch.int8), .int(), .long()) cuts off the "
-    "fraction (2.7 becomes 2), doubling the error. Round first: (x / scale).round()"
+    "your codes are truncated, not rounded: a cast to an integer dtype cuts off the fraction (2.7 becomes 2), "
+    "doubling the error. Round x / scale to the nearest integer first, and cast only the rounded, clamped codes"
 )
 HINT_ABS_ZERO = (
     "for an all-zero x your scale is {got}: max|x| = 0 gives scale 0, and x / scale is 0 / 0 = NaN (your codes may "
     "still come out 0: casting NaN to an integer is undefined). Guard it: when max|x| is 0 use scale 1 (any positive "
     "number works: every code is 0)"
 )
-HINT_ABS_CODES = "absmax_quantize({what}) gave code {got} at index {i}, expected {want}: q = clamp(round(x / scale), -qmax, qmax)"
+HINT_ABS_CODES = ("absmax_quantize({what}) gave code {got} at index {i}, expected {want}: the code is "
+                  "round(x / scale), clamped to [-qmax, qmax]")
 HINT_ABS_SCALE = "absmax_quantize({what}) gave scale {got:.6g}, expected max|x| / (2^(b-1) - 1) = {want:.6g}"
 HINT_DEQ_DIVIDE = "your absmax_dequantize divides by the scale: quantize divided, so dequantize multiplies, x_hat = q * scale"
 HINT_DEQ_INT = (
     "your absmax_dequantize returned {dtype} values, not floats: a dequantized value is a code times a float scale "
-    "(2 * 0.0039 is no integer), so convert the codes first, q.float() (or q.to(scale.dtype)), and return the float "
-    "tensor"
+    "(2 * 0.0039 is no integer), so convert the codes to the scale's float dtype before multiplying, and return "
+    "the float tensor"
 )
 HINT_DEQ_VALUES = "absmax_dequantize({what}) gave {got:.6g} at index {i}, expected q * scale = {want:.6g}"
 HINT_DEQ_KIND = "{function} should return a float tensor shaped like q, got {got}"
@@ -313,18 +314,19 @@ HINT_ZP_SIGN = (
 )
 HINT_ZP_NOT_ROUNDED = (
     "your zero point is not an integer ({z:.4g}): then 0.0 falls between two codes and comes back as a small nonzero "
-    "number, but 0 is everywhere in a network (padding, ReLU outputs) and must stay exact. Round it: zero = round(-lo / scale)"
+    "number, but 0 is everywhere in a network (padding, ReLU outputs) and must stay exact. Round it: the zero point "
+    "is round(-lo / scale)"
 )
 HINT_ZP_FROM_LO = (
     "your codes are round((x - lo) / scale), but your zero point {z} is round(-lo / scale) = round({raw:.4g}): the "
     "codes are offset by the unrounded fraction, so (q - zero) * scale shifts values by up to that fraction of a step "
     "on top of the rounding (errors up to a step, not half). Compute the codes from the rounded zero point you "
-    "return: q = clamp(round(x / scale) + zero, 0, 2^b - 1)"
+    "return: round(x / scale) + zero, clamped to [0, 2^b - 1]"
 )
 HINT_ZP_NO_CLAMP = (
     "your code {got} at index {i} is outside [0, 2^b - 1] = [0, {top}]{wrap}: round(x / scale) + zero can pass the "
-    "top code when both round up (here max x / scale = {t:.4g} and zero = {zero}). Clamp: "
-    "q = clamp(round(x / scale) + zero, 0, {top}), before the uint8 cast"
+    "top code when both round up (here max x / scale is {t:.4g} and the zero point {zero}). Clamp the codes to "
+    "[0, {top}] before the uint8 cast"
 )
 HINT_ZP_HI_NOT_WIDENED = (
     "your zero point is {z}, outside [0, 2^b - 1] = [0, {top}]: this x is all negative (max x = {mx:.4g}) and your "
@@ -347,13 +349,13 @@ HINT_ZP_TRUNC = (
     "your codes are truncated, not rounded: an integer cast cuts off the fraction. Round x / scale first, then add "
     "the zero point and clamp"
 )
-HINT_ZP_ROUND_FIRST = "you rounded x before scaling: q = round(x / scale) + zero, not round(x) / scale + zero"
+HINT_ZP_ROUND_FIRST = "you rounded x before scaling: the code is round(x / scale) + zero, not round(x) / scale + zero"
 HINT_ZP_CONSTANT = (
     "for an all-zero x your scale is {got}: hi - lo = 0 gives scale 0 and x / scale = 0 / 0 = NaN. Guard it: when "
     "hi == lo use scale 1"
 )
-HINT_ZP_CODES = ("zeropoint_quantize({what}) gave code {got} at index {i}, expected {want}: q = clamp(round(x / scale) + "
-                 "zero, 0, 2^b - 1)")
+HINT_ZP_CODES = ("zeropoint_quantize({what}) gave code {got} at index {i}, expected {want}: the code is "
+                 "round(x / scale) + zero, clamped to [0, 2^b - 1]")
 HINT_ZP_SCALE = "zeropoint_quantize({what}) gave scale {got:.6g}, expected (hi - lo) / (2^b - 1) = {want:.6g}"
 HINT_ZP_ZERO = "zeropoint_quantize({what}) gave zero point {got}, expected round(-lo / scale) = {want}"
 HINT_ZPD_ORDER = (
@@ -367,7 +369,7 @@ HINT_ZPD_ADD = (
 )
 HINT_ZPD_WRAP = (
     "your zeropoint_dequantize subtracts in uint8: codes below the zero point wrap around (3 - 5 = 254 in uint8). "
-    "Convert to float first: (q.float() - zero) * scale"
+    "Convert the codes to a float dtype before subtracting the zero point"
 )
 
 
@@ -640,4 +642,72 @@ PROBES = {
                                           deq_want=lambda q, s, z: (q.double() - z.double()) * s.double(),
                                           deq_mistakes=lambda q, s, z: zeropoint_dequantize_mistakes(q, s.double(), z.double())),
         forbidden=FORBIDDEN),
+}
+
+
+HINTS = {
+    "ex_absmax": Hints(
+        number="14.1",
+        check="check_absmax",
+        idea=(
+            "Absmax maps the tensor's largest magnitude to the top code, qmax = 2^(b-1) - 1, and every value to "
+            "the nearest multiple of one step, the scale; the codes are small signed integers from -qmax to qmax, "
+            "symmetric around 0. Dequantizing undoes the division with a multiplication, and each value comes back "
+            "within half a step. The usual slips: rounding before dividing by the scale (small weights all round "
+            "to 0), a scale from the largest value instead of the largest magnitude, an integer cast that "
+            "truncates instead of rounding, and a tensor of zeros, whose scale would be 0."
+        ),
+        approach=(
+            "Quantize: qmax from bits; the largest magnitude of x over the whole tensor, a 0-d tensor; the scale is "
+            "that magnitude divided by qmax, or 1 when it is 0. Divide x by the scale, round to the nearest "
+            "integer, clamp to [-qmax, qmax], and only then cast to torch.int8; return the codes, shaped like x, and "
+            "the scale. Dequantize: convert the int8 codes to the scale's float dtype, then multiply by the scale. "
+            "Neither function writes into its input."
+        ),
+        skeleton=(
+            "def absmax_quantize(x, bits):\n"
+            "    qmax = ____  # the top code: 127 for 8 bits, 7 for 4\n"
+            "    amax = ____  # the largest magnitude, a 0-d tensor\n"
+            "    scale = ____ if amax > 0 else torch.ones((), dtype=x.dtype)\n"
+            "    q = (x / scale).____().clamp(____, ____).to(____)  # the same shape as x\n"
+            "    return q, scale\n"
+            "\n"
+            "\n"
+            "def absmax_dequantize(q, scale):\n"
+            "    return ____  # floats: codes times the scale\n"
+        ),
+    ),
+    "ex_zeropoint": Hints(
+        number="14.2",
+        check="check_zeropoint",
+        idea=(
+            "Zero-point quantization maps the range [lo, hi] onto all 2^b unsigned codes, 0 to 2^b - 1, and stores "
+            "the code that 0.0 gets, the zero point. The range is widened to hold 0, and the zero point is rounded "
+            "to an integer, so that 0.0 comes back exactly (padding, masked positions and ReLU outputs stay exact "
+            "zeros). Dequantizing subtracts the zero point from the codes, then multiplies by the scale. The usual "
+            "slips: the zero point's sign, a missing clamp (a code one past the top wraps around in uint8), and "
+            "subtracting in uint8 arithmetic, which wraps below 0."
+        ),
+        approach=(
+            "Quantize: there are 2^b - 1 steps from the first code to the last. lo is the smaller of min x and 0, "
+            "hi the larger of max x and 0 (0-d tensors). The scale is hi - lo divided by the number of steps, or 1 "
+            "when hi equals lo. The zero point is -lo / scale, rounded. The codes are x / scale rounded, plus the "
+            "zero point, clamped to [0, 2^b - 1], then cast to torch.uint8. Return the codes, the scale and the "
+            "zero point. Dequantize: convert the codes to the scale's float dtype before anything else, subtract "
+            "the zero point, multiply by the scale."
+        ),
+        skeleton=(
+            "def zeropoint_quantize(x, bits):\n"
+            "    levels = ____  # the number of steps between the first code and the last\n"
+            "    lo, hi = ____, ____  # the range, widened to hold 0\n"
+            "    scale = ____ if hi > lo else torch.ones((), dtype=x.dtype)\n"
+            "    zero = ____  # the code of 0.0, an integer\n"
+            "    q = ____  # round, shift by the zero point, clamp, cast to uint8\n"
+            "    return q, scale, zero\n"
+            "\n"
+            "\n"
+            "def zeropoint_dequantize(q, scale, zero):\n"
+            "    return ____  # in float arithmetic: uint8 wraps below 0\n"
+        ),
+    ),
 }

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tfedu.checks.core import (CheckFailure, Probe, call_learner, checker, describe, expect, from_modules,
+from tfedu.checks.core import (CheckFailure, Hints, Probe, call_learner, checker, describe, expect, from_modules,
                                global_names, globals_from_modules)
 from tfedu.checks.probes import CLEANUP, HELPERS
 from tfedu.checks.scan import scan_answer
@@ -64,22 +64,23 @@ HINT_AFTER_RENORM = (
     "nothing underflows"
 )
 HINT_ZERO_FILL = (
-    "you masked with 0 instead of -inf (masked_fill(~allowed, 0) or logits * allowed): a forbidden token's logit "
-    "becomes 0, and e^0 = 1 is not 0, so forbidden tokens keep probability. Fill with float('-inf'), whose "
+    "you masked with 0 instead of -inf (a fill with 0, or the logits multiplied by the mask): a forbidden token's "
+    "logit becomes 0, and e^0 = 1 is not 0, so forbidden tokens keep probability. Fill with minus infinity, whose "
     "exponential is exactly 0"
 )
 HINT_INVERTED = ("the mask is inverted: the forbidden tokens got the probability and the allowed ones got 0. "
-                 "allowed is True where a token may come next, so fill ~allowed with -inf")
-HINT_NO_MASK = "the mask was not applied: forbidden tokens still have probability; fill ~allowed with -inf before the softmax"
+                 "allowed is True where a token may come next, so the entries to hide are those where it is False")
+HINT_NO_MASK = ("the mask was not applied: forbidden tokens still have probability; the entries where allowed is False "
+                "must be at -inf when the softmax runs")
 HINT_WRONG_DIM = ("the softmax ran over the wrong dimension: each row of logits (the last dim, d_vocab) is one "
-                  "next-token distribution, so use softmax(dim=-1)")
+                  "next-token distribution, so take the softmax over the last dimension")
 HINT_LOGITS = ("you returned the masked logits (or log-probabilities), not probabilities: apply the softmax (over "
-               "dim=-1) after setting the forbidden logits to -inf")
+               "the last dimension) after setting the forbidden logits to -inf")
 HINT_FORBIDDEN_MASS = ("forbidden tokens get probability (largest {mass:.3g} in {what}): every token with allowed=False "
-                       "must get exactly 0. A finite fill such as -100 leaves e^-100 > 0; fill with float('-inf')")
-HINT_IN_PLACE = ("constrained_probs changed the caller's logits in place (masked_fill_, logits[~allowed] = ..., or "
-                 "an in-place op): the model's logits must stay as they were. Use masked_fill (no underscore), or "
-                 "clone first")
+                       "must get exactly 0. A finite fill such as -100 leaves e^-100 > 0; fill with minus infinity")
+HINT_IN_PLACE = ("constrained_probs changed the caller's logits in place (masked_fill_, an index assignment into "
+                 "logits, or another in-place op): the model's logits must stay as they were. Use masked_fill (no "
+                 "underscore), or clone first")
 HINT_NOT_NORMALISED = "the rows of your probabilities sum to {total:.6g} in {what}, not 1"
 HINT_DIFFERS = "your probabilities differ from softmax over the allowed tokens in {what}: largest error {err:.3g}"
 HINT_OVERFLOW = (
@@ -304,4 +305,33 @@ PROBES = {
         reference=lambda inputs: {"cases": inputs["cases"]},
         compare=_compare,
         forbidden=FORBIDDEN),
+}
+
+
+HINTS = {
+    "ex_constrained_probs": Hints(
+        number="15.1",
+        check="check_constrained_probs",
+        idea=(
+            "The answer is the model's next-token distribution restricted to the allowed tokens: a forbidden token "
+            "gets probability exactly 0, and the allowed ones share all of it in the proportions the model gave "
+            "them. The softmax does both at once if the forbidden tokens are already gone when it runs, because "
+            "exp(-inf) is exactly 0 and the denominator then adds up the allowed tokens only. Removing them after "
+            "the softmax leaves rows that sum to less than 1 (or 0 / 0 when the model's favourite is forbidden), "
+            "and a fill of 0 hides nothing, since exp(0) is 1."
+        ),
+        approach=(
+            "Two steps on logits (..., d_vocab) and allowed, a bool tensor of the same shape. First, a new tensor "
+            "of logits in which every entry where allowed is False becomes minus infinity: an out-of-place fill or "
+            "torch.where, with the bool mask negated by ~ (1 minus a bool tensor fails), so the caller's logits stay "
+            "as they were. Then a softmax over the last dimension, d_vocab; torch's softmax subtracts each row's "
+            "largest finite logit itself, so logits near 100 do not overflow. The result keeps the logits' shape "
+            "and dtype."
+        ),
+        skeleton=(
+            "def constrained_probs(logits, allowed):\n"
+            "    masked = logits.masked_fill(____, ____)  # a new tensor: which entries, and what makes exp give 0?\n"
+            "    return ____  # (..., d_vocab): each row a distribution over its allowed tokens\n"
+        ),
+    ),
 }
