@@ -148,3 +148,57 @@ def test_a_script_keeps_its_definition_and_exec_says_why_it_cannot(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "kept in" in out.stdout and "could not find the source of causal_mask" in out.stdout
     assert "return torch.ones(n, n, dtype=torch.bool).tril()" in (tmp_path / carry.FOLDER / "nb05.py").read_text()
+
+
+def test_a_block_function_runs_a_tfedu_gpt_and_gives_its_logits_only_when_it_is_right():
+    import torch
+
+    from tfedu.config import preset
+    from tfedu.model import GPT
+
+    namespace: dict = {}
+    exec(SOLUTIONS["7.2"]["code"], namespace)  # the reference solution of 7.2, as a learner's function
+    torch.manual_seed(0)
+    model = GPT(preset("tiny")).eval()
+    ids = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        expected = model(ids)
+        assert torch.allclose(carry.with_block_function(model, namespace["pre_norm_block"])(ids), expected, atol=1e-5)
+
+        def post_norm(resid, ln1, attn, ln2, mlp):
+            resid = ln1(resid + attn(resid))
+            return ln2(resid + mlp(resid))
+
+        assert not torch.allclose(carry.with_block_function(model, post_norm)(ids), expected, atol=1e-3)
+    assert torch.equal(model(ids), expected)  # the original is untouched
+    with pytest.raises(ValueError, match="pre-norm decoder blocks"):
+        carry.with_block_function(GPT(preset("tiny").replace(norm_position="post")), post_norm)
+
+
+def kept_file(folder: Path, number: str, name: str) -> None:
+    """A learner's file holding the reference solution of ``number`` as if its check had passed in a notebook."""
+    folder.mkdir(exist_ok=True)
+    path = folder / f"nb{int(number.split('.')[0]):02d}.py"
+    path.write_text(carry.HEADER.format(notebook=path.stem[2:]) + "\n" + SOLUTIONS[number]["code"]
+                    + f"\n\nKEPT[{number!r}] = {name!r}\n", encoding="utf-8")
+
+
+def code_cells(name: str, *markers: str) -> str:
+    from tfedu.course import nbtools
+
+    cells = [c.source for c in nbtools.read(ROOT / "notebooks" / name).cells if c.cell_type == "code"]
+    return "\n".join(next(c for c in cells if marker in c) for marker in markers)
+
+
+def test_notebook_07_rotates_with_the_learners_rope_and_08_runs_the_course_gpt_with_their_block(parts, capsys):
+    kept_file(parts, "6.3", "apply_rope")
+    kept_file(parts, "7.2", "pre_norm_block")
+    seven = code_cells("07_transformer_block.ipynb", "from tfedu.model import GPT", 'tfedu.use_mine("6.3"')
+    exec(compile("import torch\nimport tfedu\n" + seven, "07", "exec"), {})
+    out = capsys.readouterr().out
+    assert "exercise 6.3 apply_rope: yours" in out and "a RoPE GPT rotating with your apply_rope gives the reference logits" in out
+    imports, switch = (code_cells("08_training_and_decoding.ipynb", marker)
+                       for marker in ("from tfedu.experiments import course_gpt", 'tfedu.use_mine("7.2"'))
+    exec(compile(f"import torch\n{imports}\ncourse, course_tok = course_gpt.load()\n{switch}", "08", "exec"), {})
+    out = capsys.readouterr().out
+    assert "exercise 7.2 pre_norm_block: yours" in out and "run by your pre_norm_block, give its own logits" in out
