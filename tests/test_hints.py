@@ -25,6 +25,7 @@ from tfedu.checks import core
 from tfedu.course import hints, nbtools
 from tfedu.course.grading.release import SOLUTIONS_OFF, student_version
 
+from optional_parts import needs_sandbox
 from per_notebook import NOTEBOOKS
 from test_no_answer_on_the_page import messages
 
@@ -139,3 +140,21 @@ def test_a_graded_release_switches_solutions_off_in_its_set_up_cell():
     assert not any(SOLUTIONS_OFF in c.source for c in plain.cells)
     setup = [c.source for c in graded.cells if SOLUTIONS_OFF in c.source]
     assert len(setup) == 1 and "import tfedu" in setup[0]
+
+
+@needs_sandbox
+def test_a_graded_releases_set_up_line_runs_in_the_grader(tmp_path):
+    """The line --no-solutions adds runs inside the grader's kernel and costs the submission nothing."""
+    from tfedu.course import cli
+
+    source = nbtools.read(ROOT / "notebooks" / "00_start_here.ipynb")
+    graded = student_version(source, "00", solutions=False)
+    for done, cell in zip(source.cells, graded.cells):  # the learner answered: the source's solutions back in
+        if (nbtools.nbgrader_meta(cell) or {}).get("solution"):
+            cell.source = done.source
+    submission = tmp_path / "00_start_here.ipynb"
+    nbtools.write(graded, submission)
+    out = tmp_path / "r.json"
+    assert cli.main(["grade", str(submission), "--out", str(out), "--timeout", "120"]) == 0
+    entry = json.loads(out.read_text())["submissions"][0]
+    assert (entry["total"], entry["max"], entry["cell_errors"]) == (2.0, 2.0, [])
