@@ -298,8 +298,8 @@ HINT_LOCAL_SOFTMAX = (
     "against the new running max, and rescale the old l and o by exp(m - m_new)"
 )
 HINT_P_OLD_MAX = (
-    "the tile's weights were taken against the old max, p = exp(s - m): use the new one, p = exp(s - m_new), "
-    "the max that l_new and o_new are relative to (with the old max the first tile gives exp(+inf))"
+    "the tile's weights were taken against the old running max: take them against the new one, the max that "
+    "l_new and o_new are relative to (against the old max, -inf before the first tile, they overflow to inf)"
 )
 HINT_TILE_FACTOR_INVERTED = (
     "your rescale factor is upside down: exp(m_new - m) >= 1 grows the old sums; shrink them with exp(m - m_new)"
