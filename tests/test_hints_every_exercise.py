@@ -21,20 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # ----------------------------------------------------------------------------- every exercise has its three hints
 
 def exercises_of(path: Path) -> list[tuple[str, str, str]]:
-    """(number, solution grade_id, the source of the check cells up to the next header) for each exercise."""
-    found: list[list[str]] = []
-    number = None
-    for cell in nbtools.read(path).cells:
-        if cell.cell_type == "markdown":
-            headers = list(nbtools.EXERCISE_HEADER.finditer(cell.source))
-            number = headers[-1]["number"] if headers else number
-        meta = nbtools.nbgrader_meta(cell) or {}
-        if meta.get("solution") and number is not None:
-            found.append([number, meta["grade_id"], ""])
-            number = None
-        elif meta.get("grade") and found:
-            found[-1][2] += cell.source + "\n"
-    return [tuple(entry) for entry in found]
+    """(number, solution grade_id, the source of its check cells) for each exercise."""
+    return [(number, nbtools.nbgrader_meta(cell)["grade_id"], "\n".join(c.source for c in checks))
+            for number, cell, checks in nbtools.exercise_cells(nbtools.read(path))]
 
 
 def checker_module(path: Path):

@@ -5,7 +5,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tfedu.course import nbtools
+from tfedu.course import course_map, nbtools
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
 
@@ -117,7 +117,7 @@ def test_exercise_header_must_state_difficulty_and_importance_from_the_scale(sta
 def test_exercise_minutes_add_up_the_headers_and_count_a_range_by_its_upper_end():
     nb = nbtools.new_notebook([nbtools.md("### Exercise 1.1: a (easy, importance: core, about 5 minutes, 1 point)"),
                                nbtools.md("### Exercise 1.2: b (medium, importance: optional, about 10-15 minutes, 2 points)")])
-    assert nbtools.exercise_minutes(nb) == 20
+    assert course_map.exercise_minutes(nb) == 20
 
 
 def test_exercise_header_points_must_match_its_check_cells(start_here):

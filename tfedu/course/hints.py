@@ -143,17 +143,12 @@ def collect_solutions(notebooks: list[Path]) -> dict[str, dict[str, str]]:
 
     found: dict[str, dict[str, str]] = {}
     for path in notebooks:
-        number = None
-        for cell in nbtools.read(path).cells:
-            if cell.cell_type == "markdown":
-                headers = list(nbtools.EXERCISE_HEADER.finditer(cell.source))
-                number = headers[-1]["number"] if headers else number
-            meta = nbtools.nbgrader_meta(cell) or {}
-            if meta.get("solution") and cell.cell_type == "code" and number is not None:
+        for number, cell, _ in nbtools.exercise_cells(nbtools.read(path)):
+            if cell.cell_type == "code":
                 lines = [line for line in cell.source.split("\n")
                          if nbtools.BEGIN_SOLUTION not in line and nbtools.END_SOLUTION not in line]
-                found[number] = {"notebook": path.name, "grade_id": meta["grade_id"], "code": "\n".join(lines)}
-                number = None
+                grade_id = nbtools.nbgrader_meta(cell)["grade_id"]
+                found[number] = {"notebook": path.name, "grade_id": grade_id, "code": "\n".join(lines)}
     return found
 
 

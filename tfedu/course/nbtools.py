@@ -30,7 +30,7 @@ from typing import Any
 import nbformat
 
 from tfedu.course import course_map
-from tfedu.course.course_map import DIFFICULTIES, EXERCISE_HEADER, HEADER_FORM, IMPORTANCES, exercise_minutes  # noqa: F401 (re-exported)
+from tfedu.course.course_map import EXERCISE_HEADER, HEADER_FORM
 
 
 
@@ -242,6 +242,23 @@ def write(nb: nbformat.NotebookNode, path: str | Path) -> None:
 def nbgrader_meta(cell: nbformat.NotebookNode) -> dict | None:
     meta = cell.get("metadata", {}).get("nbgrader")
     return meta if isinstance(meta, dict) else None
+
+
+def exercise_cells(nb: nbformat.NotebookNode) -> list[tuple[str, nbformat.NotebookNode, list[nbformat.NotebookNode]]]:
+    """(number, solution cell, its check cells) for each exercise in order; the number is the header's before it."""
+    found: list[tuple[str, nbformat.NotebookNode, list[nbformat.NotebookNode]]] = []
+    number = None
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            headers = list(EXERCISE_HEADER.finditer(cell.source))
+            number = headers[-1]["number"] if headers else number
+        meta = nbgrader_meta(cell) or {}
+        if meta.get("solution") and number is not None:
+            found.append((number, cell, []))
+            number = None
+        elif meta.get("grade") and found:
+            found[-1][2].append(cell)
+    return found
 
 
 def exercise_point_problems(nb: nbformat.NotebookNode) -> list[str]:
