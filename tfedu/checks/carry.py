@@ -34,7 +34,7 @@ import re
 import sys
 import types
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ENV = "TFEDU_MY_PARTS"
 FOLDER = "my_tfedu"
@@ -100,24 +100,37 @@ def file_for(number: str) -> Path:
 
 # ----------------------------------------------------------------------------- the exercises, by number
 
-def exercises() -> dict[str, tuple[str, str, Any]]:
-    """Every exercise with hints, by number: (its checker module's name, its grade_id, its ``Hints``), read
-    from the checker modules' ``HINTS`` (imported by name: they import this module's users)."""
+class Exercise(NamedTuple):
+    number: str  # "5.2", as its header gives it
+    grade_id: str  # its solution cell's, "ex_masked_attention"
+    module: str  # its checker module, "tfedu.checks.nb05_masks_and_heads"
+    hints: Any  # its tfedu.checks.core.Hints, which names its checker
+
+
+def number_order(number: str) -> tuple[int, int, str]:
+    """Sort key of an exercise number: "5.10" after "5.9", "5.3a" after "5.3"."""
+    major, minor, suffix = re.fullmatch(r"(\d+)\.(\d+)(\D*)", number).groups()
+    return int(major), int(minor), suffix
+
+
+def exercises() -> dict[str, Exercise]:
+    """Every exercise with hints, by number, read from the checker modules' ``HINTS`` (imported by name:
+    they import this module's users)."""
     import tfedu.checks
 
-    found: dict[str, tuple[str, str, Any]] = {}
+    found: dict[str, Exercise] = {}
     for info in pkgutil.iter_modules(tfedu.checks.__path__):
         if re.fullmatch(r"nb\d\d_\w+", info.name):
             module = importlib.import_module(f"tfedu.checks.{info.name}")
             for grade_id, hints in getattr(module, "HINTS", {}).items():
-                found[hints.number] = (module.__name__, grade_id, hints)
+                found[hints.number] = Exercise(hints.number, grade_id, module.__name__, hints)
     return found
 
 
 def checker_for(number: str) -> Any:
     """The checker function of exercise ``number``, or None."""
     entry = exercises().get(str(number))
-    return getattr(sys.modules[entry[0]], entry[2].check, None) if entry else None
+    return getattr(sys.modules[entry.module], entry.hints.check, None) if entry else None
 
 
 # ----------------------------------------------------------------------------- keeping a part when its check passes
@@ -217,7 +230,7 @@ def keep(number: str, check: str, obj: Any, namespace: dict[str, Any] | None = N
     when = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     sections[number] = "\n".join([f"# ---- exercise {number} ({name}), kept {when}, when {check} passed",
                                   *brought, "", code, "", f"KEPT[{number!r}] = {name!r}", ""]) + "\n"
-    ordered = sorted(sections.items(), key=lambda item: [int(p) if p.isdigit() else p for p in re.split(r"[.]", item[0])])
+    ordered = sorted(sections.items(), key=lambda item: number_order(item[0]))
     if any("_use_mine(" in body for _, body in ordered) and "_use_mine" not in head:
         head = head.rstrip("\n") + "\n\nfrom tfedu import use_mine as _use_mine\n"
     text = head.rstrip("\n") + "\n\n\n" + "\n\n".join(body for _, body in ordered)
@@ -249,7 +262,7 @@ def use_mine(number: str, reference: Any, *, name: str | None = None, quiet: boo
     """
     number = str(number)
     known = exercises().get(number)
-    name = name or getattr(reference, "__name__", None) or (known[1].removeprefix("ex_") if known else "the part")
+    name = name or getattr(reference, "__name__", None) or (known.grade_id.removeprefix("ex_") if known else "the part")
 
     def say(text: str) -> None:
         if not quiet:

@@ -18,12 +18,11 @@ notebooks; tests/test_hints.py fails when it drifts), so a pip-installed tfedu o
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tfedu.checks import carry, core
+from tfedu.checks.carry import Exercise, exercises  # every exercise with hints, by number
 
 SOLUTIONS = Path(__file__).with_name("solutions.json")
 LEVELS = ("the idea", "the approach and the shapes", "a skeleton with blanks")
@@ -38,26 +37,11 @@ class UnknownExercise(KeyError):
         return str(self.args[0])
 
 
-@dataclass(frozen=True)
-class Exercise:
-    number: str
-    grade_id: str
-    module: str  # the checker module, "tfedu.checks.nb05_masks_and_heads"
-    hints: core.Hints
-
-
-def exercises() -> dict[str, Exercise]:
-    """Every exercise that has hints, by number, read from the checker modules' ``HINTS``."""
-    return {number: Exercise(number, grade_id, module, entry)
-            for number, (module, grade_id, entry) in carry.exercises().items()}
-
-
 def _exercise(number: Any) -> Exercise:
     known = exercises()
     key = str(number).strip()
     if key not in known:
-        numbers = ", ".join(sorted(known, key=lambda n: [int(part) if part.isdigit() else part
-                                                         for part in re.split(r"[.]", n)]))
+        numbers = ", ".join(sorted(known, key=carry.number_order))
         raise UnknownExercise(f"there is no exercise {key!r}: give its number as a string, as its header does, "
                               f"e.g. tfedu.hint(\"5.2\"). Exercises with hints: {numbers}")
     return known[key]
