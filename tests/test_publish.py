@@ -21,7 +21,7 @@ from optional_parts import chromium_path, needs_chromium
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-EXECUTED = ["00_start_here.ipynb", "02_embeddings.ipynb"]  # fast, and between them maths, plots and a widget
+EXECUTED = ["00_start_here.ipynb", "04_attention.ipynb"]  # fast, and between them maths, plots and a widget
 SCREENSHOTS = Path(os.environ.get("TFEDU_SCREENSHOTS", ROOT / "build" / "screenshots"))
 
 
@@ -220,9 +220,9 @@ def executed_site(tmp_path_factory):
 def test_executed_pages_carry_plots_and_printed_output(executed_site):
     start = (executed_site / "00_start_here.html").read_text(encoding="utf-8")
     assert "device: cpu" in start or "device: cuda" in start  # the set-up cell's print
-    embeddings = (executed_site / "02_embeddings.html").read_text(encoding="utf-8")
-    assert len(re.findall(r'<img[^>]*src="data:image/png;base64,', embeddings)) >= 3
-    assert WIDGET_VIEW not in embeddings and "widget-state" not in embeddings
+    attention = (executed_site / "04_attention.html").read_text(encoding="utf-8")
+    assert len(re.findall(r'<img[^>]*src="data:image/png;base64,', attention)) >= 3
+    assert WIDGET_VIEW not in attention and "widget-state" not in attention
 
 
 def test_executed_slides_for_the_first_notebook(tmp_path):
@@ -263,7 +263,7 @@ def test_pages_in_headless_chromium(executed_site, name):
     badge = "https://colab.research.google.com/assets/colab-badge.svg"
     broken = [src for src, ok in images if not ok and not src.startswith(badge[:50])]
     assert broken == [], f"images that did not load: {broken}"
-    assert len([src for src, ok in images if ok]) >= (3 if name.startswith("02") else 0)
+    assert len([src for src, ok in images if ok]) >= (3 if name.startswith("04") else 0)
     assert set(failed) <= {badge}, f"requests that failed: {set(failed) - {badge}}"
     # The one console error allowed: the badge, which needs the network ("net::ERR_..."), one per failure.
     unexpected = [e for e in errors if not e.startswith("Failed to load resource: net::ERR_")]
