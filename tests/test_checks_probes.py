@@ -40,6 +40,7 @@ from tfedu.checks import nb13_peft as nb13
 from tfedu.checks import nb14_quantization as nb14
 from tfedu.checks import nb15_interp_decoding as nb15
 from tfedu.checks.core import Probe, is_plain_data, run_probe, standin_objects, standins_bound
+from tfedu.checks.probes import compare_outputs
 from tfedu.embeddings import sgns_loss
 from tfedu.checks.scan import scan_answer
 from tfedu.tokenizer import GPT4_PATTERN, get_pair_counts, merge_pair
@@ -95,6 +96,25 @@ def test_every_probe_passes_the_notebooks_solution(stem, grade_id, one_torch_thr
     for seed in range(4):
         assert verdict(probe, namespace, seed) is None, (grade_id, seed)
         assert verdict(probe, namespace, seed, standins=True) is None, (grade_id, seed)
+
+
+@pytest.mark.parametrize("seed", [205, 216])
+def test_a_right_answer_passes_the_large_score_probe_of_multi_head_attention(seed, one_torch_thread):
+    """Seeds on which the notebook's own MultiHeadAttention scored zero (CI, 2026-11-29): outputs of size about 300
+    from scores of 1e3 round at 3e-5 to 6e-5, and an entry near zero there was held to the absolute 1e-5. The
+    absolute tolerance is now times the reference's largest value (probes.magnitude); a real mistake is off by
+    far more (tests above)."""
+    probe = nb05.PROBES["check_multi_head_attention"]
+    assert verdict(probe, notebook_namespace("05_masks_and_heads"), seed) is None
+
+
+def test_the_absolute_tolerance_grows_with_the_references_size():
+    expected = {"returned": ["tensor"], "y": np.array([300.0, 0.0], dtype=np.float32)}
+    assert compare_outputs({"returned": ["tensor"], "y": np.array([300.0, 5e-5])}, expected, function="f") is None
+    assert "largest error 0.05" in compare_outputs({"returned": ["tensor"], "y": np.array([300.0, 0.05])}, expected,
+                                                   function="f")
+    small = {"returned": ["tensor"], "y": np.array([0.5, 0.0], dtype=np.float32)}
+    assert compare_outputs({"returned": ["tensor"], "y": np.array([0.5, 5e-5])}, small, function="f") is not None
 
 
 @pytest.mark.parametrize("stem, grade_id", ALL_PROBES)

@@ -121,6 +121,14 @@ def upstream_like(rng: np.random.Generator, shape: Sequence[int]) -> np.ndarray:
     return rng.standard_normal(tuple(shape)).astype(np.float32)
 
 
+def magnitude(want: Any) -> float:
+    """The largest finite |value| of a reference array of floats, at least 1 (1 for anything else)."""
+    if not (isinstance(want, np.ndarray) and want.dtype.kind == "f"):
+        return 1.0
+    finite = np.abs(want[np.isfinite(want)])
+    return max(1.0, float(finite.max())) if finite.size else 1.0
+
+
 def compare_outputs(
     outputs: Any,
     expected: Mapping[str, Any],
@@ -139,9 +147,11 @@ def compare_outputs(
     In order: what each call returned (``expected["returned"]``, a list of kinds, one per call;
     ``kind_hints`` maps a wrong kind to a hint), then every other entry (``labels`` names it in
     the feedback; ``nan_hints`` adds a hint when it holds NaN or Inf where the reference does
-    not), then the gradients under ``expected["grad"]`` (a dict of arrays). Gradients are compared
-    more loosely (``grad_rtol``, and ``grad_atol`` times the largest reference gradient when that
-    exceeds one): they amplify the rounding of the values, and a detached path is off by far more.
+    not), then the gradients under ``expected["grad"]`` (a dict of arrays). An absolute tolerance is
+    times the largest value of the reference array when that exceeds one (:func:`magnitude`): outputs
+    of size 1e3 round at about 1e-4, and an entry near zero among them is allowed that much too.
+    Gradients are compared more loosely (``grad_rtol``, ``grad_atol``): they amplify the rounding of
+    the values, and a detached path is off by far more.
     """
     labels, nan_hints, kind_hints = labels or {}, nan_hints or {}, kind_hints or {}
     if not isinstance(outputs, dict):
@@ -157,7 +167,7 @@ def compare_outputs(
     for key, want in expected.items():
         if key in ("returned", "grad"):
             continue
-        problem = compare_plain(outputs.get(key), want, rtol, atol, labels.get(key, f"{function}'s {key}"))
+        problem = compare_plain(outputs.get(key), want, rtol, atol * magnitude(want), labels.get(key, f"{function}'s {key}"))
         if problem:
             if "NaN or Inf" in problem and key in nan_hints:
                 problem = f"{problem}: {nan_hints[key]}"
@@ -173,8 +183,7 @@ def compare_outputs(
         got = got_grads.get(name)
         if isinstance(got, str) or got is None:
             return HINT_GRAD_NONE.format(name=name, function=function)
-        scale = max(1.0, float(np.abs(want).max())) if np.size(want) else 1.0
-        problem = compare_plain(got, want, grad_rtol, grad_atol * scale, f"the gradient with respect to {name}")
+        problem = compare_plain(got, want, grad_rtol, grad_atol * magnitude(want), f"the gradient with respect to {name}")
         if problem:
             return HINT_GRAD_DIFFERS.format(function=function, problem=problem)
     return None
