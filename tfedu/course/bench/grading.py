@@ -9,7 +9,11 @@ without it elsewhere, as the table says):
 - ``release``: the released student version, nothing done (decided without a kernel);
 - ``full``: the peer, the same solved submission with ``--full`` (every cell of the notebook, as the
   grader ran before it learned which cells grading needs); ``full/solved`` above 1 means the
-  grader's own run is faster.
+  grader's own run is faster;
+- ``cold``: the second peer, the same solved submission with ``--cold`` (its kernel started afresh, not
+  forked from the warm-kernel server, :mod:`tfedu.course.grading.warm`); ``cold/solved`` above 1 is what
+  warm kernels save. ``start`` says how the solved run's kernel started (``warm`` or ``cold``). The
+  server starts on first use and is kept: its own start-up counts in the first notebook's rows.
 
 The projected time for 300 submissions is 300 times the seconds per submission at ``--jobs 2``. Every
 solved submission must score full marks and every release zero, or the bench stops: a fast wrong
@@ -31,11 +35,12 @@ GOAL_SECONDS = 20.0  # per submission on the 2-core machine
 GOAL_CLASS_MINUTES = 60.0
 
 
-def _grade(paths: list[Path], source: Path, *, jobs: int, sandboxed: bool, full: bool = False) -> tuple[float, list[dict]]:
+def _grade(paths: list[Path], source: Path, *, jobs: int, sandboxed: bool, full: bool = False,
+           cold: bool = False) -> tuple[float, list[dict]]:
     from tfedu.course.grading.grade import grade
 
     start = time.perf_counter()
-    entries = grade(paths, source=source, jobs=jobs, sandboxed=sandboxed, full=full)["submissions"]
+    entries = grade(paths, source=source, jobs=jobs, sandboxed=sandboxed, full=full, cold=cold)["submissions"]
     return time.perf_counter() - start, entries
 
 
@@ -74,20 +79,25 @@ def run(quick: bool = False) -> dict:
             seconds_one, entries = _grade(copies[:1], source, jobs=1, sandboxed=sandboxed)
             _expect(entries, True, f"{source.name}, --jobs 1")
             skipped = entries[0].get("cells_skipped", 0)
+            start = entries[0].get("kernel_start", "none")
             seconds_two, entries = _grade(copies[1:], source, jobs=2, sandboxed=sandboxed)
             _expect(entries, True, f"{source.name}, --jobs 2")
             seconds_release, entries = _grade([unsolved], source, jobs=1, sandboxed=sandboxed)
             _expect(entries, False, f"{source.name}, release")
             seconds_full, entries = _grade(copies[:1], source, jobs=1, sandboxed=sandboxed, full=True)
             _expect(entries, True, f"{source.name}, --full")
+            seconds_cold, entries = _grade(copies[:1], source, jobs=1, sandboxed=sandboxed, cold=True)
+            _expect(entries, True, f"{source.name}, --cold")
             per_submission = seconds_two / 2
             rows.append({"notebook": source.stem, "solved_s": round(seconds_one, 2), "jobs2_s_per_submission": round(per_submission, 2),
                          "release_s": round(seconds_release, 2), "full_s": round(seconds_full, 2),
                          "full_over_solved": round(seconds_full / seconds_one, 2),
+                         "cold_s": round(seconds_cold, 2), "cold_over_solved": round(seconds_cold / seconds_one, 2),
+                         "kernel_start": start,
                          "cells_skipped": skipped,
                          "class_minutes": round(CLASS_SIZE * per_submission / 60, 1)})
             print(f"  graded {source.stem}: {seconds_one:.1f} s alone, {per_submission:.1f} s each at --jobs 2, "
-                  f"{seconds_full:.1f} s with --full", file=sys.stderr, flush=True)
+                  f"{seconds_full:.1f} s with --full, {seconds_cold:.1f} s with --cold", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return {"bench": "grade", "quick": quick, "machine": machine(), "sandbox": where, "class_size": CLASS_SIZE,
@@ -99,11 +109,12 @@ def format_table(result: dict) -> str:
     lines = [f"tfedu bench grade{' (quick)' if result['quick'] else ''}: seconds to grade one submission, "
              f"and {result['class_size']} of one notebook at --jobs 2",
              f"machine: {m['cpu_model']}, {m['cpu_count']} cores, load {m['load_average_1min']} at the start; {result['sandbox']}",
-             f"{'notebook':<34} {'solved s':>8} {'jobs 2 s':>8} {'release s':>9} {'full s':>7} {'full/solved':>11} "
-             f"{'300 subs':>9}"]
+             f"{'notebook':<34} {'solved s':>8} {'start':>5} {'jobs 2 s':>8} {'release s':>9} {'full s':>7} "
+             f"{'full/solved':>11} {'cold s':>6} {'cold/solved':>11} {'300 subs':>9}"]
     for row in result["rows"]:
-        lines.append(f"{row['notebook']:<34} {row['solved_s']:>8.1f} {row['jobs2_s_per_submission']:>8.1f} "
-                     f"{row['release_s']:>9.2f} {row['full_s']:>7.1f} {row['full_over_solved']:>10.1f}x "
+        lines.append(f"{row['notebook']:<34} {row['solved_s']:>8.1f} {row['kernel_start']:>5} "
+                     f"{row['jobs2_s_per_submission']:>8.1f} {row['release_s']:>9.2f} {row['full_s']:>7.1f} "
+                     f"{row['full_over_solved']:>10.1f}x {row['cold_s']:>6.1f} {row['cold_over_solved']:>10.1f}x "
                      f"{row['class_minutes']:>6.1f} min")
     goal = result["goal"]
     if result["rows"]:

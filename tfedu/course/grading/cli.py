@@ -52,7 +52,7 @@ def _grade(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             results = grade(args.submissions, out=args.out, source=args.source, notebooks_dir=args.notebooks_dir,
                             limits=limits, jobs=args.jobs, checks=args.checks, sandboxed=not no_sandbox,
-                            full=getattr(args, "full", False), shard=shard)
+                            full=getattr(args, "full", False), shard=shard, cold=getattr(args, "cold", False))
     except (ConfigError, sandbox.SandboxUnavailable, shards.ShardError) as err:
         print(f"tfedu grade: {clean_text(err)}", file=sys.stderr)
         return 2
@@ -105,6 +105,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     g.add_argument("--full", action="store_true",
                    help="run every cell of the notebook, not only the exercises, their checks and the cells they use "
                         "(slower; lists each demonstration that raised)")
+    g.add_argument("--cold", action="store_true",
+                   help="start every kernel afresh instead of forking the first one from a warm process that has "
+                        "imported torch already (slower; see tfedu.course.grading.warm)")
     g.add_argument("--shard", metavar="K/N",
                    help="grade only the K-th of N disjoint shares of the submissions (K = 1..N; one machine each; "
                         "every shard must be given the same list)")

@@ -77,7 +77,7 @@ import numpy as np
 
 from tfedu.course import nbtools
 from tfedu.checks.core import NOT_DONE_MESSAGE, Probe, compare_plain
-from tfedu.course.grading import harness, needs, sandbox, shards
+from tfedu.course.grading import harness, needs, sandbox, shards, warm
 from tfedu.course.grading.inside import import_statements
 from tfedu.course.grading.kernel import TRACEBACK_CAP, clean_environment, kill_session
 from tfedu.course.grading.release import CODE_STUB, _replace_regions, is_check, is_solution
@@ -308,6 +308,7 @@ class Run:
     answer_errors: dict[str, str] = field(default_factory=dict)
     cell_errors: list[dict[str, Any]] = field(default_factory=list)  # the notebook's other cells that raised
     steps: list[Step] | None = None  # what the run executes (default: every step; see graded_steps)
+    kernel_start: str | None = None  # "warm" or "cold": how the sandboxed run's first kernel started (warm.py)
 
     def checks_of(self, answer: str) -> list[str]:
         return [c for c, p in self.assignment.probes.items() if p.exercise == answer]
@@ -511,6 +512,21 @@ def _process_tree(root: int) -> list[int]:
     return found
 
 
+def _in_namespace(namespace: str, known: list[int]) -> list[int]:
+    """The host PIDs of every process in the PID namespace ``namespace`` (a ``/proc/PID/ns/pid`` link) that is
+    not in ``known``: a warm kernel's launcher (warm.py) is in the sandbox but not below bwrap, its parent
+    having been outside."""
+    seen, found = set(known), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in seen:
+            try:
+                if os.readlink(f"/proc/{entry}/ns/pid") == namespace:
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
 def _usage(pids: list[int]) -> tuple[float, int]:
     """CPU seconds of ``pids`` and of the children they have waited for (utime, stime, cutime,
     cstime), and their number of threads."""
@@ -555,8 +571,18 @@ class Monitor(threading.Thread):
 
     def run(self) -> None:
         samples: list[tuple[float, float]] = []
+        namespace = None  # the sandbox's PID namespace, read from its init (bwrap's child)
         while self.proc.poll() is None and not self.done.is_set():
             pids = _process_tree(self.proc.pid)
+            if self.sandboxed and namespace is None and len(pids) > 1:
+                try:
+                    namespace = os.readlink(f"/proc/{pids[1]}/ns/pid")
+                    if namespace == os.readlink("/proc/self/ns/pid"):
+                        namespace = None  # not made yet
+                except OSError:
+                    pass
+            if namespace is not None:
+                pids += _in_namespace(namespace, pids)
             now, (used, threads) = time.monotonic(), _usage(pids)
             samples = [s for s in samples if now - s[0] <= CPU_WINDOW_SECONDS] + [(now, used)]
             span = now - samples[0][0]
@@ -582,7 +608,7 @@ class Monitor(threading.Thread):
             self.done.wait(0.5)
 
 
-def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float = 1.0) -> None:
+def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float = 1.0, cold: bool = False) -> None:
     """Run the notebook in a sandbox (``box``; None: without one), then judge what came back.
 
     The plan (every cell's code, the answers or their stubs, the hidden tests and their inputs)
@@ -619,6 +645,7 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
             "stubs": a.stubs, "stubbed": sorted(run.stubbed), "done": sorted(run.outcome), "probes": plan_probes,
             "cell_timeout": limits.cell_timeout, "timeout": limits.timeout, "startup_timeout": limits.startup_timeout,
             "memory_bytes": int(limits.memory_gib * (1 << 30)), "file_bytes": int(limits.file_mib * (1 << 20)),
+            "cpu_seconds": int(limits.timeout * (os.cpu_count() or 1)) + 1,
             "processes": limits.processes if box is not None else 0, "sandboxed": box is not None,
             "not_done": NOT_DONE_MESSAGE,
         }
@@ -648,6 +675,10 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
             killed = False
             monitor = Monitor(proc, limits, cpus, sandboxed=box is not None)
             monitor.start()
+            if box is not None and not cold and warm.enabled() and (runner := warm.find_runner(proc)) is not None:
+                kernel_limits = (plan["memory_bytes"], plan["file_bytes"], plan["cpu_seconds"], plan["processes"])
+                plan["warm"] = warm.server(env, box).place(runner, cgroup=cgroup, limits=kernel_limits,
+                                                           kernel_env=clean_environment(sandbox.HOME, env))
             try:
                 assert proc.stdin is not None
                 proc.stdin.write(json.dumps(plan).encode("utf-8"))
@@ -668,6 +699,8 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
             if box is not None and not events and not monitor.reason and not killed:
                 runner_error = [sandbox.diagnose(box, cmd[: len(cmd) - len(argv)])]
         finished = any(e.get("end") is True for e in events)
+        run.kernel_start = next((e["kernel"] for e in events if e.get("kernel") in ("warm", "cold")),
+                                "cold" if box is not None else None)
         for event in events:
             if type(event.get("cell_error")) is int and len(run.cell_errors) < MAX_CELL_ERRORS:
                 run.cell_errors.append({"cell": event["cell_error"], "error": str(event.get("error", ""))[:2000],
@@ -709,7 +742,8 @@ def execute(run: Run, box: sandbox.Sandbox | None, hide: list[Path], cpus: float
 
 def grade_submission(path: str | Path, *, source: str | Path | None = None, notebooks_dir: str | Path | None = None,
                      limits: Limits = Limits(), checks: str | None = None, sandboxed: bool = True,
-                     hide: tuple[str | Path, ...] = (), cpus: float | None = None, full: bool = False) -> dict[str, Any]:
+                     hide: tuple[str | Path, ...] = (), cpus: float | None = None, full: bool = False,
+                     cold: bool = False) -> dict[str, Any]:
     """Grade one submission; the entry of the results JSON for it. Raises only for instructor errors.
 
     The run executes only the cells grading needs (:func:`graded_steps`); ``full`` runs every cell of
@@ -734,7 +768,7 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
         if any(check not in run.outcome for check in assignment.probes):
             run.steps = list(assignment.steps) if full else graded_steps(run)
             entry["cells_skipped"] = sum(s.kind == "code" for s in assignment.steps) - sum(s.kind == "code" for s in run.steps)
-            execute(run, box, [path.resolve().parent, *(Path(h) for h in hide)], cpus or float(os.cpu_count() or 1))
+            execute(run, box, [path.resolve().parent, *(Path(h) for h in hide)], cpus or float(os.cpu_count() or 1), cold)
     except SubmissionError as err:
         run = Run(assignment, {}, limits)
         run.zero_rest(f"the submission could not be graded: {err}")
@@ -746,13 +780,15 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
         entry["exercises"][check] = {"points": got, "max": points, "feedback": feedback}
     entry["total"] = float(sum(e["points"] for e in entry["exercises"].values()))
     entry["cell_errors"] = run.cell_errors
+    if run.kernel_start is not None:
+        entry["kernel_start"] = run.kernel_start
     entry["seconds"] = round(time.monotonic() - started, 2)
     return _clean_entry(entry)
 
 
 def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str | Path | None = None,
           notebooks_dir: str | Path | None = None, limits: Limits = Limits(), jobs: int = 1,
-          checks: str | None = None, sandboxed: bool = True, full: bool = False,
+          checks: str | None = None, sandboxed: bool = True, full: bool = False, cold: bool = False,
           shard: tuple[int, int] | None = None) -> dict[str, Any]:
     """Grade every submission (``jobs`` at a time); write ``out`` (JSON) and a CSV beside it.
 
@@ -786,7 +822,8 @@ def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str
             return _clean_entry({"file": str(path), "source": None, "total": 0.0, "max": 0.0, "exercises": {},
                                  "notes": [unmatched[str(path)]]})
         return grade_submission(path, source=source, notebooks_dir=notebooks_dir, limits=limits, checks=checks,
-                                sandboxed=sandboxed, hide=hide, cpus=max(1.0, (os.cpu_count() or 1) / max(1, jobs)), full=full)
+                                sandboxed=sandboxed, hide=hide, cpus=max(1.0, (os.cpu_count() or 1) / max(1, jobs)), full=full,
+                                cold=cold)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         entries = list(pool.map(one, paths))

@@ -143,14 +143,18 @@ def run_plan(plan: dict[str, Any], exchange: Path, report: Report, watchdog: Wat
     def checks_of(answer: str) -> list[str]:
         return [c for c, p in probes.items() if p["exercise"] == answer]
 
+    warm = bool(plan.get("warm"))  # the first kernel comes from the grader's warm-kernel server
     while True:
         workdir = tempfile.mkdtemp()
         kernel = Kernel(workdir, memory_bytes=int(plan["memory_bytes"]), file_bytes=int(plan["file_bytes"]),
-                        cpu_seconds=int(total * (os.cpu_count() or 1)) + 1, processes=int(plan.get("processes", 0)),
+                        cpu_seconds=int(plan["cpu_seconds"]), processes=int(plan.get("processes", 0)),
                         new_session=bool(plan.get("sandboxed")))
         try:
             try:
-                kernel.start(min(float(plan["startup_timeout"]), max(0.1, deadline - time.monotonic())))
+                kernel.start(min(float(plan["startup_timeout"]), max(0.1, deadline - time.monotonic())), warm=warm)
+                if warm:
+                    report.emit(kernel="warm" if kernel.warm else "cold")
+                warm = False
             except Exception as err:
                 zero_rest(f"grading stopped: a fresh Python kernel could not be started ({err})")
                 return

@@ -15,6 +15,9 @@ runner, :mod:`tfedu.course.grading.inside`, inside the submission's sandbox).
   dies, every process of the kernel's session is killed with SIGKILL.
 - Output is drained and capped: only the first :data:`OUTPUT_CAP` characters of a cell's
   stream output are kept, the rest is counted and dropped.
+- ``start(warm=True)``: the first kernel of a sandboxed run may come warm, forked into the sandbox by the
+  grader's warm-kernel server (:mod:`tfedu.course.grading.warm`) and supervised by the same launcher code;
+  the runner hands it the connection file through :data:`WARM_RENDEZVOUS` and adopts it (:class:`Adopted`).
 """
 
 from __future__ import annotations
@@ -97,6 +100,8 @@ def reap_everything(*_):
 
 kernel = os.fork()
 if kernel == 0:
+    if "start_kernel" in globals():  # a warm launcher (zygote.py) forks its kernel instead of executing one
+        start_kernel()
     os.execv(sys.argv[5], sys.argv[5:])
 signal.signal(signal.SIGTERM, reap_everything)
 while True:
@@ -112,11 +117,75 @@ while True:
                 os.kill(other, signal.SIGKILL)
             except OSError:
                 pass
+        if "report_exit" in globals():  # a warm launcher has no parent to wait for it: it leaves the code in a file
+            report_exit(code)
         if code < 0:
             signal.signal(-code, signal.SIG_DFL)
             os.kill(me, -code)
         os._exit(code)
 """.replace("{open_files}", str(OPEN_FILES))
+
+
+KERNEL_ARGS = ("--HistoryManager.hist_file=:memory:", "--IPKernelApp.ignore_cwd=True")
+# Where the runner and a warm launcher meet in the sandbox: the runner writes the connection file's path and the
+# kernel's working folder here, the launcher answers with its PID (or why it refused) in WARM_ANSWER.
+WARM_RENDEZVOUS = "/tmp/.tfedu-warm-kernel.json"
+WARM_WAIT = 20.0  # seconds the runner waits for a warm launcher before it starts a cold kernel
+
+
+class Adopted:
+    """A warm launcher, which is not this runner's child: the parts of :class:`subprocess.Popen` that
+    :class:`Kernel` uses, through a pidfd (its exit is seen, it cannot be confused with a reused PID)."""
+
+    def __init__(self, pid: int, exit_file: str):
+        self.pid, self.exit_file, self.returncode = pid, exit_file, None
+        self.fd = os.pidfd_open(pid)
+
+    def poll(self) -> int | None:
+        import select
+
+        if self.returncode is None and select.select([self.fd], [], [], 0)[0]:
+            try:
+                self.returncode = int(Path(self.exit_file).read_text())
+            except (OSError, ValueError):
+                self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import select
+
+        if self.returncode is None and not select.select([self.fd], [], [], timeout)[0]:
+            raise subprocess.TimeoutExpired("warm kernel", timeout or 0)
+        return self.poll()  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        signal.pidfd_send_signal(self.fd, sig)
+
+
+def adopt_warm_launcher(connection_file: str, cwd: Path, timeout: float) -> Adopted:
+    """Hand a warm launcher the connection file and working folder; its PID once it has checked itself
+    against this process (see :mod:`tfedu.course.grading.zygote`). Raises RuntimeError otherwise."""
+    import json
+
+    answer = connection_file + ".launcher"
+    part = WARM_RENDEZVOUS + ".part"
+    Path(part).write_text(json.dumps({"connection_file": connection_file, "cwd": str(cwd), "answer": answer}))
+    os.rename(part, WARM_RENDEZVOUS)
+    deadline = time.monotonic() + timeout
+    try:
+        while not os.path.exists(answer):
+            if time.monotonic() > deadline:
+                raise RuntimeError("no warm launcher came")
+            time.sleep(0.005)
+    finally:
+        Path(WARM_RENDEZVOUS).unlink(missing_ok=True)
+    reply = json.loads(Path(answer).read_text())
+    if "pid" not in reply:
+        raise RuntimeError(f"the warm launcher refused: {reply.get('refused')}")
+    try:
+        return Adopted(int(reply["pid"]), answer + ".exit")
+    except OSError as err:
+        raise RuntimeError(f"the warm launcher is gone: {err}") from err
 
 
 @dataclass
@@ -133,8 +202,10 @@ class CellResult:
     traceback: str = ""  # the first error's traceback as the kernel rendered it, its last TRACEBACK_CAP characters
 
 
-def clean_environment(cwd: str | Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(DROPPED_ENV_PREFIXES) and k != "OLDPWD"}
+def clean_environment(cwd: str | Path, base: dict[str, str] | None = None) -> dict[str, str]:
+    """A kernel's environment: ``base`` (this process's) minus test-runner and Jupyter-parent variables."""
+    env = {k: v for k, v in (os.environ if base is None else base).items()
+           if not k.startswith(DROPPED_ENV_PREFIXES) and k != "OLDPWD"}
     env["PWD"] = str(cwd)
     env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     return env
@@ -167,25 +238,46 @@ class Kernel:
         self.cpu_seconds = cpu_seconds  # RLIMIT_CPU of the kernel (and of each process it starts); 0: none
         self.processes = processes  # RLIMIT_NPROC (threads count); 0: none
         self.new_session = new_session  # False: stay in the caller's session, so the caller's session kill reaches it
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | Adopted | None = None
         self.client = None
+        self.warm = False  # whether the running kernel came from the warm-kernel server
         self._conn_dir = tempfile.mkdtemp()
 
-    def start(self, timeout: float) -> None:
-        from jupyter_client.blocking import BlockingKernelClient
+    def start(self, timeout: float, *, warm: bool = False) -> None:
+        """Start the kernel and wait until it answers. ``warm``: a launcher forked by the grader's warm-kernel
+        server (:mod:`tfedu.course.grading.warm`) is on its way into this sandbox; hand it the connection file
+        and adopt it, and start a cold kernel as usual if it refuses or does not come within :data:`WARM_WAIT`."""
         from jupyter_client.connect import write_connection_file
 
+        self.warm = False
         connection_file = os.path.join(self._conn_dir, f"kernel-{uuid.uuid4()}.json")
         write_connection_file(connection_file, ip="127.0.0.1")
+        if warm:
+            try:
+                self.proc = adopt_warm_launcher(connection_file, self.cwd, min(WARM_WAIT, timeout))
+                self._connect(connection_file, min(WARM_WAIT, timeout))
+                self.warm = True
+                return
+            except RuntimeError:
+                self.kill()
+                self._disconnect()
+                self.proc = None
+                os.unlink(connection_file)
+                write_connection_file(connection_file, ip="127.0.0.1")
         # -P and ignore_cwd: the working folder is not on sys.path, so a module file written there
         # (by code that slipped past the scan) cannot be imported.
         safe_path = ["-P"] if sys.version_info >= (3, 11) else []
         cmd = [sys.executable, "-c", LAUNCHER, str(self.memory_bytes), str(self.file_bytes), str(self.cpu_seconds), str(self.processes),
-               sys.executable, *safe_path, "-m", "ipykernel_launcher", "-f", connection_file,
-               "--HistoryManager.hist_file=:memory:", "--IPKernelApp.ignore_cwd=True"]
+               sys.executable, *safe_path, "-m", "ipykernel_launcher", "-f", connection_file, *KERNEL_ARGS]
         self.proc = subprocess.Popen(cmd, cwd=self.cwd, env=clean_environment(self.cwd), stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=self.new_session)
+        self._connect(connection_file, timeout)
+
+    def _connect(self, connection_file: str, timeout: float) -> None:
+        from jupyter_client.blocking import BlockingKernelClient
+
+        assert self.proc is not None
         client = BlockingKernelClient()
         client.load_connection_file(connection_file)
         client.start_channels()
@@ -209,6 +301,14 @@ class Kernel:
                 client.get_iopub_msg(timeout=0.2)
             except queue.Empty:
                 break
+
+    def _disconnect(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.stop_channels()
+            except Exception:
+                pass
+            self.client = None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -292,12 +392,7 @@ class Kernel:
 
     def stop(self) -> None:
         self.kill()
-        if self.client is not None:
-            try:
-                self.client.stop_channels()
-            except Exception:
-                pass
-            self.client = None
+        self._disconnect()
         import shutil
 
         shutil.rmtree(self._conn_dir, ignore_errors=True)
