@@ -148,3 +148,22 @@ def test_a_warm_kernel_that_dies_or_hangs_is_blamed_on_the_answer_and_replaced_b
     assert entry["kernel_start"] == "warm"
     assert "per-cell time limit" in entry["exercises"]["check_double"]["feedback"] and entry["exercises"]["check_double"]["points"] == 0
     assert entry["exercises"]["check_square"]["points"] == 2, entry
+
+
+@needs_sandbox
+def test_the_warm_server_outlives_the_grading_thread_that_started_it(toy_path, monkeypatch):
+    """One server serves every later grading call of this process (grading runs on pool threads that end
+    after each call; a server tied to its starting thread, as bwrap's --die-with-parent ties it, died with it)."""
+    warm_or_skip()
+    started = []
+    original = warm.Server.__init__
+
+    def counting(self, *args, **kwargs):
+        started.append(self)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(warm.Server, "__init__", counting)
+    for _ in range(2):
+        [entry] = grade([toy_path], source=toy_path, checks="toy_checks")["submissions"]
+        assert entry["kernel_start"] == "warm" and entry["total"] == 1
+    assert len(started) <= 1 and all(server.proc.poll() is None for server in warm._SERVERS.values())

@@ -50,7 +50,9 @@ class Server:
         # Its own mount namespace where every mount is read-only: a file it maps (the interpreter behind
         # /proc/self/exe, the libraries) stays read-only in the kernels it forks, as in a cold sandbox.
         read_only = [bwrap, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--bind", "/proc", "/proc",
-                     "--bind-try", "/sys/fs/cgroup", "/sys/fs/cgroup", "--die-with-parent", "--"]
+                     "--bind-try", "/sys/fs/cgroup", "/sys/fs/cgroup", "--"]
+        # Not --die-with-parent: that follows the thread that started it (a grading pool's thread, gone after one
+        # submission). The server ends when its standard input closes, as it does when this process ends.
         self.proc = subprocess.Popen([*read_only, sys.executable, "-P", str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, env=env, cwd="/", close_fds=True, start_new_session=True)
         setup = {"seccomp": base64.b64encode(sandbox.seccomp_program()).decode("ascii"), "launcher": kernel.LAUNCHER,
