@@ -151,9 +151,9 @@ def test_a_warm_kernel_that_dies_or_hangs_is_blamed_on_the_answer_and_replaced_b
 
 
 @needs_sandbox
-def test_the_warm_server_outlives_the_grading_thread_that_started_it(toy_path, monkeypatch):
-    """One server serves every later grading call of this process (grading runs on pool threads that end
-    after each call; a server tied to its starting thread, as bwrap's --die-with-parent ties it, died with it)."""
+def test_one_warm_server_serves_a_whole_grading_call_and_ends_with_it(toy_path, tmp_path, monkeypatch):
+    """Every submission of one call, on any of the pool's threads, is served by one server, and grading leaves no
+    process behind: the server ends when the call returns."""
     warm_or_skip()
     started = []
     original = warm.Server.__init__
@@ -163,7 +163,12 @@ def test_the_warm_server_outlives_the_grading_thread_that_started_it(toy_path, m
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(warm.Server, "__init__", counting)
-    for _ in range(2):
-        [entry] = grade([toy_path], source=toy_path, checks="toy_checks")["submissions"]
-        assert entry["kernel_start"] == "warm" and entry["total"] == 1
-    assert len(started) <= 1 and all(server.proc.poll() is None for server in warm._SERVERS.values())
+    copies = []
+    for name in ("a", "b", "c"):
+        copy = tmp_path / name / toy_path.name
+        copy.parent.mkdir()
+        copy.write_bytes(toy_path.read_bytes())
+        copies.append(copy)
+    entries = grade(copies, source=toy_path, checks="toy_checks", jobs=2)["submissions"]
+    assert [e["kernel_start"] for e in entries] == ["warm"] * 3 and all(e["total"] == 1 for e in entries)
+    assert len(started) == 1 and started[0].proc.poll() is not None

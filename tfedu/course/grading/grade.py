@@ -768,7 +768,8 @@ def grade_submission(path: str | Path, *, source: str | Path | None = None, note
         if any(check not in run.outcome for check in assignment.probes):
             run.steps = list(assignment.steps) if full else graded_steps(run)
             entry["cells_skipped"] = sum(s.kind == "code" for s in assignment.steps) - sum(s.kind == "code" for s in run.steps)
-            execute(run, box, [path.resolve().parent, *(Path(h) for h in hide)], cpus or float(os.cpu_count() or 1), cold)
+            with warm.scope():
+                execute(run, box, [path.resolve().parent, *(Path(h) for h in hide)], cpus or float(os.cpu_count() or 1), cold)
     except SubmissionError as err:
         run = Run(assignment, {}, limits)
         run.zero_rest(f"the submission could not be graded: {err}")
@@ -825,7 +826,7 @@ def grade(paths: list[str | Path], *, out: str | Path | None = None, source: str
                                 sandboxed=sandboxed, hide=hide, cpus=max(1.0, (os.cpu_count() or 1) / max(1, jobs)), full=full,
                                 cold=cold)
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with warm.scope(), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         entries = list(pool.map(one, paths))
     results: dict[str, Any] = {"submissions": entries}
     if place is not None:

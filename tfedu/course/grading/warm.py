@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import json
 import os
 import select
@@ -107,6 +108,26 @@ class Server:
 _SERVERS: dict[tuple, Server] = {}  # most recently used last
 _SERVERS_LOCK = threading.Lock()
 KEPT_SERVERS = 2  # a server holds torch in memory (about 300 MB); a grading run needs one per environment
+_depth = 0  # open scopes (grading calls under way)
+
+
+@contextlib.contextmanager
+def scope():
+    """Servers live while a scope is open (a grading call, nested or not); when the last one closes, every
+    server ends: grading leaves no process of its own behind."""
+    global _depth
+    with _SERVERS_LOCK:
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _SERVERS_LOCK:
+            _depth -= 1
+            ending = list(_SERVERS.values()) if _depth == 0 else []
+            if _depth == 0:
+                _SERVERS.clear()
+        for found in ending:
+            found.close()
 
 
 def enabled() -> bool:
@@ -117,7 +138,8 @@ def enabled() -> bool:
 
 
 def server(env: dict[str, str], box: sandbox.Sandbox) -> Server:
-    """The warm-kernel server for the runner environment ``env``, started on first use, kept for this process."""
+    """The warm-kernel server for the runner environment ``env``, started on first use, kept until the
+    outermost :func:`scope` closes."""
     key = (box.bwrap, *sorted(env.items()))
     with _SERVERS_LOCK:
         found = _SERVERS.pop(key, None)
