@@ -127,8 +127,8 @@ while True:
 
 
 KERNEL_ARGS = ("--HistoryManager.hist_file=:memory:", "--IPKernelApp.ignore_cwd=True")
-# Where the runner and a warm launcher meet in the sandbox: the runner writes the connection file's path and the
-# kernel's working folder here, the launcher answers with its PID (or why it refused) in WARM_ANSWER.
+# Where the runner and a warm launcher meet in the sandbox: the runner writes the connection file's path, the
+# kernel's working folder and the answer file's path here; the launcher answers there with its PID (or why it refused).
 WARM_RENDEZVOUS = "/tmp/.tfedu-warm-kernel.json"
 WARM_WAIT = 20.0  # seconds the runner waits for a warm launcher before it starts a cold kernel
 

@@ -105,9 +105,8 @@ class Server:
             pass
 
 
-_SERVERS: dict[tuple, Server] = {}  # most recently used last
+_SERVERS: dict[tuple, Server] = {}  # one per runner environment (a grading call has one)
 _SERVERS_LOCK = threading.Lock()
-KEPT_SERVERS = 2  # a server holds torch in memory (about 300 MB); a grading run needs one per environment
 _depth = 0  # open scopes (grading calls under way)
 
 
@@ -142,12 +141,9 @@ def server(env: dict[str, str], box: sandbox.Sandbox) -> Server:
     outermost :func:`scope` closes."""
     key = (box.bwrap, *sorted(env.items()))
     with _SERVERS_LOCK:
-        found = _SERVERS.pop(key, None)
+        found = _SERVERS.get(key)
         if found is None or found.proc.poll() is not None:
-            found = Server(env, box.bwrap)
-        _SERVERS[key] = found
-        while len(_SERVERS) > KEPT_SERVERS:
-            _SERVERS.pop(next(iter(_SERVERS))).close()
+            found = _SERVERS[key] = Server(env, box.bwrap)
         return found
 
 
