@@ -62,3 +62,14 @@ def pytest_collection_modifyitems(items):
         return FIRST.index(name) if name in FIRST else len(FIRST)
 
     items.sort(key=rank)  # stable: within a file the order stays as written
+
+
+@pytest.fixture(scope="session", autouse=True)
+def warm_kernel_servers():
+    """Each worker keeps its warm-kernel servers (tfedu.course.grading.warm) for the whole session instead of
+    starting one per grading call: the suite grades in some hundred calls, and each new server imports torch
+    again. Tests that check grading leaves nothing behind grade inside ``warm.scope(fresh=True)``."""
+    from tfedu.course.grading import warm
+
+    with warm.scope():
+        yield

@@ -16,6 +16,7 @@ import nbformat
 import pytest
 
 from tfedu.course import nbtools
+from tfedu.course.grading import warm
 from tfedu.course.grading.grade import Limits, grade
 from tfedu.course.grading.release import student_version
 
@@ -203,13 +204,8 @@ def fingerprint(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    sandbox_or_skip()
-    folder = tmp_path_factory.mktemp("honest")
-    notebooks_before = fingerprint(ROOT / "notebooks")
-    os.environ[RUN_TOKEN] = "1"  # TFEDU_* variables reach the sandbox: an orphan would carry it
-    before = ours()
+def graded_each(folder: Path) -> dict:
+    """Each notebook's cases graded in one call, as an instructor would; the entries by case."""
     results = {}
     for notebook in dict.fromkeys(nb_name for nb_name, _, _ in CASES.values()):
         paths = {}
@@ -221,6 +217,18 @@ def graded(tmp_path_factory):
         out = grade(list(paths.values()), source=ROOT / "notebooks" / f"{notebook}.ipynb", limits=LIMITS, jobs=2)
         assert fingerprint(folder) == submissions, "grading changed a file in the submissions' folder"
         results.update({Path(e["file"]).stem: e for e in out["submissions"]})
+    return results
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    sandbox_or_skip()
+    folder = tmp_path_factory.mktemp("honest")
+    notebooks_before = fingerprint(ROOT / "notebooks")
+    os.environ[RUN_TOKEN] = "1"  # TFEDU_* variables reach the sandbox: an orphan would carry it
+    before = ours()
+    with warm.scope(fresh=True):  # one warm-kernel server for all these calls, ended before the check below
+        results = graded_each(folder)
     del os.environ[RUN_TOKEN]
     left = ours() - before
     for _ in range(50):  # a sandbox being torn down (here or by a neighbouring test) is gone within moments

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tfedu.course.grading import sandbox
+from tfedu.course.grading import sandbox, warm
 
 from optional_parts import sandbox_or_skip
 
@@ -425,7 +425,8 @@ def attacked(tmp_path_factory, limits):
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROUTES), *([python_path] if python_path else [])])
     try:
         start = time.monotonic()
-        graded = grade(list(paths.values()), out=out, source=SOURCE, limits=limits, jobs=3)
+        with warm.scope(fresh=True):  # as one `tfedu grade` call: its warm-kernel server ends with it
+            graded = grade(list(paths.values()), out=out, source=SOURCE, limits=limits, jobs=3)
         elapsed = time.monotonic() - start
     finally:
         del os.environ["TFEDU_ATTACK_RUN"], os.environ["INSTRUCTOR_API_TOKEN"]

@@ -11,6 +11,8 @@ or fail.
 
 import json
 import os
+import threading
+import types
 from pathlib import Path
 
 import pytest
@@ -150,19 +152,28 @@ def test_a_warm_kernel_that_dies_or_hangs_is_blamed_on_the_answer_and_replaced_b
     assert entry["exercises"]["check_square"]["points"] == 2, entry
 
 
-@needs_sandbox
-def test_one_warm_server_serves_a_whole_grading_call_and_ends_with_it(toy_path, tmp_path, monkeypatch):
-    """Every submission of one call, on any of the pool's threads, is served by one server, and grading leaves no
-    process behind: the server ends when the call returns."""
-    warm_or_skip()
-    started = []
+@pytest.fixture
+def started(monkeypatch) -> list:
+    """The servers started during the test, in order."""
+    found = []
     original = warm.Server.__init__
 
     def counting(self, *args, **kwargs):
-        started.append(self)
+        found.append(self)
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(warm.Server, "__init__", counting)
+    return found
+
+
+@needs_sandbox
+def test_one_warm_server_serves_a_whole_grading_call_and_ends_with_it(toy_path, tmp_path, monkeypatch, started):
+    """Every submission of one call, on any of the pool's threads, is served by one server, and grading leaves no
+    process behind: the server ends when the call returns."""
+    warm_or_skip()
+    # As in a `tfedu grade` process: no scope open around the call (the suite keeps one, tests/conftest.py).
+    monkeypatch.setattr(warm, "_SERVERS", {})
+    monkeypatch.setattr(warm, "_depth", 0)
     copies = []
     for name in ("a", "b", "c"):
         copy = tmp_path / name / toy_path.name
@@ -172,3 +183,61 @@ def test_one_warm_server_serves_a_whole_grading_call_and_ends_with_it(toy_path, 
     entries = grade(copies, source=toy_path, checks="toy_checks", jobs=2)["submissions"]
     assert [e["kernel_start"] for e in entries] == ["warm"] * 3 and all(e["total"] == 1 for e in entries)
     assert len(started) == 1 and started[0].proc.poll() is not None
+
+
+@needs_sandbox
+def test_an_open_scope_keeps_one_server_between_grading_calls(toy_path, started):
+    """What the suite does (tests/conftest.py): calls inside one open scope share a server, which outlives them
+    and ends with the scope."""
+    warm_or_skip()
+    with warm.scope(fresh=True):
+        for _ in range(2):
+            [entry] = grade([toy_path], source=toy_path, checks="toy_checks")["submissions"]
+            assert entry["kernel_start"] == "warm" and entry["total"] == 1
+            assert len(started) == 1 and started[0].proc.poll() is None
+    assert started[0].proc.poll() is not None
+
+
+class FakeServer:
+    """Stands in for a server process in the bookkeeping tests below."""
+
+    def __init__(self, env, bwrap):
+        self.env, self.closed = env, False
+        self.lock = threading.Lock()
+        self.proc = self
+
+    def poll(self):
+        return 0 if self.closed else None
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_fresh_scope_ends_its_own_servers_and_leaves_the_outer_ones(monkeypatch):
+    monkeypatch.setattr(warm, "Server", FakeServer)
+    box = types.SimpleNamespace(bwrap="bwrap")
+    with warm.scope(fresh=True):
+        outer = warm.server({"A": "1"}, box)
+        with warm.scope(fresh=True):
+            inner = warm.server({"A": "1"}, box)
+            assert inner is not outer  # the fresh scope does not use the outer one's server
+            with warm.scope():  # a grading call inside it
+                assert warm.server({"A": "1"}, box) is inner
+            assert not inner.closed
+        assert inner.closed and not outer.closed
+        assert warm.server({"A": "1"}, box) is outer
+    assert outer.closed
+
+
+def test_at_most_kept_servers_live_and_the_least_recently_used_goes_first(monkeypatch):
+    monkeypatch.setattr(warm, "Server", FakeServer)
+    box = types.SimpleNamespace(bwrap="bwrap")
+    with warm.scope(fresh=True):
+        servers = [warm.server({"N": str(i)}, box) for i in range(warm.KEPT)]
+        assert warm.server({"N": "0"}, box) is servers[0]  # used again: now the most recent
+        busy = servers[1]
+        with busy.lock:  # placing a kernel: not ended under it
+            newest = warm.server({"N": "new"}, box)
+        assert busy.closed is False and servers[2].closed and not servers[0].closed and not newest.closed
+        assert warm.server({"N": "1"}, box) is busy
+    assert all(s.closed for s in (*servers, newest))

@@ -3,7 +3,7 @@
 A cold kernel costs about four seconds of CPU before the notebook's first cell runs, most of it importing
 torch; on a 2-core laptop that is a quarter of grading a short notebook. The grader therefore starts one
 *warm-kernel server* (:mod:`tfedu.course.grading.zygote`, a script run with the runner's environment) per
-environment and keeps it for the life of the grading process. For each submission, once the sandbox's runner is
+environment and keeps it while a grading call lasts (:func:`scope`). For each submission, once the sandbox's runner is
 running (bubblewrap has made every namespace, dropped every capability and set the seccomp filter), the grader
 asks the server to put a launcher into that sandbox: a forked child joins the runner's cgroup and namespaces,
 takes its identity, drops every capability, sets no_new_privs and the same seccomp filter, and forks the
@@ -105,17 +105,26 @@ class Server:
             pass
 
 
-_SERVERS: dict[tuple, Server] = {}  # one per runner environment (a grading call has one)
+_SERVERS: dict[tuple, Server] = {}  # one per runner environment (a grading call has one), oldest first
 _SERVERS_LOCK = threading.Lock()
 _depth = 0  # open scopes (grading calls under way)
+KEPT = 3  # servers kept at once (each holds torch in memory): starting a fourth ends the least recently used
 
 
 @contextlib.contextmanager
-def scope():
+def scope(*, fresh: bool = False):
     """Servers live while a scope is open (a grading call, nested or not); when the last one closes, every
-    server ends: grading leaves no process of its own behind."""
-    global _depth
+    server ends: grading leaves no process of its own behind.
+
+    A process that grades many times (the test suite) opens one scope around all of it and so keeps its servers
+    between calls. ``fresh=True`` opens a scope of its own inside it: servers started within are used only
+    there and end when it closes, as if no outer scope were open (what a test that checks grading leaves
+    nothing behind needs)."""
+    global _SERVERS, _depth
     with _SERVERS_LOCK:
+        saved = (_SERVERS, _depth) if fresh else None
+        if fresh:
+            _SERVERS, _depth = {}, 0
         _depth += 1
     try:
         yield
@@ -125,6 +134,8 @@ def scope():
             ending = list(_SERVERS.values()) if _depth == 0 else []
             if _depth == 0:
                 _SERVERS.clear()
+            if saved is not None:
+                _SERVERS, _depth = saved
         for found in ending:
             found.close()
 
@@ -138,13 +149,18 @@ def enabled() -> bool:
 
 def server(env: dict[str, str], box: sandbox.Sandbox) -> Server:
     """The warm-kernel server for the runner environment ``env``, started on first use, kept until the
-    outermost :func:`scope` closes."""
+    outermost :func:`scope` closes or :data:`KEPT` more recently used ones push it out."""
     key = (box.bwrap, *sorted(env.items()))
     with _SERVERS_LOCK:
-        found = _SERVERS.get(key)
+        found = _SERVERS.pop(key, None)
         if found is None or found.proc.poll() is not None:
-            found = _SERVERS[key] = Server(env, box.bwrap)
-        return found
+            found = Server(env, box.bwrap)
+        _SERVERS[key] = found  # now the most recently used
+        idle = [k for k, s in _SERVERS.items() if k != key and not s.lock.locked()]
+        ending = [_SERVERS.pop(k) for k in idle[:max(0, len(_SERVERS) - KEPT)]]
+    for old in ending:  # a placement that races with this falls back to a cold start
+        old.close()
+    return found
 
 
 def find_runner(bwrap: subprocess.Popen, seconds: float = RUNNER_SECONDS) -> int | None:
