@@ -56,3 +56,27 @@ def test_seed_everything_returns_a_seeded_generator():
 def test_seed_everything_rejects_non_integers(bad):
     with pytest.raises(TypeError, match="seed must be an int"):
         tfedu.seed_everything(bad)
+
+
+@pytest.mark.parametrize("capability, name, native", [((7, 5), "Tesla T4", False), ((7, 0), "Tesla V100", False),
+                                                      ((8, 0), "A100", True), ((8, 9), "L4", True), ((9, 0), "H100", True)])
+def test_bfloat16_is_chosen_by_compute_capability_not_by_is_bf16_supported(monkeypatch, capability, name, native):
+    """torch.cuda.is_bf16_supported() says True on a T4, which only emulates bfloat16; training and notebook 09
+    choose by compute capability instead (8.0 on)."""
+    from tfedu.train import autocast_for
+    from tfedu.runtime import bfloat16_native
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert bfloat16_native("cuda") is native and bfloat16_native(torch.device("cuda", 0)) is native
+    assert bfloat16_native("cpu") is False and bfloat16_native("mps") is False
+    if not native:  # training's autocast (tfedu.train and the bench's peer loop): none, float32
+        assert not isinstance(autocast_for(torch.device("cuda")), torch.autocast)
+
+
+def test_bfloat16_is_not_native_without_a_gpu(monkeypatch):
+    from tfedu.runtime import bfloat16_native
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bfloat16_native("cuda") is False

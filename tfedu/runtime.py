@@ -43,6 +43,21 @@ def device() -> torch.device:
     return torch.device("cpu")
 
 
+def bfloat16_native(dev: torch.device | str) -> bool:
+    """Whether ``dev`` computes in bfloat16 in hardware: a CUDA GPU of compute capability 8.0 or newer (Ampere on).
+
+    ``torch.cuda.is_bf16_supported()`` is also true on older GPUs such as Colab's T4 (7.5), where bfloat16 is
+    emulated: it runs, far slower than float16. Only CUDA is considered; the CPU and MPS answer False.
+
+    >>> bfloat16_native("cpu")
+    False
+    """
+    dev = torch.device(dev)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(dev) >= (8, 0)
+
+
 def seed_everything(seed: int) -> torch.Generator:
     """Seed Python, NumPy and torch (CPU and every GPU) so a notebook gives the same numbers on re-run.
 

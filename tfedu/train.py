@@ -14,7 +14,9 @@
   history and both random states (the batch sampler's and torch's, which drives dropout), so
   ``resume=`` continues a run exactly where it stopped: on CPU the loss curve is bit-for-bit the
   uninterrupted one (tests/test_train.py).
-- **bf16 autocast on CUDA** (matrix products in bfloat16, weights and optimizer in float32).
+- **bf16 autocast on CUDA GPUs that have bfloat16 in hardware** (compute capability 8.0 on, ``runtime.bfloat16_native``):
+  matrix products in bfloat16, weights and optimizer in float32. Older GPUs (Colab's T4) emulate bfloat16 slowly,
+  so they train in float32.
 - **Several processes**: under ``torchrun --nproc_per_node=N`` the same call wraps the model in
   DistributedDataParallel (gloo on CPU, NCCL on GPU). Every process draws the same global batch and
   trains on its own ``batch_size / N`` rows; DDP averages the gradients, which equals the gradient of the
@@ -40,6 +42,7 @@ from torch import nn
 
 from tfedu.data import TokenDataset, write_atomically
 from tfedu.moe import router_losses
+from tfedu.runtime import bfloat16_native
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,13 @@ def mean_over_processes(value: float, procs: Processes) -> float:
 # ----------------------------------------------------------------------------- the loop
 
 
+def autocast_for(device: torch.device) -> contextlib.AbstractContextManager:
+    """The autocast the loop runs under: bfloat16 on a CUDA GPU that has it in hardware, none elsewhere."""
+    if bfloat16_native(device):
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def train(
     model: nn.Module,
     train_data: TokenDataset,
@@ -174,8 +184,7 @@ def train(
             raise FileNotFoundError(f"resume=True needs a checkpoint at out_dir/checkpoint.pt; found none at {path}")
         start = load_checkpoint(path, model, optimizer, sampler, result)
     net = nn.parallel.DistributedDataParallel(model) if procs.world_size > 1 else model
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and torch.cuda.is_bf16_supported()
-                else contextlib.nullcontext())
+    autocast = autocast_for(device)
     bar = _progress_bar(start, cfg.steps, enabled=progress and procs.is_main)
     checkpoint_every = cfg.checkpoint_every or cfg.eval_every
     model.train()

@@ -241,17 +241,6 @@ TRAIN_RATIOS = {"tfedu_manual/hf_loop": ("tfedu_manual", "hf_loop"), "tfedu_sdpa
 LOSS_TOLERANCE = 1e-4  # float32, every step's loss, after several AdamW steps from the same weights
 
 
-def train_autocast(device):
-    """The autocast ``tfedu.train.train`` uses: bfloat16 on CUDA (when supported), none elsewhere."""
-    import contextlib
-
-    import torch
-
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 def hf_train_loop(model, data, cfg, device) -> dict:
     """The peer: a plain training loop over Hugging Face's ``GPT2LMHeadModel``, doing what ``train`` does per step.
 
@@ -269,7 +258,7 @@ def hf_train_loop(model, data, cfg, device) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from tfedu.train import learning_rate
+    from tfedu.train import autocast_for, learning_rate
 
     seq_len = cfg.seq_len or model.config.n_positions
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -278,7 +267,7 @@ def hf_train_loop(model, data, cfg, device) -> dict:
                                    {"params": no_decay, "weight_decay": 0.0}],
                                   lr=cfg.lr, betas=cfg.betas, fused=device.type == "cuda")
     sampler = torch.Generator().manual_seed(cfg.seed)
-    autocast = train_autocast(device)
+    autocast = autocast_for(device)
     model.train()
     losses, norms = [], []
     for step in range(cfg.steps):
