@@ -19,8 +19,11 @@ WARNING = "\N{WARNING SIGN}"
 
 
 def pick(switch: str, on: bool, mine: Any, reference: Any, check: Callable[..., None], *check_args: Any,
-         exercise: str, name: str | None = None) -> Any:
+         exercise: str, name: str | None = None, reference_is: str | None = None) -> Any:
     """``mine`` when the switch is on and ``check(mine, *check_args)`` passes; otherwise ``reference``.
+
+    The messages call the reference "tfedu's reference <name>" unless ``reference_is`` says what it is
+    ("PyTorch's fused F.layer_norm").
 
     Used by every switch cell (notebooks 01 to 05), so a wrong answer never breaks the experiment after it.
 
@@ -29,21 +32,25 @@ def pick(switch: str, on: bool, mine: Any, reference: Any, check: Callable[..., 
     >>> pick("USE_MY_SOFTMAX", False, None, softmax, check_softmax, exercise="0.1") is softmax
     USE_MY_SOFTMAX = False: running tfedu's reference softmax (set it to True once exercise 0.1 passes)
     True
+    >>> pick("USE_MY_SOFTMAX", False, None, softmax, check_softmax, exercise="0.1", reference_is="torch.softmax") is softmax
+    USE_MY_SOFTMAX = False: running torch.softmax (set it to True once exercise 0.1 passes)
+    True
     >>> wrong = lambda x: x
     >>> pick("USE_MY_SOFTMAX", True, wrong, softmax, check_softmax, exercise="0.1") is softmax  # doctest: +ELLIPSIS
     ⚠ USE_MY_SOFTMAX = True, but your softmax does not pass exercise 0.1's check: ...
     True
     """
     label = name or getattr(reference, "__name__", "function")
+    runs = reference_is or f"tfedu's reference {label}"
     if not on:
-        print(f"{switch} = False: running tfedu's reference {label} (set it to True once exercise {exercise} passes)")
+        print(f"{switch} = False: running {runs} (set it to True once exercise {exercise} passes)")
         return reference
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             check(mine, *check_args)
     except AssertionError as failure:  # CheckFailure and ExerciseNotDone are AssertionErrors
         print(f"{WARNING} {switch} = True, but your {label} does not pass exercise {exercise}'s check: {failure}\n"
-              f"  From here on the reference {label} runs instead, so the rest of the notebook still runs; "
+              f"  From here on {runs} runs instead, so the rest of the notebook still runs; "
               f"fix exercise {exercise}, or set {switch} = False.")
         return reference
     print(f"{TICK} {switch} = True: running your {label} (it passes exercise {exercise}'s check)")
