@@ -20,7 +20,7 @@ from beartype import beartype  # noqa: E402
 from jaxtyping import jaxtyped  # noqa: E402
 
 # pytest-xdist runs a worker per core (`-n auto`): torch's default of a thread per core in every worker puts two
-# threads on each core, which wait on each other and spin (measured: 6% more CPU on the model tests, 2 cores).
+# threads on each core, which wait on each other and spin (measured: 5% more CPU on the model tests, 2 cores).
 # Each worker gets its share of the cores; tests that need another count set it themselves. Subprocesses
 # (kernels, graders, torchrun) are untouched.
 if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):

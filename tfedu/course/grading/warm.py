@@ -119,7 +119,7 @@ def scope(*, fresh: bool = False):
     A process that grades many times (the test suite) opens one scope around all of it and so keeps its servers
     between calls. ``fresh=True`` opens a scope of its own inside it: servers started within are used only
     there and end when it closes, as if no outer scope were open (what a test that checks grading leaves
-    nothing behind needs)."""
+    nothing behind needs). The servers are the process's: no grading may run in another thread meanwhile."""
     global _SERVERS, _depth
     with _SERVERS_LOCK:
         saved = (_SERVERS, _depth) if fresh else None
@@ -129,10 +129,11 @@ def scope(*, fresh: bool = False):
     try:
         yield
     finally:
+        ending: list[Server] = []
         with _SERVERS_LOCK:
             _depth -= 1
-            ending = list(_SERVERS.values()) if _depth == 0 else []
             if _depth == 0:
+                ending = list(_SERVERS.values())
                 _SERVERS.clear()
             if saved is not None:
                 _SERVERS, _depth = saved
