@@ -157,7 +157,7 @@ def test_a_block_function_runs_a_tfedu_gpt_and_gives_its_logits_only_when_it_is_
     from tfedu.model import GPT
 
     namespace: dict = {}
-    exec(SOLUTIONS["7.2"]["code"], namespace)  # the reference solution of 7.2, as a learner's function
+    exec(SOLUTIONS["7.4"]["code"], namespace)  # the reference solution of 7.4, as a learner's function
     torch.manual_seed(0)
     model = GPT(preset("tiny")).eval()
     ids = torch.randint(0, 256, (2, 12))
@@ -192,13 +192,13 @@ def code_cells(name: str, *markers: str) -> str:
 
 def test_notebook_07_rotates_with_the_learners_rope_and_08_runs_the_course_gpt_with_their_block(parts, capsys):
     kept_file(parts, "6.3", "apply_rope")
-    kept_file(parts, "7.2", "pre_norm_block")
+    kept_file(parts, "7.4", "pre_norm_block")
     seven = code_cells("07_transformer_block.ipynb", "from tfedu.model import GPT", 'tfedu.use_mine("6.3"')
     exec(compile("import torch\nimport tfedu\n" + seven, "07", "exec"), {})
     out = capsys.readouterr().out
     assert "exercise 6.3 apply_rope: yours" in out and "a RoPE GPT rotating with your apply_rope gives the reference logits" in out
     imports, switch = (code_cells("08_training_and_decoding.ipynb", marker)
-                       for marker in ("from tfedu.experiments import course_gpt", 'tfedu.use_mine("7.2"'))
+                       for marker in ("from tfedu.experiments import course_gpt", 'tfedu.use_mine("7.4"'))
     exec(compile(f"import torch\n{imports}\ncourse, course_tok = course_gpt.load()\n{switch}", "08", "exec"), {})
     out = capsys.readouterr().out
-    assert "exercise 7.2 pre_norm_block: yours" in out and "run by your pre_norm_block, give its own logits" in out
+    assert "exercise 7.4 pre_norm_block: yours" in out and "run by your pre_norm_block, give its own logits" in out

@@ -18,6 +18,28 @@ from tfedu.model import GPT
 
 # The solution cells as the notebook will hold them (between ### BEGIN SOLUTION / ### END SOLUTION).
 SOLUTIONS = {
+    "ex_ffn": '''\
+class FFN(nn.Module):
+    def __init__(self, d_model, activation="gelu", multiple_of=1):
+        super().__init__()
+        self.activation = activation
+        if activation == "swiglu":
+            third = 8 * d_model // 3
+            self.d_mlp = (third + multiple_of - 1) // multiple_of * multiple_of
+            self.W_gate = nn.Linear(d_model, self.d_mlp, bias=False)
+            self.W_in = nn.Linear(d_model, self.d_mlp, bias=False)
+            self.W_out = nn.Linear(self.d_mlp, d_model, bias=False)
+        else:
+            self.d_mlp = 4 * d_model
+            self.W_in = nn.Linear(d_model, self.d_mlp)
+            self.W_out = nn.Linear(self.d_mlp, d_model)
+
+    def forward(self, x):
+        if self.activation == "swiglu":
+            return self.W_out(F.silu(self.W_gate(x)) * self.W_in(x))
+        approximate = "tanh" if self.activation == "gelu_tanh" else "none"
+        return self.W_out(F.gelu(self.W_in(x), approximate=approximate))
+''',
     "ex_layer_norm": '''\
 def layer_norm(x, weight, bias, eps=1e-5):
     mean = x.mean(dim=-1, keepdim=True)                    # ... 1
@@ -25,11 +47,23 @@ def layer_norm(x, weight, bias, eps=1e-5):
     x_hat = (x - mean) / torch.sqrt(var + eps)             # ... d_model, eps inside the root
     return x_hat * weight + bias
 ''',
+    "ex_rms_norm": '''\
+def rms_norm(x, weight, eps=1e-6):
+    mean_square = (x * x).mean(dim=-1, keepdim=True)  # ... 1: no centring
+    return x * torch.rsqrt(mean_square + eps) * weight
+''',
     "ex_pre_norm_block": '''\
 def pre_norm_block(resid, ln1, attn, ln2, mlp):
     resid_mid = resid + attn(ln1(resid))         # tokens gather from earlier tokens
     resid_post = resid_mid + mlp(ln2(resid_mid))  # each position on its own
     return resid_post
+''',
+    "ex_gpt_forward": '''\
+def gpt_forward(ids, W_E, W_pos, blocks, ln_final):
+    resid = W_E[ids] + W_pos[: ids.shape[1]]  # batch pos d_model
+    for block in blocks:
+        resid = block(resid)
+    return ln_final(resid) @ W_E.T  # batch pos d_vocab
 ''',
     "ex_gpt2_param_count": '''\
 def gpt2_param_count(d_vocab, n_ctx, d_model, n_layers):
@@ -52,7 +86,112 @@ def solution(grade_id, **names):
     return namespace
 
 
-# ----------------------------------------------------------------------------- 7.1 layer_norm
+# ----------------------------------------------------------------------------- 7.1 FFN
+
+
+def make_ffn(bug=None):
+    """A learner's FFN class, written the way the notebook asks, with one switch per mistake."""
+
+    class FFN(nn.Module):
+        def __init__(self, d_model, activation="gelu", multiple_of=1):
+            super().__init__()
+            self.activation = activation
+            swiglu = activation == "swiglu"
+            if swiglu:
+                third = 8 * d_model / 3
+                width = {"4d": 4 * d_model, "unrounded": math.floor(third), "down": math.floor(third) // multiple_of * multiple_of,
+                         "nearest": -(-round(third) // multiple_of) * multiple_of}.get(
+                    bug, -(-math.floor(third) // multiple_of) * multiple_of)
+            else:
+                width = 4 * d_model
+            self.d_mlp = width + 1 if bug == "d_mlp" else width
+            bias = (bug == "swiglu-bias") if swiglu else bug != "gelu-no-bias"
+            if swiglu and bug != "no-gate":
+                self.W_gate = nn.Linear(d_model, width, bias=bias)
+            self.W_in = nn.Linear(width, d_model, bias=bias) if bug == "transposed" else nn.Linear(d_model, width, bias=bias)
+            self.W_out = nn.Linear(width, d_model, bias=bias)
+
+        def forward(self, x):
+            if self.activation == "swiglu":
+                if bug == "no-gate":
+                    return self.W_out(F.silu(self.W_in(x)))
+                gate, up = self.W_gate(x), self.W_in(x)
+                hidden = {"swapped": lambda: F.silu(up) * gate, "sigmoid": lambda: torch.sigmoid(gate) * up,
+                          "silu-of-product": lambda: F.silu(gate * up)}.get(bug, lambda: F.silu(gate) * up)()
+                return self.W_out(hidden)
+            h = self.W_in(x)
+            if bug == "after":
+                return F.gelu(self.W_out(h), approximate="tanh" if self.activation == "gelu_tanh" else "none")
+            right = lambda t: F.gelu(t, approximate="tanh" if self.activation == "gelu_tanh" else "none")  # noqa: E731
+            act = {"relu": F.relu, "no-act": lambda t: t, "always-exact": F.gelu,
+                   "no-grad": lambda t: right(t).detach()}.get(bug, right)
+            return self.W_out(act(h))
+
+    return FFN
+
+
+def test_ffn_reference_and_learner_solutions_pass(capsys):
+    for cls in (solution("ex_ffn")["FFN"], make_ffn(), nb07.reference_ffn):
+        nb07.check_ffn(cls)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} feed-forward network: all checks passed") == 3
+
+
+@pytest.mark.parametrize(
+    "bug, match",
+    [
+        ("4d", r"FFN\(64, 'swiglu', 1\) has a hidden width of 256, four times d_model"),
+        ("unrounded", r"FFN\(64, 'swiglu', 32\) has a hidden width of 170, which is 8 d_model / 3 but not a multiple"),
+        ("down", r"FFN\(64, 'swiglu', 32\) has a hidden width of 160: you rounded down"),
+        ("nearest", r"FFN\(64, 'swiglu', 1\) has a hidden width of 171: Llama first takes the whole part"),
+        ("d_mlp", r"\.d_mlp is 65: store the hidden width as self.d_mlp"),
+        ("swiglu-bias", r"FFN\(d_model, 'swiglu'\) has biases \(W_gate.bias, W_in.bias, W_out.bias\)"),
+        ("gelu-no-bias", r"FFN\(d_model, 'gelu'\) has no bias in W_in and W_out"),
+        ("no-gate", "has no W_gate: SwiGLU has three linear layers"),
+        ("transposed", r"W_in.weight has shape \(16, 64\), expected \(64, 16\)"),
+        ("relu", "you used ReLU"),
+        ("always-exact", "for 'gelu_tanh' you used the exact GELU"),
+        ("no-act", "there is no activation between W_in and W_out"),
+        ("after", "you applied the activation after W_out"),
+        ("swapped", "W_gate and W_in swapped roles"),
+        ("sigmoid", "you gated with the sigmoid: that is GLU"),
+        ("silu-of-product", "you applied SiLU to the product"),
+        ("no-grad", "no gradient reaches W_in.weight"),
+    ],
+)
+def test_ffn_mistakes_are_named(bug, match):
+    with pytest.raises(CheckFailure, match=match):
+        nb07.check_ffn(make_ffn(bug))
+
+
+def test_ffn_not_done_and_not_a_module():
+    class FFN(nn.Module):
+        def __init__(self, d_model, activation="gelu", multiple_of=1):
+            super().__init__()
+            raise NotImplementedError
+
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb07.check_ffn(FFN)
+    with pytest.raises(CheckFailure, match="should build a torch.nn.Module"):
+        nb07.check_ffn(lambda d_model, activation="gelu", multiple_of=1: None)
+
+
+def test_ffn_reference_is_tfedus_mlp_with_llamas_width_and_equals_transformers_llama_mlp():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaMLP
+
+    assert nb07.reference_ffn(4096, "swiglu", 256).__class__ is layers.MLP
+    with torch.device("meta"):
+        assert nb07.reference_ffn(4096, "swiglu", 256).d_mlp == 11008  # Llama-7B
+    ffn = nb07.reference_ffn(48, "swiglu")
+    hf = LlamaMLP(LlamaConfig(hidden_size=48, intermediate_size=ffn.d_mlp, hidden_act="silu", num_attention_heads=4))
+    hf.gate_proj.load_state_dict(ffn.W_gate.state_dict())
+    hf.up_proj.load_state_dict(ffn.W_in.state_dict())
+    hf.down_proj.load_state_dict(ffn.W_out.state_dict())
+    x = torch.randn(2, 3, 48)
+    torch.testing.assert_close(ffn(x), hf(x))
+
+
+# ----------------------------------------------------------------------------- 7.2 layer_norm
 
 
 def make_layer_norm(bug=None):
@@ -194,7 +333,104 @@ def test_layer_norm_reference_equals_tfedu_and_torch():
     assert x.mean(-1).abs().min() > 400 and 1e-3 < x.std(-1).median() < 5e-2
 
 
-# ----------------------------------------------------------------------------- 7.2 pre_norm_block
+# ----------------------------------------------------------------------------- 7.3 rms_norm
+
+
+def make_rms_norm(bug=None):
+    """A learner's rms_norm, written the way the notebook asks, with one switch per mistake."""
+
+    def rms_norm(x, weight, eps=1e-6):
+        if bug == "eps-ignored":
+            eps = 1e-6
+        source = x - x.mean(dim=-1, keepdim=True) if bug == "centred" else x
+        dims = {"dim0": 0, "dim-2": -2}.get(bug, -1)
+        squares = source.pow(2)
+        mean_square = squares.sum(dim=dims, keepdim=True) if bug == "sum" else squares.mean(dim=dims, keepdim=bug != "no-keepdim")
+        if bug == "detached":
+            mean_square = mean_square.detach()
+        root = {"no-eps": lambda: torch.sqrt(mean_square), "eps-outside": lambda: torch.sqrt(mean_square) + eps}.get(
+            bug, lambda: torch.sqrt(mean_square + eps))()
+        if bug == "in-place":
+            x /= root
+            out = x * weight
+        elif bug == "multiplied":
+            out = source * root * weight
+        else:
+            out = source / root if bug == "no-gain" else source / root * weight
+        return {"float64": lambda: out.double(), "float32": lambda: out.float(), "numpy": lambda: out.detach().numpy(),
+                "no-grad": lambda: out.detach()}.get(bug, lambda: out)()
+
+    return rms_norm
+
+
+def test_rms_norm_reference_and_learner_solutions_pass(capsys):
+    for fn in (solution("ex_rms_norm")["rms_norm"], make_rms_norm(), nb07.reference_rms_norm):
+        nb07.check_rms_norm(fn)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} RMS norm: all checks passed") == 3
+
+
+@pytest.mark.parametrize(
+    "bug, match",
+    [
+        ("centred", "you subtracted the mean first: that is LayerNorm without its bias"),
+        ("dim0", "over dim 0, across the batch"),
+        ("dim-2", "over dim -2, across the positions"),
+        ("sum", "the root of the sum of the squares"),
+        ("no-eps", "no epsilon: add eps to the mean of the squares"),
+        ("eps-outside", "eps is outside the square root"),
+        ("multiplied", "you multiplied by the root mean square instead of dividing"),
+        ("no-gain", "the gain is missing"),
+        ("eps-ignored", r"eps=0.001\) gave the result for eps = 1e-6: use the eps argument"),
+        ("in-place", "changed the caller's `x` in place"),
+        ("float64", r"return x's dtype \(torch.float32\), got torch.float64"),
+        ("float32", r"return x's dtype \(torch.float64\), got torch.float32"),
+        ("numpy", "returned a NumPy array"),
+        ("no-grad", "no gradient flows back to x and weight through rms_norm"),
+        ("detached", "the gradient with respect to x is wrong"),
+        ("no-keepdim", r"raised RuntimeError.*keepdim=True"),
+    ],
+)
+def test_rms_norm_mistakes_are_named(bug, match):
+    with pytest.raises(CheckFailure, match=match):
+        nb07.check_rms_norm(make_rms_norm(bug))
+
+
+def test_rms_norm_by_torch_is_refused_as_fused():
+    with pytest.raises(CheckFailure, match="torch.nn.functional.rms_norm"):
+        nb07.check_rms_norm(lambda x, weight, eps=1e-6: F.rms_norm(x, (x.shape[-1],), weight, eps))
+    with pytest.raises(CheckFailure, match="build RMSNorm yourself"):
+        nb07.check_rms_norm(lambda x, weight, eps=1e-6: nn.RMSNorm(x.shape[-1], eps=eps).to(x.dtype)(x) * weight)
+
+
+def test_rms_norm_without_eps_only_at_zero_vectors_is_told_why_eps_is_there():
+    def eps_unless_zero(x, weight, eps=1e-6):
+        mean_square = x.pow(2).mean(-1, keepdim=True)
+        return x / torch.sqrt(mean_square + (eps if bool((mean_square > 0).all()) else 0.0)) * weight
+
+    with pytest.raises(CheckFailure, match=r"NaN at a position whose entries are all 0"):
+        nb07.check_rms_norm(eps_unless_zero)
+
+
+def test_rms_norm_not_done():
+    def rms_norm(x, weight, eps=1e-6):
+        raise NotImplementedError
+
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb07.check_rms_norm(rms_norm)
+
+
+def test_rms_norm_reference_equals_tfedu_and_torch():
+    x, weight = nb07._rms_inputs(0, 3, 5, 8, scale=1e-3, dtype=torch.float64)
+    rms = layers.RMSNorm(8).double()
+    with torch.no_grad():
+        rms.weight.copy_(weight)
+    torch.testing.assert_close(nb07.reference_rms_norm(x, weight), rms(x).detach())
+    torch.testing.assert_close(nb07.reference_rms_norm(x, weight), F.rms_norm(x, (8,), weight, 1e-6))
+    # The inputs are what the checker says: a mean square near eps, so eps's place shows.
+    assert 1e-7 < x.pow(2).mean(-1).median() < 1e-4
+
+
+# ----------------------------------------------------------------------------- 7.4 pre_norm_block
 
 
 def make_pre_norm_block(bug=None):
@@ -370,7 +606,94 @@ def test_the_checkers_block_is_pre_norm_with_norms_of_their_own():
     assert torch.equal(torch.random.get_rng_state(), before)  # the learner's random state is left alone
 
 
-# ----------------------------------------------------------------------------- 7.3 gpt2_param_count
+# ----------------------------------------------------------------------------- 7.5 gpt_forward
+
+
+def make_gpt_forward(bug=None):
+    """A learner's gpt_forward with one switch per mistake (the mistakes the checker names, written as a learner would)."""
+
+    def gpt_forward(ids, W_E, W_pos, blocks, ln_final):
+        n = ids.shape[1]
+        if bug == "embedding-module":  # another right answer: F.embedding
+            resid = F.embedding(ids, W_E) + F.embedding(torch.arange(n), W_pos)
+        else:
+            resid = W_E[ids] * (math.sqrt(W_E.shape[1]) if bug == "scaled" else 1.0)
+            if bug == "whole-table":
+                resid = resid + W_pos
+            elif bug == "pos-from-ids":
+                resid = resid + W_pos[ids]
+            elif bug != "no-pos":
+                resid = resid + W_pos[:n]
+        if bug == "norm-first":
+            resid = ln_final(resid)
+        if bug == "last-only":
+            for block in blocks:
+                out = block(resid)
+            resid = out
+        else:
+            for block in (list(blocks)[::-1] if bug == "reversed" else blocks):
+                resid = resid + block(resid) if bug == "extra-resid" else block(resid)
+        if bug not in ("no-final", "norm-first"):
+            resid = ln_final(resid)
+        unembed = W_E.detach().T if bug == "detached-unembed" else (W_E if bug == "untransposed" else W_E.T)
+        logits = resid @ unembed
+        return {"softmax": lambda: logits.softmax(-1), "log-softmax": lambda: F.log_softmax(logits, -1),
+                "last-pos": lambda: logits[:, -1]}.get(bug, lambda: logits)()
+
+    return gpt_forward
+
+
+def test_gpt_forward_reference_and_learner_solutions_pass(capsys):
+    for fn in (solution("ex_gpt_forward")["gpt_forward"], make_gpt_forward(), make_gpt_forward("embedding-module"),
+               nb07.reference_gpt_forward):
+        nb07.check_gpt_forward(fn)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} the GPT's forward pass: all checks passed") == 4
+
+
+@pytest.mark.parametrize(
+    "bug, match",
+    [
+        ("no-pos", "the position vectors are missing"),
+        ("pos-from-ids", "you looked up W_pos by the token ids"),
+        ("whole-table", r"raised RuntimeError.*W_pos is \(n_ctx, d_model\), one row per position"),
+        ("scaled", "you multiplied the token embeddings by sqrt\\(d_model\\)"),
+        ("no-final", "the final norm is missing"),
+        ("norm-first", "you normalised with ln_final before the blocks"),
+        ("reversed", "the blocks ran in reverse order"),
+        ("last-only", "only the last block reached the logits"),
+        ("extra-resid", "you added the stream to each block's output"),
+        ("softmax", "you returned probabilities"),
+        ("log-softmax", "you returned log-probabilities"),
+        ("last-pos", "you returned the logits of the last position only"),
+        ("untransposed", r"raised RuntimeError.*unembedding tied to W_E"),
+        ("detached-unembed", "the gradient with respect to W_E is wrong. W_E is used twice"),
+    ],
+)
+def test_gpt_forward_mistakes_are_named(bug, match):
+    with pytest.raises(CheckFailure, match=match):
+        nb07.check_gpt_forward(make_gpt_forward(bug))
+
+
+def test_gpt_forward_not_done():
+    def gpt_forward(ids, W_E, W_pos, blocks, ln_final):
+        raise NotImplementedError
+
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb07.check_gpt_forward(gpt_forward)
+
+
+def test_the_gpt_check_compares_with_transformers_and_every_named_mistake_moves_the_logits():
+    hf, ours = nb07.gpt2_from_transformers(0)
+    ids = torch.randint(0, nb07.GPT_CHECK_SHAPE["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(3))
+    W_E, W_pos, blocks, ln_final = nb07._gpt_parts(ours)
+    with torch.no_grad():
+        want = hf(ids).logits
+        torch.testing.assert_close(nb07.reference_gpt_forward(ids, W_E, W_pos, blocks, ln_final), want, rtol=1e-4, atol=1e-4)
+        for hint, wrong in nb07._gpt_mistakes(ids, W_E, W_pos, blocks, ln_final):
+            assert (wrong - want).abs().max() > 0.5, hint  # far outside the check's tolerance of 1e-4
+
+
+# ----------------------------------------------------------------------------- 7.6 gpt2_param_count
 
 
 def make_param_count(*bugs):
@@ -502,17 +825,26 @@ def verdict(probe, namespace, seed, *, standins=False):
 
 
 GOOD = {
+    "check_ffn": [{"FFN": nb07.reference_ffn}, solution("ex_ffn"), {"FFN": make_ffn()}],
     "check_layer_norm": [{"layer_norm": nb07.reference_layer_norm}, solution("ex_layer_norm"), {"layer_norm": var_mean_layer_norm},
                          {"layer_norm": lambda x, weight, bias, eps=1e-5: F.layer_norm(x, (x.shape[-1],), weight, bias, eps)}],
+    "check_rms_norm": [{"rms_norm": nb07.reference_rms_norm}, solution("ex_rms_norm"),
+                       {"rms_norm": lambda x, weight, eps=1e-6: F.rms_norm(x, (x.shape[-1],), weight, eps)}],
     "check_pre_norm_block": [solution("ex_pre_norm_block"), {"pre_norm_block": make_pre_norm_block()},
                              {"pre_norm_block": pre_norm_block_with_own_layer_norm(var_mean_layer_norm)}],
+    "check_gpt_forward": [solution("ex_gpt_forward"), {"gpt_forward": make_gpt_forward("embedding-module")},
+                          {"gpt_forward": nb07.reference_gpt_forward}],
     "check_gpt2_param_count": [solution("ex_gpt2_param_count"), {"gpt2_param_count": make_param_count("numpy")},
                                {"gpt2_param_count": nb07.gpt2_reference_count}],
 }
 BAD = {
+    "check_ffn": [{"FFN": make_ffn(bug)} for bug in ("4d", "unrounded", "relu", "swapped", "sigmoid", "swiglu-bias", "no-act")],
     "check_layer_norm": [{"layer_norm": make_layer_norm(bug)} for bug in ("unbiased", "no-eps", "eps-outside", "rms", "dim0", "swapped")],
+    "check_rms_norm": [{"rms_norm": make_rms_norm(bug)} for bug in ("centred", "sum", "no-eps", "eps-outside", "dim0", "no-gain")],
     "check_pre_norm_block": [{"pre_norm_block": make_pre_norm_block(bug)}
                              for bug in ("post-norm", "mlp-raw", "ln1-twice", "parallel", "no-resid")],
+    "check_gpt_forward": [{"gpt_forward": make_gpt_forward(bug)}
+                          for bug in ("no-pos", "scaled", "no-final", "reversed", "extra-resid", "softmax", "detached-unembed")],
     "check_gpt2_param_count": [{"gpt2_param_count": make_param_count(bug)}
                                for bug in ("no-bias", "untied", "ln-gain", "no-final", "attn3")],
 }
@@ -546,6 +878,13 @@ def test_probe_catches_buggy_versions(grade_id):
 @pytest.mark.parametrize(
     "grade_id, namespace, fragment",
     [
+        ("check_ffn", {"FFN": make_ffn("unrounded")}, "8 d_model / 3 but not a multiple"),
+        ("check_ffn", {"FFN": make_ffn("4d")}, "four times d_model"),
+        ("check_ffn", {"FFN": make_ffn("always-exact")}, "for 'gelu_tanh' you used the exact GELU"),
+        ("check_ffn", {"FFN": make_ffn("swapped")}, "W_gate and W_in swapped roles"),
+        ("check_ffn", {"FFN": make_ffn("silu-of-product")}, "you applied SiLU to the product"),
+        ("check_ffn", {"FFN": make_ffn("no-gate")}, "has no W_gate"),
+        ("check_ffn", {"FFN": make_ffn("no-grad")}, "no gradient reaches W_in.weight through FFN"),
         ("check_layer_norm", {"layer_norm": make_layer_norm("unbiased")}, "you used the unbiased variance"),
         ("check_layer_norm", {"layer_norm": make_layer_norm("annotated")}, "the Annotated Transformer's LayerNorm"),
         ("check_layer_norm", {"layer_norm": make_layer_norm("no-eps")}, "no epsilon"),
@@ -557,6 +896,12 @@ def test_probe_catches_buggy_versions(grade_id):
         ("check_layer_norm", {"layer_norm": make_layer_norm("no-grad")}, "no gradient flows back through layer_norm"),
         ("check_layer_norm", {"layer_norm": make_layer_norm("detached-mean")}, "wrong gradient"),
         ("check_layer_norm", {"layer_norm": make_layer_norm("float64")}, "returned dtype torch.float64, expected torch.float32"),
+        ("check_rms_norm", {"rms_norm": make_rms_norm("centred")}, "that is LayerNorm without its bias"),
+        ("check_rms_norm", {"rms_norm": make_rms_norm("sum")}, "the root of the sum of the squares"),
+        ("check_rms_norm", {"rms_norm": make_rms_norm("eps-outside")}, "eps is outside the square root"),
+        ("check_rms_norm", {"rms_norm": make_rms_norm("eps-ignored")}, "use the eps argument"),
+        ("check_rms_norm", {"rms_norm": make_rms_norm("in-place")}, "changed its input in place (argument 1"),
+        ("check_rms_norm", {"rms_norm": make_rms_norm("detached")}, "wrong gradient"),
         ("check_pre_norm_block", {"pre_norm_block": make_pre_norm_block("post-norm")}, "post-norm block of the 2017 paper"),
         ("check_pre_norm_block", {"pre_norm_block": make_pre_norm_block("mlp-raw")}, "the MLP reads the un-normalised stream"),
         ("check_pre_norm_block", {"pre_norm_block": make_pre_norm_block("ln1-twice")}, "you used ln1 for both"),
@@ -565,6 +910,14 @@ def test_probe_catches_buggy_versions(grade_id):
         ("check_pre_norm_block", {"pre_norm_block": make_pre_norm_block("tuple")}, "return only resid_post"),
         ("check_pre_norm_block", {"pre_norm_block": make_pre_norm_block("in-place")}, "changed its input in place (argument 1"),
         ("check_pre_norm_block", {"pre_norm_block": make_pre_norm_block("no-grad")}, "no gradient flows back through pre_norm_block"),
+        ("check_gpt_forward", {"gpt_forward": make_gpt_forward("no-pos")}, "the position vectors are missing"),
+        ("check_gpt_forward", {"gpt_forward": make_gpt_forward("scaled")}, "sqrt(d_model)"),
+        ("check_gpt_forward", {"gpt_forward": make_gpt_forward("no-final")}, "the final norm is missing"),
+        ("check_gpt_forward", {"gpt_forward": make_gpt_forward("reversed")}, "reverse order"),
+        ("check_gpt_forward", {"gpt_forward": make_gpt_forward("extra-resid")}, "you added the stream to each block's output"),
+        ("check_gpt_forward", {"gpt_forward": make_gpt_forward("softmax")}, "you returned probabilities"),
+        ("check_gpt_forward", {"gpt_forward": make_gpt_forward("last-pos")}, "the last position only"),
+        ("check_gpt_forward", {"gpt_forward": make_gpt_forward("detached-unembed")}, "W_E is used twice"),
         ("check_gpt2_param_count", {"gpt2_param_count": make_param_count("untied")}, "W_U as a matrix of its own"),
         ("check_gpt2_param_count", {"gpt2_param_count": make_param_count("no-bias", "no-ln")}, "9 · d_model per block; the LayerNorms'"),
         ("check_gpt2_param_count", {"gpt2_param_count": make_param_count("float")}, "a float: return the exact count as an int"),

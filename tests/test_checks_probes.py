@@ -575,7 +575,7 @@ def test_stand_ins_agree_with_the_references():
     standin_rope = standin_objects(nb06.PROBES["check_rope_attention"])["apply_rope"]
     nb06.check_apply_rope(standin_rope)  # ... and the RoPE stand-in exercise 6.3's
     standin_layer_norm = standin_objects(nb07.PROBES["check_pre_norm_block"])["layer_norm"]
-    nb07.check_layer_norm(standin_layer_norm)  # ... and the LayerNorm stand-in exercise 7.1's
+    nb07.check_layer_norm(standin_layer_norm)  # ... and the LayerNorm stand-in exercise 7.2's
 
 
 WRONG_EARLIER = {

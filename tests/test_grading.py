@@ -471,8 +471,8 @@ def shared_checks_source():
 
 @needs_sandbox
 def test_a_first_exercise_decided_before_the_run_keeps_the_check_imports_for_the_rest(toy, tmp_path):
-    """A learner's notebook 07 with F.layer_norm in 7.1 scored 0 / 7: the grader skipped 7.1's decided check
-    cell, and with it the `from tfedu.checks import ... as checks` that 7.2's and 7.3's check cells use.
+    """A learner's notebook 07 with F.layer_norm in 7.2 scored 0 / 7: the grader skipped 7.2's decided check
+    cell, and with it the `from tfedu.checks import ... as checks` that 7.4's and 7.6's check cells use.
     The first answer here is decided before the run twice over: by the static scan (a forbidden call) and
     as an unchanged stub; either way the later exercise keeps its marks."""
     source = tmp_path / "91_shared.ipynb"

@@ -73,7 +73,7 @@ def layer_norm_by_hand(
     ``y = (x - mean) / sqrt(var + eps) * weight + bias``, mean and *biased* variance over the last
     axis. ``LayerNorm`` runs the same formula through the fused ``F.layer_norm`` (one kernel instead
     of eight: a decode step of GPT-2 small calls it 25 times); tests/test_layers.py checks the two
-    agree to float rounding. Built by hand in notebooks/07_transformer_block.ipynb (exercise 7.1).
+    agree to float rounding. Built by hand in notebooks/07_transformer_block.ipynb (exercise 7.2).
 
     >>> layer_norm_by_hand(torch.tensor([[1.0, 2.0, 3.0, 4.0]]), torch.ones(4), torch.zeros(4))
     tensor([[-1.3416, -0.4472,  0.4472,  1.3416]])

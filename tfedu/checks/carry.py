@@ -300,7 +300,7 @@ def use_mine(number: str, reference: Any, *, name: str | None = None, quiet: boo
 
 def with_block_function(model: Any, block_fn: Any) -> Any:
     """A copy of a tfedu model whose pre-norm blocks each compute ``block_fn(resid, ln1, attn, ln2, mlp)``
-    (exercise 7.2's function) with their own sub-layers, weights and hook points; ``model`` is unchanged.
+    (exercise 7.4's function) with their own sub-layers, weights and hook points; ``model`` is unchanged.
 
     Notebook 07 writes this swap out by hand (``MyBlock``); later notebooks take it from here.
     """
@@ -309,7 +309,7 @@ def with_block_function(model: Any, block_fn: Any) -> Any:
     model = copy.deepcopy(model)
     for block in model.blocks:
         if block.norm_position != "pre" or block.has_cross_attention or not block.cfg.has_mlp:
-            raise ValueError("with_block_function needs pre-norm decoder blocks with an MLP (exercise 7.2's wiring)")
+            raise ValueError("with_block_function needs pre-norm decoder blocks with an MLP (exercise 7.4's wiring)")
         block.forward = types.MethodType(_block_forward(block_fn), block)
     return model
 

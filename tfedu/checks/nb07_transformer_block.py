@@ -1,18 +1,32 @@
-"""Checkers for notebooks/07_transformer_block.ipynb: LayerNorm by hand, the pre-norm block, GPT-2's size.
+"""Checkers for notebooks/07_transformer_block.ipynb: the GPT's parts by hand, the GPT itself, GPT-2's size.
 
-Three exercises, each checked against tfedu's reference after first trying the mistakes seen in
-slides, blog posts and learners' answers:
+Each exercise is checked against tfedu's reference after first trying the mistakes seen in slides,
+blog posts and learners' answers:
 
-- 7.1 ``layer_norm(x, weight, bias, eps=1e-5)``: the wrong axis, the unbiased variance (torch's
+- 7.1 ``FFN(d_model, activation, multiple_of)``, a module: the SwiGLU width left at 4·d_model, not
+  rounded to multiple_of, rounded down or from the nearest whole number (Llama-7B's 11008 checked on
+  the meta device); biases where Llama has none or none where GPT-2 has them; ReLU or the other GELU;
+  the activation after W_out; the gate on the wrong branch, GLU's sigmoid, SiLU of the product.
+  Seeded weights are loaded by name and the outputs compared with ``tfedu.layers.MLP``'s formula.
+- 7.2 ``layer_norm(x, weight, bias, eps=1e-5)``: the wrong axis, the unbiased variance (torch's
   default), eps missing or outside the square root (the Annotated Transformer's
   ``(x - mean) / (x.std() + eps)``), the gain or the bias missing or swapped, no centring (RMSNorm),
   the variance as ``E[x**2] - E[x]**2`` (which cancels catastrophically in float32 when the mean is
   large), a changed input. Compared with ``tfedu.layers.LayerNorm`` and ``F.layer_norm``.
-- 7.2 ``pre_norm_block(resid, ln1, attn, ln2, mlp)``: post-norm wiring, a missing residual, the
+- 7.3 ``rms_norm(x, weight, eps=1e-6)``: LayerNorm's centring, the root of the sum of the squares
+  (the vector's length) instead of their mean, the wrong axis, eps missing or outside the root, a
+  multiplication where the division belongs, the gain missing, a changed input. Compared with
+  ``tfedu.layers.RMSNorm``'s formula and ``F.rms_norm``.
+- 7.4 ``pre_norm_block(resid, ln1, attn, ln2, mlp)``: post-norm wiring, a missing residual, the
   MLP fed the un-normalised stream, one norm used twice, the residual taken from the normalised
   stream, the sub-layers in the wrong order, GPT-J's parallel block, attention called twice.
   Compared with ``tfedu.layers.Block`` (pre-norm) built from the same modules.
-- 7.3 ``gpt2_param_count(d_vocab, n_ctx, d_model, n_layers)``: the learner's count is read off
+- 7.5 ``gpt_forward(ids, W_E, W_pos, blocks, ln_final)``: the logits of a GPT-2 from ``transformers``
+  (built locally, random weights) loaded into tfedu's GPT, whose parts the function receives. Named:
+  no positions, positions looked up by the token ids, the sqrt(d_model) scaling, no final norm or one
+  before the blocks, blocks reversed or one of them alone, the residual added twice, probabilities
+  or log-probabilities returned, the last position only; the gradient to W_E through both its uses.
+- 7.6 ``gpt2_param_count(d_vocab, n_ctx, d_model, n_layers)``: the learner's count is read off
   at a dozen shapes and written as a polynomial in them (so many d_vocab·d_model, so many
   n_layers·d_model², ...); each coefficient that differs from GPT-2's names a part counted
   wrongly: an untied unembedding, no position table, three attention matrices, a 3·d_model MLP,
@@ -32,7 +46,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from tfedu.checks.building_blocks import ACTIVATIONS, EINOPS, ELEMENTARY, MODULES
 from tfedu.checks.core import (
     watch_calls,
     call_on_copies,
@@ -54,11 +70,266 @@ from tfedu.checks.core import (
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
 from tfedu.config import ModelConfig
 from tfedu.layers import Block
+from tfedu.model import GPT
 
 F64 = torch.float64
 
 
-# ----------------------------------------------------------------------------- 7.1 layer_norm
+# ----------------------------------------------------------------------------- 7.1 FFN
+
+FFN_ACTIVATIONS = ("gelu", "gelu_tanh", "swiglu")
+
+HINT_FFN_SWIGLU_4D = (
+    "FFN({d}, 'swiglu', {m}) has a hidden width of {got}, four times d_model: with three matrices that is 12 "
+    "d_model² weights. SwiGLU shrinks the width to 8 d_model / 3 so that its three matrices hold what the plain "
+    "FFN's two do, then rounds as Llama does"
+)
+HINT_FFN_NOT_ROUNDED = (
+    "FFN({d}, 'swiglu', {m}) has a hidden width of {got}, which is 8 d_model / 3 but not a multiple of "
+    "multiple_of = {m}: round it UP to the next multiple of multiple_of (Llama-7B: 10922 becomes 11008)"
+)
+HINT_FFN_ROUNDED_DOWN = (
+    "FFN({d}, 'swiglu', {m}) has a hidden width of {got}: you rounded down to a multiple of {m}. Llama rounds "
+    "up, so the width never falls below 8 d_model / 3 (Llama-7B: 10922 becomes 11008, not 10752)"
+)
+HINT_FFN_ROUND_NEAREST = (
+    "FFN({d}, 'swiglu', {m}) has a hidden width of {got}: Llama first takes the whole part of 8 d_model / 3 "
+    "(rounding down), then rounds that up to a multiple of multiple_of. Rounding 8 d_model / 3 to the nearest "
+    "whole number, or up, gives one more when it is not whole"
+)
+HINT_FFN_GELU_WIDTH = (
+    "FFN({d}, '{act}') has a hidden width of {got}: the GELU FFN of GPT-2 and the 2017 paper is 4 d_model wide "
+    "(multiple_of is for SwiGLU only)"
+)
+HINT_FFN_WIDTH = "FFN({d}, '{act}', {m}) has a hidden width of {got}, expected {want}"
+HINT_FFN_D_MLP = (
+    "FFN({d}, '{act}', {m}).d_mlp is {got}: store the hidden width as self.d_mlp ({want} here, the out_features "
+    "of W_in)"
+)
+HINT_FFN_NO_GATE = (
+    "FFN(d_model, 'swiglu') has no W_gate: SwiGLU has three linear layers, W_gate and W_in (both d_model to "
+    "d_mlp) and W_out (d_mlp back to d_model)"
+)
+HINT_FFN_GATE_IN_GELU = "FFN(d_model, '{act}') has a W_gate: only SwiGLU has the third matrix"
+HINT_FFN_SWIGLU_BIAS = (
+    "FFN(d_model, 'swiglu') has biases ({names}): Llama's SwiGLU FFN has none, in any of its three linear layers"
+)
+HINT_FFN_GELU_NO_BIAS = (
+    "FFN(d_model, '{act}') has no bias in {names}: the GELU FFN of GPT-2 has a bias in both linear layers"
+)
+HINT_FFN_PARAMS = (
+    "FFN({d}, '{act}', {m}) holds the parameters {got}; expected {want}: three nn.Linear layers named W_gate, "
+    "W_in and W_out for SwiGLU, two (W_in, W_out) otherwise"
+)
+HINT_FFN_SHAPE = (
+    "FFN({d}, '{act}', {m}): {name} has shape {got}, expected {want}. A linear layer from m features to n "
+    "stores its weight as n rows of m: W_in maps d_model to d_mlp, W_out maps d_mlp back"
+)
+HINT_FFN_RELU = "you used ReLU: this FFN uses GELU (the exact one with erf for 'gelu', the tanh approximation for 'gelu_tanh')"
+HINT_FFN_EXACT_FOR_TANH = (
+    "for 'gelu_tanh' you used the exact GELU: GPT-2 uses the tanh approximation (the approximate "
+    "argument of F.gelu), and loading GPT-2's weights into the exact one gives slightly different logits"
+)
+HINT_FFN_TANH_FOR_EXACT = "for 'gelu' you used the tanh approximation: 'gelu' is the exact GELU, x Φ(x) with the normal CDF"
+HINT_FFN_NO_ACT = "there is no activation between W_in and W_out: two linear layers in a row are one linear layer"
+HINT_FFN_ACT_AFTER = (
+    "you applied the activation after W_out: it belongs between the two layers, on the d_mlp-wide hidden vector"
+)
+HINT_FFN_GATE_SWAPPED = (
+    "W_gate and W_in swapped roles: SiLU goes on W_gate's output, which then multiplies W_in's output "
+    "element by element (Shazeer 2020, eq. 6; Llama's gate_proj and up_proj)"
+)
+HINT_FFN_GLU_SIGMOID = (
+    "you gated with the sigmoid: that is GLU (Dauphin et al. 2017). SwiGLU gates with SiLU, x times sigmoid(x)"
+)
+HINT_FFN_SILU_OF_PRODUCT = (
+    "you applied SiLU to the product: SiLU acts on W_gate's output alone, and that result multiplies W_in's output"
+)
+HINT_FFN_NO_GATE_USED = (
+    "your SwiGLU never uses W_in's output (or W_gate's): the hidden vector is SiLU of one branch times the other"
+)
+HINT_FFN_CALL = (
+    "keep the signatures FFN(d_model, activation='gelu', multiple_of=1) and forward(x), with x of shape "
+    "(..., d_model); build the layers in __init__ as nn.Linear modules named W_in, W_out (and W_gate for SwiGLU)"
+)
+HINT_FFN_NOT_MODULE = "FFN(...) should build a torch.nn.Module (class FFN(nn.Module) with super().__init__() first), got {got}"
+HINT_FFN_NO_GRAD = (
+    "no gradient reaches {name}: is the forward pass computed under torch.no_grad(), or detached? Training "
+    "backpropagates through every layer"
+)
+
+
+def reference_ffn(d_model: int, activation: str = "gelu", multiple_of: int = 1) -> nn.Module:
+    """The FFN the exercise builds, as ``tfedu.layers.MLP`` (same parameter names): GELU with biases, SwiGLU without."""
+    from tfedu.activations import swiglu_hidden
+    from tfedu.layers import MLP
+
+    if activation not in FFN_ACTIVATIONS:
+        raise ValueError(f"activation must be one of {', '.join(map(repr, FFN_ACTIVATIONS))}, got {activation!r}")
+    if activation == "swiglu":
+        return MLP(d_model, swiglu_hidden(d_model, multiple_of), activation="swiglu", bias=False)
+    return MLP(d_model, 4 * d_model, activation=activation, bias=True)
+
+
+def _ffn_width(d_model: int, activation: str, multiple_of: int) -> int:
+    if activation != "swiglu":
+        return 4 * d_model
+    return -(-(8 * d_model // 3) // multiple_of) * multiple_of
+
+
+def _ffn_shapes(d_model: int, activation: str, multiple_of: int) -> dict[str, tuple[int, ...]]:
+    h = _ffn_width(d_model, activation, multiple_of)
+    if activation == "swiglu":
+        return {"W_gate.weight": (h, d_model), "W_in.weight": (h, d_model), "W_out.weight": (d_model, h)}
+    return {"W_in.weight": (h, d_model), "W_in.bias": (h,), "W_out.weight": (d_model, h), "W_out.bias": (d_model,)}
+
+
+def _width_hint(d: int, act: str, m: int, got: int) -> str:
+    """The named reason a hidden width is wrong."""
+    want = _ffn_width(d, act, m)
+    if act != "swiglu":
+        return HINT_FFN_GELU_WIDTH.format(d=d, act=act, got=got)
+    third = 8 * d / 3
+    if got == 4 * d:
+        return HINT_FFN_SWIGLU_4D.format(d=d, m=m, got=got)
+    if got in (math.floor(third), round(third), math.ceil(third)) and got % m:
+        return HINT_FFN_NOT_ROUNDED.format(d=d, m=m, got=got)
+    if got == (8 * d // 3) // m * m and got != want:
+        return HINT_FFN_ROUNDED_DOWN.format(d=d, m=m, got=got)
+    if got in (-(-round(third) // m) * m, -(-math.ceil(third) // m) * m) and got != want:
+        return HINT_FFN_ROUND_NEAREST.format(d=d, m=m, got=got)
+    return HINT_FFN_WIDTH.format(d=d, act=act, m=m, got=got, want=want)
+
+
+def _structure_problem(d: int, act: str, m: int, shapes: dict[str, tuple[int, ...]], d_mlp: Any) -> str | None:
+    """What is wrong with the parameters' names and shapes (``shapes``: name -> shape), or None."""
+    want = _ffn_shapes(d, act, m)
+    names, wanted = set(shapes), set(want)
+    if act == "swiglu" and "W_gate.weight" not in names and "W_in.weight" in names:
+        return HINT_FFN_NO_GATE
+    if act != "swiglu" and any(n.startswith("W_gate.") for n in names):
+        return HINT_FFN_GATE_IN_GELU.format(act=act)
+    biases = sorted(n for n in names if n.endswith(".bias"))
+    if act == "swiglu" and biases and names - set(biases) == wanted:
+        return HINT_FFN_SWIGLU_BIAS.format(names=", ".join(biases))
+    if act != "swiglu" and names < wanted and {n for n in wanted - names if n.endswith(".bias")} == wanted - names:
+        return HINT_FFN_GELU_NO_BIAS.format(act=act, names=" and ".join(sorted(n.removesuffix(".bias") for n in wanted - names)))
+    if names != wanted:
+        return HINT_FFN_PARAMS.format(d=d, act=act, m=m, got=", ".join(sorted(names)) or "none",
+                                      want=", ".join(sorted(wanted)))
+    width = shapes["W_in.weight"][0] if len(shapes["W_in.weight"]) == 2 else None
+    if width is not None and width != want["W_in.weight"][0] and shapes["W_in.weight"][1] == d \
+            and shapes["W_out.weight"] == (d, width):
+        return _width_hint(d, act, m, width)
+    for name in sorted(wanted, key=lambda n: (n.endswith(".bias"), n)):  # a transposed weight, before its bias
+        if tuple(shapes[name]) != want[name]:
+            return HINT_FFN_SHAPE.format(d=d, act=act, m=m, name=name, got=tuple(shapes[name]), want=want[name])
+    if d_mlp != want["W_in.weight"][0]:
+        return HINT_FFN_D_MLP.format(d=d, act=act, m=m, got=d_mlp, want=want["W_in.weight"][0])
+    return None
+
+
+def _ffn_variant(weights: dict[str, torch.Tensor], x: torch.Tensor, act: str, mistake: str | None = None) -> torch.Tensor:
+    """The FFN's output with one of the known mistakes, from its weights (``W_in.weight``, ...), in float64."""
+    w = {name: value.detach().to(F64) for name, value in weights.items()}
+    x = x.detach().to(F64)
+
+    def linear(name: str, value: torch.Tensor) -> torch.Tensor:
+        return F.linear(value, w[f"{name}.weight"], w.get(f"{name}.bias"))
+
+    if act == "swiglu":
+        gate, up = linear("W_gate", x), linear("W_in", x)
+        hidden = {None: lambda: F.silu(gate) * up, "swapped": lambda: F.silu(up) * gate,
+                  "sigmoid": lambda: torch.sigmoid(gate) * up, "silu-of-product": lambda: F.silu(gate * up),
+                  "gate-only": lambda: F.silu(gate), "up-only": lambda: F.silu(up)}[mistake]()
+        return linear("W_out", hidden)
+    h = linear("W_in", x)
+    activations = {"relu": F.relu, "exact": F.gelu, "tanh": lambda t: F.gelu(t, approximate="tanh"), "none": lambda t: t}
+    if mistake == "after":
+        return activations["tanh" if act == "gelu_tanh" else "exact"](linear("W_out", h))
+    kind = mistake or ("tanh" if act == "gelu_tanh" else "exact")
+    return linear("W_out", activations[kind](h))
+
+
+def _ffn_mistakes(weights: dict[str, torch.Tensor], x: torch.Tensor, act: str) -> list[tuple[str, torch.Tensor]]:
+    variant = lambda mistake: _ffn_variant(weights, x, act, mistake)  # noqa: E731
+    if act == "swiglu":
+        return [(HINT_FFN_GATE_SWAPPED, variant("swapped")), (HINT_FFN_GLU_SIGMOID, variant("sigmoid")),
+                (HINT_FFN_SILU_OF_PRODUCT, variant("silu-of-product")), (HINT_FFN_NO_GATE_USED, variant("gate-only")),
+                (HINT_FFN_NO_GATE_USED, variant("up-only"))]
+    wrong_gelu = (HINT_FFN_EXACT_FOR_TANH, variant("exact")) if act == "gelu_tanh" else (HINT_FFN_TANH_FOR_EXACT, variant("tanh"))
+    return [(HINT_FFN_RELU, variant("relu")), wrong_gelu, (HINT_FFN_NO_ACT, variant("none")), (HINT_FFN_ACT_AFTER, variant("after"))]
+
+
+def _ffn_weights(seed: int, d: int, act: str, m: int, dtype: torch.dtype = F64) -> dict[str, torch.Tensor]:
+    """Random weights of the right shapes, scaled so that the hidden pre-activations are of order 1-3 (GELU's bend)."""
+    gen = torch.Generator().manual_seed(seed)
+    weights = {}
+    for name, shape in _ffn_shapes(d, act, m).items():
+        fan_in = shape[-1] if name.endswith(".weight") else 1
+        scale = 2.0 / math.sqrt(fan_in) if name.endswith(".weight") else 0.5
+        weights[name] = (scale * torch.randn(*shape, generator=gen, dtype=F64)).to(dtype)
+    return weights
+
+
+# (d_model, activation, multiple_of): d = 64 separates floor(8d/3) = 170 from its rounding (171) and from the
+# multiples of 32 above (192) and below (160); d = 48 makes 8d/3 = 128 whole.
+FFN_CONFIGS = ((16, "gelu", 1), (24, "gelu_tanh", 1), (64, "swiglu", 1), (64, "swiglu", 32), (48, "swiglu", 1),
+               (12, "swiglu", 8))
+
+
+def _build_ffn(FFN: Any, d: int, act: str, m: int) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        module = call_learner(FFN, d, act, m, name="FFN", error_hint=HINT_FFN_CALL)
+    expect(isinstance(module, nn.Module), HINT_FFN_NOT_MODULE.format(got=describe(module)))
+    return module
+
+
+def _check_ffn_config(FFN: Any, d: int, act: str, m: int, seed: int) -> None:
+    module = _build_ffn(FFN, d, act, m)
+    shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
+    problem = _structure_problem(d, act, m, shapes, getattr(module, "d_mlp", None))
+    if problem:
+        raise CheckFailure(problem)
+    weights = _ffn_weights(seed, d, act, m)
+    module = module.double()
+    with torch.no_grad():
+        for name, param in module.named_parameters():
+            param.copy_(weights[name])
+    x = seeded_randn(seed + 100, 2, 5, d, dtype=F64)
+    what = f"FFN({d}, '{act}', {m})(x) with x of shape (2, 5, {d})"
+    got = call_learner(module, x.clone(), name=f"FFN({d}, '{act}', {m}).forward", error_hint=HINT_FFN_CALL)
+    expected = _ffn_variant(weights, x, act)
+    expect(isinstance(got, torch.Tensor), f"{what} should return a tensor of x's shape, got {describe(got)}")
+    if got.shape == expected.shape and torch.isfinite(got).all() and not is_close(got, expected, rtol=1e-6, atol=1e-8):
+        name_mistake(got, expected, _ffn_mistakes(weights, x, act), rtol=1e-6, atol=1e-8)
+    compare(got, expected, what=what, check_dtype=False, rtol=1e-6, atol=1e-8)
+    got.sum().backward()
+    for name, param in module.named_parameters():
+        expect(param.grad is not None, HINT_FFN_NO_GRAD.format(name=name))
+
+
+@checker("feed-forward network")
+def check_ffn(FFN) -> None:
+    """Check a learner's ``FFN(d_model, activation="gelu", multiple_of=1)`` module.
+
+    Its parameters' names and shapes (W_in and W_out with biases for "gelu" and "gelu_tanh", 4·d_model
+    wide; W_gate, W_in and W_out without biases for "swiglu", floor(8·d_model/3) rounded up to a
+    multiple of multiple_of), its ``d_mlp``, then its output with seeded weights loaded, compared in
+    float64 with ``tfedu.layers.MLP``'s formula, and gradients reaching every parameter.
+    """
+    for seed, (d, act, m) in enumerate(FFN_CONFIGS):
+        _check_ffn_config(FFN, d, act, m, seed)
+    # Llama-7B's width, on the meta device: shapes only, no memory.
+    with torch.device("meta"):
+        module = _build_ffn(FFN, 4096, "swiglu", 256)
+    shapes = {name: tuple(p.shape) for name, p in module.named_parameters()}
+    problem = _structure_problem(4096, "swiglu", 256, shapes, getattr(module, "d_mlp", None))
+    if problem:
+        raise CheckFailure(f"{problem} (Llama-7B's shape)")
+
+
+# ----------------------------------------------------------------------------- 7.2 layer_norm
 
 HINT_LN_DIM0 = (
     "you normalised over dim 0, across the batch: LayerNorm normalises each position's vector on its own, "
@@ -309,7 +580,180 @@ def check_layer_norm(layer_norm) -> None:
     _layer_norm_problems(layer_norm)
 
 
-# ----------------------------------------------------------------------------- 7.2 pre_norm_block
+# ----------------------------------------------------------------------------- 7.3 rms_norm
+
+HINT_RMS_CENTRED = (
+    "you subtracted the mean first: that is LayerNorm without its bias. RMSNorm never centres: it divides x itself "
+    "by the root of the mean of its squares"
+)
+HINT_RMS_DIM0 = (
+    "you took the mean of the squares over dim 0, across the batch: RMSNorm rescales each position's vector on its "
+    "own, over the last dim (d_model), keeping that dim so the result broadcasts back"
+)
+HINT_RMS_DIM_POS = (
+    "you took the mean of the squares over dim -2, across the positions: RMSNorm rescales each position's vector on "
+    "its own, over the last dim (d_model)"
+)
+HINT_RMS_SUM = (
+    "you divided by the root of the sum of the squares (the vector's length): RMSNorm divides by the root of their "
+    "mean, the sum over d_model, so every position comes out with norm sqrt(d_model) instead of 1"
+)
+HINT_RMS_NO_EPS = (
+    "no epsilon: add eps to the mean of the squares before the square root. It keeps a zero vector finite and "
+    "changes the result wherever the mean square is small"
+)
+HINT_RMS_EPS_OUTSIDE = (
+    "eps is outside the square root: divide by sqrt(mean square + eps), not by sqrt(mean square) + eps"
+)
+HINT_RMS_MULTIPLIED = (
+    "you multiplied by the root mean square instead of dividing by it: the normalised vector has a root mean "
+    "square of 1"
+)
+HINT_RMS_NO_GAIN = "the gain is missing: multiply the normalised x by weight, one number per feature"
+HINT_RMS_EPS_IGNORED = (
+    "rms_norm(x, weight, eps={eps:g}) gave the result for eps = 1e-6: use the eps argument instead of a hard-coded "
+    "number"
+)
+HINT_RMS_ZERO_NAN = (
+    "NaN at a position whose entries are all 0: that is 0 / 0 without eps. With eps added under the root, a zero "
+    "vector stays 0"
+)
+HINT_RMS_MUTATED = (
+    "your rms_norm changed the caller's `{name}` in place (an in-place division or multiplication): build new tensors instead, and "
+    "leave the argument as it was"
+)
+HINT_RMS_DTYPE = "return x's dtype ({want}), got {got}: compute with x's own dtype, without .float() or .double()"
+HINT_RMS_CALL = (
+    "keep the signature rms_norm(x, weight, eps=1e-6): x is (..., d_model) and weight is (d_model,); take the mean "
+    "over the last dim with keepdim=True, so that it broadcasts against x"
+)
+HINT_RMS_NO_GRAD = (
+    "no gradient flows back to {name} through rms_norm: was it computed under torch.no_grad(), or with .detach(), "
+    ".numpy() or .item()? Keep every step a torch operation"
+)
+HINT_RMS_GRAD = (
+    "the values are right but the gradient with respect to {name} is wrong: is the mean square detached "
+    "(.detach(), .item(), torch.no_grad()), or is something computed in place?"
+)
+HINT_RMS_FUSED = (
+    "you called {route}: the exercise is to build RMSNorm yourself from mean and arithmetic (the grader scores a "
+    "fused norm zero; nn.RMSNorm calls one too)"
+)
+
+RMS_EPS = 1e-6  # Llama's and Gemma's default, and tfedu.layers.RMSNorm's
+
+
+def reference_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = RMS_EPS) -> torch.Tensor:
+    """x / sqrt(mean(x**2) + eps) * weight over the last dim: the exercise's answer."""
+    return x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def _rms_variant(x: torch.Tensor, weight: torch.Tensor, eps: float = RMS_EPS, *, dims: tuple[int, ...] = (-1,),
+                 centre: bool = False, reduce: str = "mean", eps_at: str = "inside", divide: bool = True,
+                 gain: bool = True) -> torch.Tensor:
+    """RMSNorm with one of the known mistakes, in float64, returned in x's dtype."""
+    x64, w = x.detach().to(F64), weight.detach().to(F64)
+    if centre:
+        x64 = x64 - x64.mean(dim=-1, keepdim=True)
+    square = x64.pow(2)
+    ms = square.mean(dim=dims, keepdim=True) if reduce == "mean" else square.sum(dim=dims, keepdim=True)
+    root = {"inside": torch.sqrt(ms + eps), "none": torch.sqrt(ms), "outside": torch.sqrt(ms) + eps}[eps_at]
+    out = x64 / root if divide else x64 * root
+    return (out * w if gain else out).to(x.dtype)
+
+
+def _rms_mistakes(x: torch.Tensor, weight: torch.Tensor, eps: float = RMS_EPS) -> list[tuple[str, torch.Tensor]]:
+    variant = lambda **kw: _rms_variant(x, weight, eps, **kw)  # noqa: E731
+    mistakes = [
+        (HINT_RMS_DIM0, variant(dims=(0,))),
+        (HINT_RMS_CENTRED, variant(centre=True)),
+        (HINT_RMS_SUM, variant(reduce="sum")),
+        (HINT_RMS_NO_EPS, variant(eps_at="none")),
+        (HINT_RMS_EPS_OUTSIDE, variant(eps_at="outside")),
+        (HINT_RMS_MULTIPLIED, variant(divide=False)),
+        (HINT_RMS_NO_GAIN, variant(gain=False)),
+        (HINT_RMS_CENTRED, variant(centre=True, gain=False)),
+    ]
+    if x.dim() >= 3:
+        mistakes.insert(1, (HINT_RMS_DIM_POS, variant(dims=(-2,))))
+    return mistakes
+
+
+def _rms_inputs(seed: int, *shape: int, scale: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x with each position's entries about ``scale`` in size around an offset of the same size; a gain near 1."""
+    gen = torch.Generator().manual_seed(seed)
+    offsets = scale * torch.randn(*shape[:-1], 1, generator=gen, dtype=F64)  # off-centre: centring shows
+    spreads = scale * (0.3 + 2.7 * torch.rand(*shape[:-1], 1, generator=gen, dtype=F64))
+    x = offsets + spreads * torch.randn(*shape, generator=gen, dtype=F64)
+    weight = 1 + 0.5 * torch.randn(shape[-1], generator=gen, dtype=F64)
+    return x.to(dtype), weight.to(dtype)
+
+
+def _check_rms_output(got: Any, x, weight, eps: float, what: str, *, nan_hint: str | None = None,
+                      rtol: float = 1e-6, atol: float = 1e-7) -> torch.Tensor:
+    if isinstance(got, np.ndarray):
+        raise CheckFailure(f"{what} returned a NumPy array: build it with torch operations on x and return a "
+                           "torch.Tensor of x's shape")
+    expect(isinstance(got, torch.Tensor), f"{what} should return a torch.Tensor of x's shape, got {describe(got)}")
+    expected = _rms_variant(x, weight, eps)
+    if got.shape == expected.shape and got.is_floating_point() and torch.isfinite(got).all() \
+            and not is_close(got, expected, rtol=rtol, atol=atol):
+        name_mistake(got, expected, _rms_mistakes(x, weight, eps), rtol=rtol, atol=atol)
+    compare(got, expected, what=what, check_dtype=False, rtol=rtol, atol=atol, nan_hint=nan_hint)
+    expect(got.dtype == x.dtype, HINT_RMS_DTYPE.format(want=x.dtype, got=got.dtype))
+    return got
+
+
+def _call_rms_norm(rms_norm: Any, x, weight, eps: float | None = None) -> Any:
+    args = {"x": x, "weight": weight}
+    if eps is not None:
+        args["kw:eps"] = eps
+    with watch_calls(*LAYER_NORM_WATCHED) as called:
+        result = call_on_copies(rms_norm, args, name="rms_norm", mutated_hint=HINT_RMS_MUTATED, error_hint=HINT_RMS_CALL)
+    if called:
+        raise CheckFailure(HINT_RMS_FUSED.format(route=called[0]))
+    return result
+
+
+@checker("RMS norm")
+def check_rms_norm(rms_norm) -> None:
+    """Check a learner's ``rms_norm(x, weight, eps=1e-6) -> Float[Tensor, "... d_model"]``.
+
+    ``x / sqrt(mean(x**2) + eps) * weight`` over the last dim, compared in float64 with that formula
+    (and ``F.rms_norm`` for the gradients): entries about 1e-3, so that the mean square (about 1e-6)
+    is comparable to eps and eps's place shows; off-centre positions, so that centring shows; eps
+    given; a zero position; float32 keeps its dtype; gradients to x and weight.
+    """
+    x, weight = _rms_inputs(0, 3, 5, 8, scale=1e-3, dtype=F64)
+    got = _call_rms_norm(rms_norm, x, weight)
+    _check_rms_output(got, x, weight, RMS_EPS, "rms_norm(x, weight) with x of shape (3, 5, 8), float64, entries about 1e-3")
+    x, weight = _rms_inputs(1, 2, 4, 16, scale=2.0, dtype=torch.float32)
+    got = _call_rms_norm(rms_norm, x, weight)
+    _check_rms_output(got, x, weight, RMS_EPS, "rms_norm(x, weight) with x of shape (2, 4, 16), float32",
+                      rtol=1e-5, atol=1e-6)
+    x, weight = _rms_inputs(2, 6, 8, scale=1e-2, dtype=F64)
+    got = _call_rms_norm(rms_norm, x, weight, eps=1e-3)
+    if isinstance(got, torch.Tensor) and got.shape == x.shape and is_close(got, _rms_variant(x, weight, RMS_EPS)):
+        raise CheckFailure(HINT_RMS_EPS_IGNORED.format(eps=1e-3))
+    _check_rms_output(got, x, weight, 1e-3, "rms_norm(x, weight, eps=0.001) with x of shape (6, 8), float64")
+    x, weight = _rms_inputs(3, 4, 8, scale=1.0, dtype=F64)
+    x[2] = 0.0
+    got = _call_rms_norm(rms_norm, x, weight)
+    _check_rms_output(got, x, weight, RMS_EPS, "rms_norm(x, weight) where row 2 of x is all zeros", nan_hint=HINT_RMS_ZERO_NAN)
+    x, weight = (t.requires_grad_(True) for t in _rms_inputs(5, 2, 3, 8, scale=1.5, dtype=F64))
+    got = call_learner(rms_norm, x.clone(), weight.clone(), name="rms_norm", error_hint=HINT_RMS_CALL)
+    got = _check_rms_output(got, x, weight, RMS_EPS, "rms_norm(x, weight) with x of shape (2, 3, 8)")
+    expect(got.requires_grad, HINT_RMS_NO_GRAD.format(name="x and weight"))
+    upstream = seeded_randn(6, 2, 3, 8, dtype=F64)
+    grads = torch.autograd.grad(got, (x, weight), upstream, allow_unused=True)
+    mine = [t.detach().clone().requires_grad_(True) for t in (x, weight)]
+    wanted = torch.autograd.grad(F.rms_norm(mine[0], (8,), mine[1], RMS_EPS), mine, upstream)
+    for name, grad, want in zip(("x", "weight"), grads, wanted):
+        expect(grad is not None, HINT_RMS_NO_GRAD.format(name=name))
+        expect(is_close(grad, want, rtol=1e-6, atol=1e-8), HINT_RMS_GRAD.format(name=name))
+
+
+# ----------------------------------------------------------------------------- 7.4 pre_norm_block
 
 HINT_BLOCK_POST_NORM = (
     "that is the post-norm block of the 2017 paper, ln(x + sublayer(x)): in the pre-norm block (GPT-2) each "
@@ -605,7 +1049,194 @@ def check_pre_norm_block(pre_norm_block) -> None:
     raise failure
 
 
-# ----------------------------------------------------------------------------- 7.3 gpt2_param_count
+# ----------------------------------------------------------------------------- 7.5 gpt_forward
+
+HINT_GPT_NO_POS = (
+    "the position vectors are missing: the stream starts as each token's row of W_E plus the row of W_pos of the "
+    "position it sits at"
+)
+HINT_GPT_POS_FROM_IDS = (
+    "you looked up W_pos by the token ids: position vectors are indexed by position, 0, 1, ..., pos - 1, whatever "
+    "the tokens are"
+)
+HINT_GPT_SCALED = (
+    "you multiplied the token embeddings by sqrt(d_model): the 2017 paper does (and Gemma), GPT-2 does not; "
+    "these weights are GPT-2's"
+)
+HINT_GPT_NO_FINAL_NORM = (
+    "the final norm is missing: in a pre-norm model the stream after the last block was never normalised, so "
+    "ln_final normalises it before the unembedding"
+)
+HINT_GPT_REVERSED = "the blocks ran in reverse order: block 0 reads the embeddings, and each block reads the output of the one before"
+HINT_GPT_LAST_BLOCK_ONLY = (
+    "only the last block reached the logits: each block reads the previous block's output and returns the "
+    "stream after itself, so the stream passes through them all in turn"
+)
+HINT_GPT_FIRST_BLOCK_ONLY = (
+    "only the first block reached the logits: each block's output is the next block's input, all the way to the last"
+)
+HINT_GPT_EXTRA_RESID = (
+    "you added the stream to each block's output: a block adds its sub-layers to the stream itself and returns "
+    "the stream after the block, so its output replaces the stream; adding the input again counts it twice"
+)
+HINT_GPT_SOFTMAX = (
+    "you returned probabilities (a softmax over the vocabulary): return the logits; the loss and the samplers "
+    "take the softmax themselves"
+)
+HINT_GPT_LOG_SOFTMAX = "you returned log-probabilities: return the logits themselves (the loss normalises them)"
+HINT_GPT_LAST_POS = (
+    "you returned the logits of the last position only, shape (batch, d_vocab): return them at every position, "
+    "(batch, pos, d_vocab); training predicts the next token at each one"
+)
+HINT_GPT_NORM_FIRST = (
+    "you normalised with ln_final before the blocks: the final norm comes after the last block, right before the "
+    "unembedding"
+)
+HINT_GPT_CALL = (
+    "keep the signature gpt_forward(ids, W_E, W_pos, blocks, ln_final): ids is (batch, pos) with pos <= n_ctx; W_E "
+    "is (d_vocab, d_model); W_pos is (n_ctx, d_model), one row per position the model can read, so a shorter "
+    "sequence uses only its first pos rows; each block and ln_final take and return a (batch, pos, d_model) stream; "
+    "return (batch, pos, d_vocab) logits, with the unembedding tied to W_E"
+)
+HINT_GPT_MUTATED = (
+    "your gpt_forward changed the caller's `{name}` in place: build new tensors (no +=, no in-place ops on the "
+    "embeddings)"
+)
+HINT_GPT_GRAD = (
+    "the logits are right but the gradient with respect to {name} is wrong. W_E is used twice, by the lookup and "
+    "by the tied unembedding, and a gradient flows back through each: is one use detached, or made from a copy?"
+)
+
+
+def reference_gpt_forward(ids: torch.Tensor, W_E: torch.Tensor, W_pos: torch.Tensor, blocks: Sequence[Callable],
+                          ln_final: Callable) -> torch.Tensor:
+    """GPT-2's forward pass from its parts: the exercise's answer."""
+    resid = W_E[ids] + W_pos[: ids.shape[-1]]  # batch pos d_model
+    for block in blocks:
+        resid = block(resid)
+    return ln_final(resid) @ W_E.T  # batch pos d_vocab
+
+
+def reference_pre_norm_block(resid: torch.Tensor, ln1: Callable, attn: Callable, ln2: Callable, mlp: Callable) -> torch.Tensor:
+    """One pre-norm block from its parts: exercise 7.4's answer."""
+    resid_mid = resid + attn(ln1(resid))
+    return resid_mid + mlp(ln2(resid_mid))
+
+
+def _gpt_variant(ids: torch.Tensor, W_E: torch.Tensor, W_pos: torch.Tensor, blocks: Sequence[Callable], ln_final: Callable,
+                 mistake: str | None = None) -> torch.Tensor:
+    """The forward pass with one of the known mistakes."""
+    n = ids.shape[-1]
+    resid = W_E[ids] * (math.sqrt(W_E.shape[1]) if mistake == "scaled" else 1.0)
+    if mistake == "pos-from-ids":
+        resid = resid + W_pos[ids]
+    elif mistake != "no-pos":
+        resid = resid + W_pos[:n]
+    if mistake == "norm-first":
+        resid = ln_final(resid)
+    order = {"reversed": list(blocks)[::-1], "last-only": list(blocks)[-1:], "first-only": list(blocks)[:1]}.get(mistake, blocks)
+    for block in order:
+        resid = resid + block(resid) if mistake == "extra-resid" else block(resid)
+    if mistake not in ("no-final", "norm-first"):
+        resid = ln_final(resid)
+    logits = resid @ W_E.T
+    return {"softmax": lambda: logits.softmax(-1), "log-softmax": lambda: logits.log_softmax(-1)}.get(mistake, lambda: logits)()
+
+
+GPT_MISTAKES = (("no-pos", HINT_GPT_NO_POS), ("pos-from-ids", HINT_GPT_POS_FROM_IDS), ("scaled", HINT_GPT_SCALED),
+                ("no-final", HINT_GPT_NO_FINAL_NORM), ("norm-first", HINT_GPT_NORM_FIRST), ("reversed", HINT_GPT_REVERSED),
+                ("last-only", HINT_GPT_LAST_BLOCK_ONLY), ("first-only", HINT_GPT_FIRST_BLOCK_ONLY),
+                ("extra-resid", HINT_GPT_EXTRA_RESID), ("softmax", HINT_GPT_SOFTMAX), ("log-softmax", HINT_GPT_LOG_SOFTMAX))
+
+
+def _gpt_mistakes(ids, W_E, W_pos, blocks, ln_final) -> list[tuple[str, torch.Tensor]]:
+    fits = int(ids.max()) < W_pos.shape[0]  # W_pos looked up by the token ids needs ids below n_ctx
+    with torch.no_grad():
+        return [(hint, _gpt_variant(ids, W_E, W_pos, blocks, ln_final, mistake)) for mistake, hint in GPT_MISTAKES
+                if fits or mistake != "pos-from-ids"]
+
+
+class _Causal(nn.Module):
+    """A tfedu Block called as ``block(resid)``, causal."""
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, resid: torch.Tensor) -> torch.Tensor:
+        return self.block(resid, causal=True)
+
+
+# A GPT-2 from transformers with random weights: d_model 24 (not d_vocab, so an untransposed W_E fails), a
+# vocabulary of 40 below n_ctx 48 (so W_pos looked up by the token ids runs, and is named), three blocks (so
+# their order shows).
+GPT_CHECK_SHAPE = {"n_embd": 24, "n_layer": 3, "n_head": 4, "n_positions": 48, "vocab_size": 40}
+
+
+def gpt2_from_transformers(seed: int = 0, **shape: int) -> tuple[nn.Module, nn.Module]:
+    """A small ``transformers`` GPT-2 built locally with random weights (nothing downloaded), and tfedu's GPT
+    with the same weights. GPT-2's init std of 0.02 is raised to 0.3 so that the blocks change the stream by as
+    much as the embeddings (at 0.02 a missing block hides under the tolerance)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from tfedu.checkpoints import gpt_from_hf
+
+    config = GPT2Config(**{**GPT_CHECK_SHAPE, **shape}, bos_token_id=0, eos_token_id=0, initializer_range=0.3,
+                        attn_pdrop=0.0, embd_pdrop=0.0, resid_pdrop=0.0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        hf = GPT2LMHeadModel(config).eval()
+    return hf, gpt_from_hf(hf).eval()
+
+
+def _gpt_parts(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor, list[nn.Module], nn.Module]:
+    return model.embed.weight, model.pos_embed.W_pos, [_Causal(block) for block in model.blocks], model.ln_final
+
+
+def _check_gpt_call(gpt_forward: Any, hf: nn.Module, ours: nn.Module, ids: torch.Tensor, what: str) -> None:
+    W_E, W_pos, blocks, ln_final = _gpt_parts(ours)
+    with torch.no_grad():
+        got = call_on_copies(gpt_forward, {"ids": ids, "W_E": W_E, "W_pos": W_pos, "blocks": blocks, "ln_final": ln_final},
+                             name="gpt_forward", mutated_hint=HINT_GPT_MUTATED, error_hint=HINT_GPT_CALL)
+        expected = hf(ids).logits
+    expect(isinstance(got, torch.Tensor), f"{what} should return a tensor of logits, got {describe(got)}")
+    if got.shape == expected[:, -1].shape and is_close(got, expected[:, -1], rtol=1e-4, atol=1e-4):
+        raise CheckFailure(HINT_GPT_LAST_POS)
+    if got.shape == expected.shape and torch.isfinite(got).all() and not is_close(got, expected, rtol=1e-4, atol=1e-4):
+        name_mistake(got, expected, _gpt_mistakes(ids, W_E, W_pos, blocks, ln_final), rtol=1e-4, atol=1e-4)
+    compare(got, expected, what=what, check_dtype=False, rtol=1e-4, atol=1e-4)
+
+
+@checker("the GPT's forward pass")
+def check_gpt_forward(gpt_forward) -> None:
+    """Check a learner's ``gpt_forward(ids, W_E, W_pos, blocks, ln_final) -> Float[Tensor, "batch pos d_vocab"]``.
+
+    A GPT-2 from ``transformers``, built locally with random weights, is loaded into tfedu's GPT; its
+    embedding, position table, blocks (causal, called as ``block(resid)``) and final LayerNorm go to
+    the learner's function, whose logits must be ``GPT2LMHeadModel``'s: on a short batch, at the full
+    context, and with the gradients to W_E (through the lookup and the tied unembedding) and W_pos.
+    """
+    hf, ours = gpt2_from_transformers(0)
+    gen = torch.Generator().manual_seed(1)
+    d_vocab, n_ctx = GPT_CHECK_SHAPE["vocab_size"], GPT_CHECK_SHAPE["n_positions"]
+    ids = torch.randint(0, d_vocab, (2, 12), generator=gen)
+    _check_gpt_call(gpt_forward, hf, ours, ids, "gpt_forward(ids, W_E, W_pos, blocks, ln_final) with ids of shape (2, 12)")
+    ids = torch.randint(0, d_vocab, (1, n_ctx), generator=gen)
+    _check_gpt_call(gpt_forward, hf, ours, ids, f"gpt_forward on a full context of {n_ctx} tokens")
+    # The gradients: W_E is used twice (lookup and tied unembedding).
+    ids = torch.randint(0, d_vocab, (2, 7), generator=gen)
+    W_E, W_pos, blocks, ln_final = _gpt_parts(ours)
+    upstream = seeded_randn(2, 2, 7, d_vocab)
+    got = call_learner(gpt_forward, ids, W_E, W_pos, blocks, ln_final, name="gpt_forward", error_hint=HINT_GPT_CALL)
+    expect(isinstance(got, torch.Tensor) and got.requires_grad,
+           "no gradient flows back through gpt_forward: was it computed under torch.no_grad(), or detached?")
+    grads = torch.autograd.grad(got, (W_E, W_pos), upstream, allow_unused=True)
+    wanted = torch.autograd.grad(reference_gpt_forward(ids, W_E, W_pos, blocks, ln_final), (W_E, W_pos), upstream)
+    for name, grad, want in zip(("W_E", "W_pos"), grads, wanted):
+        expect(grad is not None and is_close(grad, want, rtol=1e-4, atol=1e-5), HINT_GPT_GRAD.format(name=name))
+
+
+# ----------------------------------------------------------------------------- 7.6 gpt2_param_count
 
 GPT2_SMALL = (50257, 1024, 768, 12)  # d_vocab, n_ctx, d_model, n_layers
 GPT2_SMALL_COUNT = 124_439_808
@@ -937,6 +1568,115 @@ def _named_in_outputs(got: Any, want: np.ndarray, mistakes: list, *, rtol: float
     return None
 
 
+# FFN: one module per drawn configuration (GELU, tanh GELU, SwiGLU with and without rounding), built in the
+# kernel, the drawn weights loaded by name, outputs and gradients; Llama-7B's shapes on the meta device.
+
+def _ffn_inputs(rng: np.random.Generator) -> dict:
+    def not_whole(low: int, high: int) -> int:  # a d_model whose 8 d / 3 is not whole
+        return int(rng.choice([d for d in range(low, high) if d % 3]))
+
+    configs = [[int(rng.integers(4, 33)), "gelu", 1], [int(rng.integers(4, 33)), "gelu_tanh", 1],
+               [not_whole(8, 49), "swiglu", 1]]
+    m = int(rng.choice([8, 16, 32]))
+    d = int(rng.choice([d for d in range(24, 97) if (8 * d // 3) % m]))  # rounding to m changes the width
+    configs.append([d, "swiglu", m])
+    order = rng.permutation(len(configs))
+    configs = [configs[i] for i in order]
+    weights, xs, upstreams = [], [], []
+    for i, (d, act, m) in enumerate(configs):
+        drawn = _ffn_weights(int(rng.integers(0, 2**31)), d, act, m, dtype=torch.float32)
+        weights.append({name: value.numpy() for name, value in drawn.items()})
+        shape = (int(rng.integers(1, 4)), int(rng.integers(1, 7)), d)
+        xs.append(rng.standard_normal(shape).astype(np.float32))
+        upstreams.append(upstream_like(rng, shape))
+    return {"configs": configs, "weights": weights, "x": xs, "upstream": upstreams, "big": [4096, "swiglu", 256]}
+
+
+FFN_RUN = HELPERS + """\
+def _shapes(_module):
+    if not isinstance(_module, torch.nn.Module):
+        return None
+    return {_name: list(_p.shape) for _name, _p in _module.named_parameters()}
+
+
+def _d_mlp(_module):
+    _value = getattr(_module, 'd_mlp', None)
+    return int(_value) if isinstance(_value, int) and not isinstance(_value, bool) else None
+
+
+outputs = {'shapes': [], 'd_mlp': [], 'output': [], 'grad': [], 'kind': [], 'returned': []}
+for _config, _weights, _x, _up in zip(inputs['configs'], inputs['weights'], inputs['x'], inputs['upstream']):
+    _module = FFN(*_config)
+    outputs['kind'].append('module' if isinstance(_module, torch.nn.Module) else type(_module).__name__)
+    outputs['shapes'].append(_shapes(_module))
+    outputs['d_mlp'].append(_d_mlp(_module))
+    try:
+        _module.load_state_dict({_name: torch.from_numpy(_w) for _name, _w in _weights.items()}, strict=True)
+    except Exception:  # names or shapes differ: the comparison names them from 'shapes'
+        outputs['output'].append(None)
+        outputs['grad'].append('skipped')
+        outputs['returned'].append(None)
+        continue
+    _leaves = dict(_module.named_parameters())
+    _leaves['x'] = torch.tensor(_x, requires_grad=True)
+    _result = _module(_leaves['x'])
+    outputs['returned'].append(_kind(_result))
+    outputs['output'].append(_array(_result))
+    outputs['grad'].append(_backward([_result], [torch.from_numpy(_up)], _leaves))
+with torch.device('meta'):
+    _big = FFN(*inputs['big'])
+outputs['big'] = _shapes(_big)
+outputs['big_d_mlp'] = _d_mlp(_big)
+del _shapes, _d_mlp, _config, _weights, _x, _up, _module, _big
+if '_leaves' in dir():
+    del _leaves, _result
+""" + CLEANUP
+
+
+def _ffn_reference(inputs: dict) -> dict:
+    outputs, grads, mistakes = [], [], []
+    for (d, act, m), weights, x, up in zip(inputs["configs"], inputs["weights"], inputs["x"], inputs["upstream"]):
+        module = reference_ffn(d, act, m)
+        module.load_state_dict({name: torch.from_numpy(w) for name, w in weights.items()})
+        leaves = dict(module.named_parameters())
+        leaves["x"] = leaf(x)
+        result = module(leaves["x"])
+        outputs.append(as_array(result))
+        grads.append(backward([result], [torch.from_numpy(up)], leaves))
+        tensors = {name: torch.from_numpy(w) for name, w in weights.items()}
+        mistakes.append([[hint, as_array(wrong)] for hint, wrong in _ffn_mistakes(tensors, torch.from_numpy(x), act)])
+    return {"configs": inputs["configs"], "big": inputs["big"], "output": outputs, "grad": grads, "mistakes": mistakes}
+
+
+def _compare_ffn(outputs: dict, expected: dict) -> str | None:
+    if not isinstance(outputs, dict) or not all(isinstance(outputs.get(k), list)
+                                                for k in ("shapes", "d_mlp", "output", "grad", "kind", "returned")):
+        return "the hidden test's outputs should be a dict of lists"
+    for i, (d, act, m) in enumerate(expected["configs"]):
+        if outputs["kind"][i] != "module":
+            return HINT_FFN_NOT_MODULE.format(got=outputs["kind"][i])
+        shapes = {name: tuple(shape) for name, shape in (outputs["shapes"][i] or {}).items()}
+        problem = _structure_problem(d, act, m, shapes, outputs["d_mlp"][i])
+        if problem:
+            return problem
+        got, want = outputs["output"][i], expected["output"][i]
+        what = f"FFN({d}, '{act}', {m})(x)"
+        if isinstance(got, np.ndarray) and got.shape == want.shape and not np.allclose(got, want, rtol=1e-4, atol=1e-5):
+            hint = _named_in_outputs(got, want, expected["mistakes"][i], rtol=1e-4, atol=1e-5)
+            if hint:
+                return f"{what}: {hint}"
+        problem = compare_outputs({"returned": [outputs["returned"][i]], "output": got, "grad": outputs["grad"][i]},
+                                  {"returned": ["tensor"], "output": want, "grad": expected["grad"][i]},
+                                  function=f"FFN({d}, '{act}', {m})", labels={"output": what}, rtol=1e-4, atol=1e-5)
+        if problem:
+            return problem
+    d, act, m = expected["big"]
+    big = outputs.get("big")
+    shapes = {name: tuple(shape) for name, shape in big.items()} if isinstance(big, dict) else {}
+    problem = _structure_problem(d, act, m, shapes, outputs.get("big_d_mlp"))
+    return f"{problem} (Llama-7B's shape)" if problem else None
+
+
 # layer_norm: float32 with gradients; float64 at mean ~1e3 and std ~1e-2 (the mistakes named there);
 # eps given; constant positions; float32 at mean ~1e3 (the variance as E[x^2] - E[x]^2 fails).
 
@@ -1020,16 +1760,24 @@ def _layer_norm_reference(inputs: dict) -> dict:
     }
 
 
-def _compare_layer_norm(outputs: dict, expected: dict) -> str | None:
-    problem = _first_problem(outputs, expected, function="layer_norm",
+def _norm_problem(outputs: dict, expected: dict, *, function: str, labels: dict[str, str], keys: tuple[str, ...]) -> str | None:
+    """A norm's kinds and dtypes, then a mistake named on the calls ``keys`` (whose mistakes the reference drew)."""
+    problem = _first_problem(outputs, expected, function=function,
                              dtype_hints={"": "return x's dtype: compute with x's own dtype, without .float() or .double()"})
     if problem:
         return problem
-    for key in ("big", "eps"):
+    for key in keys:
         hint = _named_in_outputs(outputs.get(f"output_{key}"), expected[f"output_{key}"], expected[f"mistakes_{key}"],
                                  rtol=1e-5, atol=1e-6)
         if hint:
-            return f"{LN_LABELS['output_' + key]}: {hint}"
+            return f"{labels['output_' + key]}: {hint}"
+    return None
+
+
+def _compare_layer_norm(outputs: dict, expected: dict) -> str | None:
+    problem = _norm_problem(outputs, expected, function="layer_norm", labels=LN_LABELS, keys=("big", "eps"))
+    if problem:
+        return problem
     # Float64 at mean 1e3 (the variance as E[x^2] - E[x]^2 is off by up to ~5e-5 there), then float32 at mean
     # 1e3, where x's own rounding moves a right answer by up to ~1e-3 and that variance by about 1.
     big = {"returned": expected["returned"], "output_big": expected["output_big"]}
@@ -1044,6 +1792,89 @@ def _compare_layer_norm(outputs: dict, expected: dict) -> str | None:
     rest = _without(expected, "dtypes", "mistakes_big", "mistakes_eps", "output_big", "output_f32big")
     return compare_outputs(outputs, rest, function="layer_norm", labels=LN_LABELS,
                            nan_hints={"output_const": HINT_LN_CONSTANT_NAN}, rtol=1e-4, atol=1e-5)
+
+
+# rms_norm: float32 with gradients; float64 with entries about 1e-3 (the mistakes named there); eps given;
+# positions of zeros.
+
+def _rms_norm_inputs(rng: np.random.Generator) -> dict:
+    leading = tuple(int(n) for n in rng.integers(1, 5, size=int(rng.integers(1, 3))))
+    d = int(rng.integers(2, 33))
+    inputs: dict[str, Any] = {}
+
+    def size(low: int, high: int) -> int:
+        return int(rng.integers(low, high))
+
+    calls = (  # name, shape, scale, dtype
+        ("x", (*leading, d), 2.0, np.float32),  # with gradients
+        ("x_small", (size(2, 4), size(3, 6), size(4, 17)), 1e-3, np.float64),  # mean square ~ eps: mistakes named
+        ("x_eps", (size(1, 9), size(4, 17)), 1e-2, np.float64),  # with eps given
+        ("x_zero", (size(2, 9), size(2, 17)), 1.0, np.float64),  # some positions all zero (below)
+    )
+    for name, shape, scale, dtype in calls:
+        inputs[name] = _ln_probe_x(rng, shape, scale, scale).astype(dtype)  # off-centre by about the spread
+        inputs["weight" + name[1:]] = (1 + 0.5 * rng.standard_normal(shape[-1])).astype(dtype)
+    rows = inputs["x_zero"].shape[0]
+    inputs["x_zero"][rng.choice(rows, size=int(rng.integers(1, rows)), replace=False)] = 0.0
+    inputs["eps"] = float(rng.choice([1e-4, 1e-3, 1e-2]))
+    inputs["upstream"] = upstream_like(rng, inputs["x"].shape)
+    return inputs
+
+
+RMS_NORM_RUN = HELPERS + """\
+_leaves = {_name: torch.tensor(inputs[_name], requires_grad=True) for _name in ('x', 'weight')}
+_result = _call(rms_norm, _leaves['x'], _leaves['weight'])
+_small, _zero = (rms_norm(torch.tensor(inputs['x' + _s]), torch.tensor(inputs['weight' + _s])) for _s in ('_small', '_zero'))
+_eps = rms_norm(torch.tensor(inputs['x_eps']), torch.tensor(inputs['weight_eps']), eps=inputs['eps'])
+_results = [_result, _small, _eps, _zero]
+outputs = {
+    'returned': [_kind(_r) for _r in _results],
+    'dtypes': [str(_r.dtype) if isinstance(_r, torch.Tensor) else None for _r in _results],
+    'output': _array(_result), 'output_small': _array(_small), 'output_eps': _array(_eps), 'output_zero': _array(_zero),
+}
+try:  # x changed in place can leave autograd without the values it saved: the feedback names the change
+    outputs['grad'] = _backward([_result], [torch.from_numpy(inputs['upstream'])], _leaves)
+except RuntimeError as _error:
+    outputs['grad'] = 'failed: ' + str(_error)[:200]
+    del _error
+outputs['mutated'] = _MUTATED
+del _leaves, _result, _small, _zero, _eps, _results
+""" + CLEANUP
+
+RMS_LABELS = {
+    "output": "rms_norm(x, weight) with x float32",
+    "output_small": "rms_norm(x, weight) with x float64, entries about 1e-3 (a mean square near eps)",
+    "output_eps": "rms_norm(x, weight, eps=eps) with eps given",
+    "output_zero": "rms_norm(x, weight) where some positions of x are all zeros",
+}
+
+
+def _rms_norm_reference(inputs: dict) -> dict:
+    x, weight = leaf(inputs["x"]), leaf(inputs["weight"])
+    output = reference_rms_norm(x, weight)
+
+    def run(suffix: str, eps: float = RMS_EPS) -> torch.Tensor:
+        return reference_rms_norm(*(torch.from_numpy(inputs[name + suffix]).to(F64) for name in ("x", "weight")), eps)
+
+    small = [torch.from_numpy(inputs[name + "_small"]) for name in ("x", "weight")]
+    eps_args = [torch.from_numpy(inputs[name + "_eps"]) for name in ("x", "weight")]
+    return {
+        "returned": ["tensor"] * 4, "dtypes": [FLOAT32, FLOAT64, FLOAT64, FLOAT64],
+        "output": as_array(output), "output_small": as_array(run("_small")),
+        "output_eps": as_array(run("_eps", inputs["eps"])), "output_zero": as_array(run("_zero")),
+        "grad": backward([output], [torch.from_numpy(inputs["upstream"])], {"x": x, "weight": weight}),
+        "mistakes_small": [[hint, as_array(wrong)] for hint, wrong in _rms_mistakes(*small)],
+        "mistakes_eps": [[HINT_RMS_EPS_IGNORED.format(eps=inputs["eps"]), as_array(_rms_variant(*eps_args, RMS_EPS))]],
+    }
+
+
+def _compare_rms_norm(outputs: dict, expected: dict) -> str | None:
+    problem = _norm_problem(outputs, expected, function="rms_norm", labels=RMS_LABELS, keys=("small", "eps"))
+    if problem:
+        return problem
+    rest = _without(expected, "dtypes", "mistakes_small", "mistakes_eps")
+    return compare_outputs(outputs, rest, function="rms_norm", labels=RMS_LABELS,
+                           nan_hints={"output_zero": HINT_RMS_ZERO_NAN}, rtol=1e-4, atol=1e-5)
 
 
 # pre_norm_block: modules built in the kernel from plain torch (LayerNorm, a causal attention function,
@@ -1200,7 +2031,7 @@ def _compare_pre_norm_block(outputs: dict, expected: dict) -> str | None:
 
 
 # A pre_norm_block may call the learner's layer_norm with ln.weight and ln.bias: while it is graded this
-# stand-in takes its place, so a wrong or unfinished layer_norm costs exercise 7.1 alone. Primitive ops only.
+# stand-in takes its place, so a wrong or unfinished layer_norm costs exercise 7.2 alone. Primitive ops only.
 LAYER_NORM_STANDIN = """\
 def layer_norm(x, weight, bias, eps=1e-5):
     \"\"\"Stand-in for the layer_norm exercise: (x - mean) / sqrt(var + eps) * weight + bias over the last dim.\"\"\"
@@ -1208,6 +2039,131 @@ def layer_norm(x, weight, bias, eps=1e-5):
     var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
     return (x - mean) / torch.sqrt(var + eps) * weight + bias
 """
+
+
+# gpt_forward: a GPT-2-shaped model drawn fresh (tfedu's parameter names), its blocks built in the kernel from
+# plain torch as causal callables; logits on a batch and on a full context, gradients to W_E and W_pos.
+
+def _gpt_probe_cfg(inputs: dict) -> ModelConfig:
+    return ModelConfig(d_vocab=inputs["d_vocab"], n_ctx=inputs["n_ctx"], d_model=inputs["d_model"],
+                       n_layers=inputs["n_layers"], n_heads=inputs["n_heads"], activation="gelu_tanh")
+
+
+def _gpt_forward_inputs(rng: np.random.Generator) -> dict:
+    n_heads = int(rng.integers(1, 5))
+    inputs: dict[str, Any] = {"n_heads": n_heads, "d_model": n_heads * int(rng.integers(2, 9)),
+                              "n_layers": int(rng.integers(2, 4)), "d_vocab": int(rng.integers(8, 65))}  # 2+: the order shows
+    inputs["n_ctx"] = int(rng.integers(8, 41))
+    if inputs["d_model"] == inputs["d_vocab"]:
+        inputs["d_vocab"] += 1
+    with torch.device("meta"):
+        shapes = {name: tuple(p.shape) for name, p in GPT(_gpt_probe_cfg(inputs)).named_parameters()}
+    weights = {}
+    for name, shape in shapes.items():
+        if name.endswith("ln1.weight") or name.endswith("ln2.weight") or name == "ln_final.weight":
+            value = 1 + 0.3 * rng.standard_normal(shape)
+        elif len(shape) == 1:
+            value = 0.3 * rng.standard_normal(shape)
+        else:
+            value = rng.standard_normal(shape) * (1.0 if name in ("embed.weight", "pos_embed.W_pos") else 1.5 / math.sqrt(shape[1]))
+        weights[name] = value.astype(np.float32)
+    inputs["weights"] = weights
+    batch, pos = int(rng.integers(1, 4)), int(rng.integers(1, inputs["n_ctx"]))
+    inputs["ids"] = rng.integers(0, inputs["d_vocab"], size=(batch, pos))
+    inputs["ids_full"] = rng.integers(0, inputs["d_vocab"], size=(1, inputs["n_ctx"]))
+    inputs["upstream"] = upstream_like(rng, (batch, pos, inputs["d_vocab"]))
+    return inputs
+
+
+GPT_FORWARD_RUN = HELPERS + """\
+_w = {_name: torch.tensor(_value) for _name, _value in inputs['weights'].items()}
+
+
+def _ln(_x, _prefix):
+    _mean = _x.mean(dim=-1, keepdim=True)
+    _var = ((_x - _mean) ** 2).mean(dim=-1, keepdim=True)
+    return (_x - _mean) / torch.sqrt(_var + 1e-5) * _w[_prefix + '.weight'] + _w[_prefix + '.bias']
+
+
+def _linear(_x, _name):
+    return _x @ _w[_name + '.weight'].T + _w[_name + '.bias']
+
+
+def _block(_p):
+    def _run(_x):
+        _b, _n, _d = _x.shape
+        _h = inputs['n_heads']
+        _a = _ln(_x, _p + 'ln1')
+        _q, _k, _v = (_linear(_a, _p + 'attn.' + _m).view(_b, _n, _h, _d // _h).transpose(1, 2) for _m in ('W_Q', 'W_K', 'W_V'))
+        _scores = (_q @ _k.transpose(-2, -1)) / (_d // _h) ** 0.5
+        _scores = _scores.masked_fill(~torch.ones(_n, _n, dtype=torch.bool).tril(), float('-inf'))
+        _z = (torch.softmax(_scores, dim=-1) @ _v).transpose(1, 2).reshape(_b, _n, _d)
+        _x = _x + _linear(_z, _p + 'attn.W_O')
+        _u = _linear(_ln(_x, _p + 'ln2'), _p + 'mlp.W_in')
+        _g = 0.5 * _u * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (_u + 0.044715 * _u ** 3)))
+        return _x + _linear(_g, _p + 'mlp.W_out')
+    return _run
+
+
+_blocks = [_block('blocks.%d.' % _i) for _i in range(inputs['n_layers'])]
+_final = lambda _x: _ln(_x, 'ln_final')
+_W_E = torch.tensor(inputs['weights']['embed.weight'], requires_grad=True)
+_W_pos = torch.tensor(inputs['weights']['pos_embed.W_pos'], requires_grad=True)
+_result = _call(gpt_forward, torch.tensor(inputs['ids']), _W_E, _W_pos, _blocks, _final)
+_full = gpt_forward(torch.tensor(inputs['ids_full']), _W_E.detach().clone(), _W_pos.detach().clone(), _blocks, _final)
+outputs = {'returned': [_kind(_result), _kind(_full)], 'output': _array(_result), 'output_full': _array(_full),
+           'shape': list(_result.shape) if isinstance(_result, torch.Tensor) else None}
+try:
+    outputs['grad'] = _backward([_result], [torch.from_numpy(inputs['upstream'])], {'W_E': _W_E, 'W_pos': _W_pos})
+except RuntimeError as _error:
+    outputs['grad'] = 'failed: ' + str(_error)[:200]
+    del _error
+outputs['mutated'] = _MUTATED
+del _w, _ln, _linear, _block, _blocks, _final, _W_E, _W_pos, _result, _full
+""" + CLEANUP
+
+GPT_LABELS = {"output": "gpt_forward(ids, W_E, W_pos, blocks, ln_final)",
+              "output_full": "gpt_forward(ids, W_E, W_pos, blocks, ln_final) on a full context of n_ctx tokens"}
+
+
+def _gpt_probe_model(inputs: dict) -> nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        model = GPT(_gpt_probe_cfg(inputs)).eval()
+    state = {name: torch.from_numpy(value) for name, value in inputs["weights"].items()}
+    state["unembed.weight"] = state["embed.weight"]
+    model.load_state_dict(state)
+    return model
+
+
+def _gpt_forward_reference(inputs: dict) -> dict:
+    model = _gpt_probe_model(inputs)
+    W_E, W_pos, blocks, ln_final = _gpt_parts(model)
+    ids = torch.from_numpy(inputs["ids"])
+    output = reference_gpt_forward(ids, W_E, W_pos, blocks, ln_final)
+    with torch.no_grad():
+        full = model(torch.from_numpy(inputs["ids_full"]))
+        mistakes = [[hint, as_array(wrong)] for hint, wrong in _gpt_mistakes(ids, W_E, W_pos, blocks, ln_final)]
+    return {
+        "returned": ["tensor", "tensor"], "output": as_array(output), "output_full": as_array(full),
+        "grad": backward([output], [torch.from_numpy(inputs["upstream"])], {"W_E": W_E, "W_pos": W_pos}),
+        "mistakes": mistakes, "shape": list(output.shape),
+    }
+
+
+def _compare_gpt_forward(outputs: dict, expected: dict) -> str | None:
+    if not isinstance(outputs, dict):
+        return f"the hidden test's outputs should be a dict, got {type(outputs).__name__}"
+    batch, _, d_vocab = expected["shape"]
+    if outputs.get("shape") == [batch, d_vocab]:
+        return HINT_GPT_LAST_POS
+    hint = _named_in_outputs(outputs.get("output"), expected["output"], expected["mistakes"], rtol=1e-4, atol=1e-4)
+    if hint and not np.allclose(outputs["output"], expected["output"], rtol=1e-4, atol=1e-4):
+        return f"{GPT_LABELS['output']}: {hint}"
+    problem = compare_outputs(outputs, _without(expected, "mistakes", "shape"), function="gpt_forward", labels=GPT_LABELS,
+                              rtol=1e-4, atol=1e-4)
+    if problem and "gradient" in problem:
+        return f"{problem}. {HINT_GPT_GRAD.format(name='W_E or W_pos')}"
+    return problem
 
 
 # gpt2_param_count: GPT-2 small and eleven shapes drawn fresh (the count is read off as a polynomial).
@@ -1252,12 +2208,29 @@ def _compare_param_count(outputs: dict, expected: dict) -> str | None:
 
 
 PROBES = {
+    "check_ffn": Probe(
+        exercise="ex_ffn",
+        make_inputs=_ffn_inputs,
+        run=FFN_RUN,
+        reference=_ffn_reference,
+        compare=_compare_ffn,
+        forbidden=("tfedu.layers", "tfedu.model", "tfedu.activations", "tfedu.moe"),
+        builds=ELEMENTARY | MODULES | ACTIVATIONS | EINOPS,  # the layers and the activation are given parts
+    ),
     "check_layer_norm": Probe(
         exercise="ex_layer_norm",
         make_inputs=_layer_norm_inputs,
         run=LAYER_NORM_RUN,
         reference=_layer_norm_reference,
         compare=_compare_layer_norm,
+        forbidden=("tfedu.layers", "tfedu.model", *LAYER_NORM_FUSED),
+    ),
+    "check_rms_norm": Probe(
+        exercise="ex_rms_norm",
+        make_inputs=_rms_norm_inputs,
+        run=RMS_NORM_RUN,
+        reference=_rms_norm_reference,
+        compare=_compare_rms_norm,
         forbidden=("tfedu.layers", "tfedu.model", *LAYER_NORM_FUSED),
     ),
     "check_pre_norm_block": Probe(
@@ -1269,6 +2242,16 @@ PROBES = {
         # The answer wires the modules it is given; tfedu's Block (or a whole model) is the reference.
         forbidden=("tfedu.layers", "tfedu.model"),
         standins=LAYER_NORM_STANDIN,
+    ),
+    "check_gpt_forward": Probe(
+        exercise="ex_gpt_forward",
+        make_inputs=_gpt_forward_inputs,
+        run=GPT_FORWARD_RUN,
+        reference=_gpt_forward_reference,
+        compare=_compare_gpt_forward,
+        # The answer wires the parts it is given; tfedu's GPT (or Hugging Face's) is the reference.
+        forbidden=("tfedu.layers", "tfedu.model", "tfedu.checkpoints", "transformers"),
+        builds=ELEMENTARY | MODULES | EINOPS,
     ),
     "check_gpt2_param_count": Probe(
         exercise="ex_gpt2_param_count",
@@ -1282,8 +2265,51 @@ PROBES = {
 
 
 HINTS = {
-    "ex_layer_norm": Hints(
+    "ex_ffn": Hints(
         number="7.1",
+        check="check_ffn",
+        idea=(
+            "The FFN is two linear layers with a non-linearity between them, applied to each position on its own: "
+            "widen d_model to a hidden width d_mlp, apply the activation, project back to d_model. The GELU FFN of "
+            "GPT-2 is 4 d_model wide with biases. SwiGLU adds a third matrix: one branch, passed through SiLU, "
+            "multiplies the other element by element, and to keep the weight count of the plain FFN the width "
+            "shrinks to 8 d_model / 3, which Llama rounds down to a whole number and then up to a multiple of "
+            "multiple_of. Llama's three layers have no biases."
+        ),
+        approach=(
+            "In __init__, after super().__init__(): work out the hidden width first (4 d_model, or for SwiGLU the "
+            "whole part of 8 d_model / 3 rounded up to the next multiple of multiple_of, which integer division "
+            "can do without floats), store it as self.d_mlp, and build nn.Linear layers named W_in (d_model to "
+            "d_mlp) and W_out (d_mlp to d_model), plus W_gate (d_model to d_mlp) for SwiGLU, with bias=False for "
+            "SwiGLU only. Keep the activation's name on self. In forward: for GELU, W_out of the activation of "
+            "W_in x (F.gelu, with the tanh approximation for 'gelu_tanh'); for SwiGLU, W_out of SiLU of W_gate x "
+            "times W_in x. Every step keeps the leading axes: (..., d_model) in, (..., d_mlp) inside, (..., "
+            "d_model) out."
+        ),
+        skeleton=(
+            "class FFN(nn.Module):\n"
+            "    def __init__(self, d_model, activation='gelu', multiple_of=1):\n"
+            "        super().__init__()\n"
+            "        self.activation = activation\n"
+            "        if activation == 'swiglu':\n"
+            "            self.d_mlp = ____  # floor(8 d / 3), then up to a multiple of multiple_of\n"
+            "            self.W_gate = nn.Linear(____, ____, bias=False)\n"
+            "            self.W_in = ____\n"
+            "        else:\n"
+            "            self.d_mlp = ____\n"
+            "            self.W_in = ____\n"
+            "        self.W_out = ____\n"
+            "\n"
+            "    def forward(self, x):\n"
+            "        if self.activation == 'swiglu':\n"
+            "            hidden = ____  # (..., d_mlp): SiLU of one branch times the other\n"
+            "        else:\n"
+            "            hidden = ____  # (..., d_mlp): exact GELU, or tanh GELU for 'gelu_tanh'\n"
+            "        return self.W_out(hidden)\n"
+        ),
+    ),
+    "ex_layer_norm": Hints(
+        number="7.2",
         check="check_layer_norm",
         idea=(
             "LayerNorm rescales each position's vector on its own: afterwards the d_model numbers of every "
@@ -1310,8 +2336,30 @@ HINTS = {
             "    return ____\n"
         ),
     ),
+    "ex_rms_norm": Hints(
+        number="7.3",
+        check="check_rms_norm",
+        idea=(
+            "RMSNorm rescales each position's vector so that the root of the mean of its squares is 1, then "
+            "multiplies by a learned gain, one number per feature. Unlike LayerNorm it neither subtracts the mean "
+            "nor adds a bias: one statistic per position instead of two. eps goes inside the square root, added "
+            "to the mean square, so that a vector of zeros comes out as zeros instead of 0 / 0."
+        ),
+        approach=(
+            "Three steps, each broadcasting over the leading axes. (1) Square x and take the mean over the last "
+            "axis only, keeping that axis: shape (..., 1). The mean, not the sum: the sum gives the vector's "
+            "length, not its root mean square. (2) Divide x (not x minus its mean) by the square root of that mean "
+            "square plus eps, (..., d_model). (3) Multiply by weight, (d_model,), which broadcasts along the last "
+            "axis. Build new tensors throughout, and no fused norm (F.rms_norm, nn.RMSNorm)."
+        ),
+        skeleton=(
+            "def rms_norm(x, weight, eps=1e-6):\n"
+            "    mean_square = ____  # (..., 1): over the last dim only\n"
+            "    return x / ____ * ____\n"
+        ),
+    ),
     "ex_pre_norm_block": Hints(
-        number="7.2",
+        number="7.4",
         check="check_pre_norm_block",
         idea=(
             "In a pre-norm block the residual stream itself is never normalised: each sub-layer reads a "
@@ -1336,8 +2384,34 @@ HINTS = {
             "    return resid_post\n"
         ),
     ),
+    "ex_gpt_forward": Hints(
+        number="7.5",
+        check="check_gpt_forward",
+        idea=(
+            "A GPT is a residual stream written by each part in turn. It starts as the token embeddings plus the "
+            "position vectors, one row of each per position; every block reads the stream and returns it updated "
+            "(the residual additions are inside the block); a final norm cleans up what the last pre-norm block "
+            "left un-normalised; and the tied unembedding scores the stream against every token's embedding, "
+            "which gives one logit per vocabulary entry at every position."
+        ),
+        approach=(
+            "(1) Look up the rows of W_E at the token ids: (batch, pos, d_model). (2) Add the first pos rows of "
+            "W_pos, one per position whatever the token, which broadcast over the batch. GPT-2 does not scale the "
+            "embeddings. (3) Pass the stream through the blocks in order, each output becoming the next input (do "
+            "not add the input again: the block did). (4) Apply ln_final once, after the last block. (5) Multiply "
+            "by the transpose of W_E to get (batch, pos, d_vocab) logits, and return them as they are: no softmax. "
+            "Use W_E itself both times, so that its gradient collects both uses."
+        ),
+        skeleton=(
+            "def gpt_forward(ids, W_E, W_pos, blocks, ln_final):\n"
+            "    resid = ____ + ____  # (batch, pos, d_model): tokens plus their positions\n"
+            "    for block in blocks:\n"
+            "        resid = ____\n"
+            "    return ____  # (batch, pos, d_vocab): final norm, then the tied unembedding\n"
+        ),
+    ),
     "ex_gpt2_param_count": Hints(
-        number="7.3",
+        number="7.6",
         check="check_gpt2_param_count",
         idea=(
             "Every parameter sits in a matrix or a vector whose shape the four arguments fix, so the count is a "
