@@ -12,7 +12,7 @@ from tfedu import layers
 from tfedu.checks import nb07_transformer_block as nb07
 from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe, standin_objects
 from tfedu.config import ModelConfig, preset
-from tfedu.flops import param_count
+from tfedu.flops import flops_per_token, param_count
 from tfedu.checks.scan import scan_answer
 from tfedu.model import GPT
 
@@ -77,6 +77,14 @@ def gpt2_param_count(d_vocab, n_ctx, d_model, n_layers):
     return embedding + positions + n_layers * (attention + mlp + norms) + final_norm
 ''',
 }
+SOLUTIONS["ex_gpt2_forward_flops"] = '''\
+def gpt2_forward_flops(d_vocab, n_ctx, d_model, n_layers):
+    d = d_model
+    projections = 2 * 4 * d * d      # W_Q, W_K, W_V, W_O
+    ffn = 2 * 2 * d * (4 * d)        # W_in and W_out
+    mechanism = 2 * 2 * n_ctx * d    # scores and the weighted sum, over n_ctx keys
+    return n_layers * (projections + ffn + mechanism) + 2 * d * d_vocab  # + the tied unembedding
+'''
 NOTEBOOK_CONTEXT = "import torch\nimport torch.nn.functional as F\nfrom torch import nn\nimport math, einops, regex"
 
 
@@ -812,6 +820,76 @@ def test_param_count_not_done():
         nb07.check_gpt2_param_count(gpt2_param_count)
 
 
+# ----------------------------------------------------------------------------- 7.7 gpt2_forward_flops
+
+
+def make_flops(bug=None):
+    """A learner's gpt2_forward_flops, one switch per mistake."""
+
+    def gpt2_forward_flops(d_vocab, n_ctx, d_model, n_layers):
+        d, per = d_model, (1 if bug == "macs" else 2)
+        projections = per * (3 if bug == "three-proj" else 0 if bug == "no-proj" else 4) * d * d
+        ffn = 0 if bug == "no-ffn" else per * (1 if bug == "ffn-one" else 2) * d * 4 * d
+        keys = n_ctx // 2 if bug == "causal-half" else n_ctx
+        mechanism = 0 if bug == "no-mechanism" else per * (1 if bug == "scores-only" else 2) * keys * d
+        extra = (9 * d + 4 * d) if bug == "biases-and-norms" else 0
+        total = n_layers * (projections + ffn + mechanism + extra)
+        total += 0 if bug == "no-unembed" else per * d * d_vocab * (2 if bug == "lookup" else 1)
+        total *= 3 if bug == "training" else 1
+        return float(total) if bug == "float" else total
+
+    return gpt2_forward_flops
+
+
+def test_flops_reference_equals_tfedu_flops_and_torchs_counter():
+    for shape in nb07.COUNTER_SHAPES:
+        assert nb07.gpt2_reference_flops(*shape) == nb07.counted_forward_flops(*shape)
+    for v, n, d, L in nb07.FLOP_CHECK_SHAPES:
+        cfg = ModelConfig(d_vocab=v, n_ctx=n, d_model=d, n_layers=L, n_heads=1)
+        assert nb07.gpt2_reference_flops(v, n, d, L) == flops_per_token(cfg, n).forward
+    fit = nb07.fit_count(nb07.FLOP_CHECK_SHAPES, [nb07.gpt2_reference_flops(*s) for s in nb07.FLOP_CHECK_SHAPES],
+                         terms=nb07.FLOP_TERMS, values=nb07._flop_values)
+    assert fit == nb07.GPT2_FLOP_COEFFICIENTS
+
+
+def test_flops_reference_and_learner_solutions_pass(capsys):
+    for fn in (solution("ex_gpt2_forward_flops")["gpt2_forward_flops"], make_flops(), nb07.gpt2_reference_flops):
+        nb07.check_gpt2_forward_flops(fn)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} GPT-2's forward FLOPs: all checks passed") == 3
+
+
+@pytest.mark.parametrize(
+    "bug, match",
+    [
+        ("macs", "every term is half the right one: you counted one operation per weight"),
+        ("training", "that is the cost of training"),
+        ("no-unembed", "the unembedding is missing"),
+        ("lookup", "you counted the embedding lookup as a product"),
+        ("no-mechanism", "the attention mechanism is missing"),
+        ("scores-only", "the attention mechanism is counted half"),
+        ("causal-half", "the attention mechanism is counted half"),
+        ("no-proj", "8 d_model² short per token and layer"),
+        ("ffn-one", "8 d_model² short per token and layer"),
+        ("three-proj", "you counted three attention projections"),
+        ("no-ffn", "the FFN is missing"),
+        ("biases-and-norms", "element-wise work"),
+        ("float", "a float: return the exact count as an int"),
+    ],
+)
+def test_flops_mistakes_are_named_and_the_counter_disagrees(bug, match):
+    with pytest.raises(CheckFailure, match=match) as failure:
+        nb07.check_gpt2_forward_flops(make_flops(bug))
+    assert bug == "float" or "FlopCounterMode counts" in str(failure.value)
+
+
+def test_flops_not_done():
+    def gpt2_forward_flops(d_vocab, n_ctx, d_model, n_layers):
+        raise NotImplementedError
+
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb07.check_gpt2_forward_flops(gpt2_forward_flops)
+
+
 # ----------------------------------------------------------------------------- probes
 
 
@@ -834,6 +912,8 @@ GOOD = {
                              {"pre_norm_block": pre_norm_block_with_own_layer_norm(var_mean_layer_norm)}],
     "check_gpt_forward": [solution("ex_gpt_forward"), {"gpt_forward": make_gpt_forward("embedding-module")},
                           {"gpt_forward": nb07.reference_gpt_forward}],
+    "check_gpt2_forward_flops": [solution("ex_gpt2_forward_flops"), {"gpt2_forward_flops": make_flops()},
+                                 {"gpt2_forward_flops": nb07.gpt2_reference_flops}],
     "check_gpt2_param_count": [solution("ex_gpt2_param_count"), {"gpt2_param_count": make_param_count("numpy")},
                                {"gpt2_param_count": nb07.gpt2_reference_count}],
 }
@@ -845,6 +925,8 @@ BAD = {
                              for bug in ("post-norm", "mlp-raw", "ln1-twice", "parallel", "no-resid")],
     "check_gpt_forward": [{"gpt_forward": make_gpt_forward(bug)}
                           for bug in ("no-pos", "scaled", "no-final", "reversed", "extra-resid", "softmax", "detached-unembed")],
+    "check_gpt2_forward_flops": [{"gpt2_forward_flops": make_flops(bug)}
+                                 for bug in ("macs", "no-unembed", "lookup", "no-mechanism", "causal-half", "no-ffn")],
     "check_gpt2_param_count": [{"gpt2_param_count": make_param_count(bug)}
                                for bug in ("no-bias", "untied", "ln-gain", "no-final", "attn3")],
 }
@@ -918,6 +1000,10 @@ def test_probe_catches_buggy_versions(grade_id):
         ("check_gpt_forward", {"gpt_forward": make_gpt_forward("softmax")}, "you returned probabilities"),
         ("check_gpt_forward", {"gpt_forward": make_gpt_forward("last-pos")}, "the last position only"),
         ("check_gpt_forward", {"gpt_forward": make_gpt_forward("detached-unembed")}, "W_E is used twice"),
+        ("check_gpt2_forward_flops", {"gpt2_forward_flops": make_flops("macs")}, "multiply-add"),
+        ("check_gpt2_forward_flops", {"gpt2_forward_flops": make_flops("lookup")}, "embedding lookup"),
+        ("check_gpt2_forward_flops", {"gpt2_forward_flops": make_flops("causal-half")}, "counted half"),
+        ("check_gpt2_forward_flops", {"gpt2_forward_flops": make_flops("float")}, "a float"),
         ("check_gpt2_param_count", {"gpt2_param_count": make_param_count("untied")}, "W_U as a matrix of its own"),
         ("check_gpt2_param_count", {"gpt2_param_count": make_param_count("no-bias", "no-ln")}, "9 · d_model per block; the LayerNorms'"),
         ("check_gpt2_param_count", {"gpt2_param_count": make_param_count("float")}, "a float: return the exact count as an int"),
@@ -981,7 +1067,7 @@ def test_forbidden_names_exist_and_the_scan_refuses_the_fused_routes():
     block_forbidden = nb07.PROBES["check_pre_norm_block"].forbidden
     assert scan_answer("from tfedu.layers import Block\n", context=[NOTEBOOK_CONTEXT], forbidden=block_forbidden)
     count_forbidden = nb07.PROBES["check_gpt2_param_count"].forbidden
-    assert scan_answer("from tfedu.flops import param_count\n", context=[NOTEBOOK_CONTEXT], forbidden=count_forbidden)
+    assert scan_answer("from tfedu.flops import flops_per_token, param_count\n", context=[NOTEBOOK_CONTEXT], forbidden=count_forbidden)
 
 
 def test_nothing_the_solutions_use_is_forbidden():
@@ -1041,7 +1127,7 @@ def test_the_solutions_pass_under_the_grader_harness(grade_id):
          "def pre_norm_block(resid, ln1, attn, ln2, mlp):\n"
          "    Block(ModelConfig(d_vocab=2, n_ctx=2, d_model=resid.shape[-1], n_layers=1, n_heads=1))\n    return resid",
          "from layers.py"),
-        ("check_gpt2_param_count", "from tfedu.config import ModelConfig\nfrom tfedu.flops import param_count\n"
+        ("check_gpt2_param_count", "from tfedu.config import ModelConfig\nfrom tfedu.flops import flops_per_token, param_count\n"
          "def gpt2_param_count(v, n, d, L):\n"
          "    return param_count(ModelConfig(d_vocab=v, n_ctx=n, d_model=d, n_layers=L, n_heads=1)).total", "from flops.py"),
     ],

@@ -33,6 +33,11 @@ blog posts and learners' answers:
   no biases, LayerNorms without parameters or with a gain only, no final LayerNorm, or the
   deck's 12·d_model²·n_layers. The count does not depend on n_heads (splitting d_model into
   heads reshapes W_Q, W_K, W_V and W_O, it adds no parameter), hence no n_heads argument.
+- 7.7 ``gpt2_forward_flops(d_vocab, n_ctx, d_model, n_layers)``: checked first against torch's
+  ``FlopCounterMode`` on three small GPTs, then read off as a polynomial at twelve shapes; each
+  coefficient that differs names a part: multiply-adds counted as one FLOP, the training cost, the
+  unembedding missing or the embedding lookup counted, the attention mechanism missing or halved
+  (the causal half by integer division too), projections or the FFN missing, element-wise work.
 """
 
 from __future__ import annotations
@@ -1275,8 +1280,10 @@ def _term_values(shape: Sequence[int]) -> list[int]:
     return [v * d, n * d, L * d * d, L * d, d * d, d, L, 1]
 
 
-def fit_count(shapes: Sequence[Sequence[int]], counts: Sequence[int]) -> dict[str, Fraction] | None:
-    """The coefficients of ``TERMS`` that give ``counts`` at ``shapes`` exactly, or None when none do.
+def fit_count(shapes: Sequence[Sequence[int]], counts: Sequence[int], *, terms: Sequence[str] = TERMS,
+              values: Callable[[Sequence[int]], list[int]] | None = None) -> dict[str, Fraction] | None:
+    """The coefficients of ``terms`` (``values(shape)`` gives each term's value) that give ``counts`` at ``shapes``
+    exactly, or None when none do. By default the parameter count's ``TERMS``.
 
     Exact arithmetic (fractions): a basis of the shapes is solved for, then every shape is verified.
 
@@ -1286,12 +1293,13 @@ def fit_count(shapes: Sequence[Sequence[int]], counts: Sequence[int]) -> dict[st
     >>> {term: int(c) for term, c in fit.items() if c}
     {'d_vocab*d_model': 1, 'n_ctx*d_model': 1, 'n_layers*d_model^2': 12, 'n_layers*d_model': 13, 'd_model': 2}
     """
+    values = values or _term_values
     rows: list[list[Fraction]] = []
     rhs: list[Fraction] = []
     pivots: list[int] = []
     # Gaussian elimination, one shape at a time; shapes that add no rank are kept for verifying.
     for shape, count in zip(shapes, counts):
-        row = [Fraction(t) for t in _term_values(shape)]
+        row = [Fraction(t) for t in values(shape)]
         value = Fraction(int(count))
         for r, b, p in zip(rows, rhs, pivots):
             if row[p]:
@@ -1304,15 +1312,15 @@ def fit_count(shapes: Sequence[Sequence[int]], counts: Sequence[int]) -> dict[st
         rows.append(row)
         rhs.append(value)
         pivots.append(pivot)
-    if len(rows) < len(TERMS):
+    if len(rows) < len(terms):
         return None
-    coefficients = [Fraction(0)] * len(TERMS)
+    coefficients = [Fraction(0)] * len(terms)
     for r, b, p in reversed(list(zip(rows, rhs, pivots))):
-        coefficients[p] = (b - sum(r[i] * coefficients[i] for i in range(len(TERMS)) if i != p)) / r[p]
+        coefficients[p] = (b - sum(r[i] * coefficients[i] for i in range(len(terms)) if i != p)) / r[p]
     for shape, count in zip(shapes, counts):
-        if sum(c * t for c, t in zip(coefficients, _term_values(shape))) != int(count):
+        if sum(c * t for c, t in zip(coefficients, values(shape))) != int(count):
             return None
-    return dict(zip(TERMS, coefficients))
+    return dict(zip(terms, coefficients))
 
 
 HINT_PC_FLOAT = (
@@ -1514,6 +1522,175 @@ def check_gpt2_param_count(gpt2_param_count) -> None:
         got = call_learner(gpt2_param_count, *shape, name="gpt2_param_count", error_hint=error_hint)
         counts.append(_as_count(got, shape))
     problem = diagnose_count(CHECK_SHAPES, counts)
+    if problem:
+        raise CheckFailure(problem)
+
+
+# ----------------------------------------------------------------------------- 7.7 gpt2_forward_flops
+
+# The FLOPs per token as a polynomial in the shape (d_vocab, n_ctx, d_model, n_layers).
+FLOP_TERMS = ("n_layers*d_model^2", "n_layers*n_ctx*d_model", "d_vocab*d_model", "n_layers*d_model", "n_ctx*d_model",
+              "d_model^2", "d_model", "1")
+GPT2_FLOP_COEFFICIENTS = {"n_layers*d_model^2": 24, "n_layers*n_ctx*d_model": 4, "d_vocab*d_model": 2,
+                          "n_layers*d_model": 0, "n_ctx*d_model": 0, "d_model^2": 0, "d_model": 0, "1": 0}
+
+HINT_FL_MACS = (
+    "every term is half the right one: you counted one operation per weight (a multiply-add). A FLOP is one "
+    "multiply or one add, so a linear layer costs 2 FLOPs per weight per token, and so do the attention products"
+)
+HINT_FL_TRAINING = (
+    "every term is three times the forward pass's: that is the cost of training (forward plus backward); the "
+    "exercise asks for one forward pass"
+)
+HINT_FL_NO_UNEMBED = (
+    "the unembedding is missing: after the last block every token's stream is multiplied by the tied W_E "
+    "transposed, d_model x d_vocab, the largest single product in GPT-2 small"
+)
+HINT_FL_EMBED_LOOKUP = (
+    "you counted the embedding lookup as a product: picking a row of W_E is indexing, no arithmetic (the "
+    "counter sees none); only the tied unembedding multiplies by W_E"
+)
+HINT_FL_NO_MECHANISM = (
+    "the attention mechanism is missing: besides the four projections, each token's query meets every key (the "
+    "scores) and the weights meet every value (the weighted sum), two products of n_ctx x d_model per token and "
+    "layer, the only cost that grows with the context"
+)
+HINT_FL_HALF_MECHANISM = (
+    "the attention mechanism is counted half: it is two products per token and layer (the scores, and the "
+    "weighted sum of the values), each over all n_ctx keys; the by-hand attention computes the masked half of "
+    "the score matrix too (a kernel that skips it is notebook 09's)"
+)
+HINT_FL_8D2_SHORT = (
+    "the blocks' products are 8 d_model² short per token and layer: the four attention projections (W_Q, W_K, "
+    "W_V, W_O, each d_model x d_model) are missing, or one of the FFN's two matrices (W_in widens to 4 d_model, "
+    "W_out projects back: both are products)"
+)
+HINT_FL_THREE_PROJ = "you counted three attention projections: W_O, which mixes the heads, is a fourth d_model x d_model product"
+HINT_FL_NO_MLP = "the FFN is missing: W_in (d_model x 4 d_model) and W_out (4 d_model x d_model), per token and layer"
+HINT_FL_BLOCK_WEIGHTS = (
+    "the blocks' matrices count one FLOP per weight: like every product, they cost 2 FLOPs per weight per token"
+)
+HINT_FL_EXTRA = (
+    "your count has terms in d_model alone (or n_ctx · d_model, or a constant): biases, LayerNorms, the softmax "
+    "and GELU are element-wise work, which the exercise (like FlopCounterMode) leaves out; count the matrix "
+    "products only"
+)
+HINT_FL_NOT_PER_LAYER = "some term grows with d_model² but not with n_layers: every block has its own projections and FFN"
+HINT_FL_FLOAT = "{call} returned {value!r}, a float: return the exact count as an int (integer arithmetic: *, +, //)"
+HINT_FL_TYPE = "{call} should return the FLOPs as an int, got {value}"
+HINT_FL_COUNTER = (
+    "{call} returned {got:,}, but torch's FlopCounterMode counts {want:,} FLOPs per token in a forward pass of "
+    "a model of that shape on {n} tokens"
+)
+
+
+def gpt2_reference_flops(d_vocab: int, n_ctx: int, d_model: int, n_layers: int) -> int:
+    """Forward FLOPs per token of a GPT-2-shaped model on n_ctx tokens, matrix products only (the exercise's answer)."""
+    d = d_model
+    per_layer = 2 * 4 * d * d + 2 * 2 * d * 4 * d + 2 * 2 * n_ctx * d  # projections, FFN, scores and weighted sum
+    return n_layers * per_layer + 2 * d * d_vocab  # + the tied unembedding
+
+
+def _flop_values(shape: Sequence[int]) -> list[int]:
+    v, n, d, L = shape
+    return [L * d * d, L * n * d, v * d, L * d, n * d, d * d, d, 1]
+
+
+def _flop_hints(coef: dict[str, Fraction]) -> list[str]:
+    """The mistakes that coefficients ``coef`` (of ``FLOP_TERMS``) tell, in words."""
+    a, b, c = coef["n_layers*d_model^2"], coef["n_layers*n_ctx*d_model"], coef["d_vocab*d_model"]
+    if (a, b, c) == (12, 2, 1):
+        return [HINT_FL_MACS]
+    if (a, b, c) == (72, 12, 6):
+        return [HINT_FL_TRAINING]
+    if coef["d_model^2"]:
+        return [HINT_FL_NOT_PER_LAYER]
+    hints: list[str] = []
+    hints += {2: [], 0: [HINT_FL_NO_UNEMBED], 4: [HINT_FL_EMBED_LOOKUP]}.get(c, [])
+    hints += {4: [], 0: [HINT_FL_NO_MECHANISM], 2: [HINT_FL_HALF_MECHANISM]}.get(b, [])
+    hints += {16: [HINT_FL_8D2_SHORT], 22: [HINT_FL_THREE_PROJ], 8: [HINT_FL_NO_MLP], 12: [HINT_FL_BLOCK_WEIGHTS]}.get(a, [])
+    if any(coef[t] for t in ("n_layers*d_model", "n_ctx*d_model", "d_model", "1")):
+        hints.append(HINT_FL_EXTRA)
+    return hints
+
+
+def _flops_call(shape: Sequence[int]) -> str:
+    return "gpt2_forward_flops({}, {}, {}, {})".format(*shape)
+
+
+def _as_flops(value: Any, shape: Sequence[int]) -> int:
+    call = _flops_call(shape)
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        raise CheckFailure(HINT_FL_FLOAT.format(call=call, value=float(value)))
+    raise CheckFailure(HINT_FL_TYPE.format(call=call, value=describe(value)))
+
+
+def diagnose_flops(shapes: Sequence[Sequence[int]], counts: Sequence[int]) -> str | None:
+    """Feedback on the FLOPs at ``shapes`` (None when all are right); shared with the hidden test."""
+    wrong = [(tuple(s), int(c)) for s, c in zip(shapes, counts) if int(c) != gpt2_reference_flops(*s)]
+    if not wrong:
+        return None
+    shape, count = wrong[0]
+    return _with_flop_hints(shapes, counts, f"{_flops_call(shape)} returned {count:,}, expected "
+                                             f"{gpt2_reference_flops(*shape):,}")
+
+
+def _with_flop_hints(shapes: Sequence[Sequence[int]], counts: Sequence[int], detail: str) -> str:
+    """``detail``, after the mistakes that the answers read as a polynomial in the shape tell (when they tell any)."""
+    fit = fit_count(shapes, counts, terms=FLOP_TERMS, values=_flop_values)
+    hints = _flop_hints(fit) if fit is not None else []
+    # Half the keys by integer division (a causal average) is no polynomial at odd n_ctx: compared directly.
+    halves = [[L * (24 * d * d + 4 * keys(n) * d) + 2 * d * v for v, n, d, L in shapes]
+              for keys in (lambda n: n // 2, lambda n: (n + 1) // 2)]
+    if fit is None and any(all(int(c) == h for c, h in zip(counts, half)) for half in halves):
+        hints = [HINT_FL_HALF_MECHANISM]
+    return f"{'; '.join(hints)}. {detail}" if hints else detail
+
+
+def counted_forward_flops(d_vocab: int, n_ctx: int, d_model: int, n_layers: int, n_heads: int = 2) -> int:
+    """torch's FlopCounterMode on one forward pass of tfedu's GPT of that shape over n_ctx tokens, per token."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    cfg = ModelConfig(d_vocab=d_vocab, n_ctx=n_ctx, d_model=d_model, n_layers=n_layers, n_heads=n_heads)
+    with torch.random.fork_rng(devices=[]):
+        model = GPT(cfg).eval()
+    ids = torch.zeros(1, n_ctx, dtype=torch.long)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(ids)
+    total = counter.get_total_flops()
+    assert total % n_ctx == 0
+    return total // n_ctx
+
+
+# Small shapes for the counter (each a real forward pass), then shapes that tell every term of FLOP_TERMS apart.
+COUNTER_SHAPES = ((50, 12, 16, 2), (37, 20, 24, 3), (64, 9, 8, 1))
+FLOP_CHECK_SHAPES = (GPT2_SMALL, (1000, 64, 32, 3), (37000, 512, 512, 6), (101, 17, 24, 5), (257, 33, 8, 1),
+                     (5003, 128, 96, 7), (64, 9, 40, 2), (30522, 512, 200, 4), (11, 3, 6, 10), (4099, 2048, 1600, 48),
+                     (3, 1, 1, 1), (50, 200, 12, 9))
+
+
+@checker("GPT-2's forward FLOPs")
+def check_gpt2_forward_flops(gpt2_forward_flops) -> None:
+    """Check a learner's ``gpt2_forward_flops(d_vocab, n_ctx, d_model, n_layers) -> int``.
+
+    First against torch's ``FlopCounterMode`` on forward passes of three small GPTs, then at twelve
+    shapes (GPT-2 small among them), where the answer is read off as a polynomial in the shape and
+    each coefficient that differs names a part: multiply-adds counted as one FLOP, the training
+    cost, the unembedding missing or the embedding lookup counted, the attention mechanism missing or
+    halved, projections or the FFN missing, element-wise work counted.
+    """
+    error_hint = "keep the signature gpt2_forward_flops(d_vocab, n_ctx, d_model, n_layers)"
+    shapes = COUNTER_SHAPES + FLOP_CHECK_SHAPES
+    counts = [_as_flops(call_learner(gpt2_forward_flops, *shape, name="gpt2_forward_flops", error_hint=error_hint), shape)
+              for shape in shapes]
+    for shape, count in zip(COUNTER_SHAPES, counts):
+        want = counted_forward_flops(*shape)
+        if count != want:
+            detail = HINT_FL_COUNTER.format(call=_flops_call(shape), got=count, want=want, n=shape[1])
+            raise CheckFailure(_with_flop_hints(shapes, counts, detail))
+    problem = diagnose_flops(shapes, counts)
     if problem:
         raise CheckFailure(problem)
 
@@ -2188,6 +2365,37 @@ del _results
 """
 
 
+# gpt2_forward_flops: the same, with the FLOPs' terms (the counter itself is the local check's).
+
+def _flops_inputs(rng: np.random.Generator) -> dict:
+    while True:
+        shapes = [list(GPT2_SMALL)] + [[int(rng.integers(2, 60001)), int(rng.integers(1, 4097)), int(rng.integers(1, 2049)),
+                                        int(rng.integers(1, 97))] for _ in range(11)]
+        fit = lambda some: fit_count(some, [gpt2_reference_flops(*s) for s in some], terms=FLOP_TERMS, values=_flop_values)  # noqa: E731
+        if fit(shapes) is not None and fit(shapes[:-2]) is not None:
+            return {"shapes": shapes}  # full rank with two shapes to spare
+
+
+FLOPS_RUN = PARAM_COUNT_RUN.replace("gpt2_param_count", "gpt2_forward_flops")
+
+
+def _flops_reference(inputs: dict) -> dict:
+    return {"shapes": inputs["shapes"], "counts": [gpt2_reference_flops(*shape) for shape in inputs["shapes"]]}
+
+
+def _compare_flops(outputs: dict, expected: dict) -> str | None:
+    if not isinstance(outputs, dict) or not all(isinstance(outputs.get(k), list) for k in ("types", "counts", "floats")):
+        return "the hidden test's outputs should be a dict of lists"
+    shapes = expected["shapes"]
+    for shape, kind, count, value in zip(shapes, outputs["types"], outputs["counts"], outputs["floats"]):
+        if count is None:
+            call = _flops_call(shape)
+            return HINT_FL_FLOAT.format(call=call, value=value) if value is not None else HINT_FL_TYPE.format(call=call, value=kind)
+    if len(outputs["counts"]) != len(shapes):
+        return f"gpt2_forward_flops should have been called {len(shapes)} times"
+    return diagnose_flops(shapes, outputs["counts"])
+
+
 def _param_count_reference(inputs: dict) -> dict:
     return {"shapes": inputs["shapes"], "counts": [gpt2_reference_count(*shape) for shape in inputs["shapes"]]}
 
@@ -2259,6 +2467,14 @@ PROBES = {
         run=PARAM_COUNT_RUN,
         reference=_param_count_reference,
         compare=_compare_param_count,
+        forbidden=("tfedu.flops", "tfedu.model", "tfedu.layers"),
+    ),
+    "check_gpt2_forward_flops": Probe(
+        exercise="ex_gpt2_forward_flops",
+        make_inputs=_flops_inputs,
+        run=FLOPS_RUN,
+        reference=_flops_reference,
+        compare=_compare_flops,
         forbidden=("tfedu.flops", "tfedu.model", "tfedu.layers"),
     ),
 }
@@ -2437,6 +2653,33 @@ HINTS = {
             "    norms = ____  # ln1 and ln2: a gain and a bias each\n"
             "    embeddings = ____  # the token table (W_U is tied to it) and the position table\n"
             "    return embeddings + n_layers * (____) + ____  # ... and the final LayerNorm\n"
+        ),
+    ),
+    "ex_gpt2_forward_flops": Hints(
+        number="7.7",
+        check="check_gpt2_forward_flops",
+        idea=(
+            "Count the products a token takes part in, at 2 FLOPs per multiply-add: a linear layer from m features "
+            "to n costs 2 m n per token. Per block that is the four attention projections, the FFN's two matrices "
+            "(4 d_model wide), and the attention mechanism: the token's query against every key, then its weights "
+            "against every value, over all n_ctx positions. After the blocks, the tied unembedding. A lookup in a "
+            "table is no arithmetic, and element-wise work (norms, biases, softmax, GELU) is left out, as torch's "
+            "counter leaves it out."
+        ),
+        approach=(
+            "Write the count per token as a sum of named parts in integers. Projections: four d_model x d_model "
+            "products. FFN: d_model x 4 d_model and back. Mechanism: the scores are d_model multiply-adds for each "
+            "of n_ctx keys, and the weighted sum is the same again. Add those three per block and multiply by "
+            "n_layers; then add the unembedding, d_model x d_vocab. Every product is 2 FLOPs per multiply-add. GPT-2 "
+            "small at its full context (50257, 1024, 768, 12) comes to about 2.9 x 10^8 FLOPs per token."
+        ),
+        skeleton=(
+            "def gpt2_forward_flops(d_vocab, n_ctx, d_model, n_layers):\n"
+            "    d = d_model\n"
+            "    projections = ____  # W_Q, W_K, W_V, W_O\n"
+            "    ffn = ____  # W_in and W_out, 4d wide\n"
+            "    mechanism = ____  # scores and the weighted sum, over n_ctx keys\n"
+            "    return n_layers * (____) + ____  # ... and the tied unembedding\n"
         ),
     ),
 }
