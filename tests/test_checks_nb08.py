@@ -19,6 +19,32 @@ NEG_INF = float("-inf")
 
 # The solution cells as the notebook will hold them (between ### BEGIN SOLUTION / ### END SOLUTION).
 SOLUTIONS = {
+    "ex_get_batch": '''\
+def get_batch(data, batch_size, seq_len, generator):
+    starts = torch.randint(len(data) - seq_len, (batch_size,), generator=generator)
+    rows = starts[:, None] + torch.arange(seq_len + 1)  # batch seq_len+1: the index of every token of every window
+    windows = data[rows]
+    return windows[:, :-1], windows[:, 1:]
+''',
+    "ex_cross_entropy": '''\
+def cross_entropy(logits, targets, ignore_index=-100):
+    logits = logits.reshape(-1, logits.shape[-1])
+    targets = targets.reshape(-1)
+    scored = targets != ignore_index
+    logits, targets = logits[scored], targets[scored]
+    m = logits.max(dim=-1).values
+    lse = m + torch.log(torch.exp(logits - m[:, None]).sum(dim=-1))
+    return (lse - logits[torch.arange(len(targets)), targets]).mean()
+''',
+    "ex_adamw_step": '''\
+def adamw_step(param, grad, m, v, t, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
+    beta1, beta2 = betas
+    param = param - lr * weight_decay * param
+    m = m * beta1 + grad * (1 - beta1)
+    v = v * beta2 + grad ** 2 * (1 - beta2)
+    step = lr * (m / (1 - beta1 ** t)) / (torch.sqrt(v / (1 - beta2 ** t)) + eps)
+    return param - step, m, v
+''',
     "ex_greedy": '''\
 def greedy_generate(model, ids, max_new_tokens):
     model.eval()                                           # no dropout while generating
@@ -56,7 +82,217 @@ def solution(grade_id):
     return namespace
 
 
-# ----------------------------------------------------------------------------- 8.1 greedy_generate
+# ----------------------------------------------------------------------------- 8.1 get_batch
+
+
+def make_get_batch(bug=None):
+    """A learner's get_batch, one switch per mistake."""
+
+    def get_batch(data, batch_size, seq_len, generator):
+        high = {"no-last": len(data) - seq_len - 1, "past-end": len(data) - seq_len + 1}.get(bug, len(data) - seq_len)
+        if bug == "global":
+            starts = torch.randint(0, high, (batch_size,))
+        elif bug == "one-start":
+            starts = torch.randint(0, high, (1,), generator=generator).repeat(batch_size)
+        elif bug == "no-first":
+            starts = torch.randint(1, high, (batch_size,), generator=generator)
+        else:
+            starts = torch.randint(0, high, (batch_size,), generator=generator)
+        width = seq_len if bug in ("same", "backwards") else seq_len + 1
+        windows = torch.stack([data[s : s + width] for s in starts.tolist()])
+        if bug == "same":
+            return windows, windows.clone()
+        if bug == "backwards":
+            return windows, torch.stack([data[max(s - 1, 0) : max(s - 1, 0) + seq_len] for s in starts.tolist()])
+        if bug == "whole-window":
+            return windows, windows[:, 1:]
+        if bug == "float":
+            return windows[:, :-1].float(), windows[:, 1:].float()
+        if bug == "shuffled":
+            return windows[:, :-1].flip(-1), windows[:, 1:].flip(-1)
+        return windows[:, :-1], windows[:, 1:]
+
+    return get_batch
+
+
+def test_get_batch_reference_and_learner_solutions_pass(capsys):
+    for fn in (solution("ex_get_batch")["get_batch"], make_get_batch(), nb08.reference_get_batch):
+        nb08.check_get_batch(fn)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} get_batch: all checks passed") == 3
+
+
+@pytest.mark.parametrize("bug, match", [
+    ("no-last", r"the last possible start \(2\) never came up.*randint's upper bound is excluded"),
+    ("no-first", "the start 0 never came up"),
+    ("past-end", r"raised|is not a run of consecutive tokens|not the next tokens"),
+    ("global", "two calls with generators seeded alike gave different batches"),
+    ("one-start", "every row of the batch is the same window"),
+    ("same", "y equals x"),
+    ("backwards", "y is x moved one place back"),
+    ("whole-window", "x has seq_len \\+ 1 columns"),
+    ("float", "x has dtype torch.float32: token ids go to the embedding and the loss as integers"),
+    ("shuffled", "row 0 of x is not a run of consecutive tokens of data"),
+])
+def test_get_batch_mistakes_are_named(bug, match):
+    with pytest.raises(CheckFailure, match=match):
+        nb08.check_get_batch(make_get_batch(bug))
+
+
+def test_get_batch_not_done():
+    def get_batch(data, batch_size, seq_len, generator):
+        raise NotImplementedError
+
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb08.check_get_batch(get_batch)
+
+
+def test_get_batch_reference_draws_the_windows_of_tfedus_dataset():
+    from tfedu.data import TokenDataset
+
+    ids = np.arange(100, 400, dtype=np.uint16)
+    dataset = TokenDataset(ids)
+    want = dataset.batch(6, 10, torch.Generator().manual_seed(4))
+    got = nb08.reference_get_batch(torch.from_numpy(ids.astype(np.int64)), 6, 10, torch.Generator().manual_seed(4))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+# ----------------------------------------------------------------------------- 8.2 cross_entropy
+
+
+def make_cross_entropy(bug=None):
+    """A learner's cross_entropy, one switch per mistake."""
+
+    def cross_entropy(logits, targets, ignore_index=-100):
+        if bug == "fixed-index":
+            ignore_index = -100
+        logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+        keep = targets != ignore_index
+        n_all = len(targets)
+        if bug != "index-used":
+            logits, targets = logits[keep], targets[keep]
+        if bug == "no-shift":
+            logp = logits - logits.exp().sum(-1, keepdim=True).log()
+        elif bug == "log-softmax-naive":
+            logp = torch.softmax(logits, -1).log()
+        else:
+            top = logits.max(-1, keepdim=True).values
+            logp = logits - top - (logits - top).exp().sum(-1, keepdim=True).log()
+        if bug == "all-vocab":
+            return -logp.mean()
+        picked = logp.gather(-1, targets[:, None]).squeeze(-1)
+        if bug == "prob":
+            return -picked.exp().mean()
+        if bug == "detached":
+            picked = picked.detach()
+        loss = {"sum": lambda: -picked.sum(), "sign": lambda: picked.mean(), "ignored-counted": lambda: -picked.sum() / n_all,
+                "not-scalar": lambda: -picked}.get(bug, lambda: -picked.mean())()
+        return loss
+
+    return cross_entropy
+
+
+def test_cross_entropy_reference_and_learner_solutions_pass(capsys):
+    for fn in (solution("ex_cross_entropy")["cross_entropy"], make_cross_entropy(), nb08.reference_cross_entropy):
+        nb08.check_cross_entropy(fn)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} cross-entropy: all checks passed") == 3
+
+
+@pytest.mark.parametrize("bug, match", [
+    ("no-shift", "inf or NaN on logits around 1000"),
+    ("log-softmax-naive", "you took the log of a probability that underflowed to 0"),
+    ("sum", "you returned the sum over the positions"),
+    ("sign", "the loss has the wrong sign"),
+    ("all-vocab", "you averaged over the vocabulary as well"),
+    ("prob", "you averaged minus the probabilities of the targets"),
+    ("ignored-counted", "still count in the mean"),
+    ("index-used", "positions whose target is ignore_index were scored"),
+    ("fixed-index", r"ignore_index=0\) ignored the positions of -100 instead"),
+    ("not-scalar", "should return one number"),
+    ("detached", "no gradient flows back through cross_entropy"),
+])
+def test_cross_entropy_mistakes_are_named(bug, match):
+    with pytest.raises(CheckFailure, match=match):
+        nb08.check_cross_entropy(make_cross_entropy(bug))
+
+
+def test_cross_entropy_by_torch_is_refused():
+    for fn, route in ((lambda logits, targets, ignore_index=-100: F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=ignore_index), "cross_entropy"),
+                      (lambda logits, targets, ignore_index=-100: nb08.reference_cross_entropy(
+                          torch.log_softmax(logits, -1), targets, ignore_index), "log_softmax")):
+        with pytest.raises(CheckFailure, match=f"you called .*{route}"):
+            nb08.check_cross_entropy(fn)
+
+
+def test_cross_entropy_not_done():
+    def cross_entropy(logits, targets, ignore_index=-100):
+        raise NotImplementedError
+
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb08.check_cross_entropy(cross_entropy)
+
+
+# ----------------------------------------------------------------------------- 8.3 adamw_step
+
+
+def make_adamw(bug=None):
+    """A learner's adamw_step, one switch per mistake (the checker's named mistakes, written as a learner would)."""
+
+    def adamw_step(param, grad, m, v, t, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
+        beta1, beta2 = (betas[1], betas[0]) if bug == "betas-swapped" else betas
+        if bug == "l2":
+            grad = grad + weight_decay * param
+        m = beta1 * m + (1 - beta1) * grad
+        v = beta2 * v + (1 - beta2) * (grad if bug == "v-grad" else grad**2)
+        if bug == "in-place":
+            param.mul_(1 - lr * weight_decay)
+        t_c = t - 1 if bug == "t-zero" else t
+        m_hat, v_hat = (m, v) if bug == "no-correction" else (m / (1 - beta1**t_c), v / (1 - beta2**t_c))
+        denom = torch.sqrt(v_hat + eps) if bug == "eps-inside" else torch.sqrt(v_hat) + eps
+        if bug not in ("l2", "in-place"):
+            param = param * (1 - (weight_decay if bug == "no-lr" else lr * weight_decay))
+        new = param - lr * m_hat / denom
+        if bug == "tuple2":
+            return new, m
+        return new, m, v
+
+    return adamw_step
+
+
+def test_adamw_reference_and_learner_solutions_pass(capsys):
+    for fn in (solution("ex_adamw_step")["adamw_step"], make_adamw(), nb08.reference_adamw_step):
+        nb08.check_adamw_step(fn)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} AdamW step: all checks passed") == 3
+
+
+@pytest.mark.parametrize("bug, match", [
+    ("l2", "you added the weight decay to the gradient"),
+    ("no-lr", "the weights shrank by a factor of 1 - weight_decay"),
+    ("no-correction", "no bias correction"),
+    ("eps-inside", "eps is inside the square root"),
+    ("v-grad", "a square root of a negative v"),
+    ("betas-swapped", "beta1 and beta2 are swapped"),
+    ("t-zero", "returned NaN or inf at step 1"),
+    ("in-place", "changed the caller's `param` in place"),
+    ("tuple2", "should return three tensors"),
+])
+def test_adamw_mistakes_are_named(bug, match):
+    with pytest.raises(CheckFailure, match=match):
+        nb08.check_adamw_step(make_adamw(bug))
+
+
+def test_adamw_not_done_and_the_oracle_is_torch():
+    def adamw_step(param, grad, m, v, t, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):
+        raise NotImplementedError
+
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb08.check_adamw_step(adamw_step)
+    param, grads = nb08.adamw_case(7)
+    ours = nb08.adamw_trajectory(nb08.reference_adamw_step, param, grads, **nb08.AW_OPTIONS)
+    torch.testing.assert_close(ours, nb08.torch_adamw_trajectory(param, grads, **nb08.AW_OPTIONS), rtol=1e-12, atol=1e-14)
+
+
+# ----------------------------------------------------------------------------- 8.4 greedy_generate
 
 
 def make_greedy(bug=None):
@@ -163,7 +399,7 @@ def test_the_greedy_checks_model_leaves_the_global_random_state_alone():
     assert torch.equal(torch.random.get_rng_state(), before)
 
 
-# ----------------------------------------------------------------------------- 8.2 top_k_filter
+# ----------------------------------------------------------------------------- 8.5 top_k_filter
 
 
 def make_top_k(bug=None):
@@ -237,7 +473,7 @@ def test_top_k_not_done():
         nb08.check_top_k_filter(top_k_filter)
 
 
-# ----------------------------------------------------------------------------- 8.3 top_p_filter
+# ----------------------------------------------------------------------------- 8.6 top_p_filter
 
 
 def make_top_p(bug=None):
@@ -342,12 +578,32 @@ def test_the_checkers_p_values_lie_clear_of_every_cumulative_sum():
 # ----------------------------------------------------------------------------- probes
 
 GOOD = {
+    "check_get_batch": [solution("ex_get_batch"), {"get_batch": make_get_batch()}, {"get_batch": nb08.reference_get_batch}],
+    "check_cross_entropy": [solution("ex_cross_entropy"), {"cross_entropy": make_cross_entropy()}],
+    "check_adamw_step": [solution("ex_adamw_step"), {"adamw_step": make_adamw()}],
     "check_greedy": [solution("ex_greedy"), {"greedy_generate": greedy_cropping_when_needed}],
     "check_top_k": [solution("ex_top_k"), {"top_k_filter": top_k_by_sort}],
     "check_top_p": [solution("ex_top_p"), {"top_p_filter": top_p_transformers_style},
                     {"top_p_filter": top_p_old_transformers_style}],
 }
 BAD = [  # (probe, namespace, a fragment of the feedback)
+    ("check_get_batch", {"get_batch": make_get_batch("no-last")}, "never came up"),
+    ("check_get_batch", {"get_batch": make_get_batch("global")}, "generators seeded alike"),
+    ("check_get_batch", {"get_batch": make_get_batch("same")}, "y equals x"),
+    ("check_get_batch", {"get_batch": make_get_batch("whole-window")}, "seq_len + 1 columns"),
+    ("check_get_batch", {"get_batch": make_get_batch("one-start")}, "the same window"),
+    ("check_cross_entropy", {"cross_entropy": make_cross_entropy("no-shift")}, "overflows"),
+    ("check_cross_entropy", {"cross_entropy": make_cross_entropy("log-softmax-naive")}, "underflowed"),
+    ("check_cross_entropy", {"cross_entropy": make_cross_entropy("ignored-counted")}, "still count in the mean"),
+    ("check_cross_entropy", {"cross_entropy": make_cross_entropy("sum")}, "the sum over the positions"),
+    ("check_cross_entropy", {"cross_entropy": make_cross_entropy("fixed-index")}, "use the ignore_index argument"),
+    ("check_cross_entropy", {"cross_entropy": make_cross_entropy("not-scalar")}, "one number"),
+    ("check_cross_entropy", {"cross_entropy": make_cross_entropy("detached")}, "no gradient flows back"),
+    ("check_adamw_step", {"adamw_step": make_adamw("l2")}, "weight decay to the gradient"),
+    ("check_adamw_step", {"adamw_step": make_adamw("no-correction")}, "no bias correction"),
+    ("check_adamw_step", {"adamw_step": make_adamw("eps-inside")}, "eps is inside"),
+    ("check_adamw_step", {"adamw_step": make_adamw("in-place")}, "changed its input in place"),
+    ("check_adamw_step", {"adamw_step": make_adamw("tuple2")}, "three tensors"),
     ("check_greedy", {"greedy_generate": make_greedy("first")}, "first position"),
     ("check_greedy", {"greedy_generate": make_greedy("no-crop")}, "raised"),
     ("check_greedy", {"greedy_generate": make_greedy("crop-start")}, "kept the first n_ctx"),
@@ -381,10 +637,12 @@ def verdict(probe, namespace, seed):
 
 
 def test_every_check_cell_has_a_probe():
-    assert set(nb08.PROBES) == set(GOOD) == {"check_greedy", "check_top_k", "check_top_p"}
+    assert set(nb08.PROBES) == set(GOOD) == {"check_get_batch", "check_cross_entropy", "check_adamw_step", "check_greedy",
+                                             "check_top_k", "check_top_p"}
     for grade_id, probe in nb08.PROBES.items():
         assert probe.exercise == grade_id.replace("check_", "ex_")
-        assert probe.compare is not None and "tfedu.generate" in probe.forbidden
+        assert probe.compare is not None
+        assert "tfedu.generate" in probe.forbidden or "tfedu.train" in probe.forbidden
 
 
 @pytest.mark.parametrize("grade_id", sorted(GOOD))

@@ -1,19 +1,31 @@
-"""Checkers for notebooks/08_training_and_decoding.ipynb: greedy decoding and the top-k and top-p filters.
+"""Checkers for notebooks/08_training_and_decoding.ipynb: the training parts, greedy decoding, top-k and top-p.
 
-Three exercises, each checked against ``tfedu.generate`` after first trying the mistakes seen in
-tutorials and learners' answers:
+Each exercise is checked against a reference (PyTorch's own where there is one) after first trying
+the mistakes seen in tutorials and learners' answers:
 
-- 8.1 ``greedy_generate(model, ids, max_new_tokens)``: the first position's logits instead of the
+- 8.1 ``get_batch(data, batch_size, seq_len, generator)``: checked by properties, not one draw (each
+  row a run of the data, y the next tokens, the first and the last start both drawn, the generator
+  used): the last window never drawn (randint's excluded bound), windows past the end, the global
+  random state, one start for the whole batch, y equal to x or shifted backwards, x a whole window.
+- 8.2 ``cross_entropy(logits, targets, ignore_index=-100)``: against ``F.cross_entropy``; exp
+  overflowing on logits around 1000, the log of an underflowed probability, the sum, the sign, the
+  mean over the vocabulary, probabilities instead of logs, ignored positions counted or scored, the
+  ignore_index argument ignored; the gradient.
+- 8.3 ``adamw_step(param, grad, m, v, t, lr, betas, eps, weight_decay)``: six steps against
+  ``torch.optim.AdamW``; Adam with L2, the decay without the learning rate or none, no bias
+  correction or the wrong step number, eps inside the root, the betas swapped or weighed the wrong
+  way, the decay after the update, NaN from a negative v or a zero correction.
+- 8.4 ``greedy_generate(model, ids, max_new_tokens)``: the first position's logits instead of the
   last's, the argmax over the positions instead of the vocabulary, returning only the new tokens or
   only the prompt, feeding the prompt again each step instead of the grown sequence, no cropping to
   ``model.cfg.n_ctx`` (the model refuses) or cropping the start instead of the end, sampling instead
   of the argmax, dropout left on (no ``model.eval()``), the prompt changed in place. Compared with
   ``tfedu.generate.generate(..., do_sample=False)`` on a tiny seeded GPT, with a prompt near n_ctx.
-- 8.2 ``top_k_filter(logits, k)``: k + 1 or k - 1 tokens kept, the k smallest kept, probabilities
+- 8.5 ``top_k_filter(logits, k)``: k + 1 or k - 1 tokens kept, the k smallest kept, probabilities
   returned (softmax applied), 0 or a large negative number instead of -inf, ties at the k-th value
   dropped (transformers keeps every logit >= the k-th largest), the input changed in place, a filter
   that works on one row (d_vocab,) but not on a batch. Compared with ``tfedu.generate.filter_top_k``.
-- 8.3 ``top_p_filter(logits, p)``: the nucleus without the token that carries the mass across p,
+- 8.6 ``top_p_filter(logits, p)``: the nucleus without the token that carries the mass across p,
   the tokens sorted least likely first, probabilities returned (renormalised or not), an empty
   nucleus for a small p (the most likely token is always kept), the mask put back in the wrong
   order (left in sorted order, or gathered where it should be scattered), 0 instead of -inf, the
@@ -24,11 +36,12 @@ tutorials and learners' answers:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from tfedu.checks.building_blocks import ELEMENTARY, SOFTMAX
 from tfedu.checks.core import (
@@ -42,16 +55,494 @@ from tfedu.checks.core import (
     describe,
     expect,
     is_close,
+    name_mistake,
+    watch_calls,
 )
-from tfedu.checks.probes import CLEANUP, HELPERS, as_array, compare_outputs
+from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf
 from tfedu.config import ModelConfig
 from tfedu.generate import filter_top_k, filter_top_p, generate
 from tfedu.model import GPT
 
 NEG_INF = float("-inf")
+F64 = torch.float64
 
 
-# ----------------------------------------------------------------------------- 8.1 greedy_generate
+# ----------------------------------------------------------------------------- 8.1 get_batch
+
+HINT_GB_PAIR = (
+    "get_batch should return two tensors, (x, y), each of shape (batch_size, seq_len): the inputs and the targets"
+)
+HINT_GB_SHAPE = "{name} has shape {got}, expected (batch_size, seq_len) = {want}"
+HINT_GB_LONG_X = (
+    "x has seq_len + 1 columns: a window holds seq_len + 1 tokens, and x is all of them but the last, y all of them "
+    "but the first"
+)
+HINT_GB_DTYPE = "{name} has dtype {got}: token ids go to the embedding and the loss as integers, torch.long"
+HINT_GB_NOT_WINDOW = (
+    "row {row} of x is not a run of consecutive tokens of data: each row is one window, the tokens of data from a "
+    "random start onwards, in order"
+)
+HINT_GB_Y_IS_X = "y equals x: the targets are the inputs moved one place on, each position's target is the next token"
+HINT_GB_Y_BACKWARDS = (
+    "y is x moved one place back (the token before each input): the target of each position is the token after it"
+)
+HINT_GB_Y_NOT_NEXT = (
+    "row {row} of y is not the next tokens after row {row} of x: the window of seq_len + 1 tokens from s gives x = "
+    "its first seq_len tokens and y = its last seq_len"
+)
+HINT_GB_LAST_NEVER = (
+    "in {draws} windows from a data tensor of {n} tokens with seq_len = {seq_len}, the last possible start ({last}) "
+    "never came up: a window of seq_len + 1 tokens fits at every start from 0 to len(data) - seq_len - 1 inclusive "
+    "(remember that torch.randint's upper bound is excluded)"
+)
+HINT_GB_FIRST_NEVER = (
+    "in {draws} windows the start 0 never came up: every start from 0 to len(data) - seq_len - 1 is a window"
+)
+HINT_GB_SAME_START = (
+    "every row of the batch is the same window: draw one random start per row (batch_size of them)"
+)
+HINT_GB_GENERATOR = (
+    "two calls with generators seeded alike gave different batches: draw the starts with the generator you are "
+    "given (torch.randint takes it as generator=), not the global random state, so that a run can be repeated"
+)
+HINT_GB_NOT_RANDOM = (
+    "calls with different generator states gave the same windows: the starts must be drawn at random each call"
+)
+HINT_GB_MUTATED = "your get_batch changed the caller's `{name}` in place: build new tensors"
+HINT_GB_CALL = (
+    "keep the signature get_batch(data, batch_size, seq_len, generator): data is a 1-D tensor of token ids and "
+    "generator a torch.Generator; return x and y, each (batch_size, seq_len)"
+)
+
+
+def reference_get_batch(data: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``batch_size`` random windows of ``seq_len + 1`` tokens: inputs and targets (the exercise's answer)."""
+    starts = torch.randint(0, len(data) - seq_len, (batch_size,), generator=generator)  # (batch,)
+    windows = torch.stack([data[s : s + seq_len + 1] for s in starts.tolist()])  # (batch, seq_len + 1)
+    return windows[:, :-1], windows[:, 1:]
+
+
+def batch_problem(data: np.ndarray, batch_size: int, seq_len: int, x: Any, y: Any) -> str | None:
+    """What is wrong with one batch drawn from ``data``, whose values are distinct (so a window is found by its first)."""
+    want = (batch_size, seq_len)
+    for name, value in (("x", x), ("y", y)):
+        if not isinstance(value, np.ndarray):
+            return HINT_GB_PAIR
+        if value.shape != want:
+            if name == "x" and value.shape == (batch_size, seq_len + 1):
+                return HINT_GB_LONG_X
+            return HINT_GB_SHAPE.format(name=name, got=tuple(value.shape), want=want)
+        if value.dtype != np.int64:
+            return HINT_GB_DTYPE.format(name=name, got=f"torch.{value.dtype}" if value.dtype.kind == "f" else value.dtype)
+    where = {int(token): i for i, token in enumerate(data)}
+    for row in range(batch_size):
+        start = where.get(int(x[row, 0]))
+        if start is None or start + seq_len > len(data) or not np.array_equal(x[row], data[start:start + seq_len]):
+            return HINT_GB_NOT_WINDOW.format(row=row)
+        if np.array_equal(y[row], x[row]):
+            return HINT_GB_Y_IS_X
+        if start >= 1 and np.array_equal(y[row], data[start - 1:start - 1 + seq_len]):
+            return HINT_GB_Y_BACKWARDS
+        if start + seq_len + 1 > len(data) or not np.array_equal(y[row], data[start + 1:start + seq_len + 1]):
+            return HINT_GB_Y_NOT_NEXT.format(row=row)
+    return None
+
+
+def coverage_problem(data: np.ndarray, seq_len: int, xs: list[np.ndarray]) -> str | None:
+    """Whether the starts of many windows reach both ends of the range they may take."""
+    starts = {int(np.flatnonzero(data == x[0])[0]) for batch in xs for x in batch}
+    draws, last = sum(len(batch) for batch in xs), len(data) - seq_len - 1
+    if last not in starts:
+        return HINT_GB_LAST_NEVER.format(draws=draws, n=len(data), seq_len=seq_len, last=last)
+    if 0 not in starts:
+        return HINT_GB_FIRST_NEVER.format(draws=draws)
+    return None
+
+
+def _as_batch(result: Any) -> tuple[Any, Any]:
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise CheckFailure(HINT_GB_PAIR)
+    return tuple(r.numpy() if isinstance(r, torch.Tensor) else None for r in result)
+
+
+def _call_get_batch(get_batch: Any, data: torch.Tensor, batch_size: int, seq_len: int, seed: int,
+                    global_seed: int = 0) -> tuple[Any, Any]:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(global_seed)  # moved between equal seeds: an answer that draws from it differs
+        result = call_on_copies(get_batch, {"data": data, "batch_size": batch_size, "seq_len": seq_len,
+                                            "generator": generator},
+                                name="get_batch", mutated_hint=HINT_GB_MUTATED, error_hint=HINT_GB_CALL)
+    return _as_batch(result)
+
+
+@checker("get_batch")
+def check_get_batch(get_batch) -> None:
+    """Check a learner's ``get_batch(data, batch_size, seq_len, generator) -> (x, y)``.
+
+    By properties, not by one random draw: on data of distinct token ids each row of x is a window of
+    consecutive tokens and y the same window one token on; many windows from a short tensor reach
+    both the first and the last start; the rows of a batch differ; the same generator seed gives the
+    same batch whatever the global random state; different generator states give different batches.
+    """
+    data = torch.arange(1000, 1060)  # distinct ids: a window is found by its first token
+    x, y = _call_get_batch(get_batch, data, 16, 8, 0)
+    problem = batch_problem(data.numpy(), 16, 8, x, y)
+    if problem:
+        raise CheckFailure(problem)
+    if len({int(v) for v in x[:, 0]}) == 1:
+        raise CheckFailure(HINT_GB_SAME_START)
+    again = _call_get_batch(get_batch, data, 16, 8, 0, global_seed=1)
+    if not (np.array_equal(again[0], x) and np.array_equal(again[1], y)):
+        raise CheckFailure(HINT_GB_GENERATOR)
+    other = _call_get_batch(get_batch, data, 16, 8, 1)
+    if np.array_equal(other[0], x):
+        raise CheckFailure(HINT_GB_NOT_RANDOM)
+    short = torch.arange(500, 511)  # 11 tokens, seq_len 8: starts 0, 1 and 2
+    batches = [_call_get_batch(get_batch, short, 40, 8, seed) for seed in range(5)]
+    for bx, by in batches:
+        problem = batch_problem(short.numpy(), 40, 8, bx, by)
+        if problem:
+            raise CheckFailure(f"{problem} (data of 11 tokens, seq_len 8)")
+    problem = coverage_problem(short.numpy(), 8, [bx for bx, _ in batches])
+    if problem:
+        raise CheckFailure(problem)
+
+
+# ----------------------------------------------------------------------------- 8.2 cross_entropy
+
+HINT_CE_OVERFLOW = (
+    "inf or NaN on logits around 1000 (a confident model): exp of a large logit overflows. Subtract each row's "
+    "largest logit before exponentiating (the log-sum-exp of the shifted logits, plus the largest logit back)"
+)
+HINT_CE_LOG_OF_SOFTMAX = (
+    "inf where a target's logit sits 1000 below its row's largest: you took the log of a probability that "
+    "underflowed to 0. Work in logs throughout: minus the log-probability is the row's log-sum-exp minus the "
+    "target's logit, with no exp of that difference in between"
+)
+HINT_CE_SUM = "you returned the sum over the positions: the loss is their mean (the sum grows with the batch)"
+HINT_CE_SIGN = "the loss has the wrong sign: it is minus the mean log-probability of the targets, a positive number"
+HINT_CE_ALL_VOCAB = (
+    "you averaged over the vocabulary as well: each position contributes one term, minus the log-probability of "
+    "its own target, and the mean runs over the positions only"
+)
+HINT_CE_PROB = (
+    "you averaged minus the probabilities of the targets: the loss takes their logarithm, minus log p(target)"
+)
+HINT_CE_IGNORED_COUNTED = (
+    "positions whose target is ignore_index left the loss but still count in the mean: divide by the number of "
+    "positions that are not ignored"
+)
+HINT_CE_IGNORED_USED = (
+    "positions whose target is ignore_index were scored (or used as an index): they contribute nothing, "
+    "neither to the sum nor to the count"
+)
+HINT_CE_IGNORE_FIXED = (
+    "cross_entropy(logits, targets, ignore_index={given}) ignored the positions of -100 instead: use the "
+    "ignore_index argument"
+)
+HINT_CE_SHAPE = "cross_entropy should return one number, a tensor of shape (), got {got}"
+HINT_CE_FUSED = (
+    "you called {route}: the exercise is to build the loss yourself from the log-sum-exp (the grader scores a "
+    "library loss zero)"
+)
+HINT_CE_MUTATED = "your cross_entropy changed the caller's `{name}` in place: build new tensors"
+HINT_CE_CALL = (
+    "keep the signature cross_entropy(logits, targets, ignore_index=-100): logits (..., d_vocab) of floats, "
+    "targets (...) of token ids; return the mean loss as a tensor of shape ()"
+)
+HINT_CE_GRAD = (
+    "the loss is right but its gradient with respect to the logits is not PyTorch's: is part of the computation "
+    "detached (.detach(), .item(), torch.no_grad()), or the row maximum used without its gradient path?"
+)
+CE_WATCHED = tuple((owner, name) for owner, names in ((F, ("cross_entropy", "nll_loss", "log_softmax")),
+                                                       (torch, ("logsumexp", "log_softmax")))
+                   for name in names if hasattr(owner, name))
+CE_FORBIDDEN = ("torch.nn.functional.cross_entropy", "torch.nn.functional.nll_loss", "torch.nn.functional.log_softmax",
+                "torch.log_softmax", "torch.logsumexp", "torch.nn.CrossEntropyLoss", "torch.nn.NLLLoss",
+                "torch.special.logsumexp", "torch.special.log_softmax")
+
+
+def reference_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """Mean of logsumexp(row) - row[target] over the positions whose target is not ignore_index (the answer)."""
+    logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    keep = targets != ignore_index
+    logits, targets = logits[keep], targets[keep]
+    top = logits.max(dim=-1, keepdim=True).values  # (n, 1)
+    lse = top.squeeze(-1) + (logits - top).exp().sum(dim=-1).log()  # (n,)
+    return (lse - logits.gather(-1, targets[:, None]).squeeze(-1)).mean()
+
+
+def _ce_variant(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int, mistake: str) -> torch.Tensor:
+    """The loss with one of the known mistakes, in float64."""
+    flat, t = logits.detach().to(F64).reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    keep = t != ignore_index
+    logp = flat.log_softmax(-1)
+    picked = logp[keep].gather(-1, t[keep][:, None]).squeeze(-1)
+    return {"sum": lambda: -picked.sum(), "sign": lambda: picked.mean(), "all-vocab": lambda: -logp[keep].mean(),
+            "prob": lambda: -picked.exp().mean(), "ignored-counted": lambda: -picked.sum() / t.numel()}[mistake]()
+
+
+CE_MISTAKES = (("sum", HINT_CE_SUM), ("sign", HINT_CE_SIGN), ("all-vocab", HINT_CE_ALL_VOCAB), ("prob", HINT_CE_PROB),
+               ("ignored-counted", HINT_CE_IGNORED_COUNTED))
+
+
+def _ce_mistakes(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int) -> list[tuple[str, torch.Tensor]]:
+    return [(hint, _ce_variant(logits, targets, ignore_index, mistake)) for mistake, hint in CE_MISTAKES]
+
+
+def _ce_inputs(seed: int, shape: tuple[int, ...], d_vocab: int, *, scale: float = 2.0, dtype: torch.dtype = F64,
+               ignored: float = 0.0, ignore_index: int = -100) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    logits = (scale * torch.randn(*shape, d_vocab, generator=gen, dtype=F64)).to(dtype)
+    targets = torch.randint(0, d_vocab, shape, generator=gen)
+    if ignored:
+        drop = torch.rand(shape, generator=gen) < ignored
+        drop.view(-1)[0] = True  # at least one
+        drop.view(-1)[-1] = False  # and one scored
+        targets = targets.masked_fill(drop, ignore_index)
+    return logits, targets
+
+
+def _call_cross_entropy(cross_entropy: Any, logits, targets, ignore_index: int | None = None) -> Any:
+    args = {"logits": logits, "targets": targets}
+    if ignore_index is not None:
+        args["kw:ignore_index"] = ignore_index
+    with watch_calls(*CE_WATCHED) as called:
+        result = call_on_copies(cross_entropy, args, name="cross_entropy", mutated_hint=HINT_CE_MUTATED,
+                                error_hint=HINT_CE_CALL)
+    if called:
+        raise CheckFailure(HINT_CE_FUSED.format(route=called[0]))
+    return result
+
+
+def _check_loss(got: Any, logits, targets, ignore_index: int, what: str, *, nan_hint: str | None = None) -> torch.Tensor:
+    expect(isinstance(got, torch.Tensor), f"{what} should return the loss as a tensor of shape (), got {describe(got)}")
+    expect(got.dim() == 0, HINT_CE_SHAPE.format(got=describe(got)))
+    want = F.cross_entropy(logits.detach().to(F64).reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           ignore_index=ignore_index)
+    if torch.isfinite(got) and not is_close(got, want, rtol=1e-6, atol=1e-8):
+        name_mistake(got.reshape(()), want, _ce_mistakes(logits, targets, ignore_index), rtol=1e-6, atol=1e-8)
+    compare(got, want.to(got.dtype) if got.is_floating_point() else want, what=what, check_dtype=False, rtol=1e-5,
+            atol=1e-6, nan_hint=nan_hint)
+    return got
+
+
+@checker("cross-entropy")
+def check_cross_entropy(cross_entropy) -> None:
+    """Check a learner's ``cross_entropy(logits, targets, ignore_index=-100) -> Float[Tensor, ""]``.
+
+    Against ``F.cross_entropy``: moderate logits of shape (batch, pos, d_vocab) in float64; logits
+    around 1000 in float32 (exp overflows without the shift); a target 1000 below its row's largest
+    logit (the log of an underflowed probability); positions ignored by -100 and by a given index;
+    the gradient with respect to the logits.
+    """
+    logits, targets = _ce_inputs(0, (3, 5), 11)
+    got = _call_cross_entropy(cross_entropy, logits, targets)
+    _check_loss(got, logits, targets, -100, "cross_entropy(logits, targets) with logits (3, 5, 11), float64")
+    logits, targets = _ce_inputs(1, (4, 6), 13, scale=1.0, dtype=torch.float32)
+    logits = logits + 1000.0
+    got = _call_cross_entropy(cross_entropy, logits, targets)
+    _check_loss(got, logits, targets, -100, "cross_entropy(logits, targets) with logits around 1000, float32",
+                nan_hint=HINT_CE_OVERFLOW)
+    logits, targets = _ce_inputs(2, (2, 4), 9, dtype=torch.float32)
+    logits = logits.scatter(-1, targets[..., None], -1000.0)  # every target far below its row's largest logit
+    got = _call_cross_entropy(cross_entropy, logits, targets)
+    _check_loss(got, logits, targets, -100, "cross_entropy(logits, targets) where each target's logit is -1000",
+                nan_hint=HINT_CE_LOG_OF_SOFTMAX)
+    logits, targets = _ce_inputs(3, (3, 8), 10, ignored=0.4)
+    try:
+        got = _call_cross_entropy(cross_entropy, logits, targets)
+    except CheckFailure as failure:
+        if "raised" in str(failure):
+            raise CheckFailure(f"{HINT_CE_IGNORED_USED} ({failure})") from None
+        raise
+    _check_loss(got, logits, targets, -100, "cross_entropy(logits, targets) where some targets are -100 (ignored)",
+                nan_hint=HINT_CE_IGNORED_USED)
+    logits, targets = _ce_inputs(4, (2, 7), 12, ignored=0.4, ignore_index=0)
+    targets = targets.masked_fill(targets == -100, 0)
+    got = _call_cross_entropy(cross_entropy, logits, targets, ignore_index=0)
+    if isinstance(got, torch.Tensor) and got.dim() == 0 and is_close(
+            got, F.cross_entropy(logits.reshape(-1, 12), targets.reshape(-1)), rtol=1e-6, atol=1e-8):
+        raise CheckFailure(HINT_CE_IGNORE_FIXED.format(given=0))
+    _check_loss(got, logits, targets, 0, "cross_entropy(logits, targets, ignore_index=0)")
+    logits, targets = _ce_inputs(5, (2, 3), 7)
+    logits.requires_grad_(True)
+    got = call_learner(cross_entropy, logits, targets, name="cross_entropy", error_hint=HINT_CE_CALL)
+    expect(isinstance(got, torch.Tensor) and got.requires_grad,
+           "no gradient flows back through cross_entropy: was it computed under torch.no_grad(), or detached?")
+    (grad,) = torch.autograd.grad(got, logits)
+    mine = logits.detach().clone().requires_grad_(True)
+    (want,) = torch.autograd.grad(F.cross_entropy(mine.reshape(-1, 7), targets.reshape(-1)), mine)
+    expect(is_close(grad, want, rtol=1e-6, atol=1e-9), HINT_CE_GRAD)
+
+
+# ----------------------------------------------------------------------------- 8.3 adamw_step
+
+HINT_AW_L2 = (
+    "you added the weight decay to the gradient (Adam with L2): Adam then divides it by sqrt(v) like the rest, so "
+    "weights with large gradients are barely decayed. AdamW decays the weights themselves, apart from the "
+    "gradient: the weight shrinks by a factor of 1 - lr · weight_decay, and the Adam step uses the gradient alone"
+)
+HINT_AW_DECAY_NO_LR = (
+    "the weights shrank by a factor of 1 - weight_decay: PyTorch's AdamW scales the decay by the learning rate, "
+    "1 - lr · weight_decay, so that the schedule lowers both together"
+)
+HINT_AW_NO_DECAY = "no weight decay: with weight_decay > 0 each step first shrinks the weights by a factor of 1 - lr · weight_decay"
+HINT_AW_NO_BIAS_CORRECTION = (
+    "no bias correction: m and v start at zero, so in the first steps they are too small by factors of 1 - "
+    "beta1^t and 1 - beta2^t (t the step number, from 1); divide each by its factor before the update"
+)
+HINT_AW_BIAS_T = (
+    "the bias correction uses the wrong step number: after the t-th step (t = 1 for the first) the factors are 1 - "
+    "beta1^t and 1 - beta2^t"
+)
+HINT_AW_EPS_INSIDE = (
+    "eps is inside the square root: PyTorch divides by sqrt(v_hat) + eps. The two differ wherever v_hat is "
+    "comparable to eps², for weights with tiny gradients"
+)
+HINT_AW_BETA_SWAPPED = (
+    "the running means weigh the wrong way: the old value keeps the weight beta (0.9 or 0.95) and the new "
+    "gradient gets 1 - beta"
+)
+HINT_AW_BETAS_SWAPPED = "beta1 and beta2 are swapped: beta1 (0.9) smooths the gradient m, beta2 (0.95) its square v"
+HINT_AW_DECAY_AFTER = (
+    "the decay came after the Adam update: PyTorch shrinks the weight first, then subtracts the update "
+    "(the two orders differ by lr² · weight_decay · update)"
+)
+HINT_AW_SIGN = "the update goes the wrong way: subtract lr · m_hat / (sqrt(v_hat) + eps) from the weight (a descent step)"
+HINT_AW_NONFINITE = (
+    "adamw_step returned NaN or inf at step {t}: a square root of a negative v (v is the running mean of the "
+    "squared gradient, never negative), or a division by zero in the bias correction (t counts from 1, so "
+    "1 - beta^t is never 0)"
+)
+HINT_AW_RETURN = (
+    "adamw_step should return three tensors, (param, m, v): the new weight and the new running means, each of "
+    "param's shape"
+)
+HINT_AW_MUTATED = (
+    "your adamw_step changed the caller's `{name}` in place: return new tensors instead (the notebook's optimizer "
+    "stores them)"
+)
+HINT_AW_CALL = (
+    "keep the signature adamw_step(param, grad, m, v, t, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1): t "
+    "is the step number, 1 for the first; return (param, m, v)"
+)
+
+
+def reference_adamw_step(param: torch.Tensor, grad: torch.Tensor, m: torch.Tensor, v: torch.Tensor, t: int, lr: float,
+                         betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, weight_decay: float = 0.1
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One step of AdamW as torch.optim.AdamW takes it (the exercise's answer)."""
+    beta1, beta2 = betas
+    m = beta1 * m + (1 - beta1) * grad
+    v = beta2 * v + (1 - beta2) * grad * grad
+    m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
+    param = param * (1 - lr * weight_decay)  # decoupled weight decay, first
+    return param - lr * m_hat / (v_hat.sqrt() + eps), m, v
+
+
+def _adamw_variant(param, grad, m, v, t, lr, betas, eps, weight_decay, mistake: str):
+    beta1, beta2 = betas
+    if mistake == "betas-swapped":
+        beta1, beta2 = beta2, beta1
+    g = grad + weight_decay * param if mistake == "l2" else grad
+    if mistake == "beta-swapped":
+        m, v = (1 - beta1) * m + beta1 * g, (1 - beta2) * v + beta2 * g * g
+    else:
+        m = beta1 * m + (1 - beta1) * g
+        v = beta2 * v + (1 - beta2) * g * g
+    t_used = t + 1 if mistake == "bias-t" else t
+    m_hat, v_hat = (m, v) if mistake == "no-bias-correction" else (m / (1 - beta1**t_used), v / (1 - beta2**t_used))
+    denom = (v_hat + eps).sqrt() if mistake == "eps-inside" else v_hat.abs().sqrt() + eps
+    update = lr * m_hat / denom * (-1 if mistake == "sign" else 1)
+    shrink = {"l2": 1.0, "no-decay": 1.0, "decay-no-lr": 1 - weight_decay}.get(mistake, 1 - lr * weight_decay)
+    param = (param - update) * shrink if mistake == "decay-after" else param * shrink - update
+    return param, m, v
+
+
+AW_MISTAKES = (("l2", HINT_AW_L2), ("decay-no-lr", HINT_AW_DECAY_NO_LR), ("no-decay", HINT_AW_NO_DECAY),
+               ("no-bias-correction", HINT_AW_NO_BIAS_CORRECTION), ("bias-t", HINT_AW_BIAS_T),
+               ("eps-inside", HINT_AW_EPS_INSIDE),
+               ("beta-swapped", HINT_AW_BETA_SWAPPED), ("betas-swapped", HINT_AW_BETAS_SWAPPED),
+               ("decay-after", HINT_AW_DECAY_AFTER), ("sign", HINT_AW_SIGN))
+
+
+def adamw_trajectory(step_fn: Callable, param: torch.Tensor, grads: Sequence[torch.Tensor], **options: Any) -> torch.Tensor:
+    """The weights after ``len(grads)`` steps of ``step_fn`` (a reference or a mistake), in float64."""
+    p, m, v = param.clone(), torch.zeros_like(param), torch.zeros_like(param)
+    for t, g in enumerate(grads, start=1):
+        p, m, v = step_fn(p, g, m, v, t, **options)
+    return p
+
+
+def torch_adamw_trajectory(param: torch.Tensor, grads: Sequence[torch.Tensor], *, lr: float, betas: tuple[float, float],
+                           eps: float, weight_decay: float) -> torch.Tensor:
+    """The same steps by torch.optim.AdamW: the oracle."""
+    p = torch.nn.Parameter(param.clone())
+    optimizer = torch.optim.AdamW([p], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    for g in grads:
+        p.grad = g.clone()
+        optimizer.step()
+    return p.detach()
+
+
+def adamw_case(seed: int, shape: tuple[int, ...] = (4, 6), steps: int = 6) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Weights and gradients whose sizes run from 1e-6 to 10 (eps matters for the smallest), float64."""
+    gen = torch.Generator().manual_seed(seed)
+    param = torch.randn(*shape, generator=gen, dtype=F64)
+    scales = 10.0 ** torch.randint(-6, 2, shape, generator=gen).to(F64)  # each weight its own gradient size
+    grads = [scales * torch.randn(*shape, generator=gen, dtype=F64) for _ in range(steps)]
+    return param, grads
+
+
+AW_OPTIONS = {"lr": 0.05, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.5}
+
+
+def _learner_adamw(adamw_step: Any) -> Callable:
+    def step(p, g, m, v, t, **options):
+        result = call_on_copies(adamw_step, {"param": p, "grad": g, "m": m, "v": v, "t": t, **{f"kw:{k}": o for k, o in options.items()}},
+                                name="adamw_step", mutated_hint=HINT_AW_MUTATED, error_hint=HINT_AW_CALL)
+        if not (isinstance(result, (tuple, list)) and len(result) == 3 and all(isinstance(r, torch.Tensor) for r in result)
+                and all(r.shape == p.shape for r in result)):
+            raise CheckFailure(HINT_AW_RETURN)
+        if not all(torch.isfinite(r).all() for r in result):
+            raise CheckFailure(HINT_AW_NONFINITE.format(t=t))
+        return tuple(result)
+    return step
+
+
+@checker("AdamW step")
+def check_adamw_step(adamw_step) -> None:
+    """Check a learner's ``adamw_step(param, grad, m, v, t, lr, betas, eps, weight_decay) -> (param, m, v)``.
+
+    Six steps from zero running means, on float64 weights whose gradients range from 1e-6 to 10,
+    compared with ``torch.optim.AdamW`` given the same gradients; then the defaults
+    (betas 0.9 and 0.95, eps 1e-8, weight decay 0.1) and weight decay 0.
+    """
+    for seed, options in ((0, AW_OPTIONS), (1, {**AW_OPTIONS, "weight_decay": 0.0, "lr": 0.01}),
+                          (2, {**AW_OPTIONS, "betas": (0.8, 0.99)})):
+        param, grads = adamw_case(seed)
+        got = adamw_trajectory(_learner_adamw(adamw_step), param, grads, **options)
+        want = torch_adamw_trajectory(param, grads, **options)
+        what = (f"the weights after {len(grads)} steps of adamw_step with lr={options['lr']}, betas={options['betas']}, "
+                f"eps={options['eps']}, weight_decay={options['weight_decay']}")
+        if not is_close(got, want, rtol=1e-9, atol=1e-12):
+            variants = [(hint, adamw_trajectory(lambda *a, _m=mistake, **o: _adamw_variant(*a, **o, mistake=_m), param, grads,
+                                                **options)) for mistake, hint in AW_MISTAKES]
+            name_mistake(got, want, variants, rtol=1e-9, atol=1e-12)
+        compare(got, want, what=what, check_dtype=False, rtol=1e-9, atol=1e-12)
+    # The defaults: called without betas, eps and weight_decay.
+    param, grads = adamw_case(3, steps=3)
+    learner = _learner_adamw(adamw_step)
+    got = adamw_trajectory(lambda p, g, m, v, t: learner(p, g, m, v, t, lr=0.02), param, grads)
+    want = torch_adamw_trajectory(param, grads, lr=0.02, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    compare(got, want, what="three steps of adamw_step with lr=0.02 and the other arguments left at their defaults "
+            "(betas (0.9, 0.95), eps 1e-8, weight_decay 0.1)", check_dtype=False, rtol=1e-9, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- 8.4 greedy_generate
 
 HINT_GREEDY_FIRST = (
     "you took the logits of the first position: the model predicts the token after position t at position t, "
@@ -254,7 +745,7 @@ def _check_rows(fn: Any, logits: torch.Tensor, arg: Any, reference: Callable, na
         raise CheckFailure(HINT_FILTER_BATCH.format(shape=tuple(logits.shape))) from None
 
 
-# ----------------------------------------------------------------------------- 8.2 top_k_filter
+# ----------------------------------------------------------------------------- 8.5 top_k_filter
 
 HINT_TOPK_PLUS_ONE = "you kept k + 1 tokens: keep the k largest logits, those >= the k-th largest"
 HINT_TOPK_MINUS_ONE = (
@@ -353,7 +844,7 @@ def check_top_k_filter(top_k_filter) -> None:
     compare(got, expected, what="top_k_filter(logits, 3) with ties at the 3rd largest value", mistakes=_top_k_mistakes(ties, 3))
 
 
-# ----------------------------------------------------------------------------- 8.3 top_p_filter
+# ----------------------------------------------------------------------------- 8.6 top_p_filter
 
 HINT_TOPP_CROSSING = (
     "your nucleus leaves out the token that carries the mass across p: keep the fewest most likely tokens whose "
@@ -505,6 +996,227 @@ def check_top_p_filter(top_p_filter) -> None:
 # greedy_generate: a tiny GPT whose weights travel as arrays, built in the kernel (tfedu.model is not the
 # answer); a prompt whose continuation runs past n_ctx; a second call (the same tokens); the same weights
 # with dropout, left in training mode.
+
+# get_batch: a data tensor of distinct ids from a random offset; batches from two seeds (one twice); a short tensor
+# whose three starts must all come up.
+
+def _get_batch_probe_inputs(rng: np.random.Generator) -> dict:
+    seq_len = int(rng.integers(2, 12))
+    offset = int(rng.integers(0, 5000))
+    short_seq = int(rng.integers(3, 9))
+    return {"data": np.arange(offset, offset + int(rng.integers(seq_len + 20, 200)), dtype=np.int64),
+            "batch_size": int(rng.integers(4, 17)), "seq_len": seq_len, "seeds": [int(s) for s in rng.integers(0, 2**31, 2)],
+            "short": np.arange(offset + 7000, offset + 7000 + short_seq + 3, dtype=np.int64), "short_seq": short_seq,
+            "short_seeds": [int(s) for s in rng.integers(0, 2**31, 5)]}
+
+
+GET_BATCH_RUN = HELPERS + """\
+def _draw(_data, _batch, _seq, _seed):
+    _result = get_batch(torch.from_numpy(_data), _batch, _seq, torch.Generator().manual_seed(_seed))
+    if not (isinstance(_result, (tuple, list)) and len(_result) == 2):
+        return [None, None]
+    return [_array(_r) if isinstance(_r, torch.Tensor) and not _r.is_floating_point() else
+            (_r.detach().numpy() if isinstance(_r, torch.Tensor) else None) for _r in _result]
+
+
+_first, _again, _other = (_draw(inputs['data'], inputs['batch_size'], inputs['seq_len'], _s)
+                          for _s in (inputs['seeds'][0], inputs['seeds'][0], inputs['seeds'][1]))
+torch.manual_seed(inputs['seeds'][1])  # the global state moved between the two equal seeds
+_again = _draw(inputs['data'], inputs['batch_size'], inputs['seq_len'], inputs['seeds'][0])
+outputs = {'first': _first, 'again': _again, 'other': _other,
+           'short': [_draw(inputs['short'], 40, inputs['short_seq'], _s) for _s in inputs['short_seeds']]}
+del _draw, _first, _again, _other
+""" + CLEANUP
+
+
+def _get_batch_reference(inputs: dict) -> dict:
+    return {key: inputs[key] for key in ("data", "batch_size", "seq_len", "short", "short_seq")}
+
+
+def _compare_get_batch(outputs: dict, expected: dict) -> str | None:
+    if not isinstance(outputs, dict) or not all(isinstance(outputs.get(k), list) for k in ("first", "again", "other", "short")):
+        return "the hidden test's outputs should be a dict of lists"
+    data, batch, seq = expected["data"], expected["batch_size"], expected["seq_len"]
+    for key in ("first", "other"):
+        problem = batch_problem(data, batch, seq, *outputs[key])
+        if problem:
+            return problem
+    x = outputs["first"][0]
+    if len({int(v) for v in x[:, 0]}) == 1:
+        return HINT_GB_SAME_START
+    if not all(isinstance(a, np.ndarray) and a.shape == b.shape and np.array_equal(a, b)
+               for a, b in zip(outputs["again"], outputs["first"])):
+        return HINT_GB_GENERATOR
+    if np.array_equal(outputs["other"][0], x):
+        return HINT_GB_NOT_RANDOM
+    for bx, by in outputs["short"]:
+        problem = batch_problem(expected["short"], 40, expected["short_seq"], bx, by)
+        if problem:
+            return f"{problem} (data of {len(expected['short'])} tokens, seq_len {expected['short_seq']})"
+    return coverage_problem(expected["short"], expected["short_seq"], [bx for bx, _ in outputs["short"]])
+
+
+# cross_entropy: float32 with gradients; logits around 1000; targets 1000 below their row's largest; -100 ignored;
+# another ignore_index.
+
+def _cross_entropy_probe_inputs(rng: np.random.Generator) -> dict:
+    def case(scale: float, shape: tuple[int, ...], vocab: int) -> tuple[np.ndarray, np.ndarray]:
+        return ((scale * rng.standard_normal((*shape, vocab))).astype(np.float32),
+                rng.integers(0, vocab, shape).astype(np.int64))
+
+    def size() -> tuple[int, int]:
+        return int(rng.integers(1, 4)), int(rng.integers(2, 9))
+
+    inputs: dict[str, Any] = {}
+    inputs["logits"], inputs["targets"] = case(2.0, size(), int(rng.integers(3, 40)))
+    inputs["logits_big"], inputs["targets_big"] = case(1.0, size(), int(rng.integers(3, 40)))
+    inputs["logits_big"] += np.float32(rng.uniform(500, 2000))
+    inputs["logits_low"], inputs["targets_low"] = case(2.0, size(), int(rng.integers(3, 40)))
+    np.put_along_axis(inputs["logits_low"], inputs["targets_low"][..., None], np.float32(-rng.uniform(500, 2000)), axis=-1)
+    for name, index in (("ignored", -100), ("index", int(rng.integers(0, 3)))):
+        logits, targets = case(2.0, (int(rng.integers(2, 4)), int(rng.integers(4, 9))), int(rng.integers(4, 40)))
+        drop = rng.random(targets.shape) < 0.4
+        drop.flat[0], drop.flat[-1] = True, False
+        if index >= 0:
+            targets[targets == index] = index + 1  # only the dropped positions hold the index
+        targets[drop] = index
+        inputs[f"logits_{name}"], inputs[f"targets_{name}"] = logits, targets
+    inputs["ignore_index"] = int(inputs["targets_index"].flat[0])
+    return inputs
+
+
+CROSS_ENTROPY_RUN = HELPERS + """\
+_logits = torch.tensor(inputs['logits'], requires_grad=True)
+_result = _call(cross_entropy, _logits, torch.from_numpy(inputs['targets']))
+_others = [cross_entropy(torch.from_numpy(inputs['logits_' + _k]), torch.from_numpy(inputs['targets_' + _k]))
+           for _k in ('big', 'low', 'ignored')]
+_index = cross_entropy(torch.from_numpy(inputs['logits_index']), torch.from_numpy(inputs['targets_index']),
+                       ignore_index=inputs['ignore_index'])
+_results = [_result, *_others, _index]
+outputs = {'returned': [_kind(_r) for _r in _results],
+           'shapes': [list(_r.shape) if isinstance(_r, torch.Tensor) else None for _r in _results],
+           'output': _array(_result), 'output_big': _array(_others[0]), 'output_low': _array(_others[1]),
+           'output_ignored': _array(_others[2]), 'output_index': _array(_index),
+           'grad': _backward([_result], [torch.tensor(1.0)], {'logits': _logits}) if isinstance(_result, torch.Tensor)
+           and _result.dim() == 0 else 'skipped'}
+outputs['mutated'] = _MUTATED
+del _logits, _result, _others, _index, _results
+""" + CLEANUP
+
+CE_LABELS = {"output": "cross_entropy(logits, targets)", "output_big": "cross_entropy on logits around 1000",
+             "output_low": "cross_entropy where each target's logit is about -1000",
+             "output_ignored": "cross_entropy where some targets are -100 (ignored)",
+             "output_index": "cross_entropy(logits, targets, ignore_index=...) with another ignore_index"}
+
+
+def _cross_entropy_reference(inputs: dict) -> dict:
+    logits = leaf(inputs["logits"])
+    output = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(inputs["targets"]).reshape(-1))
+
+    def loss(key: str, ignore_index: int = -100) -> np.ndarray:
+        lg, tg = torch.from_numpy(inputs["logits_" + key]).to(F64), torch.from_numpy(inputs["targets_" + key])
+        return as_array(F.cross_entropy(lg.reshape(-1, lg.shape[-1]), tg.reshape(-1), ignore_index=ignore_index))
+
+    mistakes = {key: [[hint, as_array(_ce_variant(torch.from_numpy(inputs["logits_" + key]),
+                                                   torch.from_numpy(inputs["targets_" + key]), index, mistake))]
+                      for mistake, hint in CE_MISTAKES]
+                for key, index in (("ignored", -100), ("index", inputs["ignore_index"]))}
+    return {"returned": ["tensor"] * 5, "output": as_array(output), "output_big": loss("big"), "output_low": loss("low"),
+            "output_ignored": loss("ignored"), "output_index": loss("index", inputs["ignore_index"]),
+            "grad": backward([output], [torch.tensor(1.0)], {"logits": logits}), "mistakes": mistakes,
+            "fixed_index": loss("index")}
+
+
+def _compare_cross_entropy(outputs: dict, expected: dict) -> str | None:
+    if not isinstance(outputs, dict):
+        return f"the hidden test's outputs should be a dict, got {type(outputs).__name__}"
+    shapes = outputs.get("shapes")
+    if isinstance(shapes, list) and any(isinstance(s, list) and s != [] for s in shapes):
+        return HINT_CE_SHAPE.format(got=f"a tensor of shape {tuple(next(s for s in shapes if s))}")
+    for key in ("ignored", "index"):
+        got = outputs.get(f"output_{key}")
+        hint = _named_in_outputs(got, expected[f"output_{key}"], expected["mistakes"][key])
+        if hint:
+            return f"{CE_LABELS['output_' + key]}: {hint}"
+    got = outputs.get("output_index")
+    if isinstance(got, np.ndarray) and got.shape == () and np.allclose(got, expected["fixed_index"], rtol=1e-5) \
+            and not np.allclose(got, expected["output_index"], rtol=1e-5):
+        return HINT_CE_IGNORE_FIXED.format(given="...")
+    return compare_outputs(outputs, {k: v for k, v in expected.items() if k not in ("mistakes", "fixed_index")},
+                           function="cross_entropy", labels=CE_LABELS, rtol=1e-4, atol=1e-5,
+                           nan_hints={"output_big": HINT_CE_OVERFLOW, "output_low": HINT_CE_LOG_OF_SOFTMAX,
+                                      "output_ignored": HINT_CE_IGNORED_USED, "output_index": HINT_CE_IGNORED_USED})
+
+
+def _named_in_outputs(got: Any, want: np.ndarray, mistakes: list, *, rtol: float = 1e-5, atol: float = 1e-6) -> str | None:
+    """The hint of the first mistake (``[hint, array]`` pairs) whose output ``got`` matches and the reference does not."""
+    if not isinstance(got, np.ndarray) or got.shape != np.shape(want) or not np.isfinite(got).all():
+        return None
+    for hint, wrong in mistakes:
+        wrong = np.asarray(wrong)
+        if wrong.shape == got.shape and np.isfinite(wrong).all() and np.allclose(got, wrong, rtol=rtol, atol=atol) \
+                and not np.allclose(want, wrong, rtol=rtol, atol=atol):
+            return hint
+    return None
+
+
+# adamw_step: float64 weights and gradients from 1e-6 to 10, six steps with drawn hyper-parameters, then the defaults.
+
+def _adamw_probe_inputs(rng: np.random.Generator) -> dict:
+    shape = (int(rng.integers(2, 6)), int(rng.integers(2, 7)))
+    scales = 10.0 ** rng.integers(-6, 2, shape)
+    return {"param": rng.standard_normal(shape), "grads": [scales * rng.standard_normal(shape) for _ in range(6)],
+            "options": {"lr": float(rng.choice([0.01, 0.05, 0.1])), "betas": [float(rng.choice([0.8, 0.9])), float(rng.choice([0.95, 0.99]))],
+                        "eps": 1e-8, "weight_decay": float(rng.choice([0.1, 0.3, 0.5]))}}
+
+
+ADAMW_RUN = HELPERS + """\
+def _run(_options, _grads):
+    _p = torch.tensor(inputs['param'])
+    _m, _v = torch.zeros_like(_p), torch.zeros_like(_p)
+    for _t, _g in enumerate(_grads, start=1):
+        _out = _call(lambda *_a: adamw_step(*_a, **_options), _p, torch.tensor(_g), _m, _v, _t)
+        if not (isinstance(_out, (tuple, list)) and len(_out) == 3 and all(isinstance(_o, torch.Tensor) for _o in _out)):
+            return None
+        _p, _m, _v = _out
+    return _array(_p.double()) if _p.is_floating_point() else None
+
+
+_opts = dict(inputs['options'], betas=tuple(inputs['options']['betas']))
+outputs = {'output': _run(_opts, inputs['grads']), 'output_defaults': _run({'lr': 0.02}, inputs['grads'][:3])}
+outputs['mutated'] = _MUTATED
+del _run, _opts
+""" + CLEANUP
+
+
+def _adamw_reference(inputs: dict) -> dict:
+    param = torch.from_numpy(inputs["param"])
+    grads = [torch.from_numpy(g) for g in inputs["grads"]]
+    options = dict(inputs["options"], betas=tuple(inputs["options"]["betas"]))
+    mistakes = [[hint, as_array(adamw_trajectory(lambda *a, _m=mistake, **o: _adamw_variant(*a, **o, mistake=_m), param,
+                                                 grads, **options))] for mistake, hint in AW_MISTAKES]
+    return {"output": as_array(torch_adamw_trajectory(param, grads, **options)),
+            "output_defaults": as_array(torch_adamw_trajectory(param, grads[:3], lr=0.02, betas=(0.9, 0.95), eps=1e-8,
+                                                               weight_decay=0.1)),
+            "mistakes": mistakes}
+
+
+AW_LABELS = {"output": "the weights after six steps of adamw_step",
+             "output_defaults": "the weights after three steps of adamw_step with lr=0.02 and the defaults"}
+
+
+def _compare_adamw(outputs: dict, expected: dict) -> str | None:
+    if not isinstance(outputs, dict):
+        return f"the hidden test's outputs should be a dict, got {type(outputs).__name__}"
+    if outputs.get("output") is None or outputs.get("output_defaults") is None:
+        return HINT_AW_RETURN
+    hint = _named_in_outputs(outputs["output"], expected["output"], expected["mistakes"], rtol=1e-4, atol=1e-6)
+    if hint:
+        return f"{AW_LABELS['output']}: {hint}"
+    return compare_outputs({**outputs, "returned": []}, {"returned": [], "output": expected["output"],
+                           "output_defaults": expected["output_defaults"]}, function="adamw_step", labels=AW_LABELS,
+                           rtol=1e-4, atol=1e-6)
+
 
 GREEDY_PROBE_RUN = HELPERS + """\
 from tfedu.config import ModelConfig as _ModelConfig
@@ -694,6 +1406,30 @@ def _compare_filter(function: str) -> Callable[[dict, dict], str | None]:
 
 
 PROBES = {
+    "check_get_batch": Probe(
+        exercise="ex_get_batch",
+        make_inputs=_get_batch_probe_inputs,
+        run=GET_BATCH_RUN,
+        reference=_get_batch_reference,
+        compare=_compare_get_batch,
+        forbidden=("tfedu.data", "tfedu.train"),
+    ),
+    "check_cross_entropy": Probe(
+        exercise="ex_cross_entropy",
+        make_inputs=_cross_entropy_probe_inputs,
+        run=CROSS_ENTROPY_RUN,
+        reference=_cross_entropy_reference,
+        compare=_compare_cross_entropy,
+        forbidden=("tfedu.model", "tfedu.train", *CE_FORBIDDEN),
+    ),
+    "check_adamw_step": Probe(
+        exercise="ex_adamw_step",
+        make_inputs=_adamw_probe_inputs,
+        run=ADAMW_RUN,
+        reference=_adamw_reference,
+        compare=_compare_adamw,
+        forbidden=("tfedu.train", "torch.optim"),
+    ),
     "check_greedy": Probe(
         exercise="ex_greedy",
         make_inputs=_greedy_probe_inputs,
@@ -723,8 +1459,86 @@ PROBES = {
 
 
 HINTS = {
-    "ex_greedy": Hints(
+    "ex_get_batch": Hints(
         number="8.1",
+        check="check_get_batch",
+        idea=(
+            "A batch is batch_size windows cut from random places in the long tensor of token ids. Each window "
+            "holds seq_len + 1 consecutive tokens: the inputs are its first seq_len, the targets its last seq_len, so "
+            "every position's target is the token after it. Every start that leaves room for a whole window must be "
+            "possible, the last one included, and the starts come from the generator you are given, so that the "
+            "same seed gives the same batch."
+        ),
+        approach=(
+            "(1) Draw batch_size starts at once with torch.randint and generator=generator. The largest start s "
+            "must leave seq_len + 1 tokens, so s + seq_len + 1 is at most len(data); mind that randint's upper bound "
+            "is excluded. (2) For each start, slice seq_len + 1 tokens of data and stack the slices into a (batch_size, "
+            "seq_len + 1) tensor. (3) x is that tensor without its last column, y without its first. Both stay "
+            "torch.long, the dtype of the ids."
+        ),
+        skeleton=(
+            "def get_batch(data, batch_size, seq_len, generator):\n"
+            "    starts = torch.randint(____, ____, (batch_size,), generator=generator)\n"
+            "    windows = torch.stack([data[____] for s in starts.tolist()])  # (batch_size, seq_len + 1)\n"
+            "    return ____, ____\n"
+        ),
+    ),
+    "ex_cross_entropy": Hints(
+        number="8.2",
+        check="check_cross_entropy",
+        idea=(
+            "At each position the loss is minus the log-probability of the target, and the log-probability of a "
+            "token is its logit minus the log of the sum of exp over the row's logits. Computed in that form, no "
+            "probability is ever formed, so nothing underflows; and subtracting the row's largest logit inside the "
+            "exponentials (then adding it back outside the log) keeps them from overflowing. The loss of the batch "
+            "is the mean over the positions whose target is not ignore_index."
+        ),
+        approach=(
+            "(1) Flatten the leading axes: logits to (positions, d_vocab), targets to (positions,). (2) Keep the "
+            "positions whose target differs from ignore_index (a boolean mask indexes both). (3) Per row: the "
+            "largest logit m, then m plus the log of the sum of exp(logits - m): the log-sum-exp, shape (kept,). (4) "
+            "The target's logit per row, with gather or indexing by (row, target). (5) The mean of the log-sum-exp "
+            "minus the target's logit, a tensor of shape ()."
+        ),
+        skeleton=(
+            "def cross_entropy(logits, targets, ignore_index=-100):\n"
+            "    logits, targets = ____, ____  # (positions, d_vocab) and (positions,)\n"
+            "    keep = ____  # the positions that are scored\n"
+            "    logits, targets = ____, ____\n"
+            "    top = ____  # (kept, 1): each row's largest logit\n"
+            "    lse = ____  # (kept,): the log-sum-exp of each row\n"
+            "    return (____ - ____).mean()\n"
+        ),
+    ),
+    "ex_adamw_step": Hints(
+        number="8.3",
+        check="check_adamw_step",
+        idea=(
+            "AdamW keeps two running means per weight: m of the gradient and v of its square. Both start at zero, "
+            "so early on they are too small, and dividing by 1 - beta^t (t the step number, from 1) corrects that. "
+            "The step is lr times the corrected m over the root of the corrected v plus eps: each weight moves by "
+            "about lr whatever the size of its gradient. Weight decay is separate from all that (decoupled): the "
+            "weight first shrinks by a factor of 1 - lr times weight_decay."
+        ),
+        approach=(
+            "(1) Update m: beta1 of the old m plus 1 - beta1 of the gradient. (2) Update v the same way with beta2 and "
+            "the squared gradient. (3) Correct both: m_hat is m over 1 - beta1^t, v_hat is v over 1 - beta2^t. (4) "
+            "Shrink the weight by 1 - lr times weight_decay. (5) Subtract lr times m_hat over the square root of "
+            "v_hat plus eps (eps outside the root, as PyTorch does). Return the new weight, m and v as new tensors, "
+            "without changing the ones you were given."
+        ),
+        skeleton=(
+            "def adamw_step(param, grad, m, v, t, lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1):\n"
+            "    beta1, beta2 = betas\n"
+            "    m = ____\n"
+            "    v = ____\n"
+            "    m_hat, v_hat = ____, ____\n"
+            "    param = param * ____  # decoupled weight decay, first\n"
+            "    return param - ____, m, v\n"
+        ),
+    ),
+    "ex_greedy": Hints(
+        number="8.4",
         check="check_greedy_generate",
         idea=(
             "Greedy decoding is a loop: run the model on the sequence so far, read its prediction for the next "
@@ -755,7 +1569,7 @@ HINTS = {
         ),
     ),
     "ex_top_k": Hints(
-        number="8.2",
+        number="8.5",
         check="check_top_k_filter",
         idea=(
             "Top-k keeps, in every row, the k largest logits and removes the others by setting them to minus "
@@ -779,7 +1593,7 @@ HINTS = {
         ),
     ),
     "ex_top_p": Hints(
-        number="8.3",
+        number="8.6",
         check="check_top_p_filter",
         idea=(
             "The nucleus is the smallest set of most likely tokens whose probabilities add up to at least p. "
