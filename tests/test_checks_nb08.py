@@ -45,6 +45,58 @@ def adamw_step(param, grad, m, v, t, lr, betas=(0.9, 0.95), eps=1e-8, weight_dec
     step = lr * (m / (1 - beta1 ** t)) / (torch.sqrt(v / (1 - beta2 ** t)) + eps)
     return param - step, m, v
 ''',
+    "ex_lr_schedule": '''\
+def lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr_ratio=0.1):
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    span = total_steps - 1 - warmup_steps
+    progress = 1.0 if span <= 0 else min(1.0, (step - warmup_steps) / span)
+    lowest = max_lr * min_lr_ratio
+    return lowest + 0.5 * (max_lr - lowest) * (1.0 + math.cos(math.pi * progress))
+''',
+    "ex_clip_grad_norm": '''\
+def clip_grad_norm(parameters, max_norm):
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    if total > max_norm:
+        with torch.no_grad():
+            for g in grads:
+                g *= max_norm / (total + 1e-6)
+    return total
+''',
+    "ex_train_loop": '''\
+def train_loop(model, optimizer, train_ids, generator, *, steps, batch_size, seq_len, max_lr, warmup_steps,
+               evaluate, eval_every, checkpoints, resume=False, until=None):
+    step = 0
+    if resume:
+        saved = checkpoints.restore()
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        generator.set_state(saved["generator"])
+        step = saved["step"]
+    losses, evals = [], []
+    last = until if until is not None else steps
+    while step < last:
+        lr = lr_schedule(step, max_lr, warmup_steps, steps)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        inputs, targets = get_batch(train_ids, batch_size, seq_len, generator)
+        optimizer.zero_grad(set_to_none=True)
+        loss = cross_entropy(model(inputs), targets)
+        loss.backward()
+        clip_grad_norm(model.parameters(), 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        step += 1
+        if step % eval_every == 0 or step == last:
+            model.eval()
+            with torch.no_grad():
+                evals.append((step, evaluate(model)))
+            model.train()
+            checkpoints.store(dict(model=model.state_dict(), optimizer=optimizer.state_dict(),
+                                   generator=generator.get_state(), step=step))
+    return losses, evals
+''',
     "ex_greedy": '''\
 def greedy_generate(model, ids, max_new_tokens):
     model.eval()                                           # no dropout while generating
@@ -76,8 +128,8 @@ def top_p_filter(logits, p):
 NOTEBOOK_CONTEXT = "import torch\nimport torch.nn.functional as F\nfrom torch import nn\nimport math, einops, regex"
 
 
-def solution(grade_id):
-    namespace = {"torch": torch, "F": F, "nn": nn, "math": math}
+def solution(grade_id, **names):
+    namespace = {"torch": torch, "F": F, "nn": nn, "math": math, **names}
     exec(SOLUTIONS[grade_id], namespace)
     return namespace
 
@@ -292,7 +344,189 @@ def test_adamw_not_done_and_the_oracle_is_torch():
     torch.testing.assert_close(ours, nb08.torch_adamw_trajectory(param, grads, **nb08.AW_OPTIONS), rtol=1e-12, atol=1e-14)
 
 
-# ----------------------------------------------------------------------------- 8.4 greedy_generate
+# ----------------------------------------------------------------------------- 8.4 lr_schedule
+
+
+def make_lr(bug=None):
+    def lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr_ratio=0.1):
+        mistake = {"zero-start": "zero-start", "no-offset": "no-offset", "to-zero": "to-zero", "absolute-min": "absolute-min",
+                   "full-period": "full-period", "linear": "linear", "late": "late", "past-end": "past-end"}.get(bug)
+        if step < warmup_steps:
+            return max_lr * (step if mistake == "zero-start" else step + 1) / warmup_steps
+        start, span = (0, total_steps - 1) if mistake == "no-offset" else (warmup_steps, total_steps - 1 - warmup_steps)
+        span += 1 if mistake == "late" else 0
+        progress = (step - start) / max(1, span)
+        progress = progress if mistake == "past-end" else min(1.0, progress)
+        low = 0.0 if mistake == "to-zero" else min_lr_ratio if mistake == "absolute-min" else max_lr * min_lr_ratio
+        if mistake == "linear":
+            return low + (max_lr - low) * (1 - progress)
+        angle = (2 if mistake == "full-period" else 1) * math.pi * progress
+        value = low + (max_lr - low) * (1 + math.cos(angle)) / 2
+        return torch.tensor(value) if bug == "tensor" else value
+
+    return lr_schedule
+
+
+def test_lr_schedule_reference_and_learner_solutions_pass(capsys):
+    for fn in (solution("ex_lr_schedule")["lr_schedule"], make_lr(), nb08.reference_lr_schedule):
+        nb08.check_lr_schedule(fn)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} learning-rate schedule: all checks passed") == 3
+
+
+def test_lr_schedule_reference_is_tfedus_training_schedule():
+    from tfedu.train import TrainConfig, learning_rate
+
+    for max_lr, warmup, total, ratio in nb08.LR_CASES:
+        cfg = TrainConfig(steps=total, lr=max_lr, warmup_steps=warmup, min_lr_ratio=ratio)
+        assert all(math.isclose(nb08.reference_lr_schedule(s, max_lr, warmup, total, ratio), learning_rate(s, cfg),
+                                rel_tol=1e-12, abs_tol=1e-15) for s in range(total + 10))
+
+
+@pytest.mark.parametrize("bug, match", [
+    ("zero-start", "the other convention in use, lr · t / W"),
+    ("no-offset", "the cosine starts at step 0 instead of at the end of the warm-up"),
+    ("to-zero", "the cosine ends at 0"),
+    ("absolute-min", "the floor is min_lr_ratio itself"),
+    ("full-period", "the learning rate comes back up"),
+    ("linear", "the decay is a straight line"),
+    ("late", "the floor is reached one step after the end"),
+    ("past-end", "after total_steps the learning rate changes again"),
+    ("tensor", "should return the learning rate as a float"),
+])
+def test_lr_schedule_mistakes_are_named(bug, match):
+    with pytest.raises(CheckFailure, match=match):
+        nb08.check_lr_schedule(make_lr(bug))
+
+
+# ----------------------------------------------------------------------------- 8.5 clip_grad_norm
+
+
+def make_clip(bug=None):
+    def clip_grad_norm(parameters, max_norm):
+        grads = [p.grad for p in parameters] if bug == "none-grad" else [p.grad for p in parameters if p.grad is not None]
+        norms = [g.norm() for g in grads]
+        total = sum(norms) if bug == "sum-norms" else torch.sqrt(sum(n**2 for n in norms))
+        for g, n in zip(grads, norms):
+            if bug == "per-param":
+                factor = min(1.0, max_norm / (float(n) + 1e-6))
+            elif bug == "always":
+                factor = max_norm / (float(total) + 1e-6)
+            else:
+                factor = min(1.0, max_norm / (float(total) + 1e-6))
+            if bug == "not-in-place":
+                g = g * factor
+            else:
+                g.mul_(factor)
+        if bug == "returns-clipped":
+            return torch.sqrt(sum((g**2).sum() for g in grads))
+        return None if bug == "returns-none" else total
+
+    return clip_grad_norm
+
+
+def test_clip_reference_and_learner_solutions_pass(capsys):
+    for fn in (solution("ex_clip_grad_norm")["clip_grad_norm"], make_clip(), nb08.reference_clip_grad_norm):
+        nb08.check_clip_grad_norm(fn)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} gradient clipping: all checks passed") == 3
+
+
+@pytest.mark.parametrize("bug, match", [
+    ("per-param", "you clipped each parameter's gradient on its own"),
+    ("always", "you rescaled a gradient whose norm was already below max_norm"),
+    ("sum-norms", "the total norm is the sum of the parameters' norms"),
+    ("not-in-place", "the parameters' .grad did not change"),
+    ("returns-clipped", "you returned the norm after clipping"),
+    ("returns-none", "return the total norm as a float or a tensor"),
+    ("none-grad", "a parameter without a gradient"),
+])
+def test_clip_mistakes_are_named(bug, match):
+    with pytest.raises(CheckFailure, match=match):
+        nb08.check_clip_grad_norm(make_clip(bug))
+
+
+def test_clip_by_torch_is_refused():
+    with pytest.raises(CheckFailure, match="you called .*clip_grad_norm_"):
+        nb08.check_clip_grad_norm(lambda parameters, max_norm: torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+
+
+# ----------------------------------------------------------------------------- 8.6 train_loop
+
+
+def make_loop(bug=None):
+    """The reference loop with one mistake, called as a learner's train_loop would be."""
+
+    def train_loop(model, optimizer, train_ids, generator, *, steps, batch_size, seq_len, max_lr, warmup_steps,
+                   evaluate, eval_every, checkpoints, resume=False, until=None):
+        options = dict(steps=steps, batch_size=batch_size, seq_len=seq_len, max_lr=max_lr, warmup_steps=warmup_steps,
+                       evaluate=evaluate, eval_every=eval_every, checkpoints=checkpoints, resume=resume, until=until)
+        if bug == "eval-steps":
+            losses, evals = nb08._loop(model, optimizer, train_ids, generator, **options)
+            return losses, [(s - 1, v) for s, v in evals]
+        if bug == "train-mode-eval":
+            def evaluate_in_training(m):
+                m.train()
+                return evaluate(m)
+            options["evaluate"] = evaluate_in_training
+            return nb08._loop(model, optimizer, train_ids, generator, **options)
+        if bug == "no-checkpoint":
+            class Nowhere:
+                def store(self, state):
+                    pass
+
+                def restore(self):
+                    return checkpoints.restore()
+
+            options["checkpoints"] = Nowhere()
+            return nb08._loop(model, optimizer, train_ids, generator, **options)
+        if bug == "tensor-losses":
+            nb08._loop(model, optimizer, train_ids, generator, **options)
+            return None
+        return nb08._loop(model, optimizer, train_ids, generator, **options, mistake=bug)
+
+    return train_loop
+
+
+def test_train_loop_reference_and_learner_solutions_pass(capsys):
+    learner = solution("ex_train_loop", get_batch=nb08.reference_get_batch, cross_entropy=nb08.reference_cross_entropy,
+                       lr_schedule=nb08.reference_lr_schedule, clip_grad_norm=nb08.reference_clip_grad_norm)["train_loop"]
+    for fn in (learner, make_loop(), nb08.reference_train_loop):
+        nb08.check_train_loop(fn)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} training loop: all checks passed") == 3
+
+
+@pytest.mark.parametrize("bug, match", [
+    ("no-zero-grad", "the gradients pile up from step to step"),
+    ("zero-after-backward", "cleared between backward and the optimizer's step"),
+    ("constant-lr", "the learning rate never changed"),
+    ("schedule-shift", "the schedule is one step ahead"),
+    ("schedule-total", "the schedule was given the steps of this call instead of the run's"),
+    ("no-clip", "the gradients were not clipped"),
+    ("eval-steps", "the evaluations are recorded at the wrong steps"),
+    ("train-mode-eval", "evaluate ran with the model in training mode"),
+    ("no-checkpoint", "no checkpoint was stored"),
+    ("resume-optimizer", "the optimizer's state"),
+    ("resume-generator", "the generator's state was not stored or not restored"),
+    ("resume-step", "the run started again from step 0"),
+    ("resume-model", "the model's weights were not those of the checkpoint"),
+    ("tensor-losses", "train_loop should return \\(losses, evals\\)"),
+])
+def test_train_loop_mistakes_are_named(bug, match):
+    with pytest.raises(CheckFailure, match=match):
+        nb08.check_train_loop(make_loop(bug))
+
+
+def test_the_loop_check_binds_the_reference_parts_and_puts_the_learners_back():
+    def wrong_cross_entropy(logits, targets, ignore_index=-100):
+        raise NotImplementedError
+
+    namespace = {"cross_entropy": wrong_cross_entropy, "torch": torch}
+    exec("def uses(): return cross_entropy", namespace)
+    with nb08.parts_in(namespace["uses"]):
+        assert namespace["uses"]() is nb08.reference_cross_entropy
+    assert namespace["cross_entropy"] is wrong_cross_entropy and "get_batch" not in namespace
+
+
+# ----------------------------------------------------------------------------- 8.7 greedy_generate
 
 
 def make_greedy(bug=None):
@@ -399,7 +633,7 @@ def test_the_greedy_checks_model_leaves_the_global_random_state_alone():
     assert torch.equal(torch.random.get_rng_state(), before)
 
 
-# ----------------------------------------------------------------------------- 8.5 top_k_filter
+# ----------------------------------------------------------------------------- 8.8 top_k_filter
 
 
 def make_top_k(bug=None):
@@ -473,7 +707,7 @@ def test_top_k_not_done():
         nb08.check_top_k_filter(top_k_filter)
 
 
-# ----------------------------------------------------------------------------- 8.6 top_p_filter
+# ----------------------------------------------------------------------------- 8.9 top_p_filter
 
 
 def make_top_p(bug=None):
@@ -581,6 +815,9 @@ GOOD = {
     "check_get_batch": [solution("ex_get_batch"), {"get_batch": make_get_batch()}, {"get_batch": nb08.reference_get_batch}],
     "check_cross_entropy": [solution("ex_cross_entropy"), {"cross_entropy": make_cross_entropy()}],
     "check_adamw_step": [solution("ex_adamw_step"), {"adamw_step": make_adamw()}],
+    "check_lr_schedule": [solution("ex_lr_schedule"), {"lr_schedule": make_lr()}],
+    "check_clip_grad_norm": [solution("ex_clip_grad_norm"), {"clip_grad_norm": make_clip()}],
+    "check_train_loop": [{"train_loop": make_loop()}],
     "check_greedy": [solution("ex_greedy"), {"greedy_generate": greedy_cropping_when_needed}],
     "check_top_k": [solution("ex_top_k"), {"top_k_filter": top_k_by_sort}],
     "check_top_p": [solution("ex_top_p"), {"top_p_filter": top_p_transformers_style},
@@ -604,6 +841,19 @@ BAD = [  # (probe, namespace, a fragment of the feedback)
     ("check_adamw_step", {"adamw_step": make_adamw("eps-inside")}, "eps is inside"),
     ("check_adamw_step", {"adamw_step": make_adamw("in-place")}, "changed its input in place"),
     ("check_adamw_step", {"adamw_step": make_adamw("tuple2")}, "three tensors"),
+    ("check_lr_schedule", {"lr_schedule": make_lr("zero-start")}, "lr · t / W"),
+    ("check_lr_schedule", {"lr_schedule": make_lr("no-offset")}, "end of the warm-up"),
+    ("check_lr_schedule", {"lr_schedule": make_lr("past-end")}, "after total_steps"),
+    ("check_lr_schedule", {"lr_schedule": make_lr("tensor")}, "as a float"),
+    ("check_clip_grad_norm", {"clip_grad_norm": make_clip("per-param")}, "on its own"),
+    ("check_clip_grad_norm", {"clip_grad_norm": make_clip("always")}, "already below max_norm"),
+    ("check_clip_grad_norm", {"clip_grad_norm": make_clip("not-in-place")}, "did not change"),
+    ("check_clip_grad_norm", {"clip_grad_norm": make_clip("none-grad")}, "without a gradient"),
+    ("check_train_loop", {"train_loop": make_loop("no-zero-grad")}, "pile up"),
+    ("check_train_loop", {"train_loop": make_loop("schedule-total")}, "instead of the run's"),
+    ("check_train_loop", {"train_loop": make_loop("no-checkpoint")}, "no checkpoint was stored"),
+    ("check_train_loop", {"train_loop": make_loop("resume-optimizer")}, "the optimizer's state"),
+    ("check_train_loop", {"train_loop": make_loop("resume-generator")}, "the generator's state"),
     ("check_greedy", {"greedy_generate": make_greedy("first")}, "first position"),
     ("check_greedy", {"greedy_generate": make_greedy("no-crop")}, "raised"),
     ("check_greedy", {"greedy_generate": make_greedy("crop-start")}, "kept the first n_ctx"),
@@ -637,8 +887,9 @@ def verdict(probe, namespace, seed):
 
 
 def test_every_check_cell_has_a_probe():
-    assert set(nb08.PROBES) == set(GOOD) == {"check_get_batch", "check_cross_entropy", "check_adamw_step", "check_greedy",
-                                             "check_top_k", "check_top_p"}
+    assert set(nb08.PROBES) == set(GOOD) == {"check_get_batch", "check_cross_entropy", "check_adamw_step", "check_lr_schedule",
+                                             "check_clip_grad_norm", "check_train_loop", "check_greedy", "check_top_k",
+                                             "check_top_p"}
     for grade_id, probe in nb08.PROBES.items():
         assert probe.exercise == grade_id.replace("check_", "ex_")
         assert probe.compare is not None

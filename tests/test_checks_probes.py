@@ -545,13 +545,15 @@ STANDIN_USERS = [(stem, grade_id) for stem, grade_id in ALL_PROBES if MODULES[st
 
 def test_the_exercises_that_call_earlier_ones_have_stand_ins():
     assert sorted(g for _, g in STANDIN_USERS) == ["check_bpe_encode", "check_cbow_loss", "check_learn_bpe", "check_pre_norm_block",
-                                                   "check_rope_attention", "check_self_attention"]
+                                                   "check_rope_attention", "check_self_attention", "check_train_loop"]
     assert sorted(standin_objects(nb01.PROBES["check_learn_bpe"])) == ["get_pair_counts", "merge_pair"]
     assert sorted(standin_objects(nb01.PROBES["check_bpe_encode"])) == ["merge_pair"]
     assert sorted(standin_objects(nb02.PROBES["check_cbow_loss"])) == ["sgns_loss"]
     assert sorted(standin_objects(nb04.PROBES["check_self_attention"])) == ["attention"]
     assert sorted(standin_objects(nb06.PROBES["check_rope_attention"])) == ["apply_rope"]
     assert sorted(standin_objects(nb07.PROBES["check_pre_norm_block"])) == ["layer_norm"]
+    assert sorted(standin_objects(nb08.PROBES["check_train_loop"])) == ["clip_grad_norm", "cross_entropy", "get_batch",
+                                                                        "lr_schedule"]
 
 
 def test_stand_ins_agree_with_the_references():

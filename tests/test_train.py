@@ -64,6 +64,39 @@ def test_training_lowers_the_loss_and_evaluates_on_schedule(data):
     assert evaluate(model, val_data, TINY.n_ctx) == evaluate(model, val_data, TINY.n_ctx)
 
 
+def test_an_optimizer_class_called_like_adamw_replaces_it(data):
+    train_data, _ = data
+    cfg = TrainConfig(steps=6, batch_size=4, lr=3e-3, warmup_steps=2)
+    default = train(tiny_model(), train_data, cfg, progress=False)
+    given = train(tiny_model(), train_data, cfg, progress=False, optimizer_class=torch.optim.AdamW)
+    assert given.losses == default.losses
+    made = []
+
+    class Recording(torch.optim.AdamW):
+        def __init__(self, params, lr, betas):
+            made.append((lr, betas))
+            super().__init__(params, lr=lr, betas=betas)
+
+    recorded = train(tiny_model(), train_data, cfg, progress=False, optimizer_class=Recording)
+    assert made == [(cfg.lr, cfg.betas)] and recorded.losses == default.losses
+
+
+def test_a_checkpoint_file_stores_atomically_and_restores_tensors_only(tmp_path):
+    from tfedu.data import CheckpointFile
+
+    checkpoints = CheckpointFile(tmp_path / "run.pt")
+    assert not checkpoints.exists()
+    with pytest.raises(FileNotFoundError, match="no checkpoint at .*run.pt"):
+        checkpoints.restore()
+    checkpoints.store({"step": 2, "generator": torch.Generator().manual_seed(0).get_state()})
+    assert checkpoints.restore()["step"] == 2 and not (tmp_path / "run.pt.part").exists()
+    with pytest.raises(TypeError, match="a checkpoint is a dict"):
+        checkpoints.store([1, 2])
+    torch.save({"code": TrainConfig()}, tmp_path / "other.pt")  # an arbitrary object: unpickling it could run code
+    with pytest.raises(Exception, match="(?i)weights.only|unsupported"):
+        CheckpointFile(tmp_path / "other.pt").restore()
+
+
 def test_resume_after_a_crash_continues_the_uninterrupted_loss_curve_exactly(data, tmp_path):
     train_data, val_data = data
     cfg = TrainConfig(steps=16, batch_size=4, warmup_steps=3, eval_every=5, lr=3e-3)

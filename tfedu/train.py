@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tfedu.data import TokenDataset, write_atomically
+from tfedu.data import CheckpointFile, TokenDataset
 from tfedu.moe import router_losses
 from tfedu.runtime import bfloat16_native
 
@@ -160,9 +160,12 @@ def train(
     device: str | torch.device | None = None,
     progress: bool = True,
     on_step: Callable[[dict], bool | None] | None = None,
+    optimizer_class: Callable[..., torch.optim.Optimizer] | None = None,
 ) -> TrainResult:
     """Train ``model`` (called as ``model(x, y) -> (logits, loss)``) on random windows of ``train_data``.
 
+    ``optimizer_class`` replaces ``torch.optim.AdamW``: called with the parameter groups and
+    ``lr=`` and ``betas=``, like it.
     ``out_dir`` receives ``checkpoint.pt``; ``resume=True`` continues from it. ``on_step(record)`` is
     called after every step (a notebook plots from it); if it returns True the run stops there. Ctrl-C (KeyboardInterrupt) stops the run after
     the current step and returns what was trained so far; the model keeps its weights.
@@ -174,8 +177,11 @@ def train(
         raise ValueError(f"batch_size {cfg.batch_size} must divide evenly over {procs.world_size} processes")
     rows = slice(procs.rank * cfg.batch_size // procs.world_size, (procs.rank + 1) * cfg.batch_size // procs.world_size)
     model.to(device)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas,
-                                  fused=device.type == "cuda")
+    if optimizer_class is None:
+        optimizer = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas,
+                                      fused=device.type == "cuda")
+    else:  # another AdamW, called like torch's (notebook 08 trains with the learner's own step)
+        optimizer = optimizer_class(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.betas)
     sampler = torch.Generator().manual_seed(cfg.seed)
     result, start = TrainResult(), 0
     path = Path(out_dir) / "checkpoint.pt" if out_dir is not None else None
@@ -282,13 +288,13 @@ def save_checkpoint(path: Path, model: nn.Module, optimizer, sampler: torch.Gene
         "evals": result.evals,
         "train_config": asdict(cfg),
     }
-    write_atomically(path, lambda tmp: torch.save(state, tmp))
+    CheckpointFile(path).store(state)
 
 
 def load_checkpoint(path: Path, model: nn.Module, optimizer, sampler: torch.Generator, result: TrainResult) -> int:
     """Restore a checkpoint written by ``save_checkpoint``; returns the number of steps already done."""
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = CheckpointFile(path).restore()
         model.load_state_dict(state["model"])
     except Exception as error:
         raise ValueError(f"{path} is not a checkpoint of this model: {error}") from None

@@ -15,17 +15,29 @@ the mistakes seen in tutorials and learners' answers:
   ``torch.optim.AdamW``; Adam with L2, the decay without the learning rate or none, no bias
   correction or the wrong step number, eps inside the root, the betas swapped or weighed the wrong
   way, the decay after the update, NaN from a negative v or a zero correction.
-- 8.4 ``greedy_generate(model, ids, max_new_tokens)``: the first position's logits instead of the
+- 8.4 ``lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr_ratio=0.1)``: four schedules
+  at every step and past the end against ``tfedu.train.learning_rate``'s rule (warm-up lr · (t + 1) /
+  W); the lr · t / W convention, the cosine not offset, a floor of 0 or not scaled, a whole period, a
+  straight line, the floor a step late, a schedule that moves after its end.
+- 8.5 ``clip_grad_norm(parameters, max_norm)``: against ``torch.nn.utils.clip_grad_norm_``; each
+  parameter clipped alone, clipping below the threshold, the sum of the norms, gradients not changed
+  in place, the clipped norm returned, a parameter without .grad.
+- 8.6 ``train_loop(model, optimizer, train_ids, generator, *, steps, ..., resume, until)``: a tiny GPT
+  twelve steps against the reference loop, cut after eight and resumed (the last four losses equal),
+  the earlier parts bound to the references; gradients piling up or cleared too late, the learning
+  rate never set, a step ahead or scheduled over the call, no clipping, the evaluations' steps or
+  mode, no checkpoint stored, the optimizer, generator, model or step left out of the resume.
+- 8.7 ``greedy_generate(model, ids, max_new_tokens)``: the first position's logits instead of the
   last's, the argmax over the positions instead of the vocabulary, returning only the new tokens or
   only the prompt, feeding the prompt again each step instead of the grown sequence, no cropping to
   ``model.cfg.n_ctx`` (the model refuses) or cropping the start instead of the end, sampling instead
   of the argmax, dropout left on (no ``model.eval()``), the prompt changed in place. Compared with
   ``tfedu.generate.generate(..., do_sample=False)`` on a tiny seeded GPT, with a prompt near n_ctx.
-- 8.5 ``top_k_filter(logits, k)``: k + 1 or k - 1 tokens kept, the k smallest kept, probabilities
+- 8.8 ``top_k_filter(logits, k)``: k + 1 or k - 1 tokens kept, the k smallest kept, probabilities
   returned (softmax applied), 0 or a large negative number instead of -inf, ties at the k-th value
   dropped (transformers keeps every logit >= the k-th largest), the input changed in place, a filter
   that works on one row (d_vocab,) but not on a batch. Compared with ``tfedu.generate.filter_top_k``.
-- 8.6 ``top_p_filter(logits, p)``: the nucleus without the token that carries the mass across p,
+- 8.9 ``top_p_filter(logits, p)``: the nucleus without the token that carries the mass across p,
   the tokens sorted least likely first, probabilities returned (renormalised or not), an empty
   nucleus for a small p (the most likely token is always kept), the mask put back in the wrong
   order (left in sorted order, or gathered where it should be scattered), 0 instead of -inf, the
@@ -36,7 +48,9 @@ the mistakes seen in tutorials and learners' answers:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -60,6 +74,7 @@ from tfedu.checks.core import (
 )
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf
 from tfedu.config import ModelConfig
+from tfedu.data import CheckpointFile
 from tfedu.generate import filter_top_k, filter_top_p, generate
 from tfedu.model import GPT
 
@@ -542,7 +557,536 @@ def check_adamw_step(adamw_step) -> None:
             "(betas (0.9, 0.95), eps 1e-8, weight_decay 0.1)", check_dtype=False, rtol=1e-9, atol=1e-12)
 
 
-# ----------------------------------------------------------------------------- 8.4 greedy_generate
+# ----------------------------------------------------------------------------- 8.4 lr_schedule
+
+HINT_LR_ZERO_START = (
+    "your first step has learning rate 0: that is the other convention in use, lr · t / W with t from 0 "
+    "(nanoGPT's, for instance), which spends its first step on nothing. This course's step t (from 0) gets "
+    "lr · (t + 1) / W, so the first step moves and step W - 1 reaches the peak"
+)
+HINT_LR_NO_OFFSET = (
+    "the cosine starts at step 0 instead of at the end of the warm-up: its progress runs from 0 at step "
+    "warmup_steps to 1 at the last step, total_steps - 1"
+)
+HINT_LR_TO_ZERO = (
+    "the cosine ends at 0: it ends at min_lr_ratio · max_lr (a tenth of the peak by default, as GPT-3 and Chinchilla decay)"
+)
+HINT_LR_ABSOLUTE_MIN = "the floor is min_lr_ratio itself: it is a fraction of the peak, min_lr_ratio · max_lr"
+HINT_LR_FULL_PERIOD = (
+    "the learning rate comes back up: the schedule is half a cosine period, from the peak down to the floor, "
+    "not a whole one"
+)
+HINT_LR_LINEAR = "the decay is a straight line: after the warm-up it follows half a cosine, (1 + cos(π · progress)) / 2"
+HINT_LR_LATE = (
+    "the floor is reached one step after the end: the last step, total_steps - 1, is the one that gets "
+    "min_lr_ratio · max_lr"
+)
+HINT_LR_PAST_END = (
+    "after total_steps the learning rate changes again: past the end of the schedule it stays at the floor "
+    "(progress is capped at 1)"
+)
+HINT_LR_TYPE = "{call} should return the learning rate as a float, got {got}"
+HINT_LR_CALL = (
+    "keep the signature lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr_ratio=0.1): step counts from 0 "
+    "and the function returns a float"
+)
+
+
+def reference_lr_schedule(step: int, max_lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float = 0.1) -> float:
+    """Linear warm-up (lr · (step + 1) / W), then half a cosine to min_lr_ratio · max_lr at the last step."""
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - 1 - warmup_steps))
+    low = max_lr * min_lr_ratio
+    return low + (max_lr - low) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _lr_variant(step: int, max_lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float, mistake: str) -> float:
+    if step < warmup_steps:
+        return max_lr * (step if mistake == "zero-start" else step + 1) / warmup_steps
+    start, span = warmup_steps, max(1, total_steps - 1 - warmup_steps)
+    if mistake == "no-offset":
+        start, span = 0, max(1, total_steps - 1)
+    elif mistake == "late":
+        span = max(1, total_steps - warmup_steps)
+    progress = (step - start) / span if mistake == "past-end" else min(1.0, (step - start) / span)
+    low = {"to-zero": 0.0, "absolute-min": min_lr_ratio}.get(mistake, max_lr * min_lr_ratio)
+    shape = {"full-period": 0.5 * (1 + math.cos(2 * math.pi * progress)), "linear": 1 - progress}.get(
+        mistake, 0.5 * (1 + math.cos(math.pi * progress)))
+    return low + (max_lr - low) * shape
+
+
+LR_MISTAKES = (("zero-start", HINT_LR_ZERO_START), ("no-offset", HINT_LR_NO_OFFSET), ("to-zero", HINT_LR_TO_ZERO),
+               ("absolute-min", HINT_LR_ABSOLUTE_MIN), ("full-period", HINT_LR_FULL_PERIOD), ("linear", HINT_LR_LINEAR),
+               ("late", HINT_LR_LATE), ("past-end", HINT_LR_PAST_END))
+
+# (max_lr, warmup_steps, total_steps, min_lr_ratio), each schedule read at every step and 10 steps past its end
+LR_CASES = ((3e-3, 10, 60, 0.1), (1.0, 4, 21, 0.25), (6e-4, 1, 40, 0.0), (0.02, 0, 17, 0.1))
+
+
+def lr_problem(cases: Sequence[Sequence[float]], curves: Sequence[Sequence[Any]]) -> str | None:
+    """Feedback on the learning rates ``curves`` read at steps 0 .. total + 9 of each case; shared with the hidden test."""
+    for (max_lr, warmup, total, ratio), curve in zip(cases, curves):
+        want = [reference_lr_schedule(s, max_lr, int(warmup), int(total), ratio) for s in range(int(total) + 10)]
+        for step, (got, value) in enumerate(zip(curve, want)):
+            call = f"lr_schedule({step}, {max_lr}, {int(warmup)}, {int(total)}, {ratio})"
+            if not isinstance(got, (float, int)) or isinstance(got, bool):
+                return HINT_LR_TYPE.format(call=call, got=describe(got))
+        if all(math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-12) for g, w in zip(curve, want)):
+            continue
+        for mistake, hint in LR_MISTAKES:
+            wrong = [_lr_variant(s, max_lr, int(warmup), int(total), ratio, mistake) for s in range(int(total) + 10)]
+            if all(math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-12) for g, w in zip(curve, wrong)):
+                return hint
+        step = next(s for s, (g, w) in enumerate(zip(curve, want)) if not math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-12))
+        return (f"lr_schedule({step}, {max_lr}, {int(warmup)}, {int(total)}, {ratio}) returned {curve[step]!r}, expected "
+                f"{want[step]!r}")
+    return None
+
+
+@checker("learning-rate schedule")
+def check_lr_schedule(lr_schedule) -> None:
+    """Check a learner's ``lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr_ratio=0.1) -> float``.
+
+    Four schedules read at every step and ten past the end, against ``tfedu.train.learning_rate``'s
+    rule (the warm-up convention lr · (t + 1) / W with t from 0): with and without warm-up, floors of
+    0, 0.1 and 0.25. Named: the lr · t / W convention, the cosine not offset by the warm-up, a floor
+    of 0 or not scaled by the peak, a whole cosine period, a linear decay, the floor reached a step
+    late, a schedule that moves past its end.
+    """
+    curves = []
+    for max_lr, warmup, total, ratio in LR_CASES:
+        curves.append([call_learner(lr_schedule, step, max_lr, warmup, total, ratio, name="lr_schedule",
+                                    error_hint=HINT_LR_CALL) for step in range(total + 10)])
+    problem = lr_problem(LR_CASES, curves)
+    if problem:
+        raise CheckFailure(problem)
+    got = call_learner(lr_schedule, 5, 1.0, 10, 100, name="lr_schedule", error_hint=HINT_LR_CALL)  # the default floor
+    expect(math.isclose(got, 0.6), f"lr_schedule(5, 1.0, 10, 100) returned {got!r}, expected 0.6 (min_lr_ratio "
+                                   "defaults to 0.1; step 5 of a 10-step warm-up)")
+
+
+# ----------------------------------------------------------------------------- 8.5 clip_grad_norm
+
+HINT_CLIP_PER_PARAM = (
+    "you clipped each parameter's gradient on its own: clipping by the global norm treats all the gradients as "
+    "one long vector, takes its norm once, and scales every gradient by the same factor"
+)
+HINT_CLIP_ALWAYS = (
+    "you rescaled a gradient whose norm was already below max_norm: clipping only shrinks; below the threshold "
+    "the gradients stay as they are"
+)
+HINT_CLIP_SUM_NORMS = (
+    "the total norm is the sum of the parameters' norms: it is the square root of the sum of all the squared "
+    "entries (the norm of the gradients put end to end), which is less"
+)
+HINT_CLIP_NOT_IN_PLACE = (
+    "the parameters' .grad did not change: clipping works in place, scaling each p.grad (the optimizer reads "
+    "p.grad next)"
+)
+HINT_CLIP_RETURNS_CLIPPED = (
+    "you returned the norm after clipping: return the total norm before it (what clip_grad_norm_ returns, the "
+    "number worth logging)"
+)
+HINT_CLIP_NONE_GRAD = (
+    "a parameter without a gradient (p.grad is None: frozen, or unused in this forward pass) broke your function: "
+    "skip those"
+)
+HINT_CLIP_NORM_TYPE = "{what}: return the total norm as a float or a tensor of shape (), got {got}"
+HINT_CLIP_CALL = (
+    "keep the signature clip_grad_norm(parameters, max_norm): parameters is a list of tensors with .grad, "
+    "max_norm a float; scale the gradients in place and return the total norm before clipping"
+)
+CLIP_WATCHED = tuple((owner, name) for owner, names in ((torch.nn.utils, ("clip_grad_norm_", "clip_grad_norm",
+                                                                            "get_total_norm", "clip_grads_with_norm_")),)
+                     for name in names if hasattr(owner, name))
+
+
+def reference_clip_grad_norm(parameters: Sequence[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """Scale every .grad by max_norm / (total norm + 1e-6) when that is below 1; return the total norm (the answer)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = torch.sqrt(sum(((g.double() ** 2).sum() for g in grads), torch.zeros((), dtype=F64)))
+    scale = min(1.0, max_norm / (float(total) + 1e-6))
+    for g in grads:
+        g.mul_(scale)
+    return total
+
+
+def _clip_case(seed: int, scale: float) -> list[torch.nn.Parameter]:
+    gen = torch.Generator().manual_seed(seed)
+    shapes = ((4, 3), (5,), (2, 2, 3), (7,))
+    params = [torch.nn.Parameter(torch.randn(*s, generator=gen, dtype=F64)) for s in shapes]
+    for i, p in enumerate(params):
+        p.grad = scale * (1 + 3 * i) * torch.randn(*p.shape, generator=gen, dtype=F64)  # parts of unequal size
+    return params
+
+
+def _clip_variant(grads: Sequence[torch.Tensor], max_norm: float, mistake: str) -> list[torch.Tensor]:
+    norms = [g.norm() for g in grads]
+    total = torch.sqrt(sum(n**2 for n in norms))
+    if mistake == "per-param":
+        return [g * min(1.0, max_norm / (float(n) + 1e-6)) for g, n in zip(grads, norms)]
+    if mistake == "always":
+        return [g * max_norm / (float(total) + 1e-6) for g in grads]
+    total = sum(norms)  # "sum-norms"
+    return [g * min(1.0, max_norm / (float(total) + 1e-6)) for g in grads]
+
+
+CLIP_MISTAKES = (("per-param", HINT_CLIP_PER_PARAM), ("always", HINT_CLIP_ALWAYS), ("sum-norms", HINT_CLIP_SUM_NORMS))
+
+
+def clip_problem(before: Sequence[np.ndarray], after: Sequence[np.ndarray], returned: Any, max_norm: float) -> str | None:
+    """Feedback on one clipping: the gradients ``before`` and ``after`` it, and what the function returned."""
+    grads = [torch.from_numpy(np.asarray(g, dtype=np.float64)) for g in before]
+    total = float(torch.sqrt(sum((g**2).sum() for g in grads)))
+    want = [g * min(1.0, max_norm / (total + 1e-6)) for g in grads]
+    got = [torch.from_numpy(np.asarray(g, dtype=np.float64)) for g in after]
+    if not all(is_close(a, b, rtol=1e-5, atol=1e-8) for a, b in zip(got, want)):
+        if all(is_close(a, b, rtol=0, atol=0) for a, b in zip(got, grads)) and total > max_norm:
+            return HINT_CLIP_NOT_IN_PLACE
+        for mistake, hint in CLIP_MISTAKES:
+            if all(is_close(a, b, rtol=1e-5, atol=1e-8) for a, b in zip(got, _clip_variant(grads, max_norm, mistake))):
+                return hint
+        return (f"after clip_grad_norm(parameters, max_norm={max_norm}) with a total norm of {total:.4g}, the gradients "
+                f"differ from clip_grad_norm_'s")
+    what = f"clip_grad_norm(parameters, max_norm={max_norm})"
+    if isinstance(returned, torch.Tensor) and returned.dim() == 0:
+        returned = float(returned)
+    if not isinstance(returned, (float, int)) or isinstance(returned, bool):
+        return HINT_CLIP_NORM_TYPE.format(what=what, got=describe(returned))
+    if total > max_norm and math.isclose(returned, min(total, max_norm), rel_tol=1e-4):
+        return HINT_CLIP_RETURNS_CLIPPED
+    if not math.isclose(returned, total, rel_tol=1e-5):
+        return f"{what} returned {returned:.6g}, expected the total norm before clipping, {total:.6g}"
+    return None
+
+
+@checker("gradient clipping")
+def check_clip_grad_norm(clip_grad_norm) -> None:
+    """Check a learner's ``clip_grad_norm(parameters, max_norm) -> total norm``, against ``clip_grad_norm_``.
+
+    Parameters of four shapes whose gradients differ in size: a total norm far above max_norm (every
+    gradient scaled by one factor), one below (nothing changes), a parameter whose .grad is None among
+    them, and float32 gradients.
+    """
+    for seed, scale, max_norm in ((0, 5.0, 1.0), (1, 0.01, 1.0), (2, 3.0, 2.5)):
+        params = _clip_case(seed, scale)
+        before = [p.grad.clone().numpy() for p in params]
+        with watch_calls(*CLIP_WATCHED) as called:
+            returned = call_learner(clip_grad_norm, params, max_norm, name="clip_grad_norm", error_hint=HINT_CLIP_CALL)
+        if called:
+            raise CheckFailure(f"you called {called[0]}: the exercise is to clip by hand (the grader scores "
+                               "torch.nn.utils' clipping zero)")
+        problem = clip_problem(before, [p.grad.numpy() for p in params], returned, max_norm)
+        if problem:
+            raise CheckFailure(problem)
+    params = _clip_case(3, 4.0)
+    params.insert(2, torch.nn.Parameter(torch.zeros(3, dtype=F64)))  # .grad is None
+    before = [p.grad.clone().numpy() for p in params if p.grad is not None]
+    try:
+        returned = call_learner(clip_grad_norm, params, 1.0, name="clip_grad_norm", error_hint=HINT_CLIP_CALL)
+    except CheckFailure as failure:
+        raise CheckFailure(f"{HINT_CLIP_NONE_GRAD} ({failure})") from None
+    problem = clip_problem(before, [p.grad.numpy() for p in params if p.grad is not None], returned, 1.0)
+    if problem:
+        raise CheckFailure(f"{problem} (with a parameter whose .grad is None among them)")
+    oracle = _clip_case(4, 2.0)
+    params = [torch.nn.Parameter(p.detach().float()) for p in oracle]
+    for p, q in zip(params, oracle):
+        p.grad = q.grad.float()
+    returned = call_learner(clip_grad_norm, params, 1.0, name="clip_grad_norm", error_hint=HINT_CLIP_CALL)
+    want_norm = torch.nn.utils.clip_grad_norm_(oracle, 1.0)
+    for p, q in zip(params, oracle):
+        expect(is_close(p.grad, q.grad, rtol=1e-5, atol=1e-7),
+               "with float32 gradients, yours differ from torch.nn.utils.clip_grad_norm_'s after clipping")
+    got = float(returned) if isinstance(returned, (torch.Tensor, float, int)) else returned
+    expect(isinstance(got, float) and math.isclose(got, float(want_norm), rel_tol=1e-5),
+           f"with float32 gradients you returned {returned!r}, clip_grad_norm_ returns {float(want_norm):.6g}")
+
+
+# ----------------------------------------------------------------------------- 8.6 train_loop
+
+HINT_LOOP_NO_ZERO_GRAD = (
+    "the gradients pile up from step to step: backward adds into .grad, so clear the gradients (optimizer.zero_grad()) "
+    "before each backward pass"
+)
+HINT_LOOP_ZERO_AFTER_BACKWARD = (
+    "the gradients were cleared between backward and the optimizer's step, so each step used zero gradients: clear "
+    "them before backward, not after"
+)
+HINT_LOOP_CONSTANT_LR = (
+    "the learning rate never changed: at every step, before the optimizer's step, set the learning rate of every "
+    "param group of the optimizer to the schedule's value for that step"
+)
+HINT_LOOP_SCHEDULE_SHIFT = (
+    "the schedule is one step ahead: step t (from 0) uses the schedule's rate for step t, so the first step has the "
+    "first warm-up rate"
+)
+HINT_LOOP_SCHEDULE_TOTAL = (
+    "the schedule was given the steps of this call instead of the run's: lr_schedule takes steps, the length of the "
+    "whole run, even when until stops the call early or resume starts it late"
+)
+HINT_LOOP_NO_CLIP = (
+    "the gradients were not clipped (or were clipped after the optimizer's step, too late to matter): clip them to a "
+    "global norm of 1.0 between backward and the step"
+)
+HINT_LOOP_EVAL_STEPS = (
+    "the evaluations are recorded at the wrong steps: record (steps done, value) after every eval_every-th step, "
+    "counting steps done from 1, and once more after the last step of the call"
+)
+HINT_LOOP_EVAL_TRAIN_MODE = (
+    "evaluate ran with the model in training mode, or with gradients on: switch to model.eval() under torch.no_grad() "
+    "for the evaluation, and back to model.train() after"
+)
+HINT_LOOP_NO_CHECKPOINT = "no checkpoint was stored after an evaluation: hand the state to checkpoints.store"
+HINT_LOOP_RESUME_OPTIMIZER = (
+    "after resuming, the losses differ from the uninterrupted run's: the optimizer's state (AdamW's running means "
+    "and step counts) was not stored or not restored. Store the optimizer's state dict with the model's"
+)
+HINT_LOOP_RESUME_GENERATOR = (
+    "after resuming, the batches differ from the uninterrupted run's: the generator's state was not stored or not "
+    "restored (the generator has get_state and set_state), so the resumed run draws other windows"
+)
+HINT_LOOP_RESUME_STEP = (
+    "after resuming, the run started again from step 0: store the number of steps done in the checkpoint and continue "
+    "from it (the schedule and the step count depend on it)"
+)
+HINT_LOOP_RESUME_MODEL = "after resuming, the model's weights were not those of the checkpoint: restore the model's state too"
+HINT_LOOP_RETURN = (
+    "train_loop should return (losses, evals): the training loss of each step run, as floats, and a list of (step, "
+    "value) pairs from evaluate"
+)
+HINT_LOOP_CALL = (
+    "keep the signature train_loop(model, optimizer, train_ids, generator, *, steps, batch_size, seq_len, max_lr, "
+    "warmup_steps, evaluate, eval_every, checkpoints, resume=False, until=None); it calls get_batch, "
+    "cross_entropy, lr_schedule and clip_grad_norm, your functions of 8.1, 8.2, 8.4 and 8.5"
+)
+
+LOOP_CLIP = 1.0
+
+
+def _loop(model, optimizer, train_ids, generator, *, steps, batch_size, seq_len, max_lr, warmup_steps, evaluate,
+          eval_every, checkpoints, resume=False, until=None, parts: dict | None = None, mistake: str | None = None):
+    """The training loop of the exercise, with the reference parts (or ``parts``) and optionally one mistake."""
+    parts = parts or REFERENCE_PARTS
+    start = 0
+    if resume:
+        state = checkpoints.restore()
+        if mistake != "resume-model":
+            model.load_state_dict(state["model"])
+        if mistake != "resume-optimizer":
+            optimizer.load_state_dict(state["optimizer"])
+        if mistake != "resume-generator":
+            generator.set_state(state["generator"])
+        start = 0 if mistake == "resume-step" else state["step"]
+    end = steps if until is None else until
+    losses, evals = [], []
+    model.train()
+    for step in range(start, end):
+        if mistake != "constant-lr":
+            total = end - start if mistake == "schedule-total" else steps
+            at = step + 1 if mistake == "schedule-shift" else step - start if mistake == "schedule-total" else step
+            for group in optimizer.param_groups:
+                group["lr"] = parts["lr_schedule"](at, max_lr, warmup_steps, total)
+        x, y = parts["get_batch"](train_ids, batch_size, seq_len, generator)
+        loss = parts["cross_entropy"](model(x), y)
+        if mistake != "no-zero-grad":
+            optimizer.zero_grad()
+        loss.backward()
+        if mistake == "zero-after-backward":
+            optimizer.zero_grad()
+        if mistake != "no-clip":
+            parts["clip_grad_norm"](list(model.parameters()), LOOP_CLIP)
+        optimizer.step()
+        losses.append(loss.item())
+        done = step + 1
+        if done % eval_every == 0 or done == end:
+            model.eval()
+            with torch.no_grad():
+                evals.append((done, float(evaluate(model))))
+            model.train()
+            checkpoints.store({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                               "generator": generator.get_state(), "step": done})
+    return losses, evals
+
+
+REFERENCE_PARTS = {"get_batch": reference_get_batch, "cross_entropy": reference_cross_entropy,
+                   "lr_schedule": reference_lr_schedule, "clip_grad_norm": reference_clip_grad_norm}
+LOOP_PART_NAMES = tuple(REFERENCE_PARTS)
+
+
+def reference_train_loop(model, optimizer, train_ids, generator, *, steps, batch_size, seq_len, max_lr, warmup_steps,
+                         evaluate, eval_every, checkpoints, resume=False, until=None, parts=None):
+    """The exercise's answer: ``(losses, evals)`` of the steps run; a checkpoint after each evaluation.
+
+    ``parts`` (a dict like ``REFERENCE_PARTS``) swaps in other get_batch, cross_entropy, lr_schedule and
+    clip_grad_norm functions: notebook 08 runs the reference loop with the learner's parts.
+    """
+    return _loop(model, optimizer, train_ids, generator, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                 max_lr=max_lr, warmup_steps=warmup_steps, evaluate=evaluate, eval_every=eval_every,
+                 checkpoints=checkpoints, resume=resume, until=until, parts=parts)
+
+
+# The run the check trains: a tiny GPT with large initial weights (so that clipping acts at every step), 12 steps.
+LOOP_CFG = {"d_vocab": 24, "n_ctx": 8, "d_model": 16, "n_layers": 1, "n_heads": 2, "init_std": 0.5}
+LOOP_RUN = {"steps": 12, "batch_size": 4, "seq_len": 8, "max_lr": 0.02, "warmup_steps": 3, "eval_every": 4}
+
+
+class LoopSetup:
+    """A model, an optimizer, data, a generator and an evaluation, rebuilt identically for every run."""
+
+    def __init__(self, seed: int, cfg: dict | None = None, run: dict | None = None) -> None:
+        self.cfg, self.run = dict(cfg or LOOP_CFG), dict(run or LOOP_RUN)
+        self.seed = seed
+        gen = torch.Generator().manual_seed(seed)
+        self.train_ids = torch.randint(0, self.cfg["d_vocab"], (600,), generator=gen)
+        self.val_ids = torch.randint(0, self.cfg["d_vocab"], (97,), generator=gen)
+
+    def fresh(self) -> tuple[torch.nn.Module, torch.optim.Optimizer, torch.Generator]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            model = GPT(ModelConfig(**self.cfg))
+        return model, self.optimizer(model), torch.Generator().manual_seed(self.seed + 1)
+
+    def optimizer(self, model: torch.nn.Module) -> torch.optim.Optimizer:
+        """AdamW with weight decay on the matrices only (as tfedu.train.param_groups, without importing it)."""
+        params = list(model.parameters())
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=self.run["max_lr"], betas=(0.9, 0.95))
+
+    def evaluate(self, model: torch.nn.Module) -> float:
+        """Mean loss over the non-overlapping windows of the held-out ids (records the mode it ran in)."""
+        self.modes.append((model.training, torch.is_grad_enabled()))
+        n = self.run["seq_len"]
+        starts = range(0, len(self.val_ids) - n, n)
+        windows = torch.stack([self.val_ids[s:s + n + 1] for s in starts])
+        return float(F.cross_entropy(model(windows[:, :-1]).flatten(0, 1), windows[:, 1:].flatten()))
+
+    def train(self, loop: Callable, path: str, **extra: Any) -> tuple[Any, list]:
+        """One call of ``loop`` on fresh objects (or, with resume=True, objects restored from ``path``)."""
+        model, optimizer, generator = self.fresh()
+        if extra.get("resume"):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(self.seed + 99)  # other weights than the checkpoint's: restoring them matters
+                model = GPT(ModelConfig(**self.cfg))
+            optimizer = self.optimizer(model)
+        self.modes = []
+        result = loop(model, optimizer, self.train_ids, generator, **self.run, evaluate=self.evaluate,
+                      checkpoints=CheckpointFile(path), **extra)
+        return result, self.modes
+
+
+def _as_run(result: Any) -> tuple[list[float], list[tuple[int, float]]]:
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise CheckFailure(HINT_LOOP_RETURN)
+    losses, evals = result
+    try:
+        losses = [float(v) for v in losses]
+        evals = [(int(s), float(v)) for s, v in evals]
+    except (TypeError, ValueError):
+        raise CheckFailure(HINT_LOOP_RETURN) from None
+    return losses, evals
+
+
+def _same(a: Sequence[float], b: Sequence[float]) -> bool:
+    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-4, abs_tol=1e-5) for x, y in zip(a, b))
+
+
+def loop_problem(setup: LoopSetup, learner: Callable, folder: str) -> str | None:
+    """Runs the learner's loop (a callable like train_loop) three ways and names what differs; None when right."""
+    import os
+
+    path = os.path.join(folder, "run.pt")
+    want, want_modes = setup.train(reference_train_loop, os.path.join(folder, "reference.pt"))
+    got, modes = setup.train(learner, path)
+    losses, evals = _as_run(got)
+    if not _same(losses, want[0]):
+        for mistake, hint in LOOP_MISTAKES:
+            wrong, _ = setup.train(lambda *a, _m=mistake, **k: _loop(*a, **k, mistake=_m), os.path.join(folder, "wrong.pt"))
+            if _same(losses, wrong[0]):
+                return hint
+        step = next((i for i, (a, b) in enumerate(zip(losses, want[0])) if not math.isclose(a, b, rel_tol=1e-4)), len(want[0]))
+        return (f"the training losses differ from the reference loop's from step {step} on (you: "
+                f"{', '.join(f'{v:.4f}' for v in losses[:step + 2])}; reference: "
+                f"{', '.join(f'{v:.4f}' for v in want[0][:step + 2])})")
+    if [s for s, _ in evals] != [s for s, _ in want[1]]:
+        return f"{HINT_LOOP_EVAL_STEPS} (you recorded steps {[s for s, _ in evals]}, expected {[s for s, _ in want[1]]})"
+    if any(mode != (False, False) for mode in modes) or not _same([v for _, v in evals], [v for _, v in want[1]]):
+        return HINT_LOOP_EVAL_TRAIN_MODE
+    if not os.path.exists(path):
+        return HINT_LOOP_NO_CHECKPOINT
+    # Interrupted after 8 steps, then resumed: the last 4 losses must be the uninterrupted run's.
+    first, _ = setup.train(learner, path, until=8)
+    first_losses, first_evals = _as_run(first)
+    if not _same(first_losses, want[0][:8]):
+        return HINT_LOOP_SCHEDULE_TOTAL
+    if [s for s, _ in first_evals] != [4, 8]:
+        return f"{HINT_LOOP_EVAL_STEPS} (with until=8 you recorded steps {[s for s, _ in first_evals]}, expected [4, 8])"
+    second, _ = setup.train(learner, path, resume=True)
+    resumed, _ = _as_run(second)
+    if not _same(resumed, want[0][8:]):
+        for mistake, hint in RESUME_MISTAKES:
+            setup.train(reference_train_loop, os.path.join(folder, "cut.pt"), until=8)  # each resume ends by overwriting it
+            wrong, _ = setup.train(lambda *a, _m=mistake, **k: _loop(*a, **k, mistake=_m), os.path.join(folder, "cut.pt"),
+                                   resume=True)
+            if _same(resumed, wrong[0]):
+                return hint
+        return (f"after resuming from the checkpoint written at step 8, the losses of steps 9 to 12 differ from the "
+                f"uninterrupted run's (you: {', '.join(f'{v:.4f}' for v in resumed)}; uninterrupted: "
+                f"{', '.join(f'{v:.4f}' for v in want[0][8:])})")
+    return None
+
+
+@contextlib.contextmanager
+def parts_in(fn: Any, parts: dict[str, Callable] | None = None) -> Iterator[None]:
+    """Run with the loop's parts (get_batch, cross_entropy, lr_schedule, clip_grad_norm) in the namespace of the
+    learner's ``fn`` bound to ``parts`` (by default the references, so that a wrong earlier exercise costs only
+    itself); the learner's own bindings are put back after."""
+    namespace = getattr(fn, "__globals__", None)
+    if not isinstance(namespace, dict):
+        yield
+        return
+    saved = {name: namespace.get(name, _ABSENT) for name in LOOP_PART_NAMES}
+    namespace.update(parts or REFERENCE_PARTS)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is _ABSENT:
+                namespace.pop(name, None)
+            else:
+                namespace[name] = value
+
+
+_ABSENT = object()
+
+
+@checker("training loop")
+def check_train_loop(train_loop) -> None:
+    """Check a learner's ``train_loop(model, optimizer, train_ids, generator, *, steps, ..., resume, until)``.
+
+    Twelve steps of a tiny GPT against the reference loop (losses to 1e-4; the evaluations after steps 4,
+    8 and 12 in eval mode without gradients; a checkpoint stored), then the same run cut
+    after 8 steps and resumed from its checkpoint, whose last four losses must be the uninterrupted
+    run's. The loop's parts are the references here (a wrong earlier exercise is not counted twice).
+    Named: gradients piling up or cleared too late, a learning rate never set or a step ahead or
+    scheduled over the call instead of the run, no clipping, the evaluation's steps or mode, no
+    checkpoint stored, the optimizer, generator, model or step left out of the resume.
+    """
+    import tempfile
+
+    setup = LoopSetup(0)
+    with tempfile.TemporaryDirectory() as folder, parts_in(train_loop):
+        def learner(*args, **kwargs):
+            return call_learner(train_loop, *args, name="train_loop", error_hint=HINT_LOOP_CALL, **kwargs)
+
+        problem = loop_problem(setup, learner, folder)
+    if problem:
+        raise CheckFailure(problem)
+
+
+# ----------------------------------------------------------------------------- 8.7 greedy_generate
 
 HINT_GREEDY_FIRST = (
     "you took the logits of the first position: the model predicts the token after position t at position t, "
@@ -745,7 +1289,7 @@ def _check_rows(fn: Any, logits: torch.Tensor, arg: Any, reference: Callable, na
         raise CheckFailure(HINT_FILTER_BATCH.format(shape=tuple(logits.shape))) from None
 
 
-# ----------------------------------------------------------------------------- 8.5 top_k_filter
+# ----------------------------------------------------------------------------- 8.8 top_k_filter
 
 HINT_TOPK_PLUS_ONE = "you kept k + 1 tokens: keep the k largest logits, those >= the k-th largest"
 HINT_TOPK_MINUS_ONE = (
@@ -844,7 +1388,7 @@ def check_top_k_filter(top_k_filter) -> None:
     compare(got, expected, what="top_k_filter(logits, 3) with ties at the 3rd largest value", mistakes=_top_k_mistakes(ties, 3))
 
 
-# ----------------------------------------------------------------------------- 8.6 top_p_filter
+# ----------------------------------------------------------------------------- 8.9 top_p_filter
 
 HINT_TOPP_CROSSING = (
     "your nucleus leaves out the token that carries the mass across p: keep the fewest most likely tokens whose "
@@ -1218,6 +1762,237 @@ def _compare_adamw(outputs: dict, expected: dict) -> str | None:
                            rtol=1e-4, atol=1e-6)
 
 
+# lr_schedule: schedules drawn fresh, read at every step and past the end.
+
+def _lr_probe_inputs(rng: np.random.Generator) -> dict:
+    cases = []
+    for warmup_low in (1, 0):
+        total = int(rng.integers(12, 80))
+        cases.append([float(rng.choice([1e-3, 3e-3, 0.01, 0.5])), int(rng.integers(warmup_low, max(2, total // 3))), total,
+                      float(rng.choice([0.0, 0.1, 0.2]))])
+    return {"cases": cases}
+
+
+LR_RUN = """\
+outputs = {'curves': [[lr_schedule(_s, *_case) for _s in range(_case[2] + 10)] for _case in inputs['cases']]}
+outputs['curves'] = [[float(_v) if isinstance(_v, (int, float)) and not isinstance(_v, bool) else repr(_v)[:40]
+                      for _v in _curve] for _curve in outputs['curves']]
+"""
+
+
+def _lr_reference(inputs: dict) -> dict:
+    return {"cases": inputs["cases"]}
+
+
+def _compare_lr(outputs: dict, expected: dict) -> str | None:
+    curves = outputs.get("curves") if isinstance(outputs, dict) else None
+    if not isinstance(curves, list) or len(curves) != len(expected["cases"]):
+        return "the hidden test's outputs should hold one curve per schedule"
+    return lr_problem(expected["cases"], curves)
+
+
+# clip_grad_norm: gradients drawn fresh, a total norm above max_norm and one below, a parameter without .grad.
+
+def _clip_probe_inputs(rng: np.random.Generator) -> dict:
+    cases = []
+    for scale in (float(rng.uniform(2, 20)), float(rng.uniform(0.001, 0.05))):
+        shapes = [tuple(int(n) for n in rng.integers(1, 6, size=int(rng.integers(1, 3)))) for _ in range(int(rng.integers(2, 5)))]
+        cases.append({"grads": [(scale * (1 + 3 * i) * rng.standard_normal(s)).astype(np.float32) for i, s in enumerate(shapes)],
+                      "max_norm": float(rng.choice([0.5, 1.0, 2.0]))})
+    return {"cases": cases, "none_at": int(rng.integers(0, len(cases[0]["grads"]) + 1))}
+
+
+CLIP_RUN = HELPERS + """\
+outputs = {'after': [], 'returned': []}
+for _i, _case in enumerate(inputs['cases']):
+    _params = [torch.nn.Parameter(torch.zeros(_g.shape)) for _g in _case['grads']]
+    for _p, _g in zip(_params, _case['grads']):
+        _p.grad = torch.tensor(_g)
+    if _i == 0:
+        _params.insert(inputs['none_at'], torch.nn.Parameter(torch.zeros(3)))  # no .grad
+    try:
+        _r = clip_grad_norm(_params, _case['max_norm'])
+    except Exception as _error:  # named by the comparison: the first case holds a parameter without .grad
+        outputs['after'].append(None)
+        outputs['returned'].append('raised ' + type(_error).__name__ + ': ' + str(_error)[:150])
+        del _error
+        continue
+    outputs['after'].append([_array(_p.grad) for _p in _params if _p.grad is not None])
+    outputs['returned'].append(float(_r) if isinstance(_r, (int, float)) and not isinstance(_r, bool) else
+                               float(_r.detach()) if isinstance(_r, torch.Tensor) and _r.numel() == 1 else _kind(_r))
+del _i, _case, _params, _p, _g
+if '_r' in dir():
+    del _r
+""" + CLEANUP
+
+
+def _clip_reference(inputs: dict) -> dict:
+    return {"cases": inputs["cases"]}
+
+
+def _compare_clip(outputs: dict, expected: dict) -> str | None:
+    if not isinstance(outputs, dict) or not all(isinstance(outputs.get(k), list) for k in ("after", "returned")):
+        return "the hidden test's outputs should be a dict of lists"
+    for i, (case, after, returned) in enumerate(zip(expected["cases"], outputs["after"], outputs["returned"])):
+        if after is None:
+            return f"{HINT_CLIP_NONE_GRAD} (clip_grad_norm {returned})" if i == 0 else f"clip_grad_norm {returned}"
+        if len(after) != len(case["grads"]) or not all(isinstance(a, np.ndarray) for a in after):
+            return HINT_CLIP_NONE_GRAD
+        problem = clip_problem(case["grads"], after, returned, case["max_norm"])
+        if problem:
+            return problem
+    return None
+
+
+# train_loop: a tiny GPT drawn fresh, trained three ways in the kernel (whole, cut after 8 steps, resumed); the
+# reference runs here, with each named mistake, on the same data.
+
+def _loop_probe_inputs(rng: np.random.Generator) -> dict:
+    return {"seed": int(rng.integers(0, 2**31 - 200)), "max_lr": float(rng.choice([0.01, 0.02, 0.03])),
+            "warmup_steps": int(rng.integers(1, 5))}
+
+
+LOOP_PROBE_RUN = """\
+import os as _os
+import tempfile as _tempfile
+from tfedu.checks.nb08_training_decoding import LoopSetup as _LoopSetup
+
+_setup = _LoopSetup(inputs['seed'], run=dict(steps=12, batch_size=4, seq_len=8, max_lr=inputs['max_lr'],
+                                           warmup_steps=inputs['warmup_steps'], eval_every=4))
+
+
+def _run(**_extra):
+    try:
+        _result, _modes = _setup.train(train_loop, _path, **_extra)
+        _losses, _evals = _result
+        return {'losses': [float(_v) for _v in _losses], 'evals': [[int(_s), float(_v)] for _s, _v in _evals],
+                'modes': [list(_m) for _m in _modes]}
+    except Exception as _error:
+        return {'error': type(_error).__name__ + ': ' + str(_error)[:200]}
+
+
+with _tempfile.TemporaryDirectory() as _folder:
+    _path = _os.path.join(_folder, 'run.pt')
+    outputs = {'whole': _run()}
+    outputs['exists'] = _os.path.exists(_path)
+    outputs['cut'] = _run(until=8)
+    outputs['resumed'] = _run(resume=True)
+del _os, _tempfile, _LoopSetup, _setup, _run, _folder, _path
+"""
+
+
+def _loop_probe_setup(inputs: dict) -> LoopSetup:
+    return LoopSetup(inputs["seed"], run={**LOOP_RUN, "max_lr": inputs["max_lr"], "warmup_steps": inputs["warmup_steps"]})
+
+
+def _loop_probe_reference(inputs: dict) -> dict:
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        (losses, evals), _ = _loop_probe_setup(inputs).train(reference_train_loop, os.path.join(folder, "run.pt"))
+    return {"losses": losses, "evals": [[s, v] for s, v in evals], "inputs": inputs}
+
+
+def _loop_mistake_runs(inputs: dict, mistakes: Sequence[tuple[str, str]], *, resumed: bool) -> list[tuple[str, list[float]]]:
+    """(hint, losses) of the reference loop with each mistake: the whole run, or the resumed end of a cut one.
+
+    Worked out only when an answer's losses are wrong (the comparison calls it), so a right answer costs
+    the grader one reference run.
+    """
+    import os
+    import tempfile
+
+    setup, runs = _loop_probe_setup(inputs), []
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "run.pt")
+        for mistake, hint in mistakes:
+            if resumed:
+                setup.train(reference_train_loop, path, until=8)
+            (wrong, _), _ = setup.train(lambda *a, _m=mistake, **k: _loop(*a, **k, mistake=_m), path, resume=resumed)
+            runs.append((hint, wrong))
+    return runs
+
+
+LOOP_MISTAKES = (("no-zero-grad", HINT_LOOP_NO_ZERO_GRAD), ("zero-after-backward", HINT_LOOP_ZERO_AFTER_BACKWARD),
+                 ("constant-lr", HINT_LOOP_CONSTANT_LR), ("schedule-shift", HINT_LOOP_SCHEDULE_SHIFT),
+                 ("no-clip", HINT_LOOP_NO_CLIP))
+RESUME_MISTAKES = (("resume-step", HINT_LOOP_RESUME_STEP), ("resume-optimizer", HINT_LOOP_RESUME_OPTIMIZER),
+                   ("resume-generator", HINT_LOOP_RESUME_GENERATOR), ("resume-model", HINT_LOOP_RESUME_MODEL),
+                   ("schedule-total", HINT_LOOP_SCHEDULE_TOTAL))
+
+
+def _compare_loop(outputs: dict, expected: dict) -> str | None:
+    if not isinstance(outputs, dict) or not all(isinstance(outputs.get(k), dict) for k in ("whole", "cut", "resumed")):
+        return "the hidden test's outputs should be a dict of the three runs"
+    def raised(key: str) -> str | None:
+        return f"train_loop raised {outputs[key]['error']} ({HINT_LOOP_CALL})" if "error" in outputs[key] else None
+
+    if raised("whole"):
+        return raised("whole")
+    whole, want = outputs["whole"], expected["losses"]
+    if not isinstance(whole.get("losses"), list) or not isinstance(whole.get("evals"), list):
+        return HINT_LOOP_RETURN
+    if not _same(whole["losses"], want):
+        return next((hint for hint, wrong in _loop_mistake_runs(expected["inputs"], LOOP_MISTAKES, resumed=False)
+                     if _same(whole["losses"], wrong)), "the training losses differ from the reference loop's")
+    if [s for s, _ in whole["evals"]] != [s for s, _ in expected["evals"]]:
+        return HINT_LOOP_EVAL_STEPS
+    if any(mode != [False, False] for mode in whole.get("modes", [])) or \
+            not _same([v for _, v in whole["evals"]], [v for _, v in expected["evals"]]):
+        return HINT_LOOP_EVAL_TRAIN_MODE
+    if not outputs.get("exists"):
+        return HINT_LOOP_NO_CHECKPOINT
+    if raised("cut") or raised("resumed"):
+        return raised("cut") or raised("resumed")
+    if not _same(outputs["cut"].get("losses", []), want[:8]):
+        return HINT_LOOP_SCHEDULE_TOTAL
+    if [s for s, _ in outputs["cut"].get("evals", [])] != [4, 8]:
+        return HINT_LOOP_EVAL_STEPS
+    resumed = outputs["resumed"].get("losses", [])
+    if not _same(resumed, want[8:]):
+        return next((hint for hint, wrong in _loop_mistake_runs(expected["inputs"], RESUME_MISTAKES, resumed=True)
+                     if _same(resumed, wrong)),
+                    "after resuming from the checkpoint written at step 8, the losses of steps 9 to 12 differ from the "
+                    "uninterrupted run's")
+    return None
+
+
+# The functions of 8.1, 8.2, 8.4 and 8.5, bound in place of the learner's while the loop is graded.
+LOOP_STANDINS = """\
+def get_batch(data, batch_size, seq_len, generator):
+    starts = torch.randint(0, len(data) - seq_len, (batch_size,), generator=generator)
+    windows = torch.stack([data[s:s + seq_len + 1] for s in starts.tolist()])
+    return windows[:, :-1], windows[:, 1:]
+
+
+def cross_entropy(logits, targets, ignore_index=-100):
+    logits, targets = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    keep = targets != ignore_index
+    logits, targets = logits[keep], targets[keep]
+    top = logits.max(dim=-1, keepdim=True).values
+    lse = top.squeeze(-1) + (logits - top).exp().sum(dim=-1).log()
+    return (lse - logits.gather(-1, targets[:, None]).squeeze(-1)).mean()
+
+
+def lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr_ratio=0.1):
+    if step < warmup_steps:
+        return max_lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - 1 - warmup_steps))
+    low = max_lr * min_lr_ratio
+    return low + (max_lr - low) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def clip_grad_norm(parameters, max_norm):
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = torch.sqrt(sum((g.double() ** 2).sum() for g in grads))
+    scale = min(1.0, max_norm / (float(total) + 1e-6))
+    for g in grads:
+        g.mul_(scale)
+    return total
+"""
+
+
 GREEDY_PROBE_RUN = HELPERS + """\
 from tfedu.config import ModelConfig as _ModelConfig
 from tfedu.model import GPT as _GPT
@@ -1430,6 +2205,32 @@ PROBES = {
         compare=_compare_adamw,
         forbidden=("tfedu.train", "torch.optim"),
     ),
+    "check_lr_schedule": Probe(
+        exercise="ex_lr_schedule",
+        make_inputs=_lr_probe_inputs,
+        run=LR_RUN,
+        reference=_lr_reference,
+        compare=_compare_lr,
+        forbidden=("tfedu.train", "torch.optim"),
+    ),
+    "check_clip_grad_norm": Probe(
+        exercise="ex_clip_grad_norm",
+        make_inputs=_clip_probe_inputs,
+        run=CLIP_RUN,
+        reference=_clip_reference,
+        compare=_compare_clip,
+        forbidden=("tfedu.train", "torch.nn.utils"),
+    ),
+    "check_train_loop": Probe(
+        exercise="ex_train_loop",
+        make_inputs=_loop_probe_inputs,
+        run=LOOP_PROBE_RUN,
+        reference=_loop_probe_reference,
+        compare=_compare_loop,
+        forbidden=("tfedu.train",),
+        builds=None,  # a loop over library calls: the model, the optimizer, torch.save, os
+        standins=LOOP_STANDINS,
+    ),
     "check_greedy": Probe(
         exercise="ex_greedy",
         make_inputs=_greedy_probe_inputs,
@@ -1537,8 +2338,103 @@ HINTS = {
             "    return param - ____, m, v\n"
         ),
     ),
-    "ex_greedy": Hints(
+    "ex_lr_schedule": Hints(
         number="8.4",
+        check="check_lr_schedule",
+        idea=(
+            "Two pieces joined at step warmup_steps. The warm-up climbs in a straight line to the peak; with steps "
+            "counted from 0, this course gives step t the fraction (t + 1) / warmup_steps of it, so that the first "
+            "step already moves and the last warm-up step reaches the peak (the other convention in use, t / "
+            "warmup_steps, spends its first step at 0). Then half a cosine carries the rate from the peak down to "
+            "min_lr_ratio times the peak, reached exactly at the last step, total_steps - 1, and held after it."
+        ),
+        approach=(
+            "(1) If step is below warmup_steps, return the peak times (step + 1) over warmup_steps. (2) Otherwise "
+            "the progress through the decay is (step - warmup_steps) over (total_steps - 1 - warmup_steps): 0 at "
+            "the first decay step, 1 at the last; cap it at 1, and guard the division when that span is 0. (3) The "
+            "floor is min_lr_ratio times the peak. (4) The rate is the floor plus (peak - floor) times (1 + "
+            "cos(pi times progress)) / 2. Return a float."
+        ),
+        skeleton=(
+            "def lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr_ratio=0.1):\n"
+            "    if step < warmup_steps:\n"
+            "        return ____\n"
+            "    progress = min(1.0, ____ / max(1, ____))\n"
+            "    low = ____\n"
+            "    return low + (max_lr - low) * ____\n"
+        ),
+    ),
+    "ex_clip_grad_norm": Hints(
+        number="8.5",
+        check="check_clip_grad_norm",
+        idea=(
+            "Clipping by the global norm treats every parameter's gradient as one piece of one long vector. Its "
+            "length is the square root of the sum of every squared entry of every gradient. If that length is "
+            "above max_norm, every gradient is multiplied by the same factor, max_norm over the length, so the "
+            "direction of the step is kept and only its size shrinks; below max_norm nothing changes. The "
+            "function returns the length before clipping, the number worth logging."
+        ),
+        approach=(
+            "(1) Collect the gradients, skipping parameters whose .grad is None. (2) The total norm: the square "
+            "root of the sum, over the gradients, of the sum of their squares. (3) The factor: max_norm over the "
+            "total norm plus a tiny 1e-6 (as PyTorch does, so a zero gradient divides safely), capped at 1. (4) "
+            "Multiply each .grad by the factor in place, under torch.no_grad() or with an in-place method, since "
+            "the optimizer reads .grad next. (5) Return the total norm from step 2."
+        ),
+        skeleton=(
+            "def clip_grad_norm(parameters, max_norm):\n"
+            "    grads = ____  # the .grad of each parameter that has one\n"
+            "    total = ____  # one norm over all of them\n"
+            "    factor = min(1.0, ____)\n"
+            "    for g in grads:\n"
+            "        ____  # in place\n"
+            "    return total\n"
+        ),
+    ),
+    "ex_train_loop": Hints(
+        number="8.6",
+        check="check_train_loop",
+        idea=(
+            "Each step sets the learning rate from the schedule, draws a batch, computes the loss, clears the old "
+            "gradients, backpropagates, clips, and lets the optimizer step; the losses are kept as plain numbers. "
+            "Every eval_every steps (and after the call's last step) the model is evaluated in eval mode without "
+            "gradients, then a checkpoint stores everything the run needs to go on exactly as if never stopped: "
+            "the weights, the optimizer's state, the generator's state and the number of steps done. Resuming reads "
+            "that back and continues from the step it names; the schedule always spans the whole run."
+        ),
+        approach=(
+            "(1) If resume, restore the checkpoint and load the model, the optimizer and the generator from it, and "
+            "start at its step; else start at 0. The call ends at until when given, else at steps. (2) For each step: "
+            "set every param group's lr to the schedule's rate for this step of a run of steps; get_batch; "
+            "cross_entropy of the model's logits; zero the gradients, backward, clip_grad_norm to 1.0, optimizer step; append the "
+            "loss as a float. (3) When the steps done are a multiple of eval_every, or this is the call's last step: "
+            "model.eval() under torch.no_grad(), append (steps done, evaluate(model)), model.train(); then hand a "
+            "dict of the four things to checkpoints.store (it writes atomically). (4) Return (losses, evals)."
+        ),
+        skeleton=(
+            "def train_loop(model, optimizer, train_ids, generator, *, steps, batch_size, seq_len, max_lr, warmup_steps,\n"
+            "               evaluate, eval_every, checkpoints, resume=False, until=None):\n"
+            "    start = 0\n"
+            "    if resume:\n"
+            "        state = checkpoints.restore()\n"
+            "        ____  # restore the model, the optimizer and the generator\n"
+            "        start = ____\n"
+            "    end = ____  # until, when given\n"
+            "    losses, evals = ____\n"
+            "    for step in ____:\n"
+            "        for group in optimizer.param_groups:\n"
+            "            group['lr'] = ____\n"
+            "        x, y = ____\n"
+            "        loss = ____\n"
+            "        ____  # clear, backward, clip, step\n"
+            "        losses.append(____)\n"
+            "        if (step + 1) % eval_every == 0 or step + 1 == end:\n"
+            "            ____  # evaluate in eval mode without gradients, then store the checkpoint\n"
+            "    return losses, evals\n"
+        ),
+    ),
+    "ex_greedy": Hints(
+        number="8.7",
         check="check_greedy_generate",
         idea=(
             "Greedy decoding is a loop: run the model on the sequence so far, read its prediction for the next "
@@ -1569,7 +2465,7 @@ HINTS = {
         ),
     ),
     "ex_top_k": Hints(
-        number="8.5",
+        number="8.8",
         check="check_top_k_filter",
         idea=(
             "Top-k keeps, in every row, the k largest logits and removes the others by setting them to minus "
@@ -1593,7 +2489,7 @@ HINTS = {
         ),
     ),
     "ex_top_p": Hints(
-        number="8.6",
+        number="8.9",
         check="check_top_p_filter",
         idea=(
             "The nucleus is the smallest set of most likely tokens whose probabilities add up to at least p. "
