@@ -108,6 +108,14 @@ def greedy_generate(model, ids, max_new_tokens):
             ids = torch.cat([ids, next_id[:, None]], dim=1)
     return ids
 ''',
+    "ex_sample_next": '''\
+def sample_next(logits, temperature, generator):
+    if temperature == 0:
+        return torch.argmax(logits, dim=-1)
+    scaled = logits / temperature
+    probs = torch.exp(scaled - scaled.max(dim=-1, keepdim=True).values)
+    return torch.multinomial(probs / probs.sum(dim=-1, keepdim=True), 1, generator=generator).squeeze(1)
+''',
     "ex_top_k": '''\
 def top_k_filter(logits, k):
     if k >= logits.shape[-1]:
@@ -633,7 +641,63 @@ def test_the_greedy_checks_model_leaves_the_global_random_state_alone():
     assert torch.equal(torch.random.get_rng_state(), before)
 
 
-# ----------------------------------------------------------------------------- 8.8 top_k_filter
+# ----------------------------------------------------------------------------- 8.8 sample_next
+
+
+def make_sample(bug=None):
+    def sample_next(logits, temperature, generator):
+        if temperature == 0 and bug != "divide-by-zero":
+            return logits.argmax(-1)
+        if bug == "argmax":
+            return logits.argmax(-1)
+        scaled = {"multiplied": lambda: logits * temperature, "ignored": lambda: logits}.get(bug, lambda: logits / temperature)()
+        probs = torch.softmax(scaled, -1)
+        if bug == "probs-divided":
+            probs = torch.softmax(logits, -1) / temperature
+            probs = probs / probs.sum(-1, keepdim=True)
+        if bug == "naive-exp":
+            probs = scaled.exp() / scaled.exp().sum(-1, keepdim=True)
+        if bug == "global":
+            return torch.multinomial(probs, 1).squeeze(-1)
+        draws = torch.multinomial(probs, 1, generator=generator)
+        return {"float": lambda: draws.squeeze(-1).float(), "column": lambda: draws}.get(bug, lambda: draws.squeeze(-1))()
+
+    return sample_next
+
+
+def test_sample_next_reference_and_learner_solutions_pass(capsys):
+    for fn in (solution("ex_sample_next")["sample_next"], make_sample(), nb08.reference_sample_next):
+        nb08.check_sample_next(fn)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} sampling with a temperature: all checks passed") == 3
+
+
+@pytest.mark.parametrize("bug, match", [
+    ("multiplied", "the draws follow softmax\\(logits · T\\)"),
+    ("ignored", "the draws follow softmax\\(logits\\) whatever the temperature"),
+    ("probs-divided", "whatever the temperature"),
+    ("argmax", "every draw was the most probable token"),
+    ("divide-by-zero", "at temperature 0 the answer is the argmax"),
+    ("global", "two calls with generators seeded alike drew different tokens"),
+    ("naive-exp", "NaN or an error on logits around 1000"),
+    ("float", "token ids are integers"),
+    ("column", "one token id per row, a tensor of shape \\(batch,\\)"),
+])
+def test_sample_next_mistakes_are_named(bug, match):
+    with pytest.raises(CheckFailure, match=match):
+        nb08.check_sample_next(make_sample(bug))
+
+
+def test_the_sampling_check_tells_the_distributions_apart():
+    rows = nb08.TS_ROW.float().repeat(4000, 1)
+    for temperature in (0.5, 2.0):
+        right = nb08.reference_sample_next(rows, temperature, torch.Generator().manual_seed(0)).numpy()
+        assert nb08.sampling_problem(nb08.TS_ROW.tolist(), temperature, right) is None
+        for wrong_t in (temperature * 1.5, temperature / 1.5):  # 50% off: caught
+            wrong = nb08.reference_sample_next(rows, wrong_t, torch.Generator().manual_seed(0)).numpy()
+            assert nb08.sampling_problem(nb08.TS_ROW.tolist(), temperature, wrong) is not None
+
+
+# ----------------------------------------------------------------------------- 8.9 top_k_filter
 
 
 def make_top_k(bug=None):
@@ -707,7 +771,7 @@ def test_top_k_not_done():
         nb08.check_top_k_filter(top_k_filter)
 
 
-# ----------------------------------------------------------------------------- 8.9 top_p_filter
+# ----------------------------------------------------------------------------- 8.10 top_p_filter
 
 
 def make_top_p(bug=None):
@@ -819,6 +883,7 @@ GOOD = {
     "check_clip_grad_norm": [solution("ex_clip_grad_norm"), {"clip_grad_norm": make_clip()}],
     "check_train_loop": [{"train_loop": make_loop()}],
     "check_greedy": [solution("ex_greedy"), {"greedy_generate": greedy_cropping_when_needed}],
+    "check_sample_next": [solution("ex_sample_next"), {"sample_next": make_sample()}],
     "check_top_k": [solution("ex_top_k"), {"top_k_filter": top_k_by_sort}],
     "check_top_p": [solution("ex_top_p"), {"top_p_filter": top_p_transformers_style},
                     {"top_p_filter": top_p_old_transformers_style}],
@@ -862,6 +927,11 @@ BAD = [  # (probe, namespace, a fragment of the feedback)
     ("check_greedy", {"greedy_generate": make_greedy("sample")}, "do not sample"),
     ("check_greedy", {"greedy_generate": make_greedy("no-eval")}, "model.eval()"),
     ("check_greedy", {"greedy_generate": rolling_window_greedy}, "changed its input in place"),
+    ("check_sample_next", {"sample_next": make_sample("multiplied")}, "softmax(logits · T)"),
+    ("check_sample_next", {"sample_next": make_sample("argmax")}, "every draw was the most probable"),
+    ("check_sample_next", {"sample_next": make_sample("divide-by-zero")}, "temperature 0"),
+    ("check_sample_next", {"sample_next": make_sample("global")}, "seeded alike"),
+    ("check_sample_next", {"sample_next": make_sample("naive-exp")}, "around 1000"),
     # k + 1 tokens: torch.topk(logits, k + 1) fails outright at k = d_vocab, one of the hidden test's calls
     ("check_top_k", {"top_k_filter": make_top_k("plus-one")}, "out of range"),
     ("check_top_k", {"top_k_filter": make_top_k("minus-one")}, "k - 1"),
@@ -888,8 +958,8 @@ def verdict(probe, namespace, seed):
 
 def test_every_check_cell_has_a_probe():
     assert set(nb08.PROBES) == set(GOOD) == {"check_get_batch", "check_cross_entropy", "check_adamw_step", "check_lr_schedule",
-                                             "check_clip_grad_norm", "check_train_loop", "check_greedy", "check_top_k",
-                                             "check_top_p"}
+                                             "check_clip_grad_norm", "check_train_loop", "check_greedy",
+                                             "check_sample_next", "check_top_k", "check_top_p"}
     for grade_id, probe in nb08.PROBES.items():
         assert probe.exercise == grade_id.replace("check_", "ex_")
         assert probe.compare is not None

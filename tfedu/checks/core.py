@@ -441,13 +441,12 @@ _ABSENT = object()
 
 
 @contextlib.contextmanager
-def standins_bound(probe: Probe, namespace: MutableMapping[str, Any]) -> Iterator[dict[str, Any]]:
-    """Bind ``probe``'s stand-ins in ``namespace`` (the notebook's globals) while the block runs.
+def names_bound(namespace: MutableMapping[str, Any], replacements: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+    """Bind ``replacements`` in ``namespace`` (a notebook's globals) while the block runs.
 
     Afterwards every name is as it was: the learner's own object put back, or the name removed
-    when the learner had not defined it. Yields the stand-ins.
+    when the learner had not defined it. Yields the replacements.
     """
-    replacements = standin_objects(probe)
     saved = {name: namespace.get(name, _ABSENT) for name in replacements}
     namespace.update(replacements)
     try:
@@ -458,6 +457,13 @@ def standins_bound(probe: Probe, namespace: MutableMapping[str, Any]) -> Iterato
                 namespace.pop(name, None)
             else:
                 namespace[name] = value
+
+
+@contextlib.contextmanager
+def standins_bound(probe: Probe, namespace: MutableMapping[str, Any]) -> Iterator[dict[str, Any]]:
+    """Bind ``probe``'s stand-ins in ``namespace`` (the notebook's globals) while the block runs (``names_bound``)."""
+    with names_bound(namespace, standin_objects(probe)) as replacements:
+        yield dict(replacements)
 
 
 PLAIN_TYPES = (np.ndarray, np.generic, bool, int, float, str, type(None))

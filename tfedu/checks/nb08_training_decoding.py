@@ -33,11 +33,15 @@ the mistakes seen in tutorials and learners' answers:
   ``model.cfg.n_ctx`` (the model refuses) or cropping the start instead of the end, sampling instead
   of the argmax, dropout left on (no ``model.eval()``), the prompt changed in place. Compared with
   ``tfedu.generate.generate(..., do_sample=False)`` on a tiny seeded GPT, with a prompt near n_ctx.
-- 8.8 ``top_k_filter(logits, k)``: k + 1 or k - 1 tokens kept, the k smallest kept, probabilities
+- 8.8 ``sample_next(logits, temperature, generator)``: 4000 draws at three temperatures whose
+  frequencies must follow softmax(logits / T); T multiplying the logits, T ignored or applied to the
+  probabilities, the argmax at every temperature, a division by zero at T = 0, the global random
+  state, overflow on large logits at a low temperature.
+- 8.9 ``top_k_filter(logits, k)``: k + 1 or k - 1 tokens kept, the k smallest kept, probabilities
   returned (softmax applied), 0 or a large negative number instead of -inf, ties at the k-th value
   dropped (transformers keeps every logit >= the k-th largest), the input changed in place, a filter
   that works on one row (d_vocab,) but not on a batch. Compared with ``tfedu.generate.filter_top_k``.
-- 8.9 ``top_p_filter(logits, p)``: the nucleus without the token that carries the mass across p,
+- 8.10 ``top_p_filter(logits, p)``: the nucleus without the token that carries the mass across p,
   the tokens sorted least likely first, probabilities returned (renormalised or not), an empty
   nucleus for a small p (the most likely token is always kept), the mask put back in the wrong
   order (left in sorted order, or gathered where it should be scattered), 0 instead of -inf, the
@@ -70,6 +74,7 @@ from tfedu.checks.core import (
     expect,
     is_close,
     name_mistake,
+    names_bound,
     watch_calls,
 )
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf
@@ -1047,19 +1052,8 @@ def parts_in(fn: Any, parts: dict[str, Callable] | None = None) -> Iterator[None
     if not isinstance(namespace, dict):
         yield
         return
-    saved = {name: namespace.get(name, _ABSENT) for name in LOOP_PART_NAMES}
-    namespace.update(parts or REFERENCE_PARTS)
-    try:
+    with names_bound(namespace, parts or REFERENCE_PARTS):
         yield
-    finally:
-        for name, value in saved.items():
-            if value is _ABSENT:
-                namespace.pop(name, None)
-            else:
-                namespace[name] = value
-
-
-_ABSENT = object()
 
 
 @checker("training loop")
@@ -1289,7 +1283,127 @@ def _check_rows(fn: Any, logits: torch.Tensor, arg: Any, reference: Callable, na
         raise CheckFailure(HINT_FILTER_BATCH.format(shape=tuple(logits.shape))) from None
 
 
-# ----------------------------------------------------------------------------- 8.8 top_k_filter
+# ----------------------------------------------------------------------------- 8.8 sample_next
+
+HINT_TS_SHAPE = "sample_next should return one token id per row, a tensor of shape (batch,), got {got}"
+HINT_TS_DTYPE = "sample_next returned dtype {got}: token ids are integers (torch.long), as torch.multinomial and argmax give them"
+HINT_TS_MULTIPLIED = (
+    "the draws follow softmax(logits · T): temperature divides the logits, so T < 1 sharpens the distribution and "
+    "T > 1 flattens it"
+)
+HINT_TS_IGNORED = "the draws follow softmax(logits) whatever the temperature: divide the logits by it before the softmax"
+HINT_TS_PROBS_DIVIDED = (
+    "you divided the probabilities by T after the softmax: renormalised, that is the softmax again, and T does "
+    "nothing. Divide the logits, before the softmax"
+)
+HINT_TS_ARGMAX = (
+    "every draw was the most probable token: at a temperature above 0, sample from the distribution "
+    "(torch.multinomial) instead of taking its argmax"
+)
+HINT_TS_ZERO = (
+    "at temperature 0 the answer is the argmax of each row (greedy decoding, the limit of T → 0); dividing by 0 "
+    "gives inf and NaN"
+)
+HINT_TS_GENERATOR = (
+    "two calls with generators seeded alike drew different tokens: draw with the generator you are given "
+    "(torch.multinomial takes it as generator=), not the global random state"
+)
+HINT_TS_OVERFLOW = (
+    "NaN or an error on logits around 1000 at a low temperature: exp overflows. The softmax must subtract each row's "
+    "largest value first (torch.softmax does)"
+)
+HINT_TS_DISTRIBUTION = (
+    "over {n} draws from the row {row}, token {token} came up {got:.3f} of the time, but softmax(logits / {T}) gives "
+    "it {want:.3f} (more than 5 standard deviations apart)"
+)
+HINT_TS_CALL = (
+    "keep the signature sample_next(logits, temperature, generator): logits (batch, d_vocab), temperature a float "
+    ">= 0, generator a torch.Generator; return (batch,) token ids"
+)
+
+
+def reference_sample_next(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> torch.Tensor:
+    """One token per row: the argmax at temperature 0, else a draw from softmax(logits / temperature)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits / temperature, dim=-1)  # (batch, d_vocab)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+TS_ROW = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0], dtype=F64)
+
+
+def sampling_problem(row: Sequence[float], temperature: float, draws: np.ndarray) -> str | None:
+    """Whether ``draws`` (token ids drawn from copies of ``row`` at ``temperature``) follow softmax(row / T)."""
+    z = torch.tensor(list(row), dtype=F64)
+    n = len(draws)
+    counts = np.bincount(np.asarray(draws, dtype=np.int64), minlength=len(z))[:len(z)] / n
+
+    def fits(probs: torch.Tensor) -> bool:
+        p = probs.numpy()
+        return bool(np.all(np.abs(counts - p) <= 5 * np.sqrt(p * (1 - p) / n) + 1e-12))
+
+    want = torch.softmax(z / temperature, dim=-1)
+    if fits(want):
+        return None
+    if counts.max() == 1.0 and int(np.argmax(counts)) == int(z.argmax()):
+        return HINT_TS_ARGMAX
+    if fits(torch.softmax(z * temperature, dim=-1)):
+        return HINT_TS_MULTIPLIED
+    if fits(torch.softmax(z, dim=-1)):
+        return HINT_TS_IGNORED
+    token = int(np.argmax(np.abs(counts - want.numpy())))
+    return HINT_TS_DISTRIBUTION.format(n=n, row=[round(float(v), 2) for v in z], token=token, got=counts[token],
+                                       T=temperature, want=float(want[token]))
+
+
+def _call_sample(sample_next: Any, logits: torch.Tensor, temperature: float, seed: int, global_seed: int = 0) -> np.ndarray:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(global_seed)
+        got = call_on_copies(sample_next, {"logits": logits, "temperature": temperature,
+                                           "generator": torch.Generator().manual_seed(seed)},
+                             name="sample_next", mutated_hint="your sample_next changed the caller's `{name}` in place",
+                             error_hint=HINT_TS_CALL)
+    expect(isinstance(got, torch.Tensor) and got.shape == logits.shape[:1],
+           HINT_TS_SHAPE.format(got=describe(got)))
+    expect(not got.is_floating_point(), HINT_TS_DTYPE.format(got=got.dtype))
+    return got.numpy()
+
+
+@checker("sampling with a temperature")
+def check_sample_next(sample_next) -> None:
+    """Check a learner's ``sample_next(logits, temperature, generator) -> Int[Tensor, "batch"]``.
+
+    4000 copies of one row of five logits at temperatures 0.5, 1 and 2: the frequencies must follow
+    softmax(logits / T) (each within 5 binomial standard deviations); temperature 0 is the argmax; the
+    same generator seed gives the same draws whatever the global random state; logits around 1000 at
+    T = 0.05 stay finite. Named: T multiplying the logits, T ignored or applied to the probabilities,
+    the argmax at every temperature, a division by zero at T = 0, the global random state.
+    """
+    rows = TS_ROW.float().repeat(4000, 1)  # (4000, 5)
+    for seed, temperature in ((0, 0.5), (1, 1.0), (2, 2.0)):
+        draws = _call_sample(sample_next, rows, temperature, seed)
+        problem = sampling_problem(TS_ROW.tolist(), temperature, draws)
+        if problem:
+            raise CheckFailure(problem)
+    again = _call_sample(sample_next, rows, 1.0, 1, global_seed=1)
+    if not np.array_equal(again, _call_sample(sample_next, rows, 1.0, 1)):
+        raise CheckFailure(HINT_TS_GENERATOR)
+    logits = torch.randn(6, 9, generator=torch.Generator().manual_seed(3))
+    try:
+        greedy = _call_sample(sample_next, logits, 0.0, 4)
+    except CheckFailure as failure:
+        raise CheckFailure(f"{HINT_TS_ZERO} ({failure})") from None
+    expect(np.array_equal(greedy, logits.argmax(-1).numpy()), HINT_TS_ZERO)
+    big = 1000.0 + torch.randn(6, 9, generator=torch.Generator().manual_seed(5))
+    try:
+        draws = _call_sample(sample_next, big, 0.05, 6)
+    except CheckFailure as failure:
+        raise CheckFailure(f"{HINT_TS_OVERFLOW} ({failure})") from None
+    expect(bool(((draws >= 0) & (draws < 9)).all()), HINT_TS_OVERFLOW)
+
+
+# ----------------------------------------------------------------------------- 8.9 top_k_filter
 
 HINT_TOPK_PLUS_ONE = "you kept k + 1 tokens: keep the k largest logits, those >= the k-th largest"
 HINT_TOPK_MINUS_ONE = (
@@ -1388,7 +1502,7 @@ def check_top_k_filter(top_k_filter) -> None:
     compare(got, expected, what="top_k_filter(logits, 3) with ties at the 3rd largest value", mistakes=_top_k_mistakes(ties, 3))
 
 
-# ----------------------------------------------------------------------------- 8.9 top_p_filter
+# ----------------------------------------------------------------------------- 8.10 top_p_filter
 
 HINT_TOPP_CROSSING = (
     "your nucleus leaves out the token that carries the mass across p: keep the fewest most likely tokens whose "
@@ -1993,6 +2107,62 @@ def clip_grad_norm(parameters, max_norm):
 """
 
 
+# sample_next: a row of logits and two temperatures drawn fresh (4000 draws each), temperature 0, large logits.
+
+def _sample_probe_inputs(rng: np.random.Generator) -> dict:
+    row = np.sort(rng.uniform(-2, 2, int(rng.integers(4, 8))))[::-1].copy()
+    return {"row": row.tolist(), "temperatures": [float(rng.uniform(0.3, 0.8)), float(rng.uniform(1.5, 3.0))],
+            "seeds": [int(s) for s in rng.integers(0, 2**31, 3)], "logits": rng.standard_normal((5, 11)).astype(np.float32),
+            "big": (1000 + rng.standard_normal((5, 11))).astype(np.float32)}
+
+
+SAMPLE_RUN = HELPERS + """\
+def _draw(_logits, _t, _seed):
+    try:
+        _got = sample_next(_logits, _t, torch.Generator().manual_seed(_seed))
+    except Exception as _error:
+        return 'raised ' + type(_error).__name__ + ': ' + str(_error)[:150]
+    if not isinstance(_got, torch.Tensor) or _got.shape != _logits.shape[:1] or _got.is_floating_point():
+        return 'returned ' + (str(tuple(_got.shape)) + ' ' + str(_got.dtype) if isinstance(_got, torch.Tensor) else _kind(_got))
+    return _got.numpy()
+
+
+_rows = torch.tensor(inputs['row'], dtype=torch.float32).repeat(4000, 1)
+outputs = {'draws': [_draw(_rows, _t, _s) for _t, _s in zip(inputs['temperatures'], inputs['seeds'])]}
+torch.manual_seed(inputs['seeds'][2])
+outputs['again'] = _draw(_rows, inputs['temperatures'][0], inputs['seeds'][0])
+outputs['zero'] = _draw(torch.from_numpy(inputs['logits']), 0.0, inputs['seeds'][2])
+outputs['big'] = _draw(torch.from_numpy(inputs['big']), 0.05, inputs['seeds'][2])
+del _draw, _rows
+""" + CLEANUP
+
+
+def _sample_reference(inputs: dict) -> dict:
+    return {"row": inputs["row"], "temperatures": inputs["temperatures"],
+            "argmax": np.asarray(inputs["logits"]).argmax(-1)}
+
+
+def _compare_sample(outputs: dict, expected: dict) -> str | None:
+    if not isinstance(outputs, dict) or not isinstance(outputs.get("draws"), list):
+        return "the hidden test's outputs should be a dict"
+    for draws, temperature in zip(outputs["draws"], expected["temperatures"]):
+        if not isinstance(draws, np.ndarray):
+            return f"sample_next {draws}" if isinstance(draws, str) else HINT_TS_CALL
+        problem = sampling_problem(expected["row"], temperature, draws)
+        if problem:
+            return problem
+    again = outputs.get("again")
+    if not (isinstance(again, np.ndarray) and np.array_equal(again, outputs["draws"][0])):
+        return HINT_TS_GENERATOR
+    zero = outputs.get("zero")
+    if not (isinstance(zero, np.ndarray) and np.array_equal(zero, expected["argmax"])):
+        return f"{HINT_TS_ZERO}" + (f" (sample_next {zero})" if isinstance(zero, str) else "")
+    big = outputs.get("big")
+    if not (isinstance(big, np.ndarray) and ((big >= 0) & (big < 11)).all()):
+        return HINT_TS_OVERFLOW + (f" (sample_next {big})" if isinstance(big, str) else "")
+    return None
+
+
 GREEDY_PROBE_RUN = HELPERS + """\
 from tfedu.config import ModelConfig as _ModelConfig
 from tfedu.model import GPT as _GPT
@@ -2239,6 +2409,15 @@ PROBES = {
         compare=_compare_greedy,
         forbidden=("tfedu.generate",),
     ),
+    "check_sample_next": Probe(
+        exercise="ex_sample_next",
+        make_inputs=_sample_probe_inputs,
+        run=SAMPLE_RUN,
+        reference=_sample_reference,
+        compare=_compare_sample,
+        forbidden=("tfedu.generate",),
+        builds=ELEMENTARY | SOFTMAX | frozenset({"torch.multinomial"}),
+    ),
     "check_top_k": Probe(
         exercise="ex_top_k",
         make_inputs=_top_k_probe_inputs,
@@ -2464,8 +2643,33 @@ HINTS = {
             "    return ids\n"
         ),
     ),
-    "ex_top_k": Hints(
+    "ex_sample_next": Hints(
         number="8.8",
+        check="check_sample_next",
+        idea=(
+            "Sampling draws the next token from the model's distribution instead of taking its most probable one. "
+            "The temperature reshapes that distribution first: it divides the logits, so below 1 the largest logits "
+            "pull further ahead (sharper), above 1 they close up (flatter). At temperature 0 the limit is the argmax "
+            "itself, greedy decoding, which must be handled apart since nothing can be divided by 0. The draw uses "
+            "the generator it is given, so that the same seed writes the same text."
+        ),
+        approach=(
+            "(1) If the temperature is 0, return the argmax of each row over the vocabulary: (batch,). (2) Otherwise "
+            "divide the logits by the temperature and take the softmax over the last axis (torch.softmax subtracts "
+            "the row's largest value, so large logits stay finite): (batch, d_vocab) probabilities. (3) Draw one "
+            "index per row with torch.multinomial, passing generator=generator: (batch, 1). (4) Drop the last axis "
+            "and return the ids as they come, integers."
+        ),
+        skeleton=(
+            "def sample_next(logits, temperature, generator):\n"
+            "    if temperature == 0:\n"
+            "        return ____\n"
+            "    probs = ____  # (batch, d_vocab)\n"
+            "    return torch.multinomial(____, 1, generator=generator).____\n"
+        ),
+    ),
+    "ex_top_k": Hints(
+        number="8.9",
         check="check_top_k_filter",
         idea=(
             "Top-k keeps, in every row, the k largest logits and removes the others by setting them to minus "
@@ -2489,7 +2693,7 @@ HINTS = {
         ),
     ),
     "ex_top_p": Hints(
-        number="8.9",
+        number="8.10",
         check="check_top_p_filter",
         idea=(
             "The nucleus is the smallest set of most likely tokens whose probabilities add up to at least p. "
