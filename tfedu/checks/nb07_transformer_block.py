@@ -72,7 +72,7 @@ from tfedu.checks.core import (
     seeded_randn,
     upstream_problem,
 )
-from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, upstream_like
+from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, named_in_outputs, upstream_like
 from tfedu.config import ModelConfig
 from tfedu.layers import Block
 from tfedu.model import GPT
@@ -1733,18 +1733,6 @@ def _first_problem(outputs: Any, expected: dict, *, function: str, dtype_hints: 
     return None
 
 
-def _named_in_outputs(got: Any, want: np.ndarray, mistakes: list, *, rtol: float, atol: float) -> str | None:
-    """The hint of the first mistake (``[hint, array]`` pairs) whose output ``got`` matches and the reference does not."""
-    if not isinstance(got, np.ndarray) or got.shape != want.shape or not np.isfinite(got).all():
-        return None
-    for hint, wrong in mistakes:
-        wrong = np.asarray(wrong)
-        if wrong.shape == got.shape and np.isfinite(wrong).all() and np.allclose(got, wrong, rtol=rtol, atol=atol) \
-                and not np.allclose(want, wrong, rtol=rtol, atol=atol):
-            return hint
-    return None
-
-
 # FFN: one module per drawn configuration (GELU, tanh GELU, SwiGLU with and without rounding), built in the
 # kernel, the drawn weights loaded by name, outputs and gradients; Llama-7B's shapes on the meta device.
 
@@ -1839,7 +1827,7 @@ def _compare_ffn(outputs: dict, expected: dict) -> str | None:
         got, want = outputs["output"][i], expected["output"][i]
         what = f"FFN({d}, '{act}', {m})(x)"
         if isinstance(got, np.ndarray) and got.shape == want.shape and not np.allclose(got, want, rtol=1e-4, atol=1e-5):
-            hint = _named_in_outputs(got, want, expected["mistakes"][i], rtol=1e-4, atol=1e-5)
+            hint = named_in_outputs(got, want, expected["mistakes"][i], rtol=1e-4, atol=1e-5)
             if hint:
                 return f"{what}: {hint}"
         problem = compare_outputs({"returned": [outputs["returned"][i]], "output": got, "grad": outputs["grad"][i]},
@@ -1944,8 +1932,8 @@ def _norm_problem(outputs: dict, expected: dict, *, function: str, labels: dict[
     if problem:
         return problem
     for key in keys:
-        hint = _named_in_outputs(outputs.get(f"output_{key}"), expected[f"output_{key}"], expected[f"mistakes_{key}"],
-                                 rtol=1e-5, atol=1e-6)
+        hint = named_in_outputs(outputs.get(f"output_{key}"), expected[f"output_{key}"], expected[f"mistakes_{key}"],
+                                rtol=1e-5, atol=1e-6)
         if hint:
             return f"{labels['output_' + key]}: {hint}"
     return None
@@ -2183,7 +2171,7 @@ def _compare_pre_norm_block(outputs: dict, expected: dict) -> str | None:
     got = outputs.get("output")
     if isinstance(got, np.ndarray) and got.shape == expected["output"].shape \
             and not np.allclose(got, expected["output"], rtol=1e-4, atol=1e-5):
-        hint = _named_in_outputs(got, expected["output"], _block_mistake_outputs(expected["inputs"]), rtol=1e-4, atol=1e-5)
+        hint = named_in_outputs(got, expected["output"], _block_mistake_outputs(expected["inputs"]), rtol=1e-4, atol=1e-5)
         if hint:
             return f"pre_norm_block(resid, ln1, attn, ln2, mlp): {hint}"
     labels = {"output": "pre_norm_block(resid, ln1, attn, ln2, mlp)",
@@ -2333,7 +2321,7 @@ def _compare_gpt_forward(outputs: dict, expected: dict) -> str | None:
     batch, _, d_vocab = expected["shape"]
     if outputs.get("shape") == [batch, d_vocab]:
         return HINT_GPT_LAST_POS
-    hint = _named_in_outputs(outputs.get("output"), expected["output"], expected["mistakes"], rtol=1e-4, atol=1e-4)
+    hint = named_in_outputs(outputs.get("output"), expected["output"], expected["mistakes"], rtol=1e-4, atol=1e-4)
     if hint and not np.allclose(outputs["output"], expected["output"], rtol=1e-4, atol=1e-4):
         return f"{GPT_LABELS['output']}: {hint}"
     problem = compare_outputs(outputs, _without(expected, "mistakes", "shape"), function="gpt_forward", labels=GPT_LABELS,

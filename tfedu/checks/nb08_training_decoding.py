@@ -77,7 +77,7 @@ from tfedu.checks.core import (
     names_bound,
     watch_calls,
 )
-from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf
+from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, named_in_outputs
 from tfedu.config import ModelConfig
 from tfedu.data import CheckpointFile
 from tfedu.generate import filter_top_k, filter_top_p, generate
@@ -1793,7 +1793,7 @@ def _compare_cross_entropy(outputs: dict, expected: dict) -> str | None:
         return HINT_CE_SHAPE.format(got=f"a tensor of shape {tuple(next(s for s in shapes if s))}")
     for key in ("ignored", "index"):
         got = outputs.get(f"output_{key}")
-        hint = _named_in_outputs(got, expected[f"output_{key}"], expected["mistakes"][key])
+        hint = named_in_outputs(got, expected[f"output_{key}"], expected["mistakes"][key])
         if hint:
             return f"{CE_LABELS['output_' + key]}: {hint}"
     got = outputs.get("output_index")
@@ -1804,18 +1804,6 @@ def _compare_cross_entropy(outputs: dict, expected: dict) -> str | None:
                            function="cross_entropy", labels=CE_LABELS, rtol=1e-4, atol=1e-5,
                            nan_hints={"output_big": HINT_CE_OVERFLOW, "output_low": HINT_CE_LOG_OF_SOFTMAX,
                                       "output_ignored": HINT_CE_IGNORED_USED, "output_index": HINT_CE_IGNORED_USED})
-
-
-def _named_in_outputs(got: Any, want: np.ndarray, mistakes: list, *, rtol: float = 1e-5, atol: float = 1e-6) -> str | None:
-    """The hint of the first mistake (``[hint, array]`` pairs) whose output ``got`` matches and the reference does not."""
-    if not isinstance(got, np.ndarray) or got.shape != np.shape(want) or not np.isfinite(got).all():
-        return None
-    for hint, wrong in mistakes:
-        wrong = np.asarray(wrong)
-        if wrong.shape == got.shape and np.isfinite(wrong).all() and np.allclose(got, wrong, rtol=rtol, atol=atol) \
-                and not np.allclose(want, wrong, rtol=rtol, atol=atol):
-            return hint
-    return None
 
 
 # adamw_step: float64 weights and gradients from 1e-6 to 10, six steps with drawn hyper-parameters, then the defaults.
@@ -1868,7 +1856,7 @@ def _compare_adamw(outputs: dict, expected: dict) -> str | None:
         return f"the hidden test's outputs should be a dict, got {type(outputs).__name__}"
     if outputs.get("output") is None or outputs.get("output_defaults") is None:
         return HINT_AW_RETURN
-    hint = _named_in_outputs(outputs["output"], expected["output"], expected["mistakes"], rtol=1e-4, atol=1e-6)
+    hint = named_in_outputs(outputs["output"], expected["output"], expected["mistakes"], rtol=1e-4, atol=1e-6)
     if hint:
         return f"{AW_LABELS['output']}: {hint}"
     return compare_outputs({**outputs, "returned": []}, {"returned": [], "output": expected["output"],

@@ -129,6 +129,22 @@ def magnitude(want: Any) -> float:
     return max(1.0, float(finite.max())) if finite.size else 1.0
 
 
+def named_in_outputs(got: Any, want: Any, mistakes: Sequence, *, rtol: float = 1e-5, atol: float = 1e-6) -> str | None:
+    """The hint of the first mistake (``[hint, array]`` pairs) whose output ``got`` matches and the reference does not.
+
+    None when ``got`` is not a finite array of the reference's shape, or matches no mistake; a mistake
+    whose output equals the reference's on these inputs is passed over, since it is not told apart there.
+    """
+    if not isinstance(got, np.ndarray) or got.shape != np.shape(want) or not np.isfinite(got).all():
+        return None
+    for hint, wrong in mistakes:
+        wrong = np.asarray(wrong)
+        if wrong.shape == got.shape and np.isfinite(wrong).all() and np.allclose(got, wrong, rtol=rtol, atol=atol) \
+                and not np.allclose(want, wrong, rtol=rtol, atol=atol):
+            return hint
+    return None
+
+
 def compare_outputs(
     outputs: Any,
     expected: Mapping[str, Any],
