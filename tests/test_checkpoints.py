@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model, LlamaConfig, LlamaForCausalLM
 
-from tfedu.checkpoints import candidate_folders, config_from_hf, gpt_from_hf, pretrained
+from tfedu.checkpoints import candidate_folders, config_from_hf, gpt_from_hf, hf_from_gpt, pretrained
 from tfedu.model import GPT
 
 D_VOCAB, N_CTX = 61, 12
@@ -106,6 +106,27 @@ def test_gpt2_untied_and_with_d_mlp():
     ours = gpt_from_hf(hf)
     assert ours.cfg.d_mlp == 40 and ours.unembed.weight is not ours.embed.weight
     assert_same_logits(ours, hf, ids_like())
+
+
+@pytest.mark.parametrize("changes", [dict(), dict(tie_word_embeddings=False, n_inner=40)], ids=["tied", "untied-d_mlp"])
+def test_hf_from_gpt_is_the_inverse_of_gpt_from_hf(changes):
+    hf = gpt2(**changes)
+    back = hf_from_gpt(gpt_from_hf(hf))
+    assert back.config.tie_word_embeddings == hf.config.tie_word_embeddings and not back.training
+    theirs = hf.state_dict()
+    for name, value in back.state_dict().items():  # every weight where it came from, transposes and all
+        assert torch.equal(value, theirs[name]), name
+    assert_same_logits(gpt_from_hf(back), back, ids_like())
+
+
+def test_hf_from_gpt_runs_tfedu_models_and_refuses_what_gpt2_cannot_hold():
+    torch.manual_seed(0)
+    ours = GPT(gpt_from_hf(gpt2()).cfg.replace(d_mlp=36, init_std=0.5)).eval()  # a model transformers never saw
+    assert_same_logits(ours, hf_from_gpt(ours), ids_like())
+    for change, named in ((dict(norm="rms"), "norm='rms'"), (dict(positional="rope"), "positional='rope'"),
+                          (dict(n_kv_heads=2), "n_kv_heads=2")):
+        with pytest.raises(ValueError, match=f"GPT-2-shaped models only; .*{re.escape(named)}"):
+            hf_from_gpt(GPT(ours.cfg.replace(**change)))
 
 
 def test_gpt2_model_without_lm_head():

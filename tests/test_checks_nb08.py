@@ -10,7 +10,7 @@ from torch import nn
 
 from tfedu.checks import nb08_training_decoding as nb08
 from tfedu.checks.core import CheckFailure, ExerciseNotDone, run_probe
-from tfedu.generate import filter_top_k, filter_top_p, generate
+from tfedu.generate import filter_top_k, filter_top_p, generate, sequence_logprob
 from tfedu.checks.scan import scan_answer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: see tests/conftest.py
@@ -131,6 +131,23 @@ def top_p_filter(logits, p):
     remove_sorted = mass_before >= p                       # the nucleus reached p without this token
     remove = remove_sorted.scatter(-1, order, remove_sorted)  # back to the vocabulary's order
     return logits.masked_fill(remove, float("-inf"))
+''',
+    "ex_beam_search": '''\
+def beam_search(model, ids, max_new_tokens, num_beams):
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for row in range(ids.shape[0]):
+            seqs = ids[row:row + 1]                        # 1 pos: a single beam to start
+            score = torch.zeros(1)
+            for _ in range(max_new_tokens):
+                logp = torch.log_softmax(model(seqs[:, -model.cfg.n_ctx:])[:, -1, :], dim=-1)
+                cand = (score[:, None] + logp).reshape(-1)  # every (beam, token) pair
+                score, idx = torch.topk(cand, num_beams)
+                beam, tok = idx // logp.shape[-1], idx % logp.shape[-1]
+                seqs = torch.cat([seqs[beam], tok[:, None]], dim=1)
+            out.append(seqs[0])
+    return torch.stack(out)
 ''',
 }
 NOTEBOOK_CONTEXT = "import torch\nimport torch.nn.functional as F\nfrom torch import nn\nimport math, einops, regex"
@@ -873,6 +890,135 @@ def test_the_checkers_p_values_lie_clear_of_every_cumulative_sum():
     assert (nb08.filter_top_p(logits, p).isfinite().sum(-1) > 1).any()  # a nucleus of several tokens, not only the top one
 
 
+# ----------------------------------------------------------------------------- 8.11 beam_search
+
+
+def make_beam(bug=None):
+    """A learner's beam_search, beams kept as a list of (score, tokens) pairs, one switch per mistake."""
+
+    def beam_search(model, ids, max_new_tokens, num_beams):
+        if bug != "no-eval":
+            model.eval()
+        n_ctx, rows = model.cfg.n_ctx, []
+        for prompt in ids.tolist():
+            width = num_beams if bug in ("copies", "parent") else 1
+            beams = [(0.0 if bug == "copies" or i == 0 else NEG_INF, list(prompt)) for i in range(width)]
+            for _ in range(max_new_tokens):
+                seqs = torch.tensor([tokens for _, tokens in beams])
+                context = {"no-crop": seqs, "crop-start": seqs[:, :n_ctx]}.get(bug, seqs[:, -n_ctx:])
+                with torch.no_grad():
+                    logits = model(context)[:, -1]
+                step = {"logits": logits, "probs": logits.softmax(-1)}.get(bug, logits.log_softmax(-1))
+                scores = torch.tensor([score for score, _ in beams])
+                if bug == "per-beam-best":  # each beam's own best token
+                    values, tokens = step.max(dim=-1)
+                    totals = scores + values
+                    order = totals.argsort(descending=True)[:num_beams]
+                    beams = [(float(totals[i]), beams[i][1] + [int(tokens[i])]) for i in order]
+                    continue
+                if bug == "sample":
+                    flat = torch.multinomial(step.flatten().softmax(-1), num_beams)
+                    values = (scores[:, None] + step).flatten()[flat]
+                else:
+                    totals = step if bug == "not-summed" else scores[:, None] + step
+                    values, flat = totals.flatten().topk(num_beams)
+                parents, tokens = (flat // step.shape[-1]).tolist(), (flat % step.shape[-1]).tolist()
+                if bug == "parent":
+                    beams = [(float(v), beams[i][1] + [t]) for i, (v, t) in enumerate(zip(values, tokens))]
+                else:
+                    beams = [(float(v), beams[b][1] + [t]) for v, b, t in zip(values, parents, tokens)]
+            if bug == "all":
+                rows.extend(tokens for _, tokens in beams)
+            else:
+                rows.append(beams[-1 if bug == "worst" else 0][1])
+        out = torch.tensor(rows, dtype=ids.dtype)
+        if bug == "only-new":
+            return out[:, ids.shape[1]:]
+        return out.float() if bug == "float" else out
+
+    return beam_search
+
+
+def beam_growing_the_prompt(model, ids, max_new_tokens, num_beams):
+    """One beam, kept by writing the last tokens into the caller's prompt as it goes."""
+    model.eval()
+    out = ids
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            out = torch.cat([out, model(out[:, -model.cfg.n_ctx:])[:, -1].argmax(-1, keepdim=True)], dim=1)
+    ids[:] = out[:, -ids.shape[1]:]  # the window slid over the prompt's own memory
+    return out
+
+
+def test_beam_reference_and_learner_solutions_pass(capsys):
+    for fn in (solution("ex_beam_search")["beam_search"], make_beam(), nb08.reference_beam_search):
+        nb08.check_beam_search(fn)
+    assert capsys.readouterr().out.count("\N{CHECK MARK} beam search: all checks passed") == 3
+
+
+@pytest.mark.parametrize("bug, match", [
+    ("logits", "added up raw logits"),
+    ("probs", "added up probabilities"),
+    ("not-summed", "by its newest token alone"),
+    ("per-beam-best", "returned the greedy continuation"),
+    ("copies", "returned the greedy continuation"),
+    ("parent", "not onto the beam it was scored from"),
+    ("worst", "least probable of the final beams"),
+    ("only-new", "only the new tokens"),
+    ("all", "every final beam"),
+    ("no-crop", "outgrew the model's context"),
+    ("crop-start", "kept the first n_ctx tokens"),
+    ("sample", "do not sample"),
+    ("no-eval", "call model.eval\\(\\) first"),
+    ("float", "token ids are integers"),
+])
+def test_beam_mistakes_are_named(bug, match):
+    with pytest.raises(CheckFailure, match=match):
+        nb08.check_beam_search(make_beam(bug))
+
+
+def test_beam_that_writes_into_the_prompt_is_told():
+    with pytest.raises(CheckFailure, match="changed the caller's `ids` in place"):
+        nb08.check_beam_search(beam_growing_the_prompt)
+
+
+def test_beam_not_done():
+    def beam_search(model, ids, max_new_tokens, num_beams):
+        raise NotImplementedError
+
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb08.check_beam_search(beam_search)
+
+
+def test_the_beam_checks_calls_tell_every_mistake_from_the_reference_and_beat_greedy():
+    model = nb08.make_greedy_model(nb08.BEAM_MODEL_SEED)
+    for seed, batch, pos, new, beams in nb08.BEAM_CALLS:
+        ids = nb08._greedy_prompt(seed, batch, pos, model.cfg.d_vocab)
+        expected = nb08.reference_beam_search(model, ids, new, beams)
+        assert torch.equal(nb08._beam_variant(model, ids, new, beams), expected)  # the variants' common path is right
+        same = [hint for hint, wrong in nb08._beam_mistakes(model, ids, new, beams).items()
+                if wrong.shape == expected.shape and torch.equal(wrong, expected)]
+        assert same == ([nb08.HINT_BEAM_CROP_START] if pos + new <= nb08.GREEDY_N_CTX else []), (seed, same)
+        outputs = list(nb08._beam_mistakes(model, ids, new, beams).values())
+        assert not any(a.shape == b.shape and torch.equal(a, b) for i, a in enumerate(outputs) for b in outputs[i + 1:])
+        assert (sequence_logprob(model, expected, pos) > sequence_logprob(model, generate(model, ids, new), pos)).any()
+
+
+def test_the_solutions_beam_search_is_transformers_beam_search_on_the_course_gpt():
+    """Issue 40: the learner's beam search (the notebook's solution) writes what transformers' generate writes."""
+    from tfedu.checkpoints import hf_from_gpt
+    from tfedu.experiments import course_gpt
+
+    course, tok = course_gpt.load()
+    hf = hf_from_gpt(course)
+    mine = solution("ex_beam_search")["beam_search"]
+    for text, num_beams in (("The for statement", 4), ("A class definition", 3), ("If the value of", 5)):
+        ids = torch.tensor([tok.encode(text)])
+        theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, num_beams=num_beams,
+                             do_sample=False)
+        assert torch.equal(mine(course, ids, 12, num_beams), theirs), text
+
+
 # ----------------------------------------------------------------------------- probes
 
 GOOD = {
@@ -887,6 +1033,7 @@ GOOD = {
     "check_top_k": [solution("ex_top_k"), {"top_k_filter": top_k_by_sort}],
     "check_top_p": [solution("ex_top_p"), {"top_p_filter": top_p_transformers_style},
                     {"top_p_filter": top_p_old_transformers_style}],
+    "check_beam_search": [solution("ex_beam_search"), {"beam_search": make_beam()}],
 }
 BAD = [  # (probe, namespace, a fragment of the feedback)
     ("check_get_batch", {"get_batch": make_get_batch("no-last")}, "never came up"),
@@ -945,6 +1092,16 @@ BAD = [  # (probe, namespace, a fragment of the feedback)
     ("check_top_p", {"top_p_filter": make_top_p("no-keep-first")}, "removed every token"),
     ("check_top_p", {"top_p_filter": make_top_p("gather")}, "gather"),
     ("check_top_p", {"top_p_filter": make_top_p("softmax")}, "probabilities"),
+    ("check_beam_search", {"beam_search": make_beam("logits")}, "raw logits"),
+    ("check_beam_search", {"beam_search": make_beam("not-summed")}, "newest token alone"),
+    ("check_beam_search", {"beam_search": make_beam("copies")}, "greedy continuation"),
+    ("check_beam_search", {"beam_search": make_beam("parent")}, "same rank"),
+    ("check_beam_search", {"beam_search": make_beam("worst")}, "least probable"),
+    ("check_beam_search", {"beam_search": make_beam("no-crop")}, "raised"),
+    ("check_beam_search", {"beam_search": make_beam("crop-start")}, "kept the first n_ctx"),
+    ("check_beam_search", {"beam_search": make_beam("no-eval")}, "model.eval()"),
+    ("check_beam_search", {"beam_search": make_beam("sample")}, "do not sample"),
+    ("check_beam_search", {"beam_search": beam_growing_the_prompt}, "changed its input in place"),
 ]
 
 
@@ -959,7 +1116,8 @@ def verdict(probe, namespace, seed):
 def test_every_check_cell_has_a_probe():
     assert set(nb08.PROBES) == set(GOOD) == {"check_get_batch", "check_cross_entropy", "check_adamw_step", "check_lr_schedule",
                                              "check_clip_grad_norm", "check_train_loop", "check_greedy",
-                                             "check_sample_next", "check_top_k", "check_top_p"}
+                                             "check_sample_next", "check_top_k", "check_top_p",
+                                             "check_beam_search"}
     for grade_id, probe in nb08.PROBES.items():
         assert probe.exercise == grade_id.replace("check_", "ex_")
         assert probe.compare is not None

@@ -198,6 +198,56 @@ def gpt_from_hf(source: object, config: object = None, **overrides: object) -> G
     return model.eval()
 
 
+def hf_from_gpt(model: GPT) -> nn.Module:
+    """A ``transformers`` ``GPT2LMHeadModel`` computing what a GPT-2-shaped tfedu ``GPT`` computes: the inverse
+    of :func:`gpt_from_hf`, so that ``transformers``' own generation (beam search, say) can run on tfedu's models.
+
+    The model must have GPT-2's parts: learned positions, pre-norm LayerNorm, the tanh GELU, biases, one key and
+    value head per query head. The weights are copied (``Conv1D`` layers hold them transposed); dropout is
+    taken from ``cfg.dropout``; the result is in evaluation mode, on the CPU in float32.
+
+    >>> from tfedu.config import preset
+    >>> _ = torch.manual_seed(0); ours = GPT(preset("tiny")).eval()
+    >>> ids = torch.tensor([[5, 17, 99]])
+    >>> torch.allclose(hf_from_gpt(ours)(ids).logits, ours(ids), atol=1e-5)
+    True
+    """
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = model.cfg
+    wanted = {"positional": "learned", "norm": "layer", "norm_position": "pre", "activation": "gelu_tanh", "bias": True,
+              "n_kv_heads": cfg.n_heads, "d_head": cfg.d_model // cfg.n_heads, "n_experts": None}
+    differs = [f"{name}={getattr(cfg, name)!r} (GPT-2: {value!r})" for name, value in wanted.items() if getattr(cfg, name) != value]
+    if differs:
+        raise ValueError(f"hf_from_gpt converts GPT-2-shaped models only; this one has {', '.join(differs)}")
+    config = GPT2Config(vocab_size=cfg.d_vocab, n_positions=cfg.n_ctx, n_embd=cfg.d_model, n_layer=cfg.n_layers,
+                        n_head=cfg.n_heads, n_inner=cfg.d_mlp, activation_function="gelu_new",
+                        layer_norm_epsilon=cfg.norm_eps, resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout,
+                        attn_pdrop=cfg.dropout, tie_word_embeddings=cfg.tied_embeddings,
+                        bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    sd = {key: value.detach().float().cpu() for key, value in model.state_dict().items()}
+    theirs = {"transformer.wte.weight": sd["embed.weight"], "transformer.wpe.weight": sd["pos_embed.W_pos"],
+              "transformer.ln_f.weight": sd["ln_final.weight"], "transformer.ln_f.bias": sd["ln_final.bias"],
+              "lm_head.weight": sd["embed.weight" if cfg.tied_embeddings else "unembed.weight"]}
+    for i in range(cfg.n_layers):
+        h, b = f"transformer.h.{i}.", f"blocks.{i}."
+        theirs |= {
+            h + "ln_1.weight": sd[b + "ln1.weight"], h + "ln_1.bias": sd[b + "ln1.bias"],
+            h + "attn.c_attn.weight": torch.cat([sd[b + f"attn.W_{x}.weight"] for x in "QKV"]).T,
+            h + "attn.c_attn.bias": torch.cat([sd[b + f"attn.W_{x}.bias"] for x in "QKV"]),
+            h + "attn.c_proj.weight": sd[b + "attn.W_O.weight"].T, h + "attn.c_proj.bias": sd[b + "attn.W_O.bias"],
+            h + "ln_2.weight": sd[b + "ln2.weight"], h + "ln_2.bias": sd[b + "ln2.bias"],
+            h + "mlp.c_fc.weight": sd[b + "mlp.W_in.weight"].T, h + "mlp.c_fc.bias": sd[b + "mlp.W_in.bias"],
+            h + "mlp.c_proj.weight": sd[b + "mlp.W_out.weight"].T, h + "mlp.c_proj.bias": sd[b + "mlp.W_out.bias"],
+        }
+    hf = GPT2LMHeadModel(config)
+    missing, unexpected = hf.load_state_dict({key: value.contiguous() for key, value in theirs.items()}, strict=False)
+    left = [key for key in missing if not key.endswith((".attn.bias", ".attn.masked_bias"))]  # buffers
+    if left or unexpected:
+        raise ValueError(f"the GPT-2 weights did not fit: missing {left}, unexpected {unexpected}")
+    return hf.eval()
+
+
 # ----------------------------------------------------------------------------- weights on disk
 
 

@@ -1,4 +1,4 @@
-"""Checkers for notebooks/08_training_and_decoding.ipynb: the training parts, greedy decoding, top-k and top-p.
+"""Checkers for notebooks/08_training_and_decoding.ipynb: the training parts and the decoders.
 
 Each exercise is checked against a reference (PyTorch's own where there is one) after first trying
 the mistakes seen in tutorials and learners' answers:
@@ -48,6 +48,13 @@ the mistakes seen in tutorials and learners' answers:
   input changed in place, one row only, probabilities taken as exp over the sum without subtracting the
   largest logit (NaN on logits near 100: a confident model, or a temperature of 0.1). Compared with
   ``tfedu.generate.filter_top_p``.
+- 8.11 ``beam_search(model, ids, max_new_tokens, num_beams)``: against ``tfedu.generate.beam_search``
+  without end-of-text (equal to transformers' ``generate(num_beams=...)``) on a tiny seeded GPT whose beams
+  beat greedy: raw logits or probabilities summed instead of log-probabilities, extensions ranked by
+  their newest token alone, the greedy continuation (each beam's own best token, or copies of the
+  prompt as the first beams), new tokens appended to the beams in rank order instead of to their
+  parents, the worst beam returned, only the new tokens or every beam returned, no cropping or the
+  start kept, sampling, dropout left on, the prompt changed in place.
 """
 
 from __future__ import annotations
@@ -80,7 +87,7 @@ from tfedu.checks.core import (
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, named_in_outputs
 from tfedu.config import ModelConfig
 from tfedu.data import CheckpointFile
-from tfedu.generate import filter_top_k, filter_top_p, generate
+from tfedu.generate import beam_search, filter_top_k, filter_top_p, generate
 from tfedu.model import GPT
 
 NEG_INF = float("-inf")
@@ -1649,6 +1656,177 @@ def check_top_p_filter(top_p_filter) -> None:
                                                      top=CONFIDENT_OFFSET))
 
 
+# ----------------------------------------------------------------------------- 8.11 beam_search
+
+HINT_BEAM_LOGITS = (
+    "you added up raw logits: a logit is a log-probability only up to a constant, each beam's own log-sum-exp, "
+    "so totals of logits from different beams cannot be compared. Turn each step's logits into "
+    "log-probabilities over the vocabulary before adding them to the beam's score"
+)
+HINT_BEAM_PROBS = (
+    "you added up probabilities: a sequence's probability is the product of its tokens' probabilities, so "
+    "its score is the sum of their logarithms (log-probabilities), not of the probabilities themselves"
+)
+HINT_BEAM_NOT_SUMMED = (
+    "each extension was ranked by its newest token alone: a beam's score is the total log-probability of all "
+    "the tokens it added, so each extension's score is its beam's score plus the new token's log-probability"
+)
+HINT_BEAM_GREEDY = (
+    "your search returned the greedy continuation, though on this model and prompt a wider beam finds a "
+    "more probable one. Keep the num_beams best extensions over all beams and all tokens together (not each "
+    "beam's single best token); and start from one beam, the prompt: num_beams equal copies of it all pick the "
+    "same tokens"
+)
+HINT_BEAM_PARENT = (
+    "a new token went onto the beam of the same rank, not onto the beam it was scored from: the position of a "
+    "kept extension among all (beam, token) pairs tells both its parent beam and its token, and each new beam "
+    "is its parent's sequence followed by that token"
+)
+HINT_BEAM_WORST = (
+    "you returned the least probable of the final beams: return the one with the highest total log-probability"
+)
+HINT_BEAM_ONLY_NEW = (
+    "you returned only the new tokens: return each prompt followed by its best beam's new tokens, shape "
+    "(batch, pos + max_new_tokens)"
+)
+HINT_BEAM_ALL = (
+    "you returned every final beam: return one row per prompt, its most probable beam, shape "
+    "(batch, pos + max_new_tokens)"
+)
+HINT_BEAM_CROP_START = (
+    "you kept the first n_ctx tokens: the model must see the most recent ones, the last n_ctx of each beam"
+)
+HINT_BEAM_NO_CROP = (
+    "the beams outgrew the model's context: before each forward pass, keep only the last model.cfg.n_ctx "
+    "tokens of each beam"
+)
+HINT_BEAM_RANDOM = (
+    "two calls with the same model and prompt gave different tokens: beam search is deterministic, it keeps "
+    "the best extensions; do not sample here"
+)
+HINT_BEAM_DROPOUT = (
+    "with a model that has dropout and was left in training mode, your tokens differ from the reference: call "
+    "model.eval() first (dropout off while searching); torch.no_grad() alone does not turn dropout off"
+)
+HINT_BEAM_MUTATED = (
+    "your beam_search changed the caller's `{name}` in place: build new tensors for the beams instead of "
+    "writing into the prompt"
+)
+HINT_BEAM_CALL = (
+    "beam_search(model, ids, max_new_tokens, num_beams): ids is (batch, pos) of token ids and each row is "
+    "searched on its own; model(x) returns logits (n, pos, d_vocab) for n sequences of equal length, so all "
+    "the beams of one prompt go through the model together. Crop each beam to its last model.cfg.n_ctx "
+    "tokens before each call"
+)
+HINT_BEAM_DTYPE = "return token ids in ids' dtype ({want}), got {got}: token ids are integers"
+
+BEAM_MISTAKES = {  # the variant of _beam_variant behind each hint; greedy decoding stands for itself
+    HINT_BEAM_LOGITS: "logits", HINT_BEAM_PROBS: "probs", HINT_BEAM_NOT_SUMMED: "not-summed",
+    HINT_BEAM_PARENT: "parent", HINT_BEAM_WORST: "worst", HINT_BEAM_ONLY_NEW: "only-new", HINT_BEAM_ALL: "all",
+    HINT_BEAM_CROP_START: "crop-start",
+}
+
+
+def _beam_variant(model: GPT, ids: torch.Tensor, max_new_tokens: int, num_beams: int,
+                  mistake: str | None = None) -> torch.Tensor:
+    """Beam search on each prompt in turn, without a cache, in eval mode: right, or with one known mistake."""
+    n_ctx, was_training = model.cfg.n_ctx, model.training
+    rows = []
+    with torch.no_grad():
+        model.eval()
+        for prompt in ids:
+            if mistake == "parent":  # num_beams rows from the start, only the first live: then rank-aligned appends
+                beams = prompt[None, :].expand(num_beams, -1)
+                scores = torch.tensor([0.0] + [NEG_INF] * (num_beams - 1))
+            else:
+                beams, scores = prompt[None, :], torch.zeros(1)
+            for _ in range(max_new_tokens):
+                context = beams[:, :n_ctx] if mistake == "crop-start" else beams[:, -n_ctx:]
+                logits = model(context)[:, -1]  # beams d_vocab
+                step = {"logits": logits, "probs": logits.softmax(dim=-1)}.get(mistake, logits.log_softmax(dim=-1))
+                totals = step if mistake == "not-summed" else scores[:, None] + step
+                scores, flat = totals.flatten().topk(num_beams)
+                parent, token = flat // step.shape[-1], flat % step.shape[-1]
+                grown_from = beams if mistake == "parent" else beams[parent]
+                beams = torch.cat([grown_from, token[:, None].to(ids.dtype)], dim=1)
+            rows.append(beams)
+    model.train(was_training)
+    if mistake == "all":
+        return torch.cat(rows)
+    chosen = torch.stack([beams[-1] if mistake == "worst" else beams[0] for beams in rows])
+    return chosen[:, ids.shape[1]:] if mistake == "only-new" else chosen
+
+
+def _beam_mistakes(model: GPT, ids: torch.Tensor, max_new_tokens: int, num_beams: int) -> dict[str, torch.Tensor]:
+    mistakes = {hint: _beam_variant(model, ids, max_new_tokens, num_beams, variant) for hint, variant in BEAM_MISTAKES.items()}
+    return mistakes | {HINT_BEAM_GREEDY: generate(model, ids, max_new_tokens, use_cache=False)}
+
+
+def reference_beam_search(model: GPT, ids: torch.Tensor, max_new_tokens: int, num_beams: int) -> torch.Tensor:
+    """tfedu's beam search without end-of-text, which transformers' ``generate(num_beams=...)`` equals."""
+    return beam_search(model, ids, max_new_tokens, num_beams=num_beams, use_cache=False)
+
+
+def _call_beam(fn: Any, model: GPT, ids: torch.Tensor, max_new_tokens: int, num_beams: int, seed: int = 0) -> Any:
+    with torch.random.fork_rng(devices=[]):  # a seed of its own per call: an answer that samples differs
+        torch.manual_seed(seed)
+        return call_on_copies(fn, {"model": model, "ids": ids, "max_new_tokens": max_new_tokens, "num_beams": num_beams},
+                              name="beam_search", mutated_hint=HINT_BEAM_MUTATED, error_hint=HINT_BEAM_CALL)
+
+
+def _check_beam_output(got: Any, model: GPT, ids: torch.Tensor, max_new_tokens: int, num_beams: int, what: str) -> None:
+    expected = reference_beam_search(model, ids, max_new_tokens, num_beams)
+    expect(isinstance(got, torch.Tensor), f"{what} should return a tensor of token ids (batch, pos + max_new_tokens), "
+                                          f"got {describe(got)}")
+    expect(not got.is_floating_point(), HINT_BEAM_DTYPE.format(want=ids.dtype, got=got.dtype))
+    compare(got, expected, what=what, mistakes=_beam_mistakes(model, ids, max_new_tokens, num_beams), check_dtype=False,
+            rtol=0, atol=0)
+
+
+# The checker's model and calls, (prompt seed, batch, pos, max_new_tokens, num_beams): chosen so that every known
+# mistake gives other tokens than the reference on the first two, and the beam beats greedy there (tested).
+BEAM_MODEL_SEED = 0
+BEAM_CALLS = ((5, 2, 5, 6, 3), (1, 2, 13, 7, 4))
+
+
+@checker("beam search")
+def check_beam_search(beam_search) -> None:
+    """Check a learner's ``beam_search(model, ids, max_new_tokens, num_beams) -> Int[Tensor, "batch pos_out"]``.
+
+    Against ``tfedu.generate.beam_search`` without end-of-text (which equals transformers' ``generate(num_beams=...)``,
+    tests/test_generate.py) on a tiny seeded GPT: a short prompt, two calls that must agree, prompts whose beams
+    run past ``model.cfg.n_ctx`` (cropped to the last n_ctx tokens), one beam (greedy decoding), a model with
+    dropout left in training mode, and the prompt left unchanged.
+    """
+    model = make_greedy_model(BEAM_MODEL_SEED)
+    (seed, batch, pos, new, beams), (seed2, batch2, pos2, new2, beams2) = BEAM_CALLS
+    ids = _greedy_prompt(seed, batch, pos, model.cfg.d_vocab)
+    got = _call_beam(beam_search, model, ids, new, beams)
+    again = _call_beam(beam_search, model, ids, new, beams, seed=1)
+    if isinstance(got, torch.Tensor) and isinstance(again, torch.Tensor) and not torch.equal(got, again):
+        raise CheckFailure(HINT_BEAM_RANDOM)
+    _check_beam_output(got, model, ids, new, beams, f"beam_search(model, ids, {new}, {beams}) with ids of shape ({batch}, {pos})")
+    ids = _greedy_prompt(seed2, batch2, pos2, model.cfg.d_vocab)
+    try:
+        got = _call_beam(beam_search, model, ids, new2, beams2)
+    except CheckFailure as failure:
+        if "n_ctx" in str(failure) or "positions" in str(failure):
+            raise CheckFailure(f"{HINT_BEAM_NO_CROP} ({failure})") from None
+        raise
+    _check_beam_output(got, model, ids, new2, beams2, f"beam_search(model, ids, {new2}, {beams2}) with ids of shape "
+                                                      f"({batch2}, {pos2}) and model.cfg.n_ctx = {GREEDY_N_CTX}")
+    got = _call_beam(beam_search, model, ids[:, :6], 5, 1)
+    _check_beam_output(got, model, ids[:, :6], 5, 1, "beam_search(model, ids, 5, 1) (one beam: greedy decoding)")
+    dropout_model = make_greedy_model(BEAM_MODEL_SEED, dropout=0.5).train()
+    ids = _greedy_prompt(seed, batch, pos, model.cfg.d_vocab)
+    got = _call_beam(beam_search, dropout_model, ids, new, beams)
+    expected = reference_beam_search(dropout_model, ids, new, beams)
+    if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.equal(got, expected):
+        raise CheckFailure(HINT_BEAM_DROPOUT)
+    _check_beam_output(got, dropout_model, ids, new, beams, f"beam_search(model, ids, {new}, {beams}) with a dropout "
+                                                            "model in training mode")
+
+
 # ----------------------------------------------------------------------------- probes
 
 # greedy_generate: a tiny GPT whose weights travel as arrays, built in the kernel (tfedu.model is not the
@@ -2151,7 +2329,9 @@ def _compare_sample(outputs: dict, expected: dict) -> str | None:
     return None
 
 
-GREEDY_PROBE_RUN = HELPERS + """\
+# The run code of a decoder's probe: ``name(model, ids, max_new_tokens{extra})`` on the drawn GPT, again (the
+# same tokens), and on the same weights with dropout left in training mode; ``more`` adds outputs.
+DECODER_RUN = """\
 from tfedu.config import ModelConfig as _ModelConfig
 from tfedu.model import GPT as _GPT
 
@@ -2159,26 +2339,36 @@ from tfedu.model import GPT as _GPT
 def _model(_dropout):
     with torch.random.fork_rng(devices=[]):
         _m = _GPT(_ModelConfig(**inputs['config'], dropout=_dropout))
-    _m.load_state_dict({_k: torch.from_numpy(_v) for _k, _v in inputs['weights'].items()})
+    _m.load_state_dict({{_k: torch.from_numpy(_v) for _k, _v in inputs['weights'].items()}})
     return _m.eval() if _dropout == 0 else _m.train()
 
 
 _ids = torch.from_numpy(inputs['ids'])
-_result = _call(greedy_generate, _model(0.0), _ids, inputs['max_new_tokens'])
-_again = greedy_generate(_model(0.0), _ids.clone(), inputs['max_new_tokens'])
-_dropped = greedy_generate(_model(0.5), torch.from_numpy(inputs['ids_dropout']), inputs['max_new_tokens'])
-outputs = {
+_result = _call({name}, _model(0.0), _ids, inputs['max_new_tokens']{extra})
+_again = {name}(_model(0.0), _ids.clone(), inputs['max_new_tokens']{extra})
+_dropped = {name}(_model(0.5), torch.from_numpy(inputs['ids_dropout']), inputs['max_new_tokens']{extra})
+outputs = {{
     'returned': [_kind(_result), _kind(_dropped)],
     'output': _array(_result), 'output_dropout': _array(_dropped),
     'repeatable': bool(isinstance(_result, torch.Tensor) and isinstance(_again, torch.Tensor)
                        and _result.shape == _again.shape and torch.equal(_result, _again)),
-    'mutated': _MUTATED,
-}
+    'mutated': _MUTATED,{more}
+}}
 del _ModelConfig, _GPT, _model, _ids, _result, _again, _dropped
-""" + CLEANUP
+"""
 
 
-def _greedy_probe_inputs(rng: np.random.Generator) -> dict:
+def _decoder_run(name: str, extra: str = "", more: str = "") -> str:
+    return HELPERS + DECODER_RUN.format(name=name, extra=extra, more=more) + CLEANUP
+
+
+GREEDY_PROBE_RUN = _decoder_run("greedy_generate")
+# One more call with one beam, which is greedy decoding: on the first 4 tokens of the prompts.
+BEAM_PROBE_RUN = _decoder_run("beam_search", extra=", inputs['num_beams']", more="""
+    'output_one': _array(beam_search(_model(0.0), _ids[:, :4].clone(), inputs['max_new_tokens'], 1)),""")
+
+
+def _decoder_probe_inputs(rng: np.random.Generator, *, beams: bool) -> dict:
     """A fresh tiny GPT and prompts on which every known mistake gives other tokens (drawn again until so)."""
     while True:
         n_ctx, d_vocab = int(rng.integers(8, 17)), int(rng.integers(20, 80))
@@ -2192,11 +2382,22 @@ def _greedy_probe_inputs(rng: np.random.Generator) -> dict:
         inputs = {"config": config, "weights": weights, "max_new_tokens": max_new,
                   "ids": rng.integers(0, d_vocab, (batch, pos)).astype(np.int64),
                   "ids_dropout": rng.integers(0, d_vocab, (batch, int(rng.integers(2, 6)))).astype(np.int64)}
-        model, ids = _probe_model(inputs), torch.from_numpy(inputs["ids"])
-        expected = generate(model, ids, max_new)
-        if not any(wrong.shape == expected.shape and torch.equal(wrong, expected)
-                   for wrong in _greedy_mistakes(model, ids, max_new).values()):
+        if beams:
+            inputs["num_beams"] = int(rng.integers(2, 5))
+        expected, mistakes = _decoder_expected(inputs)
+        outputs = [expected, *mistakes.values()] if beams else [expected]  # beams: every mistake told apart too
+        wrongs = list(mistakes.values())
+        if not any(wrong.shape == other.shape and torch.equal(wrong, other)
+                   for i, other in enumerate(outputs) for wrong in wrongs[i:]):
             return inputs
+
+
+def _greedy_probe_inputs(rng: np.random.Generator) -> dict:
+    return _decoder_probe_inputs(rng, beams=False)
+
+
+def _beam_probe_inputs(rng: np.random.Generator) -> dict:
+    return _decoder_probe_inputs(rng, beams=True)
 
 
 def _probe_model(inputs: dict) -> GPT:
@@ -2206,40 +2407,74 @@ def _probe_model(inputs: dict) -> GPT:
     return model.eval()
 
 
-def _greedy_reference(inputs: dict) -> dict:
-    model, ids = _probe_model(inputs), torch.from_numpy(inputs["ids"])
-    max_new = inputs["max_new_tokens"]
-    return {
+def _decoder_expected(inputs: dict, ids_key: str = "ids") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The reference's tokens for ``inputs[ids_key]`` (greedy, or beam search with ``num_beams``) and each mistake's."""
+    model, ids, max_new = _probe_model(inputs), torch.from_numpy(inputs[ids_key]), inputs["max_new_tokens"]
+    if "num_beams" not in inputs:
+        return generate(model, ids, max_new), _greedy_mistakes(model, ids, max_new)
+    return (reference_beam_search(model, ids, max_new, inputs["num_beams"]),
+            _beam_mistakes(model, ids, max_new, inputs["num_beams"]))
+
+
+def _decoder_reference(inputs: dict) -> dict:
+    expected, mistakes = _decoder_expected(inputs)
+    reference = {
         "returned": ["tensor", "tensor"],
-        "output": as_array(generate(model, ids, max_new)),
-        "output_dropout": as_array(generate(model, torch.from_numpy(inputs["ids_dropout"]), max_new)),
-        "mistakes": [[hint, as_array(wrong)] for hint, wrong in _greedy_mistakes(model, ids, max_new).items()],
+        "output": as_array(expected),
+        "output_dropout": as_array(_decoder_expected(inputs, "ids_dropout")[0]),
+        "mistakes": [[hint, as_array(wrong)] for hint, wrong in mistakes.items()],
     }
+    if "num_beams" in inputs:
+        reference["output_one"] = as_array(generate(_probe_model(inputs), torch.from_numpy(inputs["ids"][:, :4]),
+                                                    inputs["max_new_tokens"]))
+    return reference
 
 
-def _compare_greedy(outputs: dict, expected: dict) -> str | None:
-    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="greedy_generate")
+def _compare_decoder(outputs: dict, expected: dict, *, function: str, dtype_hint: str, random_hint: str,
+                     no_crop_hint: str, dropout_hint: str) -> str | None:
+    """A decoder's probe outputs against the reference: the kinds, the dtype, the same tokens twice, a named
+    mistake, the tokens near n_ctx, then (beam search) one beam against greedy, then the dropout model's."""
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function=function)
     if problem:
         return problem
     got, want = outputs.get("output"), expected["output"]
     if isinstance(got, np.ndarray) and got.dtype.kind == "f":
-        return HINT_GREEDY_DTYPE.format(want="int64", got=got.dtype)
+        return dtype_hint.format(want="int64", got=got.dtype)
     if not outputs.get("repeatable"):
-        return HINT_GREEDY_RANDOM
+        return random_hint
     if isinstance(got, np.ndarray) and not (got.shape == want.shape and np.array_equal(got, want)):
         for hint, wrong in expected["mistakes"]:
             if got.shape == wrong.shape and np.array_equal(got, wrong) and not (
                     wrong.shape == want.shape and np.array_equal(wrong, want)):
                 return hint
-    labels = {"output": "greedy_generate(model, ids, max_new_tokens) with a prompt near model.cfg.n_ctx",
-              "output_dropout": "greedy_generate(model, ids, max_new_tokens) with a dropout model in training mode"}
+    call = f"{function}(model, ids, max_new_tokens{', num_beams' if 'output_one' in expected else ''})"
+    labels = {"output": f"{call} with a prompt near model.cfg.n_ctx",
+              "output_one": f"{function}(model, ids, max_new_tokens, 1) (one beam: greedy decoding)",
+              "output_dropout": f"{call} with a dropout model in training mode"}
     problem = compare_outputs(outputs, {k: v for k, v in expected.items() if k in ("returned", "output")},
-                              function="greedy_generate", labels=labels, rtol=0, atol=0)
+                              function=function, labels=labels, rtol=0, atol=0)
     if problem:
-        return f"{problem} ({HINT_GREEDY_NO_CROP}?)" if "shape" in problem else problem
+        return f"{problem} ({no_crop_hint}?)" if "shape" in problem else problem
+    if "output_one" in expected:
+        problem = compare_outputs(outputs, {"returned": expected["returned"], "output_one": expected["output_one"]},
+                                  function=function, labels=labels, rtol=0, atol=0)
+        if problem:
+            return problem
     problem = compare_outputs(outputs, {"returned": expected["returned"], "output_dropout": expected["output_dropout"]},
-                              function="greedy_generate", labels=labels, rtol=0, atol=0)
-    return f"{problem}: {HINT_GREEDY_DROPOUT}" if problem else None
+                              function=function, labels=labels, rtol=0, atol=0)
+    return f"{problem}: {dropout_hint}" if problem else None
+
+
+def _compare_greedy(outputs: dict, expected: dict) -> str | None:
+    return _compare_decoder(outputs, expected, function="greedy_generate", dtype_hint=HINT_GREEDY_DTYPE,
+                            random_hint=HINT_GREEDY_RANDOM, no_crop_hint=HINT_GREEDY_NO_CROP,
+                            dropout_hint=HINT_GREEDY_DROPOUT)
+
+
+def _compare_beam(outputs: dict, expected: dict) -> str | None:
+    return _compare_decoder(outputs, expected, function="beam_search", dtype_hint=HINT_BEAM_DTYPE,
+                            random_hint=HINT_BEAM_RANDOM, no_crop_hint=HINT_BEAM_NO_CROP,
+                            dropout_hint=HINT_BEAM_DROPOUT)
 
 
 # The filters: fresh logits of several shapes and scales, k and p drawn; ties for top-k, a tiny p and
@@ -2393,7 +2628,7 @@ PROBES = {
         exercise="ex_greedy",
         make_inputs=_greedy_probe_inputs,
         run=GREEDY_PROBE_RUN,
-        reference=_greedy_reference,
+        reference=_decoder_reference,
         compare=_compare_greedy,
         forbidden=("tfedu.generate",),
     ),
@@ -2422,6 +2657,15 @@ PROBES = {
         reference=_filter_reference(filter_top_p),
         compare=_compare_filter("top_p_filter"),
         forbidden=("tfedu.generate",),
+    ),
+    "check_beam_search": Probe(
+        exercise="ex_beam_search",
+        make_inputs=_beam_probe_inputs,
+        run=BEAM_PROBE_RUN,
+        reference=_decoder_reference,
+        compare=_compare_beam,
+        forbidden=("tfedu.generate", "transformers"),
+        builds=ELEMENTARY | SOFTMAX,
     ),
 }
 
@@ -2708,6 +2952,45 @@ HINTS = {
             "    drop_sorted = ____  # True where the nucleus is full before this token (sorted order)\n"
             "    drop = drop_sorted.scatter(____, ____, ____)  # back to the tokens' own order\n"
             "    return logits.masked_fill(____, ____)\n"
+        ),
+    ),
+    "ex_beam_search": Hints(
+        number="8.11",
+        check="check_beam_search",
+        idea=(
+            "Beam search keeps, for each prompt, the num_beams partial continuations with the highest total "
+            "log-probability so far. At every step each kept beam is extended by every token of the vocabulary, "
+            "each extension scored by its beam's total plus the new token's log-probability (log-probabilities "
+            "add where probabilities multiply), and the num_beams best extensions over all beams together become "
+            "the new beams. It starts from a single beam, the prompt, with score 0; with one beam it is greedy "
+            "decoding. At the end the beam with the highest total is the answer."
+        ),
+        approach=(
+            "Evaluation mode first, then one prompt at a time (a loop over the rows of ids). Keep the beams as a "
+            "(beams, length) tensor, one row to start, and their scores as a (beams,) tensor. Each step: crop the "
+            "beams to their last model.cfg.n_ctx tokens and run them through the model together; the last "
+            "position's log-probabilities over the vocabulary are (beams, d_vocab); add each beam's score to its "
+            "row. Flatten that table and take its num_beams largest entries with topk: the values are the new "
+            "scores, and each flat index splits, by whole division and remainder by the vocabulary size, into "
+            "the parent beam's row and the token. New beams: the parents' rows, picked in that order, with the "
+            "tokens appended as a column. topk sorts, so row 0 is the best beam at the end; stack the prompts' "
+            "best rows into (batch, pos + max_new_tokens)."
+        ),
+        skeleton=(
+            "@torch.no_grad()\n"
+            "def beam_search(model, ids, max_new_tokens, num_beams):\n"
+            "    model.____()\n"
+            "    best = []\n"
+            "    for prompt in ids:\n"
+            "        beams, scores = ____, ____  # (1, pos) and (1,): one beam, score 0\n"
+            "        for _ in range(max_new_tokens):\n"
+            "            log_probs = ____  # (beams, d_vocab): the last position, cropped context\n"
+            "            totals = ____  # each extension's total score\n"
+            "            scores, flat = ____  # the num_beams best over all beams and tokens\n"
+            "            parent, token = ____, ____\n"
+            "            beams = torch.cat([____, ____], dim=1)\n"
+            "        best.append(____)\n"
+            "    return torch.stack(best)\n"
         ),
     ),
 }
