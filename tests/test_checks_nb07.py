@@ -149,7 +149,7 @@ def test_ffn_reference_and_learner_solutions_pass(capsys):
     [
         ("4d", r"FFN\(64, 'swiglu', 1\) has a hidden width of 256, four times d_model"),
         ("unrounded", r"FFN\(64, 'swiglu', 32\) has a hidden width of 170, which is 8 d_model / 3 but not a multiple"),
-        ("down", r"FFN\(64, 'swiglu', 32\) has a hidden width of 160: you rounded down"),
+        ("down", r"FFN\(64, 'swiglu', 32\) has a hidden width of 160, a multiple of 32 below 8 d_model / 3"),
         ("nearest", r"FFN\(64, 'swiglu', 1\) has a hidden width of 171: Llama first takes the whole part"),
         ("d_mlp", r"\.d_mlp is 65: store the hidden width as self.d_mlp"),
         ("swiglu-bias", r"FFN\(d_model, 'swiglu'\) has biases \(W_gate.bias, W_in.bias, W_out.bias\)"),
@@ -783,8 +783,8 @@ def test_param_count_shapes_tell_every_term_apart_with_shapes_to_spare():
 def test_param_count_mistakes_are_named(bugs, match):
     with pytest.raises(CheckFailure, match=match) as info:
         nb07.check_gpt2_param_count(make_param_count(*bugs))
-    if "float" not in bugs[0]:  # the breakdown of the right count comes with the hint
-        assert "expected 124,439,808 (token embedding 38,597,376, positions 786,432, 12 blocks of 7,087,872" in str(info.value)
+    if "float" not in bugs[0]:  # the right total and the difference come with the hint, never the count's parts
+        assert "expected 124,439,808 (" in str(info.value) and "token embedding 38,597,376" not in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -795,7 +795,7 @@ def test_param_count_mistakes_are_named(bugs, match):
         (lambda v, n, d, L: 12 * d * d * L + v * d, "you counted only the weight matrices"),
         (lambda v, n, d, L: nb07.gpt2_reference_count(v, n, d, L) - v * d - n * d, "Kaplan et al.'s non-embedding count"),
         (lambda v, n, d, L: 124_439_808, "returned 124,439,808, GPT-2 small's count, for another shape"),
-        (lambda v, n, d, L: nb07.gpt2_reference_count(v, n, d, L) + (d % 7 == 3), r"returned .*, expected .*\(token embedding"),
+        (lambda v, n, d, L: nb07.gpt2_reference_count(v, n, d, L) + (d % 7 == 3), r"returned .*, expected .* \(\d+ too many\)"),
         (lambda v, n, d, L: str(nb07.gpt2_reference_count(v, n, d, L)), "should return the count as an int, got '124439808'"),
         (lambda v, n, d, L: True, "should return the count as an int"),
         (lambda v, n, d, L: torch.tensor(nb07.gpt2_reference_count(v, n, d, L)), "should return the count as an int, got tensor"),

@@ -50,7 +50,7 @@ def lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr_ratio=0.1):
     if step < warmup_steps:
         return max_lr * (step + 1) / warmup_steps
     span = total_steps - 1 - warmup_steps
-    progress = 1.0 if span <= 0 else min(1.0, (step - warmup_steps) / span)
+    progress = min(1.0, (step - warmup_steps) / span) if span > 0 else float(step > warmup_steps)
     lowest = max_lr * min_lr_ratio
     return lowest + 0.5 * (max_lr - lowest) * (1.0 + math.cos(math.pi * progress))
 ''',
@@ -380,7 +380,7 @@ def make_lr(bug=None):
             return max_lr * (step if mistake == "zero-start" else step + 1) / warmup_steps
         start, span = (0, total_steps - 1) if mistake == "no-offset" else (warmup_steps, total_steps - 1 - warmup_steps)
         span += 1 if mistake == "late" else 0
-        progress = (step - start) / max(1, span)
+        progress = (step - start) / (span if bug == "zero-span" else max(1, span))
         progress = progress if mistake == "past-end" else min(1.0, progress)
         low = 0.0 if mistake == "to-zero" else min_lr_ratio if mistake == "absolute-min" else max_lr * min_lr_ratio
         if mistake == "linear":
@@ -401,7 +401,7 @@ def test_lr_schedule_reference_and_learner_solutions_pass(capsys):
 def test_lr_schedule_reference_is_tfedus_training_schedule():
     from tfedu.train import TrainConfig, learning_rate
 
-    for max_lr, warmup, total, ratio in nb08.LR_CASES:
+    for max_lr, warmup, total, ratio in (*nb08.LR_CASES, nb08.LR_NO_SPAN):
         cfg = TrainConfig(steps=total, lr=max_lr, warmup_steps=warmup, min_lr_ratio=ratio)
         assert all(math.isclose(nb08.reference_lr_schedule(s, max_lr, warmup, total, ratio), learning_rate(s, cfg),
                                 rel_tol=1e-12, abs_tol=1e-15) for s in range(total + 10))
@@ -417,6 +417,7 @@ def test_lr_schedule_reference_is_tfedus_training_schedule():
     ("late", "the floor is reached one step after the end"),
     ("past-end", "after total_steps the learning rate changes again"),
     ("tensor", "should return the learning rate as a float"),
+    ("zero-span", r"lr_schedule\(5, 1.0, 5, 6, 0.1\) divided by zero"),
 ])
 def test_lr_schedule_mistakes_are_named(bug, match):
     with pytest.raises(CheckFailure, match=match):
@@ -528,6 +529,8 @@ def test_train_loop_reference_and_learner_solutions_pass(capsys):
     ("no-clip", "the gradients were not clipped"),
     ("eval-steps", "the evaluations are recorded at the wrong steps"),
     ("train-mode-eval", "evaluate ran with the model in training mode"),
+    ("eval-left", "still in evaluation mode"),
+    ("eval-multiples-only", "the evaluations are recorded at the wrong steps"),
     ("no-checkpoint", "no checkpoint was stored"),
     ("resume-optimizer", "the optimizer's state"),
     ("resume-generator", "the generator's state was not stored or not restored"),
@@ -1064,6 +1067,8 @@ BAD = [  # (probe, namespace, a fragment of the feedback)
     ("check_train_loop", {"train_loop": make_loop("no-zero-grad")}, "pile up"),
     ("check_train_loop", {"train_loop": make_loop("schedule-total")}, "instead of the run's"),
     ("check_train_loop", {"train_loop": make_loop("no-checkpoint")}, "no checkpoint was stored"),
+    ("check_train_loop", {"train_loop": make_loop("eval-left")}, "still in evaluation mode"),
+    ("check_train_loop", {"train_loop": make_loop("eval-multiples-only")}, "recorded at the wrong steps"),
     ("check_train_loop", {"train_loop": make_loop("resume-optimizer")}, "the optimizer's state"),
     ("check_train_loop", {"train_loop": make_loop("resume-generator")}, "the generator's state"),
     ("check_greedy", {"greedy_generate": make_greedy("first")}, "first position"),

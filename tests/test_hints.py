@@ -115,6 +115,10 @@ def test_the_solution_comes_after_the_check_has_run_and_not_when_switched_off(fr
     assert "the reference solution" in shown and "def causal_mask" in shown and "BEGIN SOLUTION" not in shown
     fresh.solutions_off("graded")
     assert "switched off in this course (graded)" in fresh.solution_text("5.1")
+    # and the hints stop pointing at it: the third and the one after the last say it is off
+    assert "solutions are switched off here" in fresh.hint_text("5.1", 3) and "tfedu.solution" not in fresh.hint_text("5.1", 3)
+    last = fresh.hint_text("5.1", 4)
+    assert "switched off in this course (graded)" in last and "tfedu.solution" not in last
 
 
 def test_hint_and_solution_print_outside_jupyter():

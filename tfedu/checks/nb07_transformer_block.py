@@ -94,8 +94,9 @@ HINT_FFN_NOT_ROUNDED = (
     "multiple_of = {m}: round it UP to the next multiple of multiple_of (Llama-7B: 10922 becomes 11008)"
 )
 HINT_FFN_ROUNDED_DOWN = (
-    "FFN({d}, 'swiglu', {m}) has a hidden width of {got}: you rounded down to a multiple of {m}. Llama rounds "
-    "up, so the width never falls below 8 d_model / 3 (Llama-7B: 10922 becomes 11008, not 10752)"
+    "FFN({d}, 'swiglu', {m}) has a hidden width of {got}, a multiple of {m} below 8 d_model / 3: Llama rounds up to "
+    "the next multiple (never down, nor to the nearest), so the width never falls below 8 d_model / 3 (Llama-7B: "
+    "10922 becomes 11008, not 10752)"
 )
 HINT_FFN_ROUND_NEAREST = (
     "FFN({d}, 'swiglu', {m}) has a hidden width of {got}: Llama first takes the whole part of 8 d_model / 3 "
@@ -601,7 +602,8 @@ HINT_RMS_DIM_POS = (
 )
 HINT_RMS_SUM = (
     "you divided by the root of the sum of the squares (the vector's length): RMSNorm divides by the root of their "
-    "mean, the sum over d_model, so every position comes out with norm sqrt(d_model) instead of 1"
+    "mean (that sum divided by d_model), so with a gain of 1 every position comes out with a root-mean-square of 1, "
+    "a length of sqrt(d_model); yours come out with length 1"
 )
 HINT_RMS_NO_EPS = (
     "no epsilon: add eps to the mean of the squares before the square root. It keeps a zero vector finite and "
@@ -1268,13 +1270,6 @@ def gpt2_reference_count(d_vocab: int, n_ctx: int, d_model: int, n_layers: int) 
     return embedding + positions + n_layers * (attention + mlp + norms) + 2 * d_model  # + the final LayerNorm
 
 
-def _breakdown(d_vocab: int, n_ctx: int, d_model: int, n_layers: int) -> str:
-    block = 12 * d_model**2 + 13 * d_model
-    return (f"token embedding {d_vocab * d_model:,}, positions {n_ctx * d_model:,}, {n_layers} blocks of {block:,} "
-            f"(attention {4 * d_model**2 + 4 * d_model:,}, MLP {8 * d_model**2 + 5 * d_model:,}, two LayerNorms "
-            f"{4 * d_model:,}), final LayerNorm {2 * d_model:,}")
-
-
 def _term_values(shape: Sequence[int]) -> list[int]:
     v, n, d, L = shape
     return [v * d, n * d, L * d * d, L * d, d * d, d, L, 1]
@@ -1493,8 +1488,9 @@ def diagnose_count(shapes: Sequence[Sequence[int]], counts: Sequence[int]) -> st
         if count == GPT2_SMALL_COUNT and tuple(shape) != GPT2_SMALL:
             return HINT_PC_HARD_CODED.format(call=_call_text(shape))
     shape, count = wrong[0]
-    detail = (f"{_call_text(shape)} returned {count:,}, expected {gpt2_reference_count(*shape):,} "
-              f"({_breakdown(*shape)})")
+    want = gpt2_reference_count(*shape)
+    detail = (f"{_call_text(shape)} returned {count:,}, expected {want:,} "
+              f"({abs(count - want):,} {'too many' if count > want else 'too few'})")
     fit = fit_count(shapes, counts)
     hints = _structure_hints(fit) if fit is not None else []
     return f"{'; '.join(hints)}. {detail}" if hints else detail

@@ -597,6 +597,10 @@ HINT_LR_PAST_END = (
     "after total_steps the learning rate changes again: past the end of the schedule it stays at the floor "
     "(progress is capped at 1)"
 )
+HINT_LR_NO_SPAN = (
+    "{call} divided by zero: when the warm-up ends on the last step (warmup_steps == total_steps - 1) the decay has "
+    "no step to span. Divide by at least 1 there, so that the progress is 0 and that last step keeps the peak"
+)
 HINT_LR_TYPE = "{call} should return the learning rate as a float, got {got}"
 HINT_LR_CALL = (
     "keep the signature lr_schedule(step, max_lr, warmup_steps, total_steps, min_lr_ratio=0.1): step counts from 0 "
@@ -634,6 +638,8 @@ LR_MISTAKES = (("zero-start", HINT_LR_ZERO_START), ("no-offset", HINT_LR_NO_OFFS
 
 # (max_lr, warmup_steps, total_steps, min_lr_ratio), each schedule read at every step and 10 steps past its end
 LR_CASES = ((3e-3, 10, 60, 0.1), (1.0, 4, 21, 0.25), (6e-4, 1, 40, 0.0), (0.02, 0, 17, 0.1))
+# A warm-up that ends on the last step: no step to decay over, so step W keeps the peak (no division by zero).
+LR_NO_SPAN = (1.0, 5, 6, 0.1)
 
 
 def lr_problem(cases: Sequence[Sequence[float]], curves: Sequence[Sequence[Any]]) -> str | None:
@@ -662,7 +668,8 @@ def check_lr_schedule(lr_schedule) -> None:
 
     Four schedules read at every step and ten past the end, against ``tfedu.train.learning_rate``'s
     rule (the warm-up convention lr · (t + 1) / W with t from 0): with and without warm-up, floors of
-    0, 0.1 and 0.25. Named: the lr · t / W convention, the cosine not offset by the warm-up, a floor
+    0, 0.1 and 0.25; then a warm-up that ends on the last step (no span to decay over: a division by
+    zero is named). Named: the lr · t / W convention, the cosine not offset by the warm-up, a floor
     of 0 or not scaled by the peak, a whole cosine period, a linear decay, the floor reached a step
     late, a schedule that moves past its end.
     """
@@ -673,6 +680,17 @@ def check_lr_schedule(lr_schedule) -> None:
     problem = lr_problem(LR_CASES, curves)
     if problem:
         raise CheckFailure(problem)
+    max_lr, warmup, total, ratio = LR_NO_SPAN
+    try:
+        curve = [call_learner(lr_schedule, step, max_lr, warmup, total, ratio, name="lr_schedule", error_hint=HINT_LR_CALL)
+                 for step in range(total + 10)]
+    except CheckFailure as failure:
+        if "ZeroDivisionError" in str(failure):
+            raise CheckFailure(HINT_LR_NO_SPAN.format(call=f"lr_schedule({warmup}, {max_lr}, {warmup}, {total}, {ratio})")) from None
+        raise
+    problem = lr_problem([LR_NO_SPAN], [curve])
+    if problem:
+        raise CheckFailure(f"{problem} (the warm-up ends on the last step: that step keeps the peak)")
     got = call_learner(lr_schedule, 5, 1.0, 10, 100, name="lr_schedule", error_hint=HINT_LR_CALL)  # the default floor
     expect(math.isclose(got, 0.6), f"lr_schedule(5, 1.0, 10, 100) returned {got!r}, expected 0.6 (min_lr_ratio "
                                    "defaults to 0.1; step 5 of a 10-step warm-up)")
@@ -850,6 +868,10 @@ HINT_LOOP_EVAL_TRAIN_MODE = (
     "evaluate ran with the model in training mode, or with gradients on: switch to model.eval() under torch.no_grad() "
     "for the evaluation, and back to model.train() after"
 )
+HINT_LOOP_EVAL_LEFT = (
+    "after an evaluation, the training steps ran with the model still in evaluation mode (dropout, and anything else "
+    "that trains differently, off for the rest of the run): switch it back to training mode once evaluate has returned"
+)
 HINT_LOOP_NO_CHECKPOINT = "no checkpoint was stored after an evaluation: hand the state to checkpoints.store"
 HINT_LOOP_RESUME_OPTIMIZER = (
     "after resuming, the losses differ from the uninterrupted run's: the optimizer's state (AdamW's running means "
@@ -912,11 +934,12 @@ def _loop(model, optimizer, train_ids, generator, *, steps, batch_size, seq_len,
         optimizer.step()
         losses.append(loss.item())
         done = step + 1
-        if done % eval_every == 0 or done == end:
+        if done % eval_every == 0 or (done == end and mistake != "eval-multiples-only"):
             model.eval()
             with torch.no_grad():
                 evals.append((done, float(evaluate(model))))
-            model.train()
+            if mistake != "eval-left":
+                model.train()
             checkpoints.store({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                                "generator": generator.get_state(), "step": done})
     return losses, evals
@@ -941,7 +964,10 @@ def reference_train_loop(model, optimizer, train_ids, generator, *, steps, batch
 
 # The run the check trains: a tiny GPT with large initial weights (so that clipping acts at every step), 12 steps.
 LOOP_CFG = {"d_vocab": 24, "n_ctx": 8, "d_model": 16, "n_layers": 1, "n_heads": 2, "init_std": 0.5}
-LOOP_RUN = {"steps": 12, "batch_size": 4, "seq_len": 8, "max_lr": 0.02, "warmup_steps": 3, "eval_every": 4}
+# Evaluations after steps 5, 10 and 12 (the last, not a multiple of 5); cut at 8, also not a multiple: evaluations
+# after 5 and 8, the checkpoint of step 8 resumed.
+LOOP_RUN = {"steps": 12, "batch_size": 4, "seq_len": 8, "max_lr": 0.02, "warmup_steps": 3, "eval_every": 5}
+LOOP_CUT = 8
 
 
 class LoopSetup:
@@ -969,7 +995,7 @@ class LoopSetup:
 
     def evaluate(self, model: torch.nn.Module) -> float:
         """Mean loss over the non-overlapping windows of the held-out ids (records the mode it ran in)."""
-        self.modes.append((model.training, torch.is_grad_enabled()))
+        self.modes["evaluate"].append((model.training, torch.is_grad_enabled()))
         n = self.run["seq_len"]
         starts = range(0, len(self.val_ids) - n, n)
         windows = torch.stack([self.val_ids[s:s + n + 1] for s in starts])
@@ -983,9 +1009,18 @@ class LoopSetup:
                 torch.manual_seed(self.seed + 99)  # other weights than the checkpoint's: restoring them matters
                 model = GPT(ModelConfig(**self.cfg))
             optimizer = self.optimizer(model)
-        self.modes = []
-        result = loop(model, optimizer, self.train_ids, generator, **self.run, evaluate=self.evaluate,
-                      checkpoints=CheckpointFile(path), **extra)
+        self.modes = {"evaluate": [], "steps": []}  # (training, grad) of each evaluation; training of each step
+
+        def record(module: torch.nn.Module, args: Any) -> None:
+            if torch.is_grad_enabled():  # a training step's forward pass (evaluations run without gradients)
+                self.modes["steps"].append(module.training)
+
+        hook = model.register_forward_pre_hook(record)
+        try:
+            result = loop(model, optimizer, self.train_ids, generator, **self.run, evaluate=self.evaluate,
+                          checkpoints=CheckpointFile(path), **extra)
+        finally:
+            hook.remove()
         return result, self.modes
 
 
@@ -999,6 +1034,11 @@ def _as_run(result: Any) -> tuple[list[float], list[tuple[int, float]]]:
     except (TypeError, ValueError):
         raise CheckFailure(HINT_LOOP_RETURN) from None
     return losses, evals
+
+
+def _eval_steps(end: int, eval_every: int) -> list[int]:
+    """The steps after which a call that stops after step ``end`` evaluates: every eval_every-th, and the last."""
+    return sorted({*range(eval_every, end + 1, eval_every), end})
 
 
 def _same(a: Sequence[float], b: Sequence[float]) -> bool:
@@ -1024,29 +1064,33 @@ def loop_problem(setup: LoopSetup, learner: Callable, folder: str) -> str | None
                 f"{', '.join(f'{v:.4f}' for v in want[0][:step + 2])})")
     if [s for s, _ in evals] != [s for s, _ in want[1]]:
         return f"{HINT_LOOP_EVAL_STEPS} (you recorded steps {[s for s, _ in evals]}, expected {[s for s, _ in want[1]]})"
-    if any(mode != (False, False) for mode in modes) or not _same([v for _, v in evals], [v for _, v in want[1]]):
+    if any(mode != (False, False) for mode in modes["evaluate"]) or not _same([v for _, v in evals], [v for _, v in want[1]]):
         return HINT_LOOP_EVAL_TRAIN_MODE
+    if not all(modes["steps"]):
+        return HINT_LOOP_EVAL_LEFT
     if not os.path.exists(path):
         return HINT_LOOP_NO_CHECKPOINT
     # Interrupted after 8 steps, then resumed: the last 4 losses must be the uninterrupted run's.
-    first, _ = setup.train(learner, path, until=8)
+    first, _ = setup.train(learner, path, until=LOOP_CUT)
     first_losses, first_evals = _as_run(first)
-    if not _same(first_losses, want[0][:8]):
+    if not _same(first_losses, want[0][:LOOP_CUT]):
         return HINT_LOOP_SCHEDULE_TOTAL
-    if [s for s, _ in first_evals] != [4, 8]:
-        return f"{HINT_LOOP_EVAL_STEPS} (with until=8 you recorded steps {[s for s, _ in first_evals]}, expected [4, 8])"
+    cut_steps = _eval_steps(LOOP_CUT, setup.run["eval_every"])
+    if [s for s, _ in first_evals] != cut_steps:
+        return (f"{HINT_LOOP_EVAL_STEPS} (with until={LOOP_CUT} you recorded steps {[s for s, _ in first_evals]}, "
+                f"expected {cut_steps})")
     second, _ = setup.train(learner, path, resume=True)
     resumed, _ = _as_run(second)
-    if not _same(resumed, want[0][8:]):
+    if not _same(resumed, want[0][LOOP_CUT:]):
         for mistake, hint in RESUME_MISTAKES:
-            setup.train(reference_train_loop, os.path.join(folder, "cut.pt"), until=8)  # each resume ends by overwriting it
+            setup.train(reference_train_loop, os.path.join(folder, "cut.pt"), until=LOOP_CUT)  # each resume ends by overwriting it
             wrong, _ = setup.train(lambda *a, _m=mistake, **k: _loop(*a, **k, mistake=_m), os.path.join(folder, "cut.pt"),
                                    resume=True)
             if _same(resumed, wrong[0]):
                 return hint
-        return (f"after resuming from the checkpoint written at step 8, the losses of steps 9 to 12 differ from the "
-                f"uninterrupted run's (you: {', '.join(f'{v:.4f}' for v in resumed)}; uninterrupted: "
-                f"{', '.join(f'{v:.4f}' for v in want[0][8:])})")
+        return (f"after resuming from the checkpoint written at step {LOOP_CUT}, the losses of steps {LOOP_CUT + 1} to "
+                f"{len(want[0])} differ from the uninterrupted run's (you: {', '.join(f'{v:.4f}' for v in resumed)}; "
+                f"uninterrupted: {', '.join(f'{v:.4f}' for v in want[0][LOOP_CUT:])})")
     return None
 
 
@@ -1067,13 +1111,15 @@ def parts_in(fn: Any, parts: dict[str, Callable] | None = None) -> Iterator[None
 def check_train_loop(train_loop) -> None:
     """Check a learner's ``train_loop(model, optimizer, train_ids, generator, *, steps, ..., resume, until)``.
 
-    Twelve steps of a tiny GPT against the reference loop (losses to 1e-4; the evaluations after steps 4,
-    8 and 12 in eval mode without gradients; a checkpoint stored), then the same run cut
-    after 8 steps and resumed from its checkpoint, whose last four losses must be the uninterrupted
-    run's. The loop's parts are the references here (a wrong earlier exercise is not counted twice).
+    Twelve steps of a tiny GPT against the reference loop (losses to 1e-4; the evaluations after steps 5,
+    10 and 12, the last not a multiple of eval_every = 5, in eval mode without gradients, and the training
+    steps after them in training mode again; a checkpoint stored), then the same run cut after 8 steps
+    (evaluated after 5 and 8) and resumed from its checkpoint, whose last four losses must be the
+    uninterrupted run's. The loop's parts are the references here (a wrong earlier exercise is not counted twice).
     Named: gradients piling up or cleared too late, a learning rate never set or a step ahead or
-    scheduled over the call instead of the run, no clipping, the evaluation's steps or mode, no
-    checkpoint stored, the optimizer, generator, model or step left out of the resume.
+    scheduled over the call instead of the run, no clipping, the evaluation's steps or mode, the model left
+    in eval mode after an evaluation, no checkpoint stored, the optimizer, generator, model or step left out
+    of the resume.
     """
     import tempfile
 
@@ -2050,6 +2096,8 @@ def _lr_probe_inputs(rng: np.random.Generator) -> dict:
         total = int(rng.integers(12, 80))
         cases.append([float(rng.choice([1e-3, 3e-3, 0.01, 0.5])), int(rng.integers(warmup_low, max(2, total // 3))), total,
                       float(rng.choice([0.0, 0.1, 0.2]))])
+    warmup = int(rng.integers(2, 9))  # and one whose warm-up ends on the last step
+    cases.append([float(rng.choice([1e-3, 0.5])), warmup, warmup + 1, float(rng.choice([0.0, 0.1]))])
     return {"cases": cases}
 
 
@@ -2138,7 +2186,7 @@ import tempfile as _tempfile
 from tfedu.checks.nb08_training_decoding import LoopSetup as _LoopSetup
 
 _setup = _LoopSetup(inputs['seed'], run=dict(steps=12, batch_size=4, seq_len=8, max_lr=inputs['max_lr'],
-                                           warmup_steps=inputs['warmup_steps'], eval_every=4))
+                                           warmup_steps=inputs['warmup_steps'], eval_every=5))
 
 
 def _run(**_extra):
@@ -2146,7 +2194,7 @@ def _run(**_extra):
         _result, _modes = _setup.train(train_loop, _path, **_extra)
         _losses, _evals = _result
         return {'losses': [float(_v) for _v in _losses], 'evals': [[int(_s), float(_v)] for _s, _v in _evals],
-                'modes': [list(_m) for _m in _modes]}
+                'modes': {'evaluate': [list(_m) for _m in _modes['evaluate']], 'steps': list(_modes['steps'])}}
     except Exception as _error:
         return {'error': type(_error).__name__ + ': ' + str(_error)[:200]}
 
@@ -2155,7 +2203,7 @@ with _tempfile.TemporaryDirectory() as _folder:
     _path = _os.path.join(_folder, 'run.pt')
     outputs = {'whole': _run()}
     outputs['exists'] = _os.path.exists(_path)
-    outputs['cut'] = _run(until=8)
+    outputs['cut'] = _run(until=8)  # LOOP_CUT
     outputs['resumed'] = _run(resume=True)
 del _os, _tempfile, _LoopSetup, _setup, _run, _folder, _path
 """
@@ -2188,7 +2236,7 @@ def _loop_mistake_runs(inputs: dict, mistakes: Sequence[tuple[str, str]], *, res
         path = os.path.join(folder, "run.pt")
         for mistake, hint in mistakes:
             if resumed:
-                setup.train(reference_train_loop, path, until=8)
+                setup.train(reference_train_loop, path, until=LOOP_CUT)
             (wrong, _), _ = setup.train(lambda *a, _m=mistake, **k: _loop(*a, **k, mistake=_m), path, resume=resumed)
             runs.append((hint, wrong))
     return runs
@@ -2218,19 +2266,22 @@ def _compare_loop(outputs: dict, expected: dict) -> str | None:
                      if _same(whole["losses"], wrong)), "the training losses differ from the reference loop's")
     if [s for s, _ in whole["evals"]] != [s for s, _ in expected["evals"]]:
         return HINT_LOOP_EVAL_STEPS
-    if any(mode != [False, False] for mode in whole.get("modes", [])) or \
+    modes = whole.get("modes") if isinstance(whole.get("modes"), dict) else {}
+    if any(mode != [False, False] for mode in modes.get("evaluate", [])) or \
             not _same([v for _, v in whole["evals"]], [v for _, v in expected["evals"]]):
         return HINT_LOOP_EVAL_TRAIN_MODE
+    if not all(modes.get("steps", [])):
+        return HINT_LOOP_EVAL_LEFT
     if not outputs.get("exists"):
         return HINT_LOOP_NO_CHECKPOINT
     if raised("cut") or raised("resumed"):
         return raised("cut") or raised("resumed")
-    if not _same(outputs["cut"].get("losses", []), want[:8]):
+    if not _same(outputs["cut"].get("losses", []), want[:LOOP_CUT]):
         return HINT_LOOP_SCHEDULE_TOTAL
-    if [s for s, _ in outputs["cut"].get("evals", [])] != [4, 8]:
+    if [s for s, _ in outputs["cut"].get("evals", [])] != _eval_steps(LOOP_CUT, LOOP_RUN["eval_every"]):
         return HINT_LOOP_EVAL_STEPS
     resumed = outputs["resumed"].get("losses", [])
-    if not _same(resumed, want[8:]):
+    if not _same(resumed, want[LOOP_CUT:]):
         return next((hint for hint, wrong in _loop_mistake_runs(expected["inputs"], RESUME_MISTAKES, resumed=True)
                      if _same(resumed, wrong)),
                     "after resuming from the checkpoint written at step 8, the losses of steps 9 to 12 differ from the "
@@ -2762,7 +2813,8 @@ HINTS = {
         approach=(
             "(1) If step is below warmup_steps, return the peak times (step + 1) over warmup_steps. (2) Otherwise "
             "the progress through the decay is (step - warmup_steps) over (total_steps - 1 - warmup_steps): 0 at "
-            "the first decay step, 1 at the last; cap it at 1, and guard the division when that span is 0. (3) The "
+            "the first decay step, 1 at the last; cap it at 1, and divide by at least 1, so that a warm-up ending on "
+            "the last step (a span of 0) leaves that step at the peak. (3) The "
             "floor is min_lr_ratio times the peak. (4) The rate is the floor plus (peak - floor) times (1 + "
             "cos(pi times progress)) / 2. Return a float."
         ),

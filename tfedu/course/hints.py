@@ -71,13 +71,14 @@ def hint_text(number: Any, level: int | None = None) -> str:
         raise ValueError(f"level must be 1, 2 or 3 (or None for the next hint), got {level!r}")
     _shown[exercise.number] = max(_shown.get(exercise.number, 0), min(level, len(LEVELS)))
     if level > len(LEVELS):
+        then = (f"solutions are switched off in this course ({_off[-1]})" if _off else
+                f"once you have run the check cell, `tfedu.solution(\"{exercise.number}\")` shows the reference solution")
         return (f"**Exercise {exercise.number}**: that was the last hint. Go back to them with "
-                f"`tfedu.hint(\"{exercise.number}\", 1)` (or 2, 3); once you have run the check cell, "
-                f"`tfedu.solution(\"{exercise.number}\")` shows the reference solution.")
+                f"`tfedu.hint(\"{exercise.number}\", 1)` (or 2, 3); {then}.")
     hints = exercise.hints
     body = (hints.idea, hints.approach, f"Fill each `{core.BLANK}`:\n\n```python\n{hints.skeleton.strip()}\n```")[level - 1]
-    after = ("ask again for the next" if level < len(LEVELS)
-             else f"after this, `tfedu.solution(\"{exercise.number}\")` once you have run its check")
+    after = ("ask again for the next" if level < len(LEVELS) else "the last hint; solutions are switched off here"
+             if _off else f"after this, `tfedu.solution(\"{exercise.number}\")` once you have run its check")
     return f"**Exercise {exercise.number}, hint {level} of {len(LEVELS)}** ({LEVELS[level - 1]}; {after}):\n\n{body}"
 
 
