@@ -184,3 +184,114 @@ def test_the_raw_exp_mistake_fails_the_probe():
     feedback = verdict(nb09.PROBES["check_online_softmax_step"],
                        {"online_softmax_step": lambda m, l, x: step_variant(m, l, x, "raw exp")}, 0)
     assert feedback is not None
+
+
+# ----------------------------------------------------------------------------- 9.4
+
+FF_SOLUTION = '''
+def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
+    *batch, n_q, d = q.shape
+    n_k = k.shape[-2]
+    outs, lses = [], []
+    for i0 in range(0, n_q, block_q):
+        qi = q[..., i0:i0 + block_q, :]
+        bq = qi.shape[-2]
+        m = torch.full((*batch, bq), float("-inf"))
+        l = torch.zeros(*batch, bq)
+        acc = torch.zeros(*batch, bq, v.shape[-1])
+        for j0 in range(0, n_k, block_k):
+            if causal and j0 > i0 + bq - 1:
+                break
+            kj, vj = k[..., j0:j0 + block_k, :], v[..., j0:j0 + block_k, :]
+            s = torch.matmul(qi, kj.transpose(-1, -2)) / math.sqrt(d)
+            if causal:
+                qpos = torch.arange(i0, i0 + bq).unsqueeze(1)
+                kpos = torch.arange(j0, j0 + kj.shape[-2]).unsqueeze(0)
+                s = torch.where(kpos <= qpos, s, torch.tensor(float("-inf")))
+            m, l, acc = flash_tile_update(m, l, acc, s, vj)
+        outs.append(acc / l.unsqueeze(-1))
+        lses.append(m + l.log())
+    return torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
+'''
+
+
+def ff_learner(**names):
+    """A learner's forward pass, written another way than the notebook's, calling flash_tile_update by name."""
+    import math
+
+    namespace = {"torch": torch, "math": math, "flash_tile_update": tile_update, **names}
+    exec(FF_SOLUTION, namespace)
+    return namespace["flash_attention_forward"]
+
+
+def ff_mistake(mistake):
+    def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):
+        if mistake == "pair":
+            return nb09._ff_variant(q, k, v, causal, block_q, block_k)[0]
+        if mistake == "whole":
+            scores = q @ k.transpose(-2, -1) / q.shape[-1] ** 0.5
+            if causal:
+                scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+            return scores.softmax(-1) @ v, torch.logsumexp(scores, -1)
+        if mistake == "no-skip":  # every tile computed, the future ones masked whole
+            with_skip = nb09._ff_variant(q, k, v, causal, block_q, block_k)
+            for i0 in range(0, q.shape[-2], block_q) if causal else ():
+                for j0 in range(i0 + block_q, k.shape[-2], block_k):
+                    if j0 >= min(i0 + block_q, q.shape[-2]):  # a future tile: its two products, then masked whole
+                        _ = q[..., i0:i0 + block_q, :] @ k[..., j0:j0 + block_k, :].transpose(-2, -1)
+                        _ = q[..., i0:i0 + block_q, :] @ k[..., j0:j0 + block_k, :].transpose(-2, -1)
+            return with_skip
+        return nb09._ff_variant(q, k, v, causal, block_q, block_k, mistake)
+    return flash_attention_forward
+
+
+FF_MISTAKES = [("not-normalised", "unnormalised sum"), ("no-scale", "not scaled"), ("lse-no-max", "leaves out the running max"),
+               ("lse-max-only", "the row's max alone"), ("state-kept", "carried from one block"),
+               ("diagonal", "hides the diagonal"), ("peek", "one key too many"), ("local-mask", "within the tile"),
+               ("skip-too-much", "the diagonal crosses"), ("edges", "shorter block was dropped"),
+               ("whole", "wider than the blocks"), ("pair", "should return (o, lse)")]
+
+
+def test_flash_forward_passes_the_reference_the_notebooks_kind_and_another_way(capsys):
+    nb09.check_flash_attention_forward(nb09.reference_flash_attention_forward)
+    nb09.check_flash_attention_forward(nb09._ff_variant)
+    nb09.check_flash_attention_forward(ff_learner())
+    assert capsys.readouterr().out.count("all checks passed") == 3
+
+
+@pytest.mark.parametrize("mistake, fragment", FF_MISTAKES)
+def test_flash_forward_names_each_mistake(mistake, fragment):
+    with pytest.raises(CheckFailure) as failure:
+        nb09.check_flash_attention_forward(ff_mistake(mistake))
+    assert fragment in str(failure.value), str(failure.value)
+
+
+def test_flash_forward_that_skips_nothing_is_told():
+    with pytest.raises(CheckFailure, match="as many score tiles as the full one"):
+        nb09.check_flash_attention_forward(ff_mistake("no-skip"))
+
+
+def test_a_wrong_tile_update_is_not_counted_twice():
+    """9.4 runs with the reference update in place of the learner's (exercise 9.3's slip costs only 9.3)."""
+    def broken_update(m, l, o, s, v):
+        return tile_update(m, l, o, s, v)[0], l, o  # nothing accumulated
+
+    learner = ff_learner(flash_tile_update=broken_update)
+    nb09.check_flash_attention_forward(learner)
+    assert learner.__globals__["flash_tile_update"] is broken_update  # the learner's own binding put back
+
+
+@pytest.mark.parametrize("mistake, fragment", [m for m in FF_MISTAKES if m[0] not in ("pair",)] +
+                         [("no-skip", "as many score tiles")])
+def test_the_flash_forward_probe_names_each_mistake(mistake, fragment):
+    probe = nb09.PROBES["check_flash_attention_forward"]
+    for seed in range(2):
+        feedback = verdict(probe, {"flash_attention_forward": ff_mistake(mistake)}, seed)
+        assert feedback is not None and fragment in feedback, (seed, feedback)
+
+
+def test_the_flash_forward_probe_passes_right_answers():
+    probe = nb09.PROBES["check_flash_attention_forward"]
+    for seed in range(4):
+        assert verdict(probe, {"flash_attention_forward": ff_learner()}, seed) is None
+        assert verdict(probe, {"flash_attention_forward": nb09.reference_flash_attention_forward}, seed) is None

@@ -544,8 +544,10 @@ STANDIN_USERS = [(stem, grade_id) for stem, grade_id in ALL_PROBES if MODULES[st
 
 
 def test_the_exercises_that_call_earlier_ones_have_stand_ins():
-    assert sorted(g for _, g in STANDIN_USERS) == ["check_bpe_encode", "check_cbow_loss", "check_learn_bpe", "check_pre_norm_block",
-                                                   "check_rope_attention", "check_self_attention", "check_train_loop"]
+    assert sorted(g for _, g in STANDIN_USERS) == ["check_bpe_encode", "check_cbow_loss", "check_flash_attention_forward",
+                                                   "check_learn_bpe", "check_pre_norm_block", "check_rope_attention",
+                                                   "check_self_attention", "check_train_loop"]
+    assert sorted(standin_objects(nb09.PROBES["check_flash_attention_forward"])) == ["flash_tile_update"]
     assert sorted(standin_objects(nb01.PROBES["check_learn_bpe"])) == ["get_pair_counts", "merge_pair"]
     assert sorted(standin_objects(nb01.PROBES["check_bpe_encode"])) == ["merge_pair"]
     assert sorted(standin_objects(nb02.PROBES["check_cbow_loss"])) == ["sgns_loss"]
@@ -578,6 +580,7 @@ def test_stand_ins_agree_with_the_references():
     nb06.check_apply_rope(standin_rope)  # ... and the RoPE stand-in exercise 6.3's
     standin_layer_norm = standin_objects(nb07.PROBES["check_pre_norm_block"])["layer_norm"]
     nb07.check_layer_norm(standin_layer_norm)  # ... and the LayerNorm stand-in exercise 7.2's
+    nb09.check_flash_tile_update(standin_objects(nb09.PROBES["check_flash_attention_forward"])["flash_tile_update"])
 
 
 WRONG_EARLIER = {

@@ -1,6 +1,6 @@
-"""Checkers for notebooks/09_efficient_attention.ipynb: the online softmax, a tiled matmul, FlashAttention's tile.
+"""Checkers for notebooks/09_efficient_attention.ipynb: the online softmax, a tiled matmul, FlashAttention.
 
-Three exercises, each checked against tfedu's reference after first trying the known mistakes:
+Four exercises, each checked against tfedu's reference after first trying the known mistakes:
 
 - 9.1 ``online_softmax_step(m, l, x_block) -> (m_new, l_new)``: the running sum not rescaled when
   the max grows, the exponent taken before the max is updated (exp(x - m_old)), the rescale
@@ -17,10 +17,16 @@ Three exercises, each checked against tfedu's reference after first trying the k
   rescaled, the tile's weights taken against the old max, the factor upside down. Compared with
   ``tfedu.flash.tile_update`` on single steps and through a whole tiled attention against
   ``F.scaled_dot_product_attention``.
+- 9.4 ``flash_attention_forward(q, k, v, causal, block_q, block_k) -> (o, lse)``: the output not divided by l,
+  no 1/sqrt(d) scale, lse without the max or the max alone, the state carried across query blocks, the
+  diagonal hidden or one future key shown, a causal mask in tile coordinates, blocks the diagonal crosses
+  skipped, short last blocks dropped; with MatmulOperands, the whole score matrix at once and causal
+  attention that skips nothing. Compared with ``tfedu.flash.flash_forward``, SDPA and ``torch.logsumexp``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -37,6 +43,7 @@ from tfedu.checks.core import (
     describe,
     expect,
     global_names,
+    names_bound,
 )
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, compare_outputs
 from tfedu.flash import MatmulOperands, flash_forward, tile_update
@@ -394,6 +401,206 @@ def check_flash_tile_update(flash_tile_update) -> None:
                 what=f"tiled attention run with your update (causal={causal}, 20 positions, tiles of 8 x 6)")
 
 
+# ----------------------------------------------------------------------------- 9.4 flash_attention_forward
+
+HINT_FF_NOT_NORMALISED = (
+    "your output is the unnormalised sum: after the last key block each query's o is still the sum of exp(s - m) "
+    "times the values; divide it by that query's l once, at the end of the key loop"
+)
+HINT_FF_NO_SCALE = (
+    "the scores were not scaled: each tile of scores is Q_i K_j^T divided by sqrt(d_head) before it goes into the "
+    "update, as in F.scaled_dot_product_attention"
+)
+HINT_FF_LSE_NO_MAX = (
+    "your lse leaves out the running max: l sums exp(s - m), so the log of the row's sum of exp(s) is m plus the log "
+    "of l"
+)
+HINT_FF_LSE_MAX_ONLY = (
+    "your lse is the row's max alone: the log-sum-exp of a row is its max m plus the log of l, the sum of exp(s - m)"
+)
+HINT_FF_STATE_KEPT = (
+    "the running m, l and o were carried from one block of queries into the next: they belong to one block of "
+    "queries and start again (m = -inf, l = 0, o = 0) for every block"
+)
+HINT_FF_DIAGONAL = (
+    "the causal mask hides the diagonal too: query i may attend to keys 0 to i, itself included (hide key j only "
+    "where j > i); the first query then has no key at all and its row is 0 / 0"
+)
+HINT_FF_PEEK = (
+    "the causal mask lets each query see one key too many: query i attends to keys 0 to i, so hide every key j > i "
+    "(with positions counted in the whole sequence)"
+)
+HINT_FF_LOCAL_MASK = (
+    "the causal mask compares positions within the tile instead of in the sequence: query i0 + a and key j0 + b are "
+    "hidden when j0 + b > i0 + a, which differs from b > a whenever the blocks start at different positions"
+)
+HINT_FF_SKIP_TOO_MUCH = (
+    "you skipped key blocks that the diagonal crosses: a key block can be skipped only when it starts after the last "
+    "query of the block (every key in it lies in every query's future); the blocks the diagonal crosses are "
+    "computed, then masked"
+)
+HINT_FF_EDGES = (
+    "the last, shorter block was dropped: when a length is not a multiple of the block size, the final block of "
+    "queries (or keys) is shorter, and its slice simply stops at the end"
+)
+HINT_FF_NO_SKIP = (
+    "causal attention here ran as many score tiles as the full one ({full} matrix products both times): key blocks "
+    "that start after the last query of a query block lie wholly in the future and must be skipped, not computed "
+    "and masked"
+)
+HINT_FF_WHOLE = (
+    "a matrix product saw an operand of shape {shape}, wider than the blocks ({bq} queries x {bk} keys): compute one "
+    "(block_q, block_k) tile of scores at a time, never the whole score matrix"
+)
+HINT_FF_PAIR = (
+    "flash_attention_forward should return (o, lse): the output (*batch, query_pos, d_v) and each query's log-sum-exp "
+    "of its scores (*batch, query_pos), got {got}"
+)
+HINT_FF_MUTATED = "your flash_attention_forward changed the caller's `{name}` in place: slice and build new tensors"
+HINT_FF_CALL = (
+    "flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64): q (*batch, query_pos, d_head), k "
+    "(*batch, key_pos, d_head), v (*batch, key_pos, d_v); it may call your flash_tile_update (exercise 9.3) "
+    "with a tile of scores (*batch, bq, bk) and the tile's values (*batch, bk, d_v)"
+)
+
+FF_MISTAKES = {  # hint -> the variant of _ff_variant that makes it
+    HINT_FF_NOT_NORMALISED: "not-normalised", HINT_FF_NO_SCALE: "no-scale", HINT_FF_LSE_NO_MAX: "lse-no-max",
+    HINT_FF_LSE_MAX_ONLY: "lse-max-only", HINT_FF_STATE_KEPT: "state-kept", HINT_FF_DIAGONAL: "diagonal",
+    HINT_FF_PEEK: "peek", HINT_FF_LOCAL_MASK: "local-mask", HINT_FF_SKIP_TOO_MUCH: "skip-too-much",
+    HINT_FF_EDGES: "edges",
+}
+
+
+def _ff_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, block_q: int, block_k: int,
+                mistake: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's forward loops around the reference tile update, right or with one known mistake."""
+    n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    scale = 1.0 if mistake == "no-scale" else d ** -0.5
+    last_q = n_q - n_q % block_q if mistake == "edges" and n_q % block_q else n_q
+    last_k = n_k - n_k % block_k if mistake == "edges" and n_k % block_k else n_k
+    o = torch.zeros(*q.shape[:-1], v.shape[-1])
+    lse = torch.zeros(q.shape[:-1])
+    state = None
+    for i0 in range(0, last_q, block_q):
+        i1 = min(i0 + block_q, n_q)
+        if state is None or mistake != "state-kept":
+            state = (torch.full(q[..., i0:i1, 0].shape, NEG_INF), torch.zeros(q[..., i0:i1, 0].shape),
+                     torch.zeros(*q[..., i0:i1, 0].shape, v.shape[-1]))
+        for j0 in range(0, last_k, block_k):
+            if causal and (j0 > i0 if mistake == "skip-too-much" else j0 >= i1):
+                break
+            j1 = min(j0 + block_k, n_k)
+            s = scale * (q[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1))
+            if causal:
+                rows, cols = torch.arange(i0, i1)[:, None], torch.arange(j0, j1)
+                if mistake == "local-mask":
+                    rows, cols = rows - i0, cols - j0
+                future = {"diagonal": cols >= rows, "peek": cols > rows + 1}.get(mistake, cols > rows)
+                s = s.masked_fill(future, NEG_INF)
+            if s.shape[-2] != state[0].shape[-1]:  # "state-kept" into a shorter last block: start that one afresh
+                state = tuple(t[..., : s.shape[-2]] if t.dim() == s.dim() - 1 else t[..., : s.shape[-2], :] for t in state)
+            state = tile_update(*state, s, v[..., j0:j1, :])
+        m, l, acc = state
+        o[..., i0:i1, :] = acc if mistake == "not-normalised" else acc / l[..., None]
+        lse[..., i0:i1] = {"lse-no-max": torch.log(l), "lse-max-only": m}.get(mistake, m + torch.log(l))
+    return o, lse
+
+
+def _ff_mistakes(q, k, v, causal, block_q, block_k) -> list[tuple[str, tuple[torch.Tensor, torch.Tensor]]]:
+    return [(hint, _ff_variant(q, k, v, causal, block_q, block_k, variant)) for hint, variant in FF_MISTAKES.items()]
+
+
+def reference_flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                                      block_q: int = 64, block_k: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """The exercise's answer, as tfedu.flash.flash_forward computes it."""
+    return flash_forward(q, k, v, causal=causal, block_q=block_q, block_k=block_k)
+
+
+def _ff_pair(got: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+        raise CheckFailure(HINT_FF_PAIR.format(got=describe(got)))
+    return tuple(got)
+
+
+def _ff_close(got: tuple, want: tuple) -> bool:
+    """Equal to rounding, NaN where the other has NaN (a row with every key hidden is 0 / 0 in both)."""
+    return all(g.shape == w.shape and torch.allclose(g.detach().float(), w.float(), rtol=1e-4, atol=1e-5, equal_nan=True)
+               for g, w in zip(got, want))
+
+
+def _ff_call(fn: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, block_q: int, block_k: int
+             ) -> tuple[tuple[torch.Tensor, torch.Tensor], MatmulOperands]:
+    with MatmulOperands() as seen:
+        got = call_on_copies(fn, {"q": q, "k": k, "v": v, "kw:causal": causal, "kw:block_q": block_q,
+                                  "kw:block_k": block_k}, name="flash_attention_forward",
+                             mutated_hint=HINT_FF_MUTATED, error_hint=HINT_FF_CALL)
+    return _ff_pair(got), seen
+
+
+def _check_ff(fn: Any, q, k, v, causal: bool, block_q: int, block_k: int) -> MatmulOperands:
+    what = (f"flash_attention_forward(q, k, v, causal={causal}, block_q={block_q}, block_k={block_k}) with q "
+            f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    got, seen = _ff_call(fn, q, k, v, causal, block_q, block_k)
+    widest = max((shape[-2:] for shape in seen.shapes if len(shape) >= 2), key=lambda s: s[0] * s[1], default=None)
+    if widest is not None and widest[0] * widest[1] > max(block_q, block_k, q.shape[-1], v.shape[-1]) ** 2:
+        raise CheckFailure(HINT_FF_WHOLE.format(shape=widest, bq=block_q, bk=block_k))
+    want = reference_flash_attention_forward(q, k, v, causal, block_q, block_k)
+    if not _ff_close(got, want):
+        for hint, wrong in _ff_mistakes(q, k, v, causal, block_q, block_k):
+            if all(g.shape == w.shape for g, w in zip(got, wrong)) and _ff_close(got, wrong) and not _ff_close(wrong, want):
+                raise CheckFailure(hint)
+    exact = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    compare(got[0], exact, what=f"{what}: o (against F.scaled_dot_product_attention)", check_dtype=False,
+            nan_hint=f"{what}: o holds NaN or Inf (a row whose keys are all hidden?)")
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), NEG_INF)
+    compare(got[1], torch.logsumexp(scores, dim=-1), what=f"{what}: lse (against torch.logsumexp of the scores)",
+            check_dtype=False)
+    return seen
+
+
+# The checker's calls: (seed, batch, query_pos, key_pos, d_head, d_v, block_q, block_k). Lengths that are not
+# multiples of the blocks, blocks of different sizes (so a mask in tile coordinates shows), batch and head dims.
+FF_CALLS = ((0, (), 13, 11, 8, 5, 4, 3), (1, (2, 3), 10, 10, 8, 8, 4, 4), (2, (2,), 14, 14, 6, 4, 5, 3))
+
+
+def _ff_inputs(seed: int, batch: tuple, n_q: int, n_k: int, d: int, d_v: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return (2 * torch.randn(*batch, n_q, d, generator=g), 2 * torch.randn(*batch, n_k, d, generator=g),
+            torch.randn(*batch, n_k, d_v, generator=g))
+
+
+@checker("FlashAttention-2's forward pass")
+def check_flash_attention_forward(flash_attention_forward) -> None:
+    """Check a learner's ``flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64) -> (o, lse)``.
+
+    Against ``tfedu.flash.flash_forward`` and, for o, ``F.scaled_dot_product_attention`` and, for lse,
+    ``torch.logsumexp`` of the scores: full attention with lengths that are not multiples of the blocks, then causal
+    attention with blocks of different sizes, with and without batch dims. Recorded with MatmulOperands: no
+    product wider than a tile, and causal attention doing fewer tile products than full attention (key blocks
+    wholly in the future skipped). Named: o not divided by l, no 1/sqrt(d) scale, lse without m or m alone, the
+    state carried across query blocks, the diagonal hidden or one future key shown, a mask in tile coordinates,
+    blocks the diagonal crosses skipped, the last short blocks dropped.
+    """
+    namespace = getattr(flash_attention_forward, "__globals__", None)
+    standins = {"flash_tile_update": tile_update} if isinstance(namespace, dict) else {}
+    with names_bound(namespace if standins else {}, standins):  # a wrong 9.3 costs only 9.3
+        _check_all_ff(flash_attention_forward)
+
+
+def _check_all_ff(flash_attention_forward: Any) -> None:
+    for seed, batch, n_q, n_k, d, d_v, block_q, block_k in FF_CALLS:
+        q, k, v = _ff_inputs(seed, batch, n_q, n_k, d, d_v)
+        if n_q != n_k:
+            _check_ff(flash_attention_forward, q, k, v, False, block_q, block_k)
+            continue
+        full = _check_ff(flash_attention_forward, q, k, v, False, block_q, block_k)
+        causal = _check_ff(flash_attention_forward, q, k, v, True, block_q, block_k)
+        if full.shapes and len(causal.shapes) >= len(full.shapes):
+            raise CheckFailure(HINT_FF_NO_SKIP.format(full=len(full.shapes)))
+
+
 # ----------------------------------------------------------------------------- probes
 
 # Every step starts from the reference's state (drawn with the inputs), so one wrong step is one failure.
@@ -585,6 +792,117 @@ def _compare_tile(outputs: dict, expected: dict) -> str | None:
     return None
 
 
+# flash_attention_forward: fresh q, k, v of drawn shapes and blocks, full and causal; the number of matrix products
+# of each call (causal must do fewer), and the widest operand.
+
+FF_PROBE_RUN = HELPERS + """\
+from torch.overrides import TorchFunctionMode as _Mode
+
+_PRODUCTS = {torch.matmul, torch.mm, torch.bmm, torch.einsum, torch.tensordot, torch.inner, torch.mv, torch.dot,
+             torch.addmm, torch.Tensor.matmul, torch.Tensor.mm, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__,
+             torch.Tensor.bmm, torch.Tensor.mv, torch.Tensor.dot, torch.Tensor.inner, torch.Tensor.addmm,
+             torch.nn.functional.linear}
+
+
+class _MatmulOperands(_Mode):  # the operands' shapes of every matrix product (tfedu.flash.MatmulOperands' job)
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _PRODUCTS:
+            self.shapes += [tuple(_a.shape) for _a in (*args, *(kwargs or {}).values()) if isinstance(_a, torch.Tensor)]
+        return func(*args, **(kwargs or {}))
+
+
+_results, _products, _widest = [], [], []
+for _q, _k, _v, _causal, _bq, _bk in zip(inputs['q'], inputs['k'], inputs['v'], inputs['causal'], inputs['block_q'],
+                                         inputs['block_k']):
+    with _MatmulOperands() as _seen:
+        _r = _call(flash_attention_forward, torch.from_numpy(_q), torch.from_numpy(_k), torch.from_numpy(_v), _causal,
+                   _bq, _bk)
+    _results.append(_r)
+    _products.append(len(_seen.shapes))
+    _widest.append(max([_s[-2] * _s[-1] for _s in _seen.shapes if len(_s) >= 2], default=0))
+_ok = lambda _r: isinstance(_r, (tuple, list)) and len(_r) == 2 and all(isinstance(_t, torch.Tensor) for _t in _r)
+outputs = {'returned': ['a pair' if _ok(_r) else _kind(_r) for _r in _results], 'mutated': _MUTATED,
+           'o': [_array(_r[0]) if _ok(_r) else None for _r in _results],
+           'lse': [_array(_r[1]) if _ok(_r) else None for _r in _results], 'products': _products, 'widest': _widest}
+del _Mode, _PRODUCTS, _MatmulOperands, _results, _products, _widest, _q, _k, _v, _causal, _bq, _bk, _seen, _r, _ok
+""" + CLEANUP
+
+
+def _ff_probe_inputs(rng: np.random.Generator) -> dict:
+    """One full call (lengths apart) and the same causal sequence twice, full and causal, with blocks of two sizes."""
+    batch = tuple(int(b) for b in rng.integers(1, 3, size=int(rng.integers(0, 3))))
+    d, d_v = int(rng.integers(2, 9)), int(rng.integers(2, 9))
+    block_q, block_k = int(rng.integers(3, 7)), int(rng.integers(2, 6))
+    n_q, n_k, n = int(rng.integers(7, 20)), int(rng.integers(7, 20)), int(rng.integers(3, 6)) * block_q + int(rng.integers(1, block_q))
+    draw = lambda *shape: (2 * rng.standard_normal(shape)).astype(np.float32)  # noqa: E731
+    q_c, k_c, v_c = draw(*batch, n, d), draw(*batch, n, d), draw(*batch, n, d_v) / 2
+    return {"q": [draw(*batch, n_q, d), q_c, q_c], "k": [draw(*batch, n_k, d), k_c, k_c],
+            "v": [draw(*batch, n_k, d_v) / 2, v_c, v_c], "causal": [False, False, True],
+            "block_q": [block_q] * 3, "block_k": [block_k] * 3}
+
+
+def _ff_probe_reference(inputs: dict) -> dict:
+    out = {"returned": [], "o": [], "lse": [], "mistakes": [], "inputs": inputs}
+    for call, (q, k, v, causal, bq, bk) in enumerate(zip(inputs["q"], inputs["k"], inputs["v"], inputs["causal"],
+                                                          inputs["block_q"], inputs["block_k"])):
+        q, k, v = (torch.from_numpy(a) for a in (q, k, v))
+        o, lse = reference_flash_attention_forward(q, k, v, causal, bq, bk)
+        out["returned"].append("a pair")
+        out["o"].append(as_array(o))
+        out["lse"].append(as_array(lse))
+        for hint, (wo, wl) in _ff_mistakes(q, k, v, causal, bq, bk):
+            out["mistakes"].append([hint, call, as_array(wo), as_array(wl)])
+    return out
+
+
+def _ff_probe_close(a: Any, b: Any) -> bool:
+    return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape
+            and np.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True))
+
+
+def _compare_ff(outputs: dict, expected: dict) -> str | None:
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="flash_attention_forward",
+                              kind_hints={k: HINT_FF_CALL for k in ("tensor", "a tuple of two tensors")})
+    if problem:
+        return problem
+    inputs = expected["inputs"]
+    for call in range(len(expected["o"])):
+        got = [(outputs.get(key) or [None] * (call + 1))[call] for key in ("o", "lse")]
+        want = [expected["o"][call], expected["lse"][call]]
+        if all(_ff_probe_close(g, w) for g, w in zip(got, want)):
+            continue
+        for hint, at, *wrong in expected["mistakes"]:
+            if at == call and all(_ff_probe_close(g, w) for g, w in zip(got, wrong)) and not all(
+                    _ff_probe_close(w, r) for w, r in zip(wrong, want)):
+                return hint
+        names = [name for name, g, w in zip(("o", "lse"), got, want) if not _ff_probe_close(g, w)]
+        return (f"flash_attention_forward differs from the reference in the hidden test's call {call + 1} (causal="
+                f"{inputs['causal'][call]}; {' and '.join(names)} wrong)")
+    bq, bk = inputs["block_q"][0], inputs["block_k"][0]
+    limit = max(bq, bk, inputs["q"][0].shape[-1], inputs["v"][0].shape[-1]) ** 2
+    widest = outputs.get("widest") or [0]
+    if max(widest) > limit:
+        return HINT_FF_WHOLE.format(shape=f"of {max(widest)} elements", bq=bq, bk=bk)
+    products = outputs.get("products") or [0, 0, 0]
+    if products[1] and products[2] >= products[1]:
+        return HINT_FF_NO_SKIP.format(full=products[1])
+    return None
+
+
+# The reference tile update, bound in place of the learner's flash_tile_update while 9.4 is graded.
+FF_STANDINS = """\
+def flash_tile_update(m, l, o, s, v):
+    m_new = torch.maximum(m, s.amax(dim=-1))
+    p = torch.exp(s - m_new[..., None])
+    alpha = torch.exp(m - m_new)
+    return m_new, alpha * l + p.sum(dim=-1), alpha[..., None] * o + p @ v
+"""
+
+
 PROBES = {
     "check_online_softmax_step": Probe(
         exercise="ex_online_step", make_inputs=_step_probe_inputs, run=STEP_PROBE_RUN, reference=_step_reference,
@@ -597,6 +915,11 @@ PROBES = {
     "check_flash_tile_update": Probe(
         exercise="ex_tile_update", make_inputs=_tile_probe_inputs, run=TILE_PROBE_RUN, reference=_tile_reference,
         compare=_compare_tile, forbidden=("tfedu.flash", "tfedu.softmax", "torch.nn.functional.scaled_dot_product_attention")),
+    "check_flash_attention_forward": Probe(
+        exercise="ex_flash_forward", make_inputs=_ff_probe_inputs, run=FF_PROBE_RUN, reference=_ff_probe_reference,
+        compare=_compare_ff, standins=FF_STANDINS,
+        forbidden=("tfedu.flash", "tfedu.softmax", "tfedu.attention", "torch.nn.functional.scaled_dot_product_attention",
+                   "torch.softmax", "torch.nn.functional.softmax", "torch.logsumexp", "torch.Tensor.logsumexp")),
 }
 
 
@@ -688,6 +1011,54 @@ HINTS = {
             "    l_new = ____ + p.sum(dim=-1)\n"
             "    o_new = ____ + p @ v  # (*rows, d_v): rescale the old o row by row first\n"
             "    return m_new, l_new, o_new\n"
+        ),
+    ),
+    "ex_flash_forward": Hints(
+        number="9.4",
+        check="check_flash_attention_forward",
+        idea=(
+            "FlashAttention-2's forward pass is two loops around exercise 9.3's update. The outer loop takes one "
+            "block of queries at a time and gives it a fresh running state (max -inf, sum 0, output 0); the inner "
+            "loop visits the key blocks in order, computes that one tile of scaled scores, hides the future keys "
+            "if the attention is causal, and folds the tile in. After the last key block the block's output is its "
+            "running output divided by its running sum, and each query's log-sum-exp is its max plus the log of "
+            "its sum. A causal key block that starts after the block's last query is all future: skip it and every "
+            "later one."
+        ),
+        approach=(
+            "Prepare o (*batch, query_pos, d_v) and lse (*batch, query_pos) to fill block by block, and the scale "
+            "1 / sqrt(d_head). Outer loop: i0 steps by block_q; the block ends at the smaller of i0 + block_q and "
+            "query_pos (the last block may be short). Start m at -inf and l at 0 with the block's (*batch, bq) "
+            "shape, and the running output at 0, (*batch, bq, d_v). Inner loop: j0 steps by block_k; when causal "
+            "and j0 is at or past the block's end, stop the inner loop. Take the key and value blocks, the scores "
+            "(*batch, bq, bk) as the query block times the key block transposed, times the scale. When causal, "
+            "compare the keys' positions j0 .. j1 - 1 with the queries' i0 .. i1 - 1 (positions in the sequence, "
+            "not in the tile) and fill -inf where the key's position is larger. Update the state with "
+            "flash_tile_update. After the inner loop, write the block's output divided by l (with a trailing axis) "
+            "and its m plus log l."
+        ),
+        skeleton=(
+            "def flash_attention_forward(q, k, v, causal=False, block_q=64, block_k=64):\n"
+            "    n_q, n_k, scale = q.shape[-2], k.shape[-2], ____\n"
+            "    o = ____  # (*batch, query_pos, d_v), filled block by block\n"
+            "    lse = ____  # (*batch, query_pos)\n"
+            "    for i0 in range(____):  # the first query of each block\n"
+            "        i1 = ____\n"
+            "        m = ____  # (*batch, bq) of -inf\n"
+            "        l = ____  # (*batch, bq) of zeros\n"
+            "        acc = ____  # (*batch, bq, d_v) of zeros\n"
+            "        for j0 in range(____):  # the first key of each block\n"
+            "            if causal and ____:\n"
+            "                break  # this key block and the later ones are all in the future\n"
+            "            j1 = ____\n"
+            "            s = ____  # (*batch, bq, bk): scaled scores of this tile\n"
+            "            if causal:\n"
+            "                future = ____  # (bq, bk): key position > query position\n"
+            "                s = ____  # -inf where future\n"
+            "            m, l, acc = flash_tile_update(m, l, acc, s, ____)\n"
+            "        o[..., i0:i1, :] = ____\n"
+            "        lse[..., i0:i1] = ____\n"
+            "    return o, lse\n"
         ),
     ),
 }
