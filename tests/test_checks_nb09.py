@@ -295,3 +295,95 @@ def test_the_flash_forward_probe_passes_right_answers():
     for seed in range(4):
         assert verdict(probe, {"flash_attention_forward": ff_learner()}, seed) is None
         assert verdict(probe, {"flash_attention_forward": nb09.reference_flash_attention_forward}, seed) is None
+
+
+# ----------------------------------------------------------------------------- 9.5
+
+FB_QUERIES_OUTSIDE = '''
+def flash_attention_backward(q, k, v, o, lse, do, causal=False, block_q=64, block_k=64):
+    d = q.shape[-1]
+    delta = torch.einsum("...id,...id->...i", do, o)
+    dq, dk, dv = q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
+    for i0 in range(0, q.shape[-2], block_q):
+        qi, doi = q[..., i0:i0 + block_q, :], do[..., i0:i0 + block_q, :]
+        rows = torch.arange(i0, i0 + qi.shape[-2])
+        for j0 in range(0, k.shape[-2], block_k):
+            if causal and j0 > rows[-1]:
+                break
+            kj, vj = k[..., j0:j0 + block_k, :], v[..., j0:j0 + block_k, :]
+            s = torch.matmul(qi, kj.transpose(-1, -2)) / math.sqrt(d)
+            if causal:
+                s = torch.where(torch.arange(j0, j0 + kj.shape[-2])[None, :] <= rows[:, None], s, float("-inf"))
+            p = (s - lse[..., i0:i0 + block_q].unsqueeze(-1)).exp()
+            ds = p * (torch.matmul(doi, vj.transpose(-1, -2)) - delta[..., i0:i0 + block_q].unsqueeze(-1))
+            dq[..., i0:i0 + block_q, :] += torch.matmul(ds, kj) / math.sqrt(d)
+            dk[..., j0:j0 + block_k, :] += torch.matmul(ds.transpose(-1, -2), qi) / math.sqrt(d)
+            dv[..., j0:j0 + block_k, :] += torch.matmul(p.transpose(-1, -2), doi)
+    return dq, dk, dv
+'''
+
+
+def fb_learner():
+    import math
+
+    namespace = {"torch": torch, "math": math}
+    exec(FB_QUERIES_OUTSIDE, namespace)
+    return namespace["flash_attention_backward"]
+
+
+def fb_mistake(mistake):
+    def flash_attention_backward(q, k, v, o, lse, do, causal=False, block_q=64, block_k=64):
+        if mistake == "pair":
+            return nb09._fb_variant(q, k, v, o, lse, do, causal, block_q, block_k)[:2]
+        if mistake == "no-skip":  # the right gradients, and the products of the tiles it should have skipped
+            for j0 in range(0, k.shape[-2], block_k):
+                for i0 in range(0, q.shape[-2], block_q):
+                    if causal and min(i0 + block_q, q.shape[-2]) <= j0:
+                        for _ in range(5):
+                            _ = q[..., i0:i0 + block_q, :] @ k[..., j0:j0 + block_k, :].transpose(-2, -1)
+            return nb09._fb_variant(q, k, v, o, lse, do, causal, block_q, block_k)
+        return nb09._fb_variant(q, k, v, o, lse, do, causal, block_q, block_k, mistake)
+    return flash_attention_backward
+
+
+FB_MISTAKES = [("no-D", "leaves out D"), ("D-whole", "one number for the whole input"), ("P-raw", "raw scores"),
+               ("no-scale", "missing the scale"), ("unmasked", "was not masked"), ("dq-overwrite", "dq was written over"),
+               ("dkv-overwrite", "kept only the last block"), ("skip-too-much", "the diagonal crosses"),
+               ("no-skip", "as many tile products"), ("pair", "should return (dq, dk, dv)")]
+
+
+def test_flash_backward_passes_the_reference_and_learners_written_either_way(capsys):
+    for fn in (nb09.reference_flash_attention_backward, nb09._fb_variant, fb_learner()):
+        nb09.check_flash_attention_backward(fn)
+    assert capsys.readouterr().out.count("all checks passed") == 3
+
+
+@pytest.mark.parametrize("mistake, fragment", FB_MISTAKES)
+def test_flash_backward_names_each_mistake(mistake, fragment):
+    with pytest.raises(CheckFailure) as failure:
+        nb09.check_flash_attention_backward(fb_mistake(mistake))
+    assert fragment in str(failure.value), str(failure.value)
+
+
+@pytest.mark.parametrize("mistake, fragment", [m for m in FB_MISTAKES if m[0] != "pair"])
+def test_the_flash_backward_probe_names_each_mistake(mistake, fragment):
+    probe = nb09.PROBES["check_flash_attention_backward"]
+    for seed in range(2):
+        feedback = verdict(probe, {"flash_attention_backward": fb_mistake(mistake)}, seed)
+        assert feedback is not None and fragment in feedback, (seed, feedback)
+
+
+def test_the_flash_backward_probe_passes_right_answers():
+    probe = nb09.PROBES["check_flash_attention_backward"]
+    for seed in range(4):
+        assert verdict(probe, {"flash_attention_backward": fb_learner()}, seed) is None
+        assert verdict(probe, {"flash_attention_backward": nb09.reference_flash_attention_backward}, seed) is None
+
+
+def test_the_backward_oracle_is_autograd_and_agrees_with_tfedus_flash_backward():
+    q, k, v = nb09._ff_inputs(9, (2,), 9, 9, 4, 3)
+    do = torch.randn(2, 9, 3, generator=torch.Generator().manual_seed(1))
+    for causal in (False, True):
+        o, lse = nb09.flash_forward(q, k, v, causal=causal, block_q=4, block_k=2)
+        ours = nb09.reference_flash_attention_backward(q, k, v, o, lse, do, causal, 4, 2)
+        assert nb09._fb_close(ours, nb09.autograd_gradients(q, k, v, do, causal))

@@ -1,6 +1,6 @@
 """Checkers for notebooks/09_efficient_attention.ipynb: the online softmax, a tiled matmul, FlashAttention.
 
-Four exercises, each checked against tfedu's reference after first trying the known mistakes:
+Five exercises, each checked against tfedu's reference after first trying the known mistakes:
 
 - 9.1 ``online_softmax_step(m, l, x_block) -> (m_new, l_new)``: the running sum not rescaled when
   the max grows, the exponent taken before the max is updated (exp(x - m_old)), the rescale
@@ -22,6 +22,10 @@ Four exercises, each checked against tfedu's reference after first trying the kn
   diagonal hidden or one future key shown, a causal mask in tile coordinates, blocks the diagonal crosses
   skipped, short last blocks dropped; with MatmulOperands, the whole score matrix at once and causal
   attention that skips nothing. Compared with ``tfedu.flash.flash_forward``, SDPA and ``torch.logsumexp``.
+- 9.5 ``flash_attention_backward(q, k, v, o, lse, do, causal, block_q, block_k) -> (dq, dk, dv)``: D left out or
+  summed over everything, the weights from the raw scores, no scale in dq and dk, an unmasked causal tile, dq or
+  dk and dv overwritten instead of accumulated, crossed tiles skipped, nothing skipped. Compared with autograd
+  through SDPA in float64.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from tfedu.checks.core import (
     names_bound,
 )
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, compare_outputs
-from tfedu.flash import MatmulOperands, flash_forward, tile_update
+from tfedu.flash import MatmulOperands, flash_backward, flash_forward, tile_update
 from tfedu.softmax import online_softmax_step
 
 NEG_INF = float("-inf")
@@ -601,6 +605,161 @@ def _check_all_ff(flash_attention_forward: Any) -> None:
             raise CheckFailure(HINT_FF_NO_SKIP.format(full=len(full.shapes)))
 
 
+# ----------------------------------------------------------------------------- 9.5 flash_attention_backward
+
+HINT_FB_NO_D = (
+    "your dS leaves out D: the softmax's backward is dS = P * (dP - D), where D (one number per query) is the sum "
+    "over its keys of P * dP; it equals rowsum(dO * O), which needs no tile"
+)
+HINT_FB_D_WHOLE = (
+    "your D is one number for the whole input: it is one number per query, the sum of dO * O over that query's "
+    "output features (the last axis) only"
+)
+HINT_FB_P_RAW = (
+    "your P is the exponential of the raw scores: the softmax weights are exp(S - lse), each row's scores less its "
+    "log-sum-exp from the forward pass, which makes every row sum to 1"
+)
+HINT_FB_NO_SCALE = (
+    "dq and dk are missing the scale: the scores are S = Q K^T / sqrt(d_head), so the chain rule multiplies dS K "
+    "and dS^T Q by 1 / sqrt(d_head) too"
+)
+HINT_FB_UNMASKED = (
+    "in the causal case the recomputed tile of scores was not masked: P must be the forward's weights, with the "
+    "future keys at exp(-inf) = 0, so mask the tiles the diagonal crosses before taking exp(S - lse)"
+)
+HINT_FB_DQ_OVERWRITE = (
+    "dq was written over by each key block: a query's gradient gathers a contribution from every key block it "
+    "attends to, so add each block's dS K into dq instead of assigning it"
+)
+HINT_FB_DKV_OVERWRITE = (
+    "dk and dv kept only the last block of queries: a key's gradient gathers a contribution from every query "
+    "block that attends to it, so add each one up over the query loop"
+)
+HINT_FB_SKIP_TOO_MUCH = (
+    "you skipped tiles that the diagonal crosses: in the causal case a (query block, key block) tile can be "
+    "skipped only when every key of the block comes after every query of it"
+)
+HINT_FB_NO_SKIP = (
+    "causal attention here ran as many tile products as the full one ({full} both times): tiles whose keys all "
+    "come after all their queries hold only zeros in P and must be skipped, not computed"
+)
+HINT_FB_TRIPLE = (
+    "flash_attention_backward should return (dq, dk, dv), shaped like q, k and v, got {got}"
+)
+HINT_FB_MUTATED = "your flash_attention_backward changed the caller's `{name}` in place: build new tensors"
+HINT_FB_CALL = (
+    "flash_attention_backward(q, k, v, o, lse, do, causal=False, block_q=64, block_k=64): o and lse from the "
+    "forward pass, do the gradient of the output (*batch, query_pos, d_v); returns (dq, dk, dv)"
+)
+
+FB_MISTAKES = {
+    HINT_FB_NO_D: "no-D", HINT_FB_D_WHOLE: "D-whole", HINT_FB_P_RAW: "P-raw", HINT_FB_NO_SCALE: "no-scale",
+    HINT_FB_UNMASKED: "unmasked", HINT_FB_DQ_OVERWRITE: "dq-overwrite", HINT_FB_DKV_OVERWRITE: "dkv-overwrite",
+    HINT_FB_SKIP_TOO_MUCH: "skip-too-much",
+}
+
+
+def _fb_variant(q, k, v, o, lse, do, causal: bool = False, block_q: int = 64, block_k: int = 64,
+                mistake: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """FlashAttention-2's backward by recomputation, right or with one known mistake (float64 throughout)."""
+    q, k, v, o, lse, do = (t.double() for t in (q, k, v, o, lse, do))
+    n_q, n_k, scale = q.shape[-2], k.shape[-2], q.shape[-1] ** -0.5
+    D = (do * o).sum() * torch.ones(o.shape[:-1], dtype=q.dtype) if mistake == "D-whole" else (do * o).sum(dim=-1)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for j0 in range(0, n_k, block_k):
+        j1 = min(j0 + block_k, n_k)
+        for i0 in range(0, n_q, block_q):
+            i1 = min(i0 + block_q, n_q)
+            if causal and (i0 < j0 if mistake == "skip-too-much" else i1 <= j0):
+                continue
+            s = scale * (q[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1))
+            if causal and mistake != "unmasked":
+                s = s.masked_fill(torch.arange(j0, j1) > torch.arange(i0, i1)[:, None], NEG_INF)
+            p = torch.exp(s) if mistake == "P-raw" else torch.exp(s - lse[..., i0:i1, None])
+            dp = do[..., i0:i1, :] @ v[..., j0:j1, :].transpose(-2, -1)
+            ds = p * dp if mistake == "no-D" else p * (dp - D[..., i0:i1, None])
+            factor = 1.0 if mistake == "no-scale" else scale
+            if mistake == "dq-overwrite":
+                dq[..., i0:i1, :] = factor * (ds @ k[..., j0:j1, :])
+            else:
+                dq[..., i0:i1, :] += factor * (ds @ k[..., j0:j1, :])
+            parts = (factor * (ds.transpose(-2, -1) @ q[..., i0:i1, :]), p.transpose(-2, -1) @ do[..., i0:i1, :])
+            if mistake == "dkv-overwrite":
+                dk[..., j0:j1, :], dv[..., j0:j1, :] = parts
+            else:
+                dk[..., j0:j1, :] += parts[0]
+                dv[..., j0:j1, :] += parts[1]
+    return dq, dk, dv
+
+
+def reference_flash_attention_backward(q, k, v, o, lse, do, causal: bool = False, block_q: int = 64,
+                                       block_k: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The exercise's answer, as tfedu.flash.flash_backward computes it."""
+    return flash_backward(q, k, v, o, lse, do, causal=causal, block_q=block_q, block_k=block_k)
+
+
+def autograd_gradients(q, k, v, do, causal: bool) -> tuple[torch.Tensor, ...]:
+    """(dq, dk, dv) by autograd through standard attention (float64): the oracle."""
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+    return torch.autograd.grad(out, leaves, do.double())
+
+
+def _fb_close(got: tuple, want: tuple) -> bool:
+    return all(isinstance(g, torch.Tensor) and g.shape == w.shape and
+               torch.allclose(g.detach().double(), w.double(), rtol=1e-3, atol=1e-4, equal_nan=True)
+               for g, w in zip(got, want))
+
+
+def _check_fb(fn: Any, q, k, v, do, causal: bool, block_q: int, block_k: int) -> MatmulOperands:
+    what = (f"flash_attention_backward(q, k, v, o, lse, do, causal={causal}, block_q={block_q}, block_k={block_k}) "
+            f"with q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    o, lse = flash_forward(q, k, v, causal=causal, block_q=block_q, block_k=block_k)
+    with MatmulOperands() as seen:
+        got = call_on_copies(fn, {"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do, "kw:causal": causal,
+                                  "kw:block_q": block_q, "kw:block_k": block_k}, name="flash_attention_backward",
+                             mutated_hint=HINT_FB_MUTATED, error_hint=HINT_FB_CALL)
+    if not (isinstance(got, (tuple, list)) and len(got) == 3 and all(isinstance(t, torch.Tensor) for t in got)):
+        raise CheckFailure(HINT_FB_TRIPLE.format(got=describe(got)))
+    want = autograd_gradients(q, k, v, do, causal)
+    if not _fb_close(got, want):
+        for hint, variant in FB_MISTAKES.items():
+            wrong = _fb_variant(q, k, v, o, lse, do, causal, block_q, block_k, variant)
+            if _fb_close(got, wrong) and not _fb_close(wrong, want):
+                raise CheckFailure(hint)
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        compare(g.double(), w, what=f"{what}: {name} (against autograd through standard attention)", check_dtype=False,
+                rtol=1e-3, atol=1e-4)
+    return seen
+
+
+# (seed, batch, query_pos, key_pos, d_head, d_v, block_q, block_k), as for 9.4.
+FB_CALLS = ((3, (), 11, 13, 6, 5, 4, 3), (4, (2, 2), 13, 13, 8, 6, 5, 3), (5, (3,), 12, 12, 4, 4, 4, 4))
+
+
+@checker("FlashAttention-2's backward pass")
+def check_flash_attention_backward(flash_attention_backward) -> None:
+    """Check a learner's ``flash_attention_backward(q, k, v, o, lse, do, causal, block_q, block_k) -> (dq, dk, dv)``.
+
+    Against autograd through ``F.scaled_dot_product_attention`` in float64, with o and lse from
+    ``tfedu.flash.flash_forward`` and a random upstream gradient: full attention with lengths apart, then causal
+    attention with and without batch dims, blocks of unequal sizes. Causal attention must do fewer tile products
+    than full attention (D, one dot product per query over whole rows, may take any form). Named: D left out or summed over everything, P from
+    the raw scores, no scale in dq and dk, the causal tile unmasked, dq or dk and dv overwritten instead of
+    accumulated, tiles skipped that the diagonal crosses.
+    """
+    for seed, batch, n_q, n_k, d, d_v, block_q, block_k in FB_CALLS:
+        q, k, v = _ff_inputs(seed, batch, n_q, n_k, d, d_v)
+        do = torch.randn(*batch, n_q, d_v, generator=torch.Generator().manual_seed(seed + 50))
+        if n_q != n_k:
+            _check_fb(flash_attention_backward, q, k, v, do, False, block_q, block_k)
+            continue
+        full = _check_fb(flash_attention_backward, q, k, v, do, False, block_q, block_k)
+        causal = _check_fb(flash_attention_backward, q, k, v, do, True, block_q, block_k)
+        if full.shapes and len(causal.shapes) >= len(full.shapes):
+            raise CheckFailure(HINT_FB_NO_SKIP.format(full=len(full.shapes)))
+
+
 # ----------------------------------------------------------------------------- probes
 
 # Every step starts from the reference's state (drawn with the inputs), so one wrong step is one failure.
@@ -795,7 +954,9 @@ def _compare_tile(outputs: dict, expected: dict) -> str | None:
 # flash_attention_forward: fresh q, k, v of drawn shapes and blocks, full and causal; the number of matrix products
 # of each call (causal must do fewer), and the widest operand.
 
-FF_PROBE_RUN = HELPERS + """\
+# Run in the kernel before a tiled answer: the operands' shapes of every matrix product it makes (the job of
+# tfedu.flash.MatmulOperands, which the answer's own module may not be seen calling).
+RECORDER_CODE = """\
 from torch.overrides import TorchFunctionMode as _Mode
 
 _PRODUCTS = {torch.matmul, torch.mm, torch.bmm, torch.einsum, torch.tensordot, torch.inner, torch.mv, torch.dot,
@@ -813,8 +974,10 @@ class _MatmulOperands(_Mode):  # the operands' shapes of every matrix product (t
         if func in _PRODUCTS:
             self.shapes += [tuple(_a.shape) for _a in (*args, *(kwargs or {}).values()) if isinstance(_a, torch.Tensor)]
         return func(*args, **(kwargs or {}))
+"""
+RECORDER_CLEANUP = "del _Mode, _PRODUCTS, _MatmulOperands\n"
 
-
+FF_PROBE_RUN = HELPERS + RECORDER_CODE + """\
 _results, _products, _widest = [], [], []
 for _q, _k, _v, _causal, _bq, _bk in zip(inputs['q'], inputs['k'], inputs['v'], inputs['causal'], inputs['block_q'],
                                          inputs['block_k']):
@@ -828,8 +991,8 @@ _ok = lambda _r: isinstance(_r, (tuple, list)) and len(_r) == 2 and all(isinstan
 outputs = {'returned': ['a pair' if _ok(_r) else _kind(_r) for _r in _results], 'mutated': _MUTATED,
            'o': [_array(_r[0]) if _ok(_r) else None for _r in _results],
            'lse': [_array(_r[1]) if _ok(_r) else None for _r in _results], 'products': _products, 'widest': _widest}
-del _Mode, _PRODUCTS, _MatmulOperands, _results, _products, _widest, _q, _k, _v, _causal, _bq, _bk, _seen, _r, _ok
-""" + CLEANUP
+del _results, _products, _widest, _q, _k, _v, _causal, _bq, _bk, _seen, _r, _ok
+""" + RECORDER_CLEANUP + CLEANUP
 
 
 def _ff_probe_inputs(rng: np.random.Generator) -> dict:
@@ -893,6 +1056,78 @@ def _compare_ff(outputs: dict, expected: dict) -> str | None:
     return None
 
 
+# flash_attention_backward: the same drawn calls as 9.4's probe, with o and lse from the reference forward and a
+# random upstream gradient; the products counted.
+
+FB_PROBE_RUN = HELPERS + RECORDER_CODE + """\
+_results, _products, _widest = [], [], []
+for _c in range(len(inputs['q'])):
+    _args = [torch.from_numpy(inputs[_key][_c]) for _key in ('q', 'k', 'v', 'o', 'lse', 'do')]
+    with _MatmulOperands() as _seen:
+        _r = _call(flash_attention_backward, *_args, inputs['causal'][_c], inputs['block_q'][_c], inputs['block_k'][_c])
+    _results.append(_r)
+    _products.append(len(_seen.shapes))
+    _widest.append(max([_s[-2] * _s[-1] for _s in _seen.shapes if len(_s) >= 2], default=0))
+_ok = lambda _r: isinstance(_r, (tuple, list)) and len(_r) == 3 and all(isinstance(_t, torch.Tensor) for _t in _r)
+outputs = {'returned': ['a triple' if _ok(_r) else _kind(_r) for _r in _results], 'mutated': _MUTATED,
+           'grads': [[_array(_t) for _t in _r] if _ok(_r) else None for _r in _results],
+           'products': _products, 'widest': _widest}
+del _results, _products, _widest, _c, _args, _seen, _r, _ok
+""" + RECORDER_CLEANUP + CLEANUP
+
+
+def _fb_probe_inputs(rng: np.random.Generator) -> dict:
+    inputs = _ff_probe_inputs(rng)
+    inputs["o"], inputs["lse"], inputs["do"] = [], [], []
+    for q, k, v, causal, bq, bk in zip(inputs["q"], inputs["k"], inputs["v"], inputs["causal"], inputs["block_q"],
+                                       inputs["block_k"]):
+        o, lse = flash_forward(*(torch.from_numpy(a) for a in (q, k, v)), causal=causal, block_q=bq, block_k=bk)
+        inputs["o"].append(as_array(o))
+        inputs["lse"].append(as_array(lse))
+        inputs["do"].append(rng.standard_normal(o.shape).astype(np.float32))
+    return inputs
+
+
+def _fb_probe_reference(inputs: dict) -> dict:
+    out = {"returned": [], "grads": [], "mistakes": [], "inputs": inputs}
+    for c, causal in enumerate(inputs["causal"]):
+        q, k, v, o, lse, do = (torch.from_numpy(inputs[key][c]) for key in ("q", "k", "v", "o", "lse", "do"))
+        bq, bk = inputs["block_q"][c], inputs["block_k"][c]
+        out["returned"].append("a triple")
+        out["grads"].append([as_array(t.float()) for t in autograd_gradients(q, k, v, do, causal)])
+        for hint, variant in FB_MISTAKES.items():
+            out["mistakes"].append([hint, c, [as_array(t.float()) for t in _fb_variant(q, k, v, o, lse, do, causal, bq, bk,
+                                                                                   variant)]])
+    return out
+
+
+def _fb_probe_close(got: Any, want: list) -> bool:
+    return isinstance(got, list) and len(got) == 3 and all(
+        isinstance(g, np.ndarray) and g.shape == w.shape and np.allclose(g, w, rtol=1e-3, atol=1e-4, equal_nan=True)
+        for g, w in zip(got, want))
+
+
+def _compare_fb(outputs: dict, expected: dict) -> str | None:
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="flash_attention_backward",
+                              kind_hints={k: HINT_FB_CALL for k in ("tensor", "a tuple of two tensors")})
+    if problem:
+        return problem
+    inputs = expected["inputs"]
+    for c, want in enumerate(expected["grads"]):
+        got = (outputs.get("grads") or [None] * (c + 1))[c]
+        if _fb_probe_close(got, want):
+            continue
+        for hint, at, wrong in expected["mistakes"]:
+            if at == c and _fb_probe_close(got, wrong) and not _fb_probe_close(wrong, want):
+                return hint
+        return (f"flash_attention_backward's gradients differ from autograd's in the hidden test's call {c + 1} "
+                f"(causal={inputs['causal'][c]})")
+    products = outputs.get("products") or [0, 0, 0]  # (D over whole rows is fine here: no width limit, as in 9.4)
+    if products[1] and products[2] >= products[1]:
+        return HINT_FB_NO_SKIP.format(full=products[1])
+    return None
+
+
 # The reference tile update, bound in place of the learner's flash_tile_update while 9.4 is graded.
 FF_STANDINS = """\
 def flash_tile_update(m, l, o, s, v):
@@ -920,6 +1155,11 @@ PROBES = {
         compare=_compare_ff, standins=FF_STANDINS,
         forbidden=("tfedu.flash", "tfedu.softmax", "tfedu.attention", "torch.nn.functional.scaled_dot_product_attention",
                    "torch.softmax", "torch.nn.functional.softmax", "torch.logsumexp", "torch.Tensor.logsumexp")),
+    "check_flash_attention_backward": Probe(
+        exercise="ex_flash_backward", make_inputs=_fb_probe_inputs, run=FB_PROBE_RUN, reference=_fb_probe_reference,
+        compare=_compare_fb,
+        forbidden=("tfedu.flash", "tfedu.softmax", "tfedu.attention", "torch.nn.functional.scaled_dot_product_attention",
+                   "torch.autograd", "torch.Tensor.backward", "torch.softmax", "torch.nn.functional.softmax")),
 }
 
 
@@ -1059,6 +1299,49 @@ HINTS = {
             "        o[..., i0:i1, :] = ____\n"
             "        lse[..., i0:i1] = ____\n"
             "    return o, lse\n"
+        ),
+    ),
+    "ex_flash_backward": Hints(
+        number="9.5",
+        check="check_flash_attention_backward",
+        idea=(
+            "The backward pass keeps no matrix of weights from the forward pass: it rebuilds each tile of P from "
+            "the scores and the saved log-sum-exp, P = exp(S - lse). With O = P V, the value gradient is P^T dO "
+            "and the weights' gradient dP = dO V^T. The softmax's backward is dS = P * (dP - D), where D, one "
+            "number per query, is the sum of P * dP over its keys, which equals the sum of dO * O over its "
+            "features: computed once, before the loops. Since S = Q K^T / sqrt(d), dQ gathers dS K / sqrt(d) and "
+            "dK gathers dS^T Q / sqrt(d), summed over every tile each query or key takes part in."
+        ),
+        approach=(
+            "First D, the sum over the last axis of do times o, (*batch, query_pos). Start dq, dk, dv as zeros shaped"
+            " like q, k, v. Loop over key blocks (j0 by block_k) and, inside, query blocks (i0 by block_q); in the "
+            "causal case skip a tile whose keys all come after its queries (the key block starts at or after the "
+            "query block's end). Per tile: the scores as in the forward pass, scaled, and masked by sequence "
+            "positions when causal; the weights P, exp of the scores less lse (the query block's, with a trailing "
+            "axis); dv's key block gains P transposed times do's query block; the weights' gradient dP is do's block "
+            "times v's block transposed; the scores' gradient dS is P times (dP minus the block's D with a trailing "
+            "axis); dq's query block gains the scale times dS times k's block; dk's key block gains the scale times "
+            "dS transposed times q's block. Add, never assign: each block receives contributions from many tiles."
+        ),
+        skeleton=(
+            "def flash_attention_backward(q, k, v, o, lse, do, causal=False, block_q=64, block_k=64):\n"
+            "    n_q, n_k, scale = q.shape[-2], k.shape[-2], ____\n"
+            "    D = ____  # (*batch, query_pos)\n"
+            "    dq, dk, dv = ____, ____, ____\n"
+            "    for j0 in range(____):\n"
+            "        j1 = ____\n"
+            "        for i0 in range(____):\n"
+            "            i1 = ____\n"
+            "            if causal and ____:\n"
+            "                continue  # every key of this tile comes after every query of it\n"
+            "            s = ____  # scaled (and, when causal, masked) scores of the tile\n"
+            "            p = ____  # the forward's weights, rebuilt from lse\n"
+            "            dv[..., j0:j1, :] += ____\n"
+            "            dp = ____\n"
+            "            ds = ____\n"
+            "            dq[..., i0:i1, :] += ____\n"
+            "            dk[..., j0:j1, :] += ____\n"
+            "    return dq, dk, dv\n"
         ),
     ),
 }
