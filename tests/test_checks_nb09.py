@@ -387,3 +387,76 @@ def test_the_backward_oracle_is_autograd_and_agrees_with_tfedus_flash_backward()
         o, lse = nb09.flash_forward(q, k, v, causal=causal, block_q=4, block_k=2)
         ours = nb09.reference_flash_attention_backward(q, k, v, o, lse, do, causal, 4, 2)
         assert nb09._fb_close(ours, nb09.autograd_gradients(q, k, v, do, causal))
+
+
+# ----------------------------------------------------------------------------- 9.6
+
+LA_OTHER_WAY = '''
+def linear_attention_recurrent(q, k, v, eps=1e-6):
+    fq, fk = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    state = torch.zeros(*q.shape[:-2], q.shape[-1], v.shape[-1])
+    norm = torch.zeros(*q.shape[:-2], q.shape[-1])
+    out = torch.empty(*q.shape[:-1], v.shape[-1])
+    for t in range(q.shape[-2]):
+        state = state + torch.einsum("...d,...e->...de", fk[..., t, :], v[..., t, :])
+        norm = norm + fk[..., t, :]
+        out[..., t, :] = torch.einsum("...d,...de->...e", fq[..., t, :], state) / (
+            torch.einsum("...d,...d->...", fq[..., t, :], norm)[..., None] + eps)
+    return out
+
+
+def linear_attention_cumsum(q, k, v, eps=1e-6):
+    fq, fk = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    kv = torch.cumsum(torch.einsum("...td,...te->...tde", fk, v), dim=-3)
+    num = torch.einsum("...td,...tde->...te", fq, kv)
+    den = torch.einsum("...td,...td->...t", fq, torch.cumsum(fk, dim=-2))
+    return num / (den[..., None] + eps)
+'''
+
+
+def la_other_way():
+    namespace = {"torch": torch}
+    exec(LA_OTHER_WAY, namespace)
+    return namespace["linear_attention_recurrent"], namespace["linear_attention_cumsum"]
+
+
+def la_mistake(mistake):
+    return lambda q, k, v, eps=1e-6: nb09._la_variant(q, k, v, eps, mistake).float()
+
+
+LA_MISTAKES = [("state-late", "left out its own key"), ("no-phi", "feature map is missing"),
+               ("no-normaliser", "not normalised"), ("not-causal", "every query saw every key"),
+               ("wrong-axis", "along the wrong axis")]
+
+
+def test_linear_attention_passes_the_reference_and_another_way(capsys):
+    nb09.check_linear_attention_two_ways(*la_other_way())
+    nb09.check_linear_attention_two_ways(la_mistake(None), nb09.reference_causal_linear_attention)
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+@pytest.mark.parametrize("mistake, fragment", LA_MISTAKES)
+def test_linear_attention_names_each_mistake_in_either_function(mistake, fragment):
+    right_recurrent, right_cumsum = la_other_way()
+    for pair, name in (((la_mistake(mistake), right_cumsum), "linear_attention_recurrent"),
+                       ((right_recurrent, la_mistake(mistake)), "linear_attention_cumsum")):
+        with pytest.raises(CheckFailure) as failure:
+            nb09.check_linear_attention_two_ways(*pair)
+        assert fragment in str(failure.value) and name in str(failure.value), str(failure.value)
+
+
+@pytest.mark.parametrize("mistake, fragment", LA_MISTAKES)
+def test_the_linear_attention_probe_names_each_mistake(mistake, fragment):
+    right_recurrent, _ = la_other_way()
+    probe = nb09.PROBES["check_linear_attention_two_ways"]
+    for seed in range(2):
+        feedback = verdict(probe, {"linear_attention_recurrent": right_recurrent,
+                                   "linear_attention_cumsum": la_mistake(mistake)}, seed)
+        assert feedback is not None and fragment in feedback and "linear_attention_cumsum" in feedback, (seed, feedback)
+
+
+def test_the_linear_attention_probe_passes_right_answers():
+    recurrent, cumulative = la_other_way()
+    probe = nb09.PROBES["check_linear_attention_two_ways"]
+    for seed in range(4):
+        assert verdict(probe, {"linear_attention_recurrent": recurrent, "linear_attention_cumsum": cumulative}, seed) is None

@@ -1,6 +1,6 @@
 """Checkers for notebooks/09_efficient_attention.ipynb: the online softmax, a tiled matmul, FlashAttention.
 
-Five exercises, each checked against tfedu's reference after first trying the known mistakes:
+Six exercises, each checked against tfedu's reference after first trying the known mistakes:
 
 - 9.1 ``online_softmax_step(m, l, x_block) -> (m_new, l_new)``: the running sum not rescaled when
   the max grows, the exponent taken before the max is updated (exp(x - m_old)), the rescale
@@ -26,6 +26,10 @@ Five exercises, each checked against tfedu's reference after first trying the kn
   summed over everything, the weights from the raw scores, no scale in dq and dk, an unmasked causal tile, dq or
   dk and dv overwritten instead of accumulated, crossed tiles skipped, nothing skipped. Compared with autograd
   through SDPA in float64.
+- 9.6 ``linear_attention_recurrent(q, k, v, eps)`` and ``linear_attention_cumsum(q, k, v, eps)``: causal linear
+  attention as a recurrence and with cumulative sums, each against ``linear_attention_quadratic(causal=True)`` and
+  the two against each other; the own key left out, no feature map, no normaliser, every key seen, the
+  cumulative sum along the features.
 """
 
 from __future__ import annotations
@@ -49,8 +53,9 @@ from tfedu.checks.core import (
     global_names,
     names_bound,
 )
+from tfedu.checks.building_blocks import ACTIVATIONS, ELEMENTARY
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, compare_outputs
-from tfedu.flash import MatmulOperands, flash_backward, flash_forward, tile_update
+from tfedu.flash import MatmulOperands, flash_backward, flash_forward, linear_attention_quadratic, tile_update
 from tfedu.softmax import online_softmax_step
 
 NEG_INF = float("-inf")
@@ -760,6 +765,108 @@ def check_flash_attention_backward(flash_attention_backward) -> None:
             raise CheckFailure(HINT_FB_NO_SKIP.format(full=len(full.shapes)))
 
 
+# ----------------------------------------------------------------------------- 9.6 causal linear attention, two ways
+
+HINT_LA_STATE_LATE = (
+    "{fn}: each position's output left out its own key: query i sums over keys 0 to i, itself included, so add key "
+    "i's terms to the running sums before reading them for query i"
+)
+HINT_LA_NO_PHI = (
+    "{fn}: the feature map is missing: linear attention compares phi(q) . phi(k) with phi(x) = elu(x) + 1, which is "
+    "positive, so every weight is positive and the normaliser cannot cross zero; raw q . k can"
+)
+HINT_LA_NO_NORMALISER = (
+    "{fn}: the output was not normalised: divide phi(q_i) . S_i by phi(q_i) . z_i + eps, so that the weights of "
+    "each query sum to 1 (z_i is the running sum of phi(k_j))"
+)
+HINT_LA_NOT_CAUSAL = (
+    "{fn}: every query saw every key: causal attention sums only over keys j <= i, a running (prefix) sum along "
+    "the positions, not the total"
+)
+HINT_LA_WRONG_AXIS = (
+    "{fn}: the cumulative sum ran along the wrong axis: the running sums accumulate over the positions (axis -3 of "
+    "the (..., pos, d_head, d_v) outer products, axis -2 of phi(k)), not over the features"
+)
+HINT_LA_DIFFER = (
+    "your two functions disagree (largest difference {gap:.2e}): the recurrence and the cumulative sums compute the "
+    "same outputs, up to rounding; the one that differs from the reference is named above when it is a known slip"
+)
+HINT_LA_CALL = (
+    "{fn}(q, k, v, eps=1e-6): q and k (*batch, pos, d_head), v (*batch, pos, d_v); returns (*batch, pos, d_v), "
+    "causal linear attention with phi(x) = elu(x) + 1"
+)
+HINT_LA_MUTATED = "your {fn} changed the caller's `{{name}}` in place: build new tensors"
+
+LA_MISTAKES = {HINT_LA_STATE_LATE: "state-late", HINT_LA_NO_PHI: "no-phi", HINT_LA_NO_NORMALISER: "no-normaliser",
+               HINT_LA_NOT_CAUSAL: "not-causal", HINT_LA_WRONG_AXIS: "wrong-axis"}
+
+
+def reference_causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """Causal linear attention (phi = elu + 1), computed the quadratic way: the oracle of both answers."""
+    return linear_attention_quadratic(q, k, v, causal=True, eps=eps)
+
+
+def _la_variant(q, k, v, eps: float = 1e-6, mistake: str | None = None) -> torch.Tensor:
+    """Causal linear attention by cumulative sums in float64, right or with one known mistake."""
+    q, k, v = q.double(), k.double(), v.double()
+    phi_q, phi_k = (q, k) if mistake == "no-phi" else (F.elu(q) + 1, F.elu(k) + 1)
+    outer = phi_k[..., :, None] * v[..., None, :]  # (..., pos, d_head, d_v)
+    if mistake == "not-causal":
+        S, z = outer.sum(-3, keepdim=True).expand_as(outer), phi_k.sum(-2, keepdim=True).expand_as(phi_k)
+    elif mistake == "wrong-axis":
+        S, z = outer.cumsum(-1), phi_k.cumsum(-1)
+    else:
+        S, z = outer.cumsum(-3), phi_k.cumsum(-2)
+        if mistake == "state-late":  # the sums before position i: key i left out
+            S, z = S - outer, z - phi_k
+    numerator = (phi_q[..., :, None] * S).sum(-2)  # (..., pos, d_v)
+    denominator = (phi_q * z).sum(-1, keepdim=True)  # (..., pos, 1)
+    return numerator if mistake == "no-normaliser" else numerator / (denominator + eps)
+
+
+def _la_call(fn: Any, name: str, q, k, v) -> torch.Tensor:
+    got = call_on_copies(fn, {"q": q, "k": k, "v": v}, name=name, mutated_hint=HINT_LA_MUTATED.format(fn=name),
+                         error_hint=HINT_LA_CALL.format(fn=name))
+    expect(isinstance(got, torch.Tensor), f"{name} should return a tensor (*batch, pos, d_v), got {describe(got)}")
+    return got
+
+
+def _check_la_one(fn: Any, name: str, q, k, v, what: str) -> torch.Tensor:
+    got = _la_call(fn, name, q, k, v)
+    want = reference_causal_linear_attention(q, k, v)
+    if not (got.shape == want.shape and torch.allclose(got.double(), want.double(), rtol=1e-4, atol=1e-5)):
+        for hint, variant in LA_MISTAKES.items():
+            wrong = _la_variant(q, k, v, mistake=variant)
+            if got.shape == wrong.shape and torch.allclose(got.double(), wrong, rtol=1e-4, atol=1e-5, equal_nan=True) \
+                    and not torch.allclose(wrong, want.double(), rtol=1e-4, atol=1e-5):
+                raise CheckFailure(hint.format(fn=name))
+    compare(got, want, what=f"{name}(q, k, v) {what}", check_dtype=False, rtol=1e-4, atol=1e-5)
+    return got
+
+
+# (seed, batch, pos, d_head, d_v): keys drawn so that phi(q) . phi(k) varies a lot, and pos past d_head.
+LA_CALLS = ((0, (), 9, 4, 3), (1, (2, 3), 12, 5, 6))
+
+
+@checker("causal linear attention, two ways")
+def check_linear_attention_two_ways(linear_attention_recurrent, linear_attention_cumsum) -> None:
+    """Check a learner's ``linear_attention_recurrent(q, k, v, eps=1e-6)`` and ``linear_attention_cumsum(q, k, v,
+    eps=1e-6)``: each against ``tfedu.flash.linear_attention_quadratic(causal=True)`` and against each other.
+
+    Named, for either: the own key left out, no feature map, no normaliser, every key seen, a cumulative sum along
+    the features; then the two must agree.
+    """
+    for seed, batch, pos, d, d_v in LA_CALLS:
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = 1.5 * torch.randn(*batch, pos, d, generator=g), 1.5 * torch.randn(*batch, pos, d, generator=g), \
+            torch.randn(*batch, pos, d_v, generator=g)
+        what = f"with q, k {tuple(q.shape)} and v {tuple(v.shape)}"
+        recurrent = _check_la_one(linear_attention_recurrent, "linear_attention_recurrent", q, k, v, what)
+        cumulative = _check_la_one(linear_attention_cumsum, "linear_attention_cumsum", q, k, v, what)
+        gap = (recurrent.double() - cumulative.double()).abs().max().item()
+        expect(gap < 1e-4, HINT_LA_DIFFER.format(gap=gap))
+
+
 # ----------------------------------------------------------------------------- probes
 
 # Every step starts from the reference's state (drawn with the inputs), so one wrong step is one failure.
@@ -1128,6 +1235,60 @@ def _compare_fb(outputs: dict, expected: dict) -> str | None:
     return None
 
 
+# The two linear attentions: fresh q, k, v of drawn shapes, each function called on each; the reference and the
+# mistakes worked out here.
+
+LA_PROBE_RUN = HELPERS + """\
+_outs = {}
+for _name, _fn in (('recurrent', linear_attention_recurrent), ('cumsum', linear_attention_cumsum)):
+    _results = [_call(_fn, torch.from_numpy(_q), torch.from_numpy(_k), torch.from_numpy(_v))
+                for _q, _k, _v in zip(inputs['q'], inputs['k'], inputs['v'])]
+    _outs[_name] = [_array(_r) for _r in _results]
+    _outs['returned_' + _name] = [_kind(_r) for _r in _results]
+outputs = {**_outs, 'returned': _outs['returned_recurrent'] + _outs['returned_cumsum'], 'mutated': _MUTATED}
+del _outs, _name, _fn, _results
+""" + CLEANUP
+
+
+def _la_probe_inputs(rng: np.random.Generator) -> dict:
+    calls = []
+    for _ in range(2):
+        batch = tuple(int(b) for b in rng.integers(1, 3, size=int(rng.integers(0, 3))))
+        pos, d, d_v = int(rng.integers(6, 16)), int(rng.integers(2, 7)), int(rng.integers(2, 7))
+        calls.append([(rng.uniform(1, 2) * rng.standard_normal((*batch, pos, d))).astype(np.float32),
+                      (rng.uniform(1, 2) * rng.standard_normal((*batch, pos, d))).astype(np.float32),
+                      rng.standard_normal((*batch, pos, d_v)).astype(np.float32)])
+    return {"q": [c[0] for c in calls], "k": [c[1] for c in calls], "v": [c[2] for c in calls]}
+
+
+def _la_probe_reference(inputs: dict) -> dict:
+    out = {"returned": ["tensor"] * (2 * len(inputs["q"])), "want": [], "mistakes": []}
+    for c, arrays in enumerate(zip(inputs["q"], inputs["k"], inputs["v"])):
+        q, k, v = (torch.from_numpy(a) for a in arrays)
+        out["want"].append(as_array(reference_causal_linear_attention(q, k, v)))
+        for hint, variant in LA_MISTAKES.items():
+            out["mistakes"].append([hint, c, as_array(_la_variant(q, k, v, mistake=variant).float())])
+    return out
+
+
+def _compare_la(outputs: dict, expected: dict) -> str | None:
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="your linear attention")
+    if problem:
+        return problem
+    close = lambda a, b: (isinstance(a, np.ndarray) and a.shape == b.shape  # noqa: E731
+                          and np.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True))
+    for key, name in (("recurrent", "linear_attention_recurrent"), ("cumsum", "linear_attention_cumsum")):
+        for c, want in enumerate(expected["want"]):
+            got = (outputs.get(key) or [None] * (c + 1))[c]
+            if close(got, want):
+                continue
+            for hint, at, wrong in expected["mistakes"]:
+                if at == c and close(got, wrong) and not close(wrong, want):
+                    return hint.format(fn=name)
+            return f"{name} differs from causal linear attention in the hidden test's call {c + 1}"
+    return None
+
+
 # The reference tile update, bound in place of the learner's flash_tile_update while 9.4 is graded.
 FF_STANDINS = """\
 def flash_tile_update(m, l, o, s, v):
@@ -1155,6 +1316,10 @@ PROBES = {
         compare=_compare_ff, standins=FF_STANDINS,
         forbidden=("tfedu.flash", "tfedu.softmax", "tfedu.attention", "torch.nn.functional.scaled_dot_product_attention",
                    "torch.softmax", "torch.nn.functional.softmax", "torch.logsumexp", "torch.Tensor.logsumexp")),
+    "check_linear_attention_two_ways": Probe(
+        exercise="ex_linear_attention", make_inputs=_la_probe_inputs, run=LA_PROBE_RUN, reference=_la_probe_reference,
+        compare=_compare_la, forbidden=("tfedu.flash", "tfedu.attention"),
+        builds=ELEMENTARY | ACTIVATIONS | frozenset({"torch.nn.functional.elu"})),
     "check_flash_attention_backward": Probe(
         exercise="ex_flash_backward", make_inputs=_fb_probe_inputs, run=FB_PROBE_RUN, reference=_fb_probe_reference,
         compare=_compare_fb,
@@ -1342,6 +1507,46 @@ HINTS = {
             "            dq[..., i0:i1, :] += ____\n"
             "            dk[..., j0:j1, :] += ____\n"
             "    return dq, dk, dv\n"
+        ),
+    ),
+    "ex_linear_attention": Hints(
+        number="9.6",
+        check="check_linear_attention_two_ways",
+        idea=(
+            "With phi(x) = elu(x) + 1 in place of the exponential, query i's output is phi(q_i) times S_i, divided by "
+            "phi(q_i) times z_i plus eps, where S_i is the sum over keys j up to i of the outer products phi(k_j) "
+            "v_j^T, a (d_head, d_v) matrix, and z_i the sum of phi(k_j), a d_head vector. Both are running sums along "
+            "the positions. The recurrence keeps them as a state and adds one position's terms at each step, before "
+            "reading the state for that position; the cumulative sums form every position's outer product and add "
+            "them up along the positions in one call."
+        ),
+        approach=(
+            "Apply phi to q and k first. Recurrent: start S at zeros (*batch, d_head, d_v) and z at zeros (*batch, "
+            "d_head); for each position i, add the outer product of phi(k_i) and v_i to S and phi(k_i) to z, then "
+            "the output at i is phi(q_i) times S (a vector-matrix product, d_v) over phi(q_i) dotted with z plus "
+            "eps; stack the outputs along the positions. Cumulative: the outer products of every position at once, "
+            "(*batch, pos, d_head, d_v) (a trailing axis on phi(k), a d_head axis on v), their cumulative sum along "
+            "the positions axis, and the cumulative sum of phi(k) along its positions; then the same numerator and "
+            "denominator for all positions together, with sums over d_head."
+        ),
+        skeleton=(
+            "def linear_attention_recurrent(q, k, v, eps=1e-6):\n"
+            "    phi_q, phi_k = ____, ____\n"
+            "    S = ____  # (*batch, d_head, d_v)\n"
+            "    z = ____  # (*batch, d_head)\n"
+            "    outputs = []\n"
+            "    for i in range(____):  # every position, in order\n"
+            "        S = S + ____  # the outer product of phi(k_i) and v_i\n"
+            "        z = z + ____\n"
+            "        outputs.append(____ / (____ + eps))\n"
+            "    return torch.stack(outputs, dim=____)\n"
+            "\n"
+            "\n"
+            "def linear_attention_cumsum(q, k, v, eps=1e-6):\n"
+            "    phi_q, phi_k = ____, ____\n"
+            "    S = (____ * ____).cumsum(dim=____)  # (*batch, pos, d_head, d_v)\n"
+            "    z = phi_k.cumsum(dim=____)  # (*batch, pos, d_head)\n"
+            "    return ____ / (____ + eps)\n"
         ),
     ),
 }
