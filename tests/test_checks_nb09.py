@@ -460,3 +460,103 @@ def test_the_linear_attention_probe_passes_right_answers():
     probe = nb09.PROBES["check_linear_attention_two_ways"]
     for seed in range(4):
         assert verdict(probe, {"linear_attention_recurrent": recurrent, "linear_attention_cumsum": cumulative}, seed) is None
+
+
+# ----------------------------------------------------------------------------- 9.7
+
+def kernels_or_skip():
+    kernels = pytest.importorskip("tfedu.kernels")
+    usable, why = kernels.available()
+    if not usable:
+        pytest.skip(why)
+    return kernels
+
+
+def variant_as_kernel(mistake_number):
+    """The variant kernel with one mistake, launched as a learner's kernel would be (kernel[grid](...))."""
+    class Kernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: nb09._variant_kernel()[grid](*args, **kwargs, MISTAKE=mistake_number)
+    return Kernel()
+
+
+LEARNER_KERNEL = '''
+@jit
+def flash_kernel(Q, K, V, O, N, scale, D_HEAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    head = tl.program_id(1).to(tl.int64) * N * D_HEAD
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, D_HEAD)
+    q = tl.load(Q + head + offs_m[:, None] * D_HEAD + offs_d[None, :], mask=offs_m[:, None] < N, other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+    acc = tl.full([BLOCK_M, D_HEAD], 0.0, tl.float32)
+    for start_n in range(0, N, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        valid = cols < N
+        k = tl.load(K + head + cols[:, None] * D_HEAD + offs_d[None, :], mask=valid[:, None], other=0.0)
+        v = tl.load(V + head + cols[:, None] * D_HEAD + offs_d[None, :], mask=valid[:, None], other=0.0)
+        scores = tl.where(valid[None, :], tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+        new_max = tl.maximum(m_i, tl.max(scores, axis=1))
+        weights = tl.exp(scores - new_max[:, None])
+        shrink = tl.exp(m_i - new_max)
+        acc = acc * shrink[:, None] + tl.dot(weights, v)
+        l_i = l_i * shrink + tl.sum(weights, axis=1)
+        m_i = new_max
+    tl.store(O + head + offs_m[:, None] * D_HEAD + offs_d[None, :], acc / l_i[:, None], mask=offs_m[:, None] < N)
+'''
+
+
+def learner_kernel(source=LEARNER_KERNEL):
+    kernels = kernels_or_skip()
+    import linecache
+    import tempfile
+
+    # Triton reads a kernel's source from its file: write it to one, as a notebook cell's is kept by IPython.
+    path = tempfile.NamedTemporaryFile("w", suffix="_kernel.py", delete=False)
+    path.write("from tfedu.kernels import jit, tl\n" + source)
+    path.close()
+    namespace = {"__name__": "learner_kernel"}
+    exec(compile(open(path.name).read(), path.name, "exec"), namespace)
+    linecache.checkcache(path.name)
+    return kernels, namespace["flash_kernel"]
+
+
+def test_the_kernel_check_passes_a_learners_kernel_and_the_variant_without_mistake(capsys):
+    _, kernel = learner_kernel()
+    nb09.check_flash_kernel(kernel)
+    nb09.check_flash_kernel(variant_as_kernel(0))
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+@pytest.mark.parametrize("hint", list(nb09.TK_MISTAKES), ids=[str(n) for n in nb09.TK_MISTAKES.values()])
+def test_the_kernel_check_names_each_mistake(hint):
+    kernels_or_skip()
+    with pytest.raises(CheckFailure) as failure:
+        nb09.check_flash_kernel(variant_as_kernel(nb09.TK_MISTAKES[hint]))
+    assert hint in str(failure.value)
+
+
+def test_an_unfinished_kernel_is_not_done_and_a_broken_one_says_what_it_raised():
+    from tfedu.checks.core import ExerciseNotDone
+
+    stub = LEARNER_KERNEL.split("    for start_n")[0] + (
+        "    for start_n in range(0, N, BLOCK_N):\n        raise NotImplementedError('replace this line with your code')\n")
+    _, kernel = learner_kernel(stub)
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb09.check_flash_kernel(kernel)
+    broken = LEARNER_KERNEL.replace("tl.sum(weights, axis=1)", "tl.sum(weights, axis=1) + row_sums_so_far")  # undefined
+    _, kernel = learner_kernel(broken)
+    with pytest.raises(CheckFailure, match="your kernel raised .*row_sums_so_far"):
+        nb09.check_flash_kernel(kernel)
+    with pytest.raises(CheckFailure, match="keep the kernel's signature"):
+        nb09.check_flash_kernel(lambda *args: None)  # a plain function, not a @triton.jit kernel
+
+
+def test_the_kernel_probe_passes_right_kernels_and_names_mistakes():
+    _, kernel = learner_kernel()
+    probe = nb09.PROBES["check_flash_kernel"]
+    for seed in range(2):
+        assert verdict(probe, {"flash_kernel": kernel}, seed) is None
+    for hint, number in nb09.TK_MISTAKES.items():
+        assert verdict(probe, {"flash_kernel": variant_as_kernel(number)}, 0) == hint

@@ -1,6 +1,6 @@
 """Checkers for notebooks/09_efficient_attention.ipynb: the online softmax, a tiled matmul, FlashAttention.
 
-Six exercises, each checked against tfedu's reference after first trying the known mistakes:
+Seven exercises, each checked against tfedu's reference after first trying the known mistakes:
 
 - 9.1 ``online_softmax_step(m, l, x_block) -> (m_new, l_new)``: the running sum not rescaled when
   the max grows, the exponent taken before the max is updated (exp(x - m_old)), the rescale
@@ -30,6 +30,10 @@ Six exercises, each checked against tfedu's reference after first trying the kno
   attention as a recurrence and with cumulative sums, each against ``linear_attention_quadratic(causal=True)`` and
   the two against each other; the own key left out, no feature map, no normaliser, every key seen, the
   cumulative sum along the features.
+- 9.7 the loop of a Triton kernel ``flash_kernel(Q, K, V, O, N, scale, D_HEAD, BLOCK_M, BLOCK_N)`` (full attention,
+  the set-up and the store given), launched by ``launch_flash_kernel`` through Triton's interpreter on a CPU or
+  compiled on a GPU, against SDPA: the accumulator or l not rescaled, the max never updated, keys past N not
+  masked, no scale (a variant kernel with a MISTAKE switch makes each).
 """
 
 from __future__ import annotations
@@ -867,6 +871,158 @@ def check_linear_attention_two_ways(linear_attention_recurrent, linear_attention
         expect(gap < 1e-4, HINT_LA_DIFFER.format(gap=gap))
 
 
+# ----------------------------------------------------------------------------- 9.7 the Triton kernel's loop
+
+HINT_TK_NO_RESCALE = (
+    "the accumulator was not rescaled: when a key block raises a row's max, acc (the running sum of p times v) was "
+    "summed against the old max, so multiply it by alpha, row by row, before adding this block's p times v"
+)
+HINT_TK_L_NOT_RESCALED = (
+    "l was not rescaled: the running sum of p was taken against the old max, so multiply it by alpha before adding "
+    "this block's row sums"
+)
+HINT_TK_MAX_KEPT = (
+    "the running max never moved: after the update, the row's max for the next block is the new one (m_i takes the "
+    "value of m_new at the end of each step)"
+)
+HINT_TK_NO_KEY_MASK = (
+    "the last key block reads past the end: the masked load gives zeros there, and a key of zeros still scores 0 and "
+    "takes a share of the weight. Set the scores of key positions at or past N to -inf"
+)
+HINT_TK_NO_SCALE = "the scores were not scaled: multiply q k^T by scale (1 / sqrt(d_head)) before the softmax"
+HINT_TK_RAISED = "your kernel raised {error}"
+HINT_TK_UNAVAILABLE = (
+    "this exercise runs your Triton kernel, and Triton cannot run here ({why}). On Colab, or on Linux with "
+    "pip install triton, it runs on the CPU through Triton's interpreter"
+)
+HINT_TK_CALL = (
+    "keep the kernel's signature flash_kernel(Q, K, V, O, N, scale, D_HEAD, BLOCK_M, BLOCK_N) and decorate it with "
+    "@triton.jit; the checker launches it on a grid of (cdiv(N, BLOCK_M), batch * heads) programs"
+)
+
+# Each mistake's number in the variant kernel (a constexpr, so the interpreter and the compiler see plain code).
+TK_MISTAKES = {HINT_TK_NO_RESCALE: 1, HINT_TK_L_NOT_RESCALED: 2, HINT_TK_MAX_KEPT: 3, HINT_TK_NO_KEY_MASK: 4,
+               HINT_TK_NO_SCALE: 5}
+_variant_kernels: list = []
+
+
+def _variant_kernel() -> Any:
+    """The exercise's kernel with a MISTAKE switch, defined on first use (after tfedu.kernels chose the interpreter)."""
+    if _variant_kernels:
+        return _variant_kernels[0]
+    import tfedu.kernels  # noqa: F401 - first: it switches on the interpreter without a GPU, before triton loads
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(Q, K, V, O, N, scale, D_HEAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+               MISTAKE: tl.constexpr):
+        start_m = tl.program_id(0) * BLOCK_M
+        head = tl.program_id(1).to(tl.int64) * N * D_HEAD
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, D_HEAD)
+        q = tl.load(Q + head + offs_m[:, None] * D_HEAD + offs_d[None, :], mask=offs_m[:, None] < N, other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.full([BLOCK_M], 0.0, tl.float32)
+        acc = tl.full([BLOCK_M, D_HEAD], 0.0, tl.float32)
+        for start_n in range(0, N, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            kv = head + offs_n[:, None] * D_HEAD + offs_d[None, :]
+            k = tl.load(K + kv, mask=offs_n[:, None] < N, other=0.0)
+            v = tl.load(V + kv, mask=offs_n[:, None] < N, other=0.0)
+            s = tl.dot(q, tl.trans(k))
+            if MISTAKE != 5:
+                s = s * scale
+            if MISTAKE != 4:
+                s = tl.where(offs_n[None, :] < N, s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            if MISTAKE == 2:
+                l_i = l_i + tl.sum(p, 1)
+            else:
+                l_i = l_i * alpha + tl.sum(p, 1)
+            if MISTAKE == 1:
+                acc = acc + tl.dot(p, v)
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p, v)
+            if MISTAKE != 3:
+                m_i = m_new
+        tl.store(O + head + offs_m[:, None] * D_HEAD + offs_d[None, :], acc / l_i[:, None], mask=offs_m[:, None] < N)
+
+    _variant_kernels.append(kernel)
+    return kernel
+
+
+def launch_flash_kernel(kernel: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_m: int = 16,
+                        block_n: int = 16, **constants: Any) -> torch.Tensor:
+    """Run a kernel of the exercise's signature on (batch, heads, N, d_head) inputs: its output O.
+
+    One program per block of BLOCK_M queries of one (batch, head): a grid of (cdiv(N, BLOCK_M), batch * heads).
+    """
+    import triton
+
+    batch, heads, n, d = q.shape
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    o = torch.empty_like(q)
+    kernel[(triton.cdiv(n, block_m), batch * heads)](q, k, v, o, n, 1 / math.sqrt(d), D_HEAD=d, BLOCK_M=block_m,
+                                                     BLOCK_N=block_n, **constants)
+    return o
+
+
+def reference_flash_kernel_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_m: int = 16,
+                                  block_n: int = 16) -> torch.Tensor:
+    """What a right kernel writes: the variant kernel with no mistake."""
+    return launch_flash_kernel(_variant_kernel(), q, k, v, block_m=block_m, block_n=block_n, MISTAKE=0)
+
+
+def _run_learner_kernel(kernel: Any, q, k, v, block_m: int, block_n: int) -> torch.Tensor:
+    if not hasattr(kernel, "__getitem__"):
+        raise CheckFailure(HINT_TK_CALL)
+    try:
+        return launch_flash_kernel(kernel, q, k, v, block_m=block_m, block_n=block_n)
+    except Exception as err:  # the interpreter wraps what the kernel raised (InterpreterError)
+        text = str(err)
+        if "NotImplementedError" in text:
+            raise NotImplementedError from None
+        first = next((line for line in text.splitlines() if line.strip()), type(err).__name__)
+        raise CheckFailure(f"{HINT_TK_RAISED.format(error=f'{type(err).__name__}: {first[:300]}')} ({HINT_TK_CALL})") from None
+
+
+# (seed, batch, heads, N, d_head, BLOCK_M, BLOCK_N): N not a multiple of the blocks, then a multiple.
+TK_CALLS = ((0, 1, 2, 40, 16, 16, 16), (1, 2, 1, 32, 16, 16, 16))
+
+
+@checker("FlashAttention in Triton")
+def check_flash_kernel(flash_kernel) -> None:
+    """Check a learner's Triton kernel ``flash_kernel(Q, K, V, O, N, scale, D_HEAD, BLOCK_M, BLOCK_N)``: full attention,
+    one program per query block, launched on small inputs (Triton's interpreter on a CPU, compiled on a GPU) against
+    ``F.scaled_dot_product_attention``. Named: the accumulator or l not rescaled, the max never updated, the keys
+    past N not masked, no scale.
+    """
+    from tfedu import kernels
+
+    usable, why = kernels.available()
+    if not usable:
+        raise CheckFailure(HINT_TK_UNAVAILABLE.format(why=why))
+    device = "cuda" if torch.cuda.is_available() and not kernels.INTERPRETED else "cpu"
+    tolerance = 2e-3 if device == "cuda" else 1e-4  # on a GPU tl.dot rounds float32 to TF32
+    for seed, batch, heads, n, d, block_m, block_n in TK_CALLS:
+        g = torch.Generator().manual_seed(seed)
+        q, k, v = (torch.randn(batch, heads, n, d, generator=g).to(device) for _ in range(3))
+        what = f"your kernel on q, k, v of shape {(batch, heads, n, d)} with BLOCK_M = {block_m}, BLOCK_N = {block_n}"
+        got = _run_learner_kernel(flash_kernel, q, k, v, block_m, block_n)
+        want = F.scaled_dot_product_attention(q, k, v)
+        if not torch.allclose(got, want, rtol=tolerance, atol=tolerance):
+            for hint, number in TK_MISTAKES.items():
+                wrong = launch_flash_kernel(_variant_kernel(), q, k, v, block_m=block_m, block_n=block_n, MISTAKE=number)
+                if torch.allclose(got, wrong, rtol=tolerance, atol=tolerance, equal_nan=True) and not torch.allclose(
+                        wrong, want, rtol=tolerance, atol=tolerance):
+                    raise CheckFailure(hint)
+        compare(got.cpu(), want.cpu(), what=f"{what}: O (against F.scaled_dot_product_attention)", rtol=tolerance,
+                atol=tolerance)
+
+
 # ----------------------------------------------------------------------------- probes
 
 # Every step starts from the reference's state (drawn with the inputs), so one wrong step is one failure.
@@ -1289,6 +1445,56 @@ def _compare_la(outputs: dict, expected: dict) -> str | None:
     return None
 
 
+# The Triton kernel: fresh inputs of drawn sizes (N rarely a multiple of the blocks), launched in the kernel's
+# process; the reference (SDPA) and the mistakes' outputs (the variant kernel) worked out here.
+
+TK_PROBE_RUN = """\
+from tfedu.checks.nb09_efficient_attention import launch_flash_kernel as _launch
+import torch as _torch
+
+_device = 'cuda' if _torch.cuda.is_available() and __import__('os').environ.get('TRITON_INTERPRET') != '1' else 'cpu'
+outputs = {'o': []}
+for _q, _k, _v in zip(inputs['q'], inputs['k'], inputs['v']):
+    _q, _k, _v = (_torch.from_numpy(_a).to(_device) for _a in (_q, _k, _v))
+    outputs['o'].append(_launch(flash_kernel, _q, _k, _v).float().cpu().numpy())
+del _launch, _torch, _device, _q, _k, _v
+"""
+
+
+def _tk_probe_inputs(rng: np.random.Generator) -> dict:
+    calls = []
+    for _ in range(2):
+        batch, heads, n, d = int(rng.integers(1, 3)), int(rng.integers(1, 3)), int(rng.integers(17, 50)), int(rng.choice([16, 32]))
+        calls.append([rng.standard_normal((batch, heads, n, d)).astype(np.float32) for _ in range(3)])
+    return {"q": [c[0] for c in calls], "k": [c[1] for c in calls], "v": [c[2] for c in calls]}
+
+
+def _tk_probe_reference(inputs: dict) -> dict:
+    out = {"want": [], "mistakes": []}
+    for c, arrays in enumerate(zip(inputs["q"], inputs["k"], inputs["v"])):
+        q, k, v = (torch.from_numpy(a) for a in arrays)
+        out["want"].append(as_array(F.scaled_dot_product_attention(q, k, v)))
+        for hint, number in TK_MISTAKES.items():
+            out["mistakes"].append([hint, c, as_array(launch_flash_kernel(_variant_kernel(), q, k, v, MISTAKE=number))])
+    return out
+
+
+def _compare_tk(outputs: dict, expected: dict) -> str | None:
+    got_all = outputs.get("o") if isinstance(outputs, dict) else None
+    if not isinstance(got_all, list) or len(got_all) != len(expected["want"]):
+        return "the hidden test's outputs should hold the kernel's output for each launch"
+    close = lambda a, b: (isinstance(a, np.ndarray) and a.shape == b.shape  # noqa: E731
+                          and np.allclose(a, b, rtol=2e-3, atol=2e-3, equal_nan=True))
+    for c, (got, want) in enumerate(zip(got_all, expected["want"])):
+        if close(got, want):
+            continue
+        for hint, at, wrong in expected["mistakes"]:
+            if at == c and close(got, wrong) and not close(wrong, want):
+                return hint
+        return f"your kernel's output differs from attention's in the hidden test's launch {c + 1} (N = {want.shape[-2]})"
+    return None
+
+
 # The reference tile update, bound in place of the learner's flash_tile_update while 9.4 is graded.
 FF_STANDINS = """\
 def flash_tile_update(m, l, o, s, v):
@@ -1320,6 +1526,11 @@ PROBES = {
         exercise="ex_linear_attention", make_inputs=_la_probe_inputs, run=LA_PROBE_RUN, reference=_la_probe_reference,
         compare=_compare_la, forbidden=("tfedu.flash", "tfedu.attention"),
         builds=ELEMENTARY | ACTIVATIONS | frozenset({"torch.nn.functional.elu"})),
+    "check_flash_kernel": Probe(
+        exercise="ex_flash_kernel", make_inputs=_tk_probe_inputs, run=TK_PROBE_RUN, reference=_tk_probe_reference,
+        compare=_compare_tk, builds=None,  # Triton's language, not torch's operations
+        forbidden=("tfedu.flash", "tfedu.kernels.flash_attention", "tfedu.kernels.flash_forward",
+                   "torch.nn.functional.scaled_dot_product_attention")),
     "check_flash_attention_backward": Probe(
         exercise="ex_flash_backward", make_inputs=_fb_probe_inputs, run=FB_PROBE_RUN, reference=_fb_probe_reference,
         compare=_compare_fb,
@@ -1547,6 +1758,44 @@ HINTS = {
             "    S = (____ * ____).cumsum(dim=____)  # (*batch, pos, d_head, d_v)\n"
             "    z = phi_k.cumsum(dim=____)  # (*batch, pos, d_head)\n"
             "    return ____ / (____ + eps)\n"
+        ),
+    ),
+    "ex_flash_kernel": Hints(
+        number="9.7",
+        check="check_flash_kernel",
+        idea=(
+            "It is exercise 9.3's update, on tiles that the kernel loads itself. For each block of keys the program "
+            "builds the block's row offsets, loads the key and value tiles (rows past N masked, reading zeros), "
+            "computes the tile of scaled scores with one tile product, hides the key positions at or past N (-inf), "
+            "and folds the tile into its running max, sum and accumulator: the new max, the factor that shrinks "
+            "what was summed against the old max, the tile's weights, the rescaled sums plus the tile's. The loop "
+            "variables are reassigned each step; the running max takes the new max at the end."
+        ),
+        approach=(
+            "(1) The key rows of this block: a range of BLOCK_N plus start_n. (2) Their pointers' offsets: head, "
+            "plus the rows times D_HEAD as a column, plus offs_d as a row: a (BLOCK_N, D_HEAD) tile of offsets. "
+            "(3) Load k and v from K and V at those offsets with the mask rows < N as a column and other 0. (4) The "
+            "scores: q times k transposed with tl.dot, times scale, (BLOCK_M, BLOCK_N); then tl.where with the "
+            "mask rows < N as a row, keeping the scores or -inf. (5) The new max: tl.maximum of m_i and the row "
+            "max of the scores (tl.max over axis 1). (6) alpha, the exp of m_i minus the new max; the weights, the "
+            "exp of the scores minus the new max as a column. (7) l_i becomes l_i times alpha plus the weights' "
+            "row sums; acc becomes acc times alpha as a column plus tl.dot of the weights and v; m_i becomes the "
+            "new max."
+        ),
+        skeleton=(
+            "for start_n in range(____):  # as in the cell: one block of keys per step\n"
+            "    offs_n = ____  # (BLOCK_N,): this block's key rows\n"
+            "    kv = ____  # (BLOCK_N, D_HEAD) offsets of the key and value tiles\n"
+            "    k = tl.load(K + kv, mask=____, other=0.0)\n"
+            "    v = tl.load(V + kv, mask=____, other=0.0)\n"
+            "    s = ____  # (BLOCK_M, BLOCK_N): scaled scores\n"
+            "    s = tl.where(____, s, float(\"-inf\"))  # keys at or past N do not exist\n"
+            "    m_new = ____\n"
+            "    alpha = ____\n"
+            "    p = ____\n"
+            "    l_i = ____\n"
+            "    acc = ____\n"
+            "    m_i = m_new\n"
         ),
     ),
 }

@@ -12,6 +12,8 @@ Import this package *before* ``triton`` itself (or set ``TRITON_INTERPRET=1`` be
 Triton's own helpers (``tl.max``, ``tl.sum``, ...) are kernels too, built when triton is first
 imported, and helpers built for the GPU cannot run in the interpreter; ``available()`` says so.
 
+``jit`` and ``tl`` are Triton's decorator and language module, for kernels written in a notebook
+(stand-ins that let such a cell run, and its check say why, where Triton is missing).
 ``available()`` says whether the kernels can run here and how; without Triton installed (it ships
 for Linux; ``pip install triton``) importing this package still works and ``available()`` says why
 the kernels cannot run, while calling them raises ImportError.
@@ -52,7 +54,25 @@ except ImportError as err:  # triton missing (macOS, Windows) or broken: report,
 else:
     _IMPORT_ERROR = None
 
-__all__ = ["INTERPRETED", "available", "flash_attention", "flash_forward"]
+if _IMPORT_ERROR is None:  # Triton's decorator and language, for kernels written in a notebook (exercise 9.7)
+    import triton
+    import triton.language as tl
+
+    jit = triton.jit
+else:
+
+    class _NoTriton:
+        """Stands in for ``triton.language`` without Triton: annotations such as ``tl.constexpr`` still evaluate."""
+
+        def __getattr__(self, name: str) -> None:
+            return None
+
+    tl = _NoTriton()
+
+    def jit(fn):  # noqa: ANN001, ANN201 - the kernel stays a plain function; its check says Triton is missing
+        return fn
+
+__all__ = ["INTERPRETED", "available", "flash_attention", "flash_forward", "jit", "tl"]
 
 
 def available() -> tuple[bool, str]:
