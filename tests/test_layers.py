@@ -413,8 +413,8 @@ def test_attention_dropout_only_in_training():
 def test_attention_bad_head_counts():
     with pytest.raises(ValueError, match="n_kv_heads must be a positive int dividing n_heads=4"):
         Attention(16, 4, n_kv_heads=3)
-    with pytest.raises(ValueError, match="impl must be 'manual' or 'sdpa'"):
-        Attention(16, 4, impl="flash")
+    with pytest.raises(ValueError, match="impl must be one of 'manual', 'sdpa', 'flash', 'triton'"):
+        Attention(16, 4, impl="fast")
 
 
 # ----------------------------------------------------------------------------- Block

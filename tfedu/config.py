@@ -33,7 +33,7 @@ from tfedu.activations import ACTIVATIONS, swiglu_hidden
 POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "none")
 NORMS = ("layer", "rms")
 NORM_POSITIONS = ("pre", "post")
-ATTENTION_IMPLS = ("manual", "sdpa")
+ATTENTION_IMPLS = ("manual", "sdpa", "flash", "triton")
 ROPE_LAYOUTS = ("interleaved", "half")
 _DERIVED = ("d_head", "n_kv_heads", "d_mlp")
 
@@ -70,7 +70,9 @@ class ModelConfig:
     dropout: float = 0.0  # on the embeddings, the attention pattern and each block's two outputs
     rope_base: float = 10000.0  # RoPE's theta base (Llama 3: 500000)
     rope_layout: str = "half"  # which dimensions RoPE pairs: half (HF Llama) | interleaved (the paper)
-    attention: str = "manual"  # manual (tfedu.attention, by hand) | sdpa (torch's fused kernel)
+    # manual (tfedu.attention, by hand) | sdpa (torch's fused kernel) | flash (tfedu.flash's PyTorch tiles) |
+    # triton (tfedu.kernels' Triton kernel); flash and triton take plain and causal self-attention, SDPA the rest
+    attention: str = "manual"
     init_std: float | None = None  # std of the normal init of every weight matrix; None: the model's default
     #   (0.02 for GPT and Encoder, as GPT-2 and BERT; d_model ** -0.5 for EncoderDecoder, see there)
     n_experts: int | None = None  # None: one MLP per block; E: a mixture of E experts (tfedu.moe.MoE)

@@ -378,6 +378,45 @@ def flash_attention(
     return FlashAttention.apply(q, k, v, causal, scale, block_q, block_k)
 
 
+def attention_from(forward: Callable[..., tuple[Tensor, Tensor]], backward: Callable[..., tuple[Tensor, Tensor, Tensor]],
+                   *, block_q: int = 64, block_k: int = 64) -> Callable[..., Tensor]:
+    """``attend(q, k, v, *, causal=False)``: attention as one autograd operation made of a given forward and backward.
+
+    ``forward(q, k, v, causal=..., block_q=..., block_k=...) -> (o, lse)`` and ``backward(q, k, v, o, lse, do,
+    causal=..., block_q=..., block_k=...) -> (dq, dk, dv)`` have the signatures of notebook 09's exercises 9.4 and
+    9.5 (and of ``flash_forward``, ``flash_backward``); only q, k, v, o and lse are kept for the backward pass. A
+    ``tfedu.layers.Attention`` with ``impl="flash"`` runs it when its ``flash_fn`` is set to the result.
+
+    >>> attend = attention_from(flash_forward, flash_backward, block_q=4, block_k=4)
+    >>> q, k, v = (torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(s)).requires_grad_() for s in range(3))
+    >>> attend(q, k, v, causal=True).sum().backward()
+    >>> torch.allclose(q.grad, torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, is_causal=True).sum(), q)[0],
+    ...                atol=1e-5)
+    True
+    """
+
+    class Op(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+            o, lse = forward(q, k, v, causal=causal, block_q=block_q, block_k=block_k)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.causal = causal
+            return o
+
+        @staticmethod
+        @torch.autograd.function.once_differentiable
+        def backward(ctx: Any, do: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+            q, k, v, o, lse = ctx.saved_tensors
+            dq, dk, dv = backward(q, k, v, o, lse, do, causal=ctx.causal, block_q=block_q, block_k=block_k)
+            return dq, dk, dv, None
+
+    def attend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False) -> Tensor:
+        _check_qkv(q, k, v, causal)
+        return Op.apply(q, k, v, causal)
+
+    return attend
+
+
 # ----------------------------------------------------------------------------- linear attention
 
 

@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from tfedu.activations import ACTIVATIONS, activate, swiglu_hidden
 from tfedu.attention import MultiHeadAttention, attention_weights, causal_mask, combine_masks
-from tfedu.config import ModelConfig
+from tfedu.config import ATTENTION_IMPLS, ModelConfig
+from tfedu.flash import flash_attention
 from tfedu.inputs import check_d_model, check_features
 from tfedu.kv_cache import LayerKVCache
 from tfedu.moe import MoE
@@ -231,7 +232,10 @@ class Attention(MultiHeadAttention):
       later keys (aligned to the end, like ``causal_mask``).
     - ``impl="sdpa"`` runs ``F.scaled_dot_product_attention`` instead of the by-hand softmax:
       the same numbers (tested), faster, but the pattern is never materialised, so
-      ``hook_pattern`` does not fire.
+      ``hook_pattern`` does not fire. ``impl="flash"`` runs the course's FlashAttention-2 in PyTorch tiles
+      (``tfedu.flash.flash_attention``, or ``flash_fn`` when set), ``impl="triton"`` its Triton kernel
+      (``tfedu.kernels``), for plain and causal self-attention without dropout; with a mask, a bias, a
+      prefix or a cached decoding step they fall back to SDPA.
     - **Per-head outputs** pass through the hook point ``hook_z`` as ``(batch, query_pos, n_heads, d_head)``
       (TransformerLens's ``z``), just before ``W_O`` mixes the heads, with either ``impl``: head h writes
       ``z[:, :, h] @ W_O.weight[:, h * d_head:(h + 1) * d_head].T`` to the residual stream
@@ -272,8 +276,11 @@ class Attention(MultiHeadAttention):
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads <= 0 or n_heads % n_kv_heads:
             raise ValueError(f"n_kv_heads must be a positive int dividing n_heads={n_heads}, got {n_kv_heads!r}")
-        if impl not in ("manual", "sdpa"):
-            raise ValueError(f"impl must be 'manual' or 'sdpa', got {impl!r}")
+        if impl not in ATTENTION_IMPLS:
+            raise ValueError(f"impl must be one of {', '.join(map(repr, ATTENTION_IMPLS))}, got {impl!r}")
+        if impl in ("flash", "triton") and dropout:
+            raise ValueError(f"impl={impl!r}: the course's FlashAttention kernels have no dropout; set dropout=0 "
+                             "(or use impl='sdpa', which has)")
         self.n_kv_heads = n_kv_heads
         if n_kv_heads != n_heads:
             self.W_K = nn.Linear(self.kv_d_model, n_kv_heads * self.d_head, bias=bias)
@@ -283,6 +290,9 @@ class Attention(MultiHeadAttention):
         self.impl = impl
         self.dropout = float(dropout)
         self.prefix: nn.Module | None = None  # learned prefix keys/values (tfedu.peft, notebooks/13)
+        # impl="flash": attend(q, k, v, causal=...) to run instead of tfedu.flash.flash_attention (notebook 09 plugs
+        # in the learner's forward and backward with tfedu.flash.attention_from)
+        self.flash_fn: Callable[..., Tensor] | None = None
         self.hook_z = nn.Identity()  # per-head outputs before W_O (tfedu.interp, notebooks/15)
 
     def forward(
@@ -314,6 +324,7 @@ class Attention(MultiHeadAttention):
             # The cache keeps the rotated keys of the n_kv_heads heads; the query sees the cached keys
             # and its own (just appended) exactly once.
             k, v = kv_cache.append(k, v)  # batch n_kv_heads key_pos d_head
+        own_mask = mask  # the caller's: the course's kernels take no mask but the causal one
         if self.prefix is not None and self_attention:
             k, v, mask = self._with_prefix(k, v, mask, bias)
         n_key = k.shape[2]
@@ -324,7 +335,10 @@ class Attention(MultiHeadAttention):
         if causal and n_query > 1:  # (a single query is the newest position: every key is visible to it)
             mask = combine_masks(mask, causal_mask(n_query, n_key, device=x.device))
         dropout = self.dropout if self.training else 0.0
-        if self.impl == "sdpa":
+        if self.impl in ("flash", "triton") and bias is None and own_mask is None and self.prefix is None \
+                and n_query == n_key:  # training and prefill; a cached decoding step (one query) runs on SDPA
+            z = self._kernel(q, k, v, causal=causal and n_query > 1)
+        elif self.impl in ("sdpa", "flash", "triton"):
             z = self._fused(q, k, v, mask, bias, causal and mask is not None and n_query == n_key, dropout)
         else:
             pattern = self.hook_pattern(attention_weights(q, k, mask, bias=bias))  # batch n_heads query_pos key_pos
@@ -346,6 +360,17 @@ class Attention(MultiHeadAttention):
         if mask is not None and mask.shape[-1] != 1:  # (a key axis of 1 broadcasts over the prefix too)
             mask = torch.cat([mask.new_ones(*mask.shape[:-1], prefix_k.shape[1]), mask], dim=-1)
         return k, v, mask
+
+    def _kernel(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
+        """The course's FlashAttention: the PyTorch tiles (or ``flash_fn``), or the Triton kernel."""
+        if self.impl == "flash":
+            return (self.flash_fn or flash_attention)(q, k, v, causal=causal)
+        from tfedu import kernels  # Triton loads only when asked for (and sets its interpreter up first)
+
+        usable, why = kernels.available()
+        if not usable:
+            raise RuntimeError(f"attention='triton' needs Triton: {why}; use attention='flash' (the same tiles in PyTorch)")
+        return kernels.flash_attention(q, k, v, causal=causal)
 
     @staticmethod
     def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, plain_causal: bool,
