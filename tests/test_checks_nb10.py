@@ -278,3 +278,78 @@ def test_probe_names_the_grader_can_check():
     assert "torch.nn.functional.scaled_dot_product_attention" in nb10.PROBES["check_decode_step"].forbidden
     assert {"tfedu.kv_cache", "tfedu.mla"} <= set(nb10.PROBES["check_cache_bytes"].forbidden)
     assert "tfedu.kv_cache" in nb10.PROBES["check_pool_kv_weight"].forbidden
+
+
+# ----------------------------------------------------------------------------- 10.4
+
+from tfedu.checks.core import CheckFailure  # noqa: E402
+from tfedu.kv_cache import KVCache  # noqa: E402
+
+
+def cg_learner(bug=None):
+    """A learner's cached_generate, one switch per mistake."""
+
+    def cached_generate(model, ids, max_new_tokens):
+        if bug != "no-eval":
+            model.eval()
+        with torch.no_grad():
+            cache = None if bug == "no-cache" else KVCache.for_model(model, batch=ids.shape[0])
+            if bug == "token-by-token":
+                for t in range(ids.shape[1]):
+                    logits = model(ids[:, t:t + 1], kv_cache=cache)
+            else:
+                logits = model(ids, kv_cache=cache) if cache is not None else model(ids)
+            out = ids
+            for step in range(max_new_tokens):
+                position = 0 if bug == "first" and step == 0 else -1
+                out = torch.cat([out, logits[:, position].argmax(dim=-1, keepdim=True)], dim=1)
+                if step == max_new_tokens - 1:
+                    break
+                if bug == "no-cache":
+                    logits = model(out)
+                elif bug == "whole":
+                    logits = model(out, kv_cache=cache)
+                elif bug == "fresh":
+                    logits = model(out[:, -1:], kv_cache=KVCache.for_model(model, batch=ids.shape[0]))
+                else:
+                    logits = model(out[:, -1:], kv_cache=cache)
+        return out
+
+    return cached_generate
+
+
+CG_MISTAKES = [("no-cache", "without the cache"), ("token-by-token", "one token at a time"),
+               ("whole", "a decoding step fed"), ("fresh", "found the cache empty"),
+               ("first", "logits of the first position"), ("no-eval", "model.eval() first")]
+
+
+def test_cached_generate_passes_the_reference_and_a_learners_loop(capsys):
+    for fn in (nb10.reference_cached_generate, cg_learner()):
+        nb10.check_cached_generate(fn)
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+@pytest.mark.parametrize("bug, fragment", CG_MISTAKES)
+def test_cached_generate_names_each_mistake(bug, fragment):
+    with pytest.raises(CheckFailure) as failure:
+        nb10.check_cached_generate(cg_learner(bug))
+    assert fragment in str(failure.value), str(failure.value)
+
+
+def test_cached_generate_not_done():
+    with pytest.raises(ExerciseNotDone):
+        nb10.check_cached_generate(not_done)
+
+
+@pytest.mark.parametrize("bug, fragment", [m for m in CG_MISTAKES if m[0] != "no-eval"])
+def test_the_cached_generate_probe_names_each_mistake(bug, fragment):
+    probe = nb10.PROBES["check_cached_generate"]
+    for seed in range(2):
+        feedback = verdict(probe, {"cached_generate": cg_learner(bug)}, seed)
+        assert feedback is not None and fragment in feedback, (seed, feedback)
+
+
+def test_the_cached_generate_probe_passes_right_answers():
+    probe = nb10.PROBES["check_cached_generate"]
+    for seed in range(4):
+        assert verdict(probe, {"cached_generate": cg_learner()}, seed) is None

@@ -1,6 +1,6 @@
-"""Checkers for notebooks/10_inference_and_kv_cache.ipynb: one cached decoding step, the cache's size, pooled heads.
+"""Checkers for notebooks/10_inference_and_kv_cache.ipynb: cached decoding (a step, a loop), the cache's size, pooled heads.
 
-Three exercises, each checked against tfedu's reference after first trying the known mistakes:
+Four exercises, each checked against tfedu's reference after first trying the known mistakes:
 
 - 10.1 ``decode_step(q, k_new, v_new, k_cache, v_cache) -> (z, k_cache, v_cache)``: the cache
   overwritten instead of appended (the new key returned as the cache, written over the last
@@ -25,6 +25,10 @@ Three exercises, each checked against tfedu's reference after first trying the k
   j + n_kv_heads, ...), a sum instead of a mean, the first head of each group kept, the rows read
   as (d_head, n_heads), a bias (1-D) or trailing axes not handled, the input axis pooled, the
   input changed in place. Compared with ``tfedu.kv_cache.pool_kv_weight``.
+- 10.4 ``cached_generate(model, ids, max_new_tokens)``: greedy decoding with a ``KVCache``, its model calls logged
+  (tokens fed, tokens cached): no cache, the prompt fed a token at a time, the whole sequence fed at each step, a
+  fresh cache each step, the first position's logits after the prefill, dropout left on. Its tokens must be
+  those of ``tfedu.generate.generate(..., use_cache=False)``.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ from tfedu.checks.core import (
 from tfedu.checks.nb04_attention import FUSED_ATTENTION
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, compare_outputs
 from tfedu.config import ModelConfig
+from tfedu.generate import generate
+from tfedu.kv_cache import KVCache
+from tfedu.model import GPT
 from tfedu.kv_cache import decode_step as reference_decode_step
 from tfedu.kv_cache import kv_cache_bytes, pool_kv_weight
 
@@ -628,6 +635,147 @@ def check_pool_kv_weight(pool_kv_weight) -> None:
         _check_pool_call(pool_kv_weight, seeded_randn(seed, n_heads * d_head, *rest), n_heads, n_kv)
 
 
+# ----------------------------------------------------------------------------- 10.4 cached_generate
+
+HINT_CG_NO_CACHE = (
+    "the model was called without the cache: pass kv_cache=cache in every call, so that the prompt's keys and values "
+    "are kept and each later step feeds only its one new token"
+)
+HINT_CG_PREFILL_STEPS = (
+    "the prompt went in one token at a time ({calls} calls before the first new token): the prefill is one call with "
+    "the whole prompt, all its positions in parallel, which also fills the cache"
+)
+HINT_CG_WHOLE_SEQUENCE = (
+    "a decoding step fed {fed} tokens: the cache already holds every earlier token's keys and values, so each step "
+    "feeds only the token chosen last, as a (batch, 1) tensor"
+)
+HINT_CG_FRESH_CACHE = (
+    "a step found the cache empty: make the cache once, before the prefill, and pass the same one to every call "
+    "(the model appends to it)"
+)
+HINT_CG_FIRST = (
+    "after the prefill you took the logits of the first position: the model returns logits for every position it "
+    "was fed, and the next token is predicted at the last one"
+)
+HINT_CG_DROPOUT = (
+    "with a model that has dropout and was left in training mode, your tokens differ: call model.eval() first "
+    "(torch.no_grad() alone does not turn dropout off)"
+)
+HINT_CG_RETURN = (
+    "cached_generate should return the prompts followed by the new tokens, (batch, pos + max_new_tokens), got {got}"
+)
+HINT_CG_CALL = (
+    "keep the signature cached_generate(model, ids, max_new_tokens). The cache comes from KVCache's for_model, given "
+    "the model and the batch size; the model takes it as its kv_cache keyword and returns logits (batch, tokens fed, "
+    "d_vocab)"
+)
+HINT_CG_MUTATED = "your cached_generate changed the caller's `{name}` in place: build a new tensor"
+
+CG_N_CTX = 24
+
+
+def make_cache_model(seed: int, *, dropout: float = 0.0) -> GPT:
+    """A tiny GPT whose greedy continuations keep changing (std 0.5 weights, untied unembedding)."""
+    cfg = ModelConfig(d_vocab=48, n_ctx=CG_N_CTX, d_model=32, n_layers=2, n_heads=4, init_std=0.5,
+                      tied_embeddings=False, dropout=dropout, positional="rope")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPT(cfg).eval()
+
+
+class _CallLog:
+    """Records each forward call of a model: how many tokens it was fed and how many its cache already held."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.calls: list[tuple[int, int | None]] = []
+        self.hook = model.register_forward_pre_hook(self.record, with_kwargs=True)
+
+    def record(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+        ids = args[0] if args else kwargs.get("ids")
+        cache = kwargs.get("kv_cache", args[2] if len(args) > 2 else None)
+        self.calls.append((int(ids.shape[-1]), None if cache is None else int(cache.length)))
+
+
+def reference_cached_generate(model: GPT, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Greedy decoding with a cache: tfedu.generate.generate, which equals decoding without one."""
+    return generate(model, ids, max_new_tokens, use_cache=True)
+
+
+def _cg_problem(calls: list[tuple[int, int | None]], prompt_len: int) -> str | None:
+    """What the call log says is wrong with the cache's use, or None."""
+    if any(cached is None for _, cached in calls):
+        return HINT_CG_NO_CACHE
+    first_new = next((i for i, (fed, cached) in enumerate(calls) if cached + fed > prompt_len), None)
+    if calls and calls[0][0] < prompt_len and calls[0][1] == 0:
+        return HINT_CG_PREFILL_STEPS.format(calls=first_new + 1 if first_new is not None else len(calls))
+    for i, (fed, cached) in enumerate(calls[1:], start=1):
+        if cached == 0:
+            return HINT_CG_FRESH_CACHE
+        if fed != 1:
+            return HINT_CG_WHOLE_SEQUENCE.format(fed=fed)
+    return None
+
+
+def _check_cg(fn: Any, model: GPT, ids: torch.Tensor, new: int, what: str) -> None:
+    log = _CallLog(model)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            got = call_on_copies(fn, {"model": model, "ids": ids, "max_new_tokens": new}, name="cached_generate",
+                                 mutated_hint=HINT_CG_MUTATED, error_hint=HINT_CG_CALL)
+    except CheckFailure:  # the model refused a call (a cache overflowing, say): the calls so far may say why
+        problem = _cg_problem(log.calls, ids.shape[1])
+        if problem:
+            raise CheckFailure(problem) from None
+        raise
+    finally:
+        log.hook.remove()
+    problem = _cg_problem(log.calls, ids.shape[1])
+    if problem:
+        raise CheckFailure(problem)
+    expect(isinstance(got, torch.Tensor) and not got.is_floating_point(), HINT_CG_RETURN.format(got=describe(got)))
+    want = generate(model, ids, new, use_cache=False)  # the uncached tokens: what the cache must not change
+    compare(got, want, what=what, mistakes={HINT_CG_FIRST: _cg_variant(model, ids, new, "first")}, check_dtype=False,
+            rtol=0, atol=0)
+
+
+def _cg_variant(model: GPT, ids: torch.Tensor, new: int, mistake: str | None = None) -> torch.Tensor:
+    """Greedy decoding with a cache, right or with one known mistake."""
+    model.eval()
+    with torch.no_grad():
+        cache = KVCache.for_model(model, batch=ids.shape[0])
+        logits, out = model(ids, kv_cache=cache), ids
+        for step in range(new):
+            token = logits[:, 0 if mistake == "first" and step == 0 else -1].argmax(dim=-1, keepdim=True)
+            out = torch.cat([out, token.to(ids.dtype)], dim=1)
+            if step < new - 1:
+                logits = model(token, kv_cache=cache)
+    return out
+
+
+@checker("generation with a KV cache")
+def check_cached_generate(cached_generate) -> None:
+    """Check a learner's ``cached_generate(model, ids, max_new_tokens)``: greedy decoding that prefills the prompt in one
+    call and then feeds one token per call into one cache, giving exactly the tokens of uncached decoding
+    (``tfedu.generate.generate(..., use_cache=False)``) on a tiny RoPE GPT; the calls are recorded (tokens fed, tokens
+    cached). Named: no cache, a prefill token by token, the whole sequence fed again, a fresh cache each step, the
+    first position's logits, dropout left on.
+    """
+    model = make_cache_model(0)
+    ids = torch.randint(0, 48, (2, 5), generator=torch.Generator().manual_seed(1))
+    _check_cg(cached_generate, model, ids, 1, "cached_generate(model, ids, 1) with ids of shape (2, 5)")
+    _check_cg(cached_generate, model, ids, 12, "cached_generate(model, ids, 12) with ids of shape (2, 5)")
+    dropout_model = make_cache_model(0, dropout=0.5).train()
+    log = _CallLog(dropout_model)
+    try:
+        got = call_on_copies(cached_generate, {"model": dropout_model, "ids": ids, "max_new_tokens": 8},
+                             name="cached_generate", mutated_hint=HINT_CG_MUTATED, error_hint=HINT_CG_CALL)
+    finally:
+        log.hook.remove()
+    want = generate(dropout_model, ids, 8, use_cache=False)
+    if isinstance(got, torch.Tensor) and got.shape == want.shape and not torch.equal(got, want):
+        raise CheckFailure(HINT_CG_DROPOUT)
+
+
 # ----------------------------------------------------------------------------- probes
 
 # decode_step: from an empty cache through several steps, each from the reference's cache (drawn with the inputs).
@@ -778,6 +926,86 @@ def _compare_pool(outputs: dict, expected: dict) -> str | None:
 DECODE_FORBIDDEN = ("tfedu.kv_cache", "tfedu.attention", "tfedu.flash", "tfedu.layers", "tfedu.model", "tfedu.generate",
                     "tfedu.mla", *FUSED_ATTENTION)
 
+# cached_generate: a tiny RoPE GPT drawn fresh (weights as arrays, built in the kernel), prompts of a drawn length;
+# the calls the answer makes are logged in the kernel (tokens fed, tokens cached) and judged here.
+
+CG_PROBE_RUN = HELPERS + """\
+from tfedu.config import ModelConfig as _ModelConfig
+from tfedu.model import GPT as _GPT
+
+with torch.random.fork_rng(devices=[]):
+    _model = _GPT(_ModelConfig(**inputs['config']))
+_model.load_state_dict({_k: torch.from_numpy(_v) for _k, _v in inputs['weights'].items()})
+_model.eval()
+_calls = []
+
+
+def _log(_module, _args, _kwargs):
+    _ids = _args[0] if _args else _kwargs.get('ids')
+    _cache = _kwargs.get('kv_cache', _args[2] if len(_args) > 2 else None)
+    _calls.append([int(_ids.shape[-1]), None if _cache is None else int(_cache.length)])
+
+
+_hook = _model.register_forward_pre_hook(_log, with_kwargs=True)
+try:
+    _result = _call(cached_generate, _model, torch.from_numpy(inputs['ids']), inputs['max_new_tokens'])
+    _error = None
+except Exception as _e:
+    _result, _error = None, type(_e).__name__ + ': ' + str(_e)[:200]
+_hook.remove()
+outputs = {'returned': [_kind(_result)], 'output': _array(_result), 'calls': _calls, 'error': _error,
+           'mutated': _MUTATED}
+del _ModelConfig, _GPT, _model, _calls, _log, _hook, _result, _error
+""" + CLEANUP
+
+
+def _cg_probe_inputs(rng: np.random.Generator) -> dict:
+    """A fresh model and prompts on which the first-position mistake gives other tokens (drawn again until so)."""
+    while True:
+        config = {"d_vocab": int(rng.integers(30, 80)), "n_ctx": 32, "d_model": 32, "n_layers": int(rng.integers(1, 3)),
+                  "n_heads": 4, "init_std": 0.5, "tied_embeddings": False, "positional": str(rng.choice(["rope", "learned"]))}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(rng.integers(0, 2**31)))
+            weights = {name: value.numpy() for name, value in GPT(ModelConfig(**config)).state_dict().items()}
+        inputs = {"config": config, "weights": weights, "max_new_tokens": int(rng.integers(6, 14)),
+                  "ids": rng.integers(0, config["d_vocab"], (int(rng.integers(1, 4)), int(rng.integers(3, 10)))).astype(np.int64)}
+        model, ids = _cg_model(inputs), torch.from_numpy(inputs["ids"])
+        if not torch.equal(_cg_variant(model, ids, inputs["max_new_tokens"], "first"),
+                           generate(model, ids, inputs["max_new_tokens"], use_cache=False)):
+            return inputs
+
+
+def _cg_model(inputs: dict) -> GPT:
+    with torch.random.fork_rng(devices=[]):
+        model = GPT(ModelConfig(**inputs["config"]))
+    model.load_state_dict({name: torch.from_numpy(value) for name, value in inputs["weights"].items()})
+    return model.eval()
+
+
+def _cg_probe_reference(inputs: dict) -> dict:
+    model, ids, new = _cg_model(inputs), torch.from_numpy(inputs["ids"]), inputs["max_new_tokens"]
+    return {"returned": ["tensor"], "output": as_array(generate(model, ids, new, use_cache=False)),
+            "first": as_array(_cg_variant(model, ids, new, "first")), "prompt_len": ids.shape[1]}
+
+
+def _compare_cg(outputs: dict, expected: dict) -> str | None:
+    calls = [tuple(call) for call in outputs.get("calls") or []] if isinstance(outputs, dict) else []
+    problem = _cg_problem(calls, expected["prompt_len"])
+    if problem:
+        return problem
+    if isinstance(outputs, dict) and outputs.get("error"):
+        return f"cached_generate raised {outputs['error']} ({HINT_CG_CALL})"
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="cached_generate")
+    if problem:
+        return problem
+    got, want = outputs.get("output"), expected["output"]
+    if isinstance(got, np.ndarray) and got.shape == want.shape and np.array_equal(got, want):
+        return None
+    if isinstance(got, np.ndarray) and got.shape == want.shape and np.array_equal(got, expected["first"]):
+        return HINT_CG_FIRST
+    return "cached_generate's tokens differ from decoding without a cache in the hidden test"
+
+
 PROBES = {
     "check_decode_step": Probe(
         builds=ELEMENTARY | SOFTMAX,
@@ -790,6 +1018,9 @@ PROBES = {
     "check_pool_kv_weight": Probe(
         exercise="ex_pool_kv_weight", make_inputs=_pool_probe_inputs, run=POOL_PROBE_RUN,
         reference=_pool_probe_reference, compare=_compare_pool, forbidden=("tfedu.kv_cache", "tfedu.model")),
+    "check_cached_generate": Probe(
+        exercise="ex_cached_generate", make_inputs=_cg_probe_inputs, run=CG_PROBE_RUN, reference=_cg_probe_reference,
+        compare=_compare_cg, forbidden=("tfedu.generate",), builds=None),  # the model and the cache's own API
 }
 
 
@@ -869,6 +1100,40 @@ HINTS = {
             "    d_head = ____\n"
             "    groups = weight.reshape(____, ____, ____, *weight.shape[1:])  # (n_kv_heads, g, d_head, ...)\n"
             "    return groups.mean(dim=____).reshape(____, *weight.shape[1:])\n"
+        ),
+    ),
+    "ex_cached_generate": Hints(
+        number="10.4",
+        check="check_cached_generate",
+        idea=(
+            "Decoding with a cache has two phases. The prefill runs the whole prompt through the model once, all its "
+            "positions in parallel, and leaves every layer's keys and values in the cache; its last position's "
+            "logits give the first new token. Then each step feeds only the token chosen last: the model places it "
+            "after the tokens the cache holds, adds its keys and values, and returns logits for that one position. "
+            "One cache serves the whole call; with the argmax at every step, the tokens are those of decoding "
+            "without a cache."
+        ),
+        approach=(
+            "Evaluation mode and no gradients. Make the cache once with KVCache.for_model for the model and the "
+            "batch of prompts. Prefill: call the model on the whole ids with kv_cache set to the cache; the logits "
+            "are (batch, pos, d_vocab). Then max_new_tokens times: the next token is the argmax over the "
+            "vocabulary of the last position's logits, kept as a (batch, 1) column; append it to the output; "
+            "unless it was the last one, call the model on that column alone with the same cache, which gives "
+            "(batch, 1, d_vocab). Return the prompts followed by the new tokens."
+        ),
+        skeleton=(
+            "@torch.no_grad()\n"
+            "def cached_generate(model, ids, max_new_tokens):\n"
+            "    model.____()\n"
+            "    cache = ____  # one cache for the whole call\n"
+            "    last = model(____, kv_cache=cache)[____]  # the prefill: the whole prompt at once\n"
+            "    out = ids\n"
+            "    for step in range(max_new_tokens):\n"
+            "        token = ____  # (batch, 1)\n"
+            "        out = torch.cat([out, token], dim=1)\n"
+            "        if step < max_new_tokens - 1:\n"
+            "            last = ____  # one new token, the same cache\n"
+            "    return out\n"
         ),
     ),
 }
