@@ -353,3 +353,45 @@ def test_the_cached_generate_probe_passes_right_answers():
     probe = nb10.PROBES["check_cached_generate"]
     for seed in range(4):
         assert verdict(probe, {"cached_generate": cg_learner()}, seed) is None
+
+
+# ----------------------------------------------------------------------------- 10.5
+
+
+def gqa_learner(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
+    """A learner's grouped-query attention written with einsum and an explicit mask, another way than the notebook's."""
+    b, n, _ = x.shape
+    dh = W_Q.shape[0] // n_heads
+    q = (x @ W_Q.T).reshape(b, n, n_kv_heads, n_heads // n_kv_heads, dh)  # query heads grouped by their kv head
+    k, v = (x @ W_K.T).reshape(b, n, n_kv_heads, dh), (x @ W_V.T).reshape(b, n, n_kv_heads, dh)
+    scores = torch.einsum("bqkgd,bskd->bkgqs", q, k) / math.sqrt(dh)
+    scores = torch.where(torch.ones(n, n, dtype=torch.bool).tril(), scores, float("-inf"))
+    z = torch.einsum("bkgqs,bskd->bqkgd", scores.softmax(-1), v).reshape(b, n, n_heads * dh)
+    return z @ W_O.T
+
+
+def test_gqa_passes_the_reference_and_a_learners_einsum_version(capsys):
+    for fn in (nb10.reference_gqa_attention, gqa_learner):
+        nb10.check_gqa_attention(fn)
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+@pytest.mark.parametrize("variant, fragment", [("tiled", "wrong order"), ("no-mask", "every query saw every key"),
+                                               ("no-scale", "sqrt(d_head)"), ("axis", "over the queries")])
+def test_gqa_names_each_mistake_in_the_check_and_the_probe(variant, fragment):
+    wrong = lambda *args: nb10._gqa_variant(*args, variant)  # noqa: E731
+    with pytest.raises(CheckFailure) as failure:
+        nb10.check_gqa_attention(wrong)
+    assert fragment in str(failure.value)
+    for seed in range(2):
+        feedback = verdict(nb10.PROBES["check_gqa_attention"], {"gqa_attention": wrong}, seed)
+        assert feedback is not None and fragment in feedback, (seed, feedback)
+
+
+def test_the_gqa_probe_passes_right_answers_and_the_oracle_is_transformers_llama():
+    for seed in range(4):
+        assert verdict(nb10.PROBES["check_gqa_attention"], {"gqa_attention": gqa_learner}, seed) is None
+    layer = nb10.llama_attention(7, 32, 8, 2, 4)
+    x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(0))
+    weights = [p.detach() for p in (layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight, layer.o_proj.weight)]
+    assert torch.allclose(nb10.reference_gqa_attention(x, *weights, 8, 2), nb10.llama_output(layer, x), atol=1e-5)

@@ -1,6 +1,6 @@
 """Checkers for notebooks/10_inference_and_kv_cache.ipynb: cached decoding (a step, a loop), the cache's size, pooled heads.
 
-Four exercises, each checked against tfedu's reference after first trying the known mistakes:
+Five exercises, each checked against tfedu's reference after first trying the known mistakes:
 
 - 10.1 ``decode_step(q, k_new, v_new, k_cache, v_cache) -> (z, k_cache, v_cache)``: the cache
   overwritten instead of appended (the new key returned as the cache, written over the last
@@ -29,6 +29,9 @@ Four exercises, each checked against tfedu's reference after first trying the kn
   (tokens fed, tokens cached): no cache, the prompt fed a token at a time, the whole sequence fed at each step, a
   fresh cache each step, the first position's logits after the prefill, dropout left on. Its tokens must be
   those of ``tfedu.generate.generate(..., use_cache=False)``.
+- 10.5 ``gqa_attention(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads)``: causal grouped-query attention against a
+  locally built ``transformers`` ``LlamaAttention`` (RoPE off) with the same weights; the heads tiled instead of
+  interleaved, no mask, no scale, the softmax over the queries.
 """
 
 from __future__ import annotations
@@ -776,6 +779,104 @@ def check_cached_generate(cached_generate) -> None:
         raise CheckFailure(HINT_CG_DROPOUT)
 
 
+# ----------------------------------------------------------------------------- 10.5 gqa_attention
+
+HINT_GQA_TILED = (
+    "the key/value heads were shared in the wrong order: key/value head j serves the g = n_heads / n_kv_heads "
+    "consecutive query heads j*g .. j*g + g - 1 (Llama's layout), so each key/value head is repeated g times in a "
+    "row (interleaved), not the whole stack of them tiled g times"
+)
+HINT_GQA_NO_MASK = (
+    "every query saw every key: this is a decoder's self-attention, so query i attends to keys 0 .. i only (mask "
+    "the later ones with -inf before the softmax)"
+)
+HINT_GQA_SCALE = "the scores were not divided by sqrt(d_head), the width of one head (not of the whole model)"
+HINT_GQA_AXIS = "the softmax ran over the queries: each query's weights over the keys (the last axis) sum to 1"
+HINT_GQA_SHAPE = (
+    "gqa_attention should return (batch, pos, d_model) after W_O mixes the heads, got {got}: W_Q is "
+    "(n_heads * d_head, d_model), W_K and W_V (n_kv_heads * d_head, d_model), W_O (d_model, n_heads * d_head)"
+)
+HINT_GQA_CALL = (
+    "gqa_attention(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads): x (batch, pos, d_model) and the four weight "
+    "matrices laid out as nn.Linear's, (out_features, in_features), without biases"
+)
+HINT_GQA_MUTATED = "your gqa_attention changed the caller's `{name}` in place: build new tensors"
+
+GQA_MISTAKES = {HINT_GQA_TILED: "tiled", HINT_GQA_NO_MASK: "no-mask", HINT_GQA_SCALE: "no-scale", HINT_GQA_AXIS: "axis"}
+
+
+def _gqa_variant(x, W_Q, W_K, W_V, W_O, n_heads: int, n_kv_heads: int, mistake: str | None = None) -> torch.Tensor:
+    """Grouped-query causal self-attention from its weights, right or with one known mistake."""
+    batch, pos, _ = x.shape
+    d_head = W_Q.shape[0] // n_heads
+    heads = lambda t, n: t.view(batch, pos, n, d_head).transpose(1, 2)  # noqa: E731
+    q, k, v = heads(x @ W_Q.T, n_heads), heads(x @ W_K.T, n_kv_heads), heads(x @ W_V.T, n_kv_heads)
+    g = n_heads // n_kv_heads
+    if mistake == "tiled":
+        k, v = k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1)
+    else:
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    scores = q @ k.transpose(-2, -1) / (1.0 if mistake == "no-scale" else math.sqrt(d_head))
+    if mistake != "no-mask":
+        scores = scores.masked_fill(torch.ones(pos, pos, dtype=torch.bool).triu(1), float("-inf"))
+    weights = torch.softmax(scores, dim=-2 if mistake == "axis" else -1)
+    return (weights @ v).transpose(1, 2).reshape(batch, pos, n_heads * d_head) @ W_O.T
+
+
+def reference_gqa_attention(x, W_Q, W_K, W_V, W_O, n_heads: int, n_kv_heads: int) -> torch.Tensor:
+    """The exercise's answer."""
+    return _gqa_variant(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads)
+
+
+def llama_attention(seed: int, d_model: int, n_heads: int, n_kv_heads: int, d_head: int) -> torch.nn.Module:
+    """A transformers LlamaAttention built locally (eager, no bias) with random weights: the oracle."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaAttention
+
+    config = LlamaConfig(hidden_size=d_model, num_attention_heads=n_heads, num_key_value_heads=n_kv_heads,
+                         head_dim=d_head, attention_bias=False)
+    config._attn_implementation = "eager"
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return LlamaAttention(config, layer_idx=0).eval()
+
+
+def llama_output(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The layer's causal self-attention with RoPE switched off (cos = 1, sin = 0: every rotation the identity)."""
+    batch, pos, _ = x.shape
+    d_head = layer.head_dim
+    mask = torch.full((pos, pos), float("-inf")).triu(1).expand(batch, 1, pos, pos)
+    with torch.no_grad():
+        return layer(x, position_embeddings=(torch.ones(batch, pos, d_head), torch.zeros(batch, pos, d_head)),
+                     attention_mask=mask)[0]
+
+
+# (seed, batch, pos, d_model, n_heads, n_kv_heads, d_head): grouped, multi-query, and plain multi-head.
+GQA_CALLS = ((0, 2, 7, 32, 4, 2, 8), (1, 1, 9, 48, 6, 1, 8), (2, 2, 5, 24, 6, 3, 4), (3, 1, 6, 16, 2, 2, 8))
+
+
+@checker("grouped-query attention")
+def check_gqa_attention(gqa_attention) -> None:
+    """Check a learner's ``gqa_attention(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads) -> (batch, pos, d_model)``: causal
+    self-attention with n_kv_heads key/value heads shared by groups of query heads, against a locally built
+    ``transformers`` ``LlamaAttention`` (RoPE switched off) with the same weights: 2 groups of 2, multi-query, 3
+    groups of 2, and plain multi-head. Named: the heads tiled instead of interleaved, no causal mask, no scale, the
+    softmax over the queries.
+    """
+    for seed, batch, pos, d, n_heads, n_kv, d_head in GQA_CALLS:
+        layer = llama_attention(seed, d, n_heads, n_kv, d_head)
+        x = torch.randn(batch, pos, d, generator=torch.Generator().manual_seed(seed + 10))
+        weights = [p.detach() for p in (layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight, layer.o_proj.weight)]
+        what = f"gqa_attention with {n_heads} query heads and {n_kv} key/value heads, x of shape {(batch, pos, d)}"
+        got = call_on_copies(gqa_attention, {"x": x, "W_Q": weights[0], "W_K": weights[1], "W_V": weights[2],
+                                             "W_O": weights[3], "n_heads": n_heads, "n_kv_heads": n_kv},
+                             name="gqa_attention", mutated_hint=HINT_GQA_MUTATED, error_hint=HINT_GQA_CALL)
+        expect(isinstance(got, torch.Tensor) and got.shape == x.shape, HINT_GQA_SHAPE.format(got=describe(got)))
+        want = llama_output(layer, x)
+        mistakes = {hint: _gqa_variant(x, *weights, n_heads, n_kv, variant) for hint, variant in GQA_MISTAKES.items()}
+        compare(got, want, what=f"{what} (against transformers' LlamaAttention)", mistakes=mistakes, check_dtype=False)
+
+
 # ----------------------------------------------------------------------------- probes
 
 # decode_step: from an empty cache through several steps, each from the reference's cache (drawn with the inputs).
@@ -1006,6 +1107,58 @@ def _compare_cg(outputs: dict, expected: dict) -> str | None:
     return "cached_generate's tokens differ from decoding without a cache in the hidden test"
 
 
+# gqa_attention: fresh weights and shapes (grouped, multi-query, multi-head), drawn until each mistake shows apart.
+
+GQA_PROBE_RUN = HELPERS + """\
+_results = [_call(gqa_attention, *(torch.from_numpy(_a) for _a in _arrays), _heads, _kv)
+            for _arrays, _heads, _kv in zip(inputs['arrays'], inputs['n_heads'], inputs['n_kv_heads'])]
+outputs = {'returned': [_kind(_r) for _r in _results], 'outputs': [_array(_r) for _r in _results], 'mutated': _MUTATED}
+del _results
+""" + CLEANUP
+
+
+def _gqa_probe_inputs(rng: np.random.Generator) -> dict:
+    arrays, heads, kvs = [], [], []
+    for n_heads, n_kv in ((int(rng.choice([4, 6, 8])), None), (int(rng.choice([2, 4])), 1)):
+        n_kv = n_kv or int(rng.choice([h for h in range(2, n_heads) if n_heads % h == 0]))
+        d_head, pos, batch = int(rng.choice([4, 8])), int(rng.integers(3, 10)), int(rng.integers(1, 3))
+        d = n_heads * d_head
+        draw = lambda *shape, scale=1.0: (scale * rng.standard_normal(shape)).astype(np.float32)  # noqa: E731
+        arrays.append([draw(batch, pos, d), draw(n_heads * d_head, d, scale=d ** -0.5),
+                       draw(n_kv * d_head, d, scale=d ** -0.5), draw(n_kv * d_head, d, scale=d ** -0.5),
+                       draw(d, n_heads * d_head, scale=d ** -0.5)])
+        heads.append(n_heads)
+        kvs.append(n_kv)
+    return {"arrays": arrays, "n_heads": heads, "n_kv_heads": kvs}
+
+
+def _gqa_probe_reference(inputs: dict) -> dict:
+    out = {"returned": [], "outputs": [], "mistakes": []}
+    for c, (arrays, n_heads, n_kv) in enumerate(zip(inputs["arrays"], inputs["n_heads"], inputs["n_kv_heads"])):
+        tensors = [torch.from_numpy(a) for a in arrays]
+        out["returned"].append("tensor")
+        out["outputs"].append(as_array(reference_gqa_attention(*tensors, n_heads, n_kv)))
+        for hint, variant in GQA_MISTAKES.items():
+            out["mistakes"].append([hint, c, as_array(_gqa_variant(*tensors, n_heads, n_kv, variant))])
+    return out
+
+
+def _compare_gqa(outputs: dict, expected: dict) -> str | None:
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="gqa_attention")
+    if problem:
+        return problem
+    close = lambda a, b: isinstance(a, np.ndarray) and a.shape == b.shape and np.allclose(a, b, rtol=1e-4, atol=1e-5)  # noqa: E731
+    for c, want in enumerate(expected["outputs"]):
+        got = (outputs.get("outputs") or [None] * (c + 1))[c]
+        if close(got, want):
+            continue
+        for hint, at, wrong in expected["mistakes"]:
+            if at == c and close(got, wrong) and not close(wrong, want):
+                return hint
+        return f"gqa_attention differs from grouped-query attention in the hidden test's call {c + 1}"
+    return None
+
+
 PROBES = {
     "check_decode_step": Probe(
         builds=ELEMENTARY | SOFTMAX,
@@ -1021,6 +1174,11 @@ PROBES = {
     "check_cached_generate": Probe(
         exercise="ex_cached_generate", make_inputs=_cg_probe_inputs, run=CG_PROBE_RUN, reference=_cg_probe_reference,
         compare=_compare_cg, forbidden=("tfedu.generate",), builds=None),  # the model and the cache's own API
+    "check_gqa_attention": Probe(
+        exercise="ex_gqa_attention", make_inputs=_gqa_probe_inputs, run=GQA_PROBE_RUN, reference=_gqa_probe_reference,
+        compare=_compare_gqa, builds=ELEMENTARY | SOFTMAX,
+        forbidden=("tfedu.layers", "tfedu.attention", "tfedu.model", "transformers",
+                   "torch.nn.functional.scaled_dot_product_attention")),
 }
 
 
@@ -1134,6 +1292,40 @@ HINTS = {
             "        if step < max_new_tokens - 1:\n"
             "            last = ____  # one new token, the same cache\n"
             "    return out\n"
+        ),
+    ),
+    "ex_gqa_attention": Hints(
+        number="10.5",
+        check="check_gqa_attention",
+        idea=(
+            "Grouped-query attention is multi-head attention in which the keys and values have fewer heads than the "
+            "queries. Each key/value head serves a group of g = n_heads / n_kv_heads consecutive query heads: head "
+            "j of the keys and values is used by query heads j*g to j*g + g - 1. Once every key/value head is "
+            "repeated for its group, it is ordinary causal multi-head attention: scores scaled by the square root of "
+            "the head width, later keys hidden, a softmax over the keys, the weighted values, the heads joined and "
+            "mixed by W_O."
+        ),
+        approach=(
+            "d_head is W_Q's rows over n_heads. Project x with each weight matrix transposed; split the queries "
+            "into (batch, n_heads, pos, d_head) and the keys and values into (batch, n_kv_heads, pos, d_head) "
+            "(a view, then swap the positions and heads axes). Repeat each key and value head g times in a row "
+            "along the heads axis (repeat_interleave), giving n_heads heads. Scores: the queries times the keys "
+            "transposed over the last two axes, divided by the square root of d_head; fill -inf above the "
+            "diagonal; softmax over the last axis; times the values. Swap the axes back, merge the heads into "
+            "(batch, pos, n_heads * d_head) and multiply by W_O transposed."
+        ),
+        skeleton=(
+            "def gqa_attention(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):\n"
+            "    batch, pos, _ = ____\n"
+            "    d_head = ____\n"
+            "    q = (x @ W_Q.T).view(____).transpose(1, 2)  # (batch, n_heads, pos, d_head)\n"
+            "    k = ____  # (batch, n_kv_heads, pos, d_head)\n"
+            "    v = ____\n"
+            "    k, v = k.repeat_interleave(____), v.repeat_interleave(____)  # each kv head for its group\n"
+            "    scores = ____\n"
+            "    scores = scores.masked_fill(____, float(\"-inf\"))\n"
+            "    z = ____  # (batch, n_heads, pos, d_head)\n"
+            "    return ____ @ W_O.T\n"
         ),
     ),
 }
