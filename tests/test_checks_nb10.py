@@ -131,7 +131,7 @@ def test_the_front_mistake_gives_the_right_z():
     torch.testing.assert_close(z, decode_step(*tokens[0], k_cache, v_cache)[0])
 
 
-# ----------------------------------------------------------------------------- 10.2 cache_bytes
+# ----------------------------------------------------------------------------- 10.3 cache_bytes
 
 
 def bytes_variant(cfg, n_tokens, batch, dtype, mistakes=()):
@@ -190,7 +190,7 @@ def test_the_check_cases_tell_every_set_of_mistakes_apart():
     assert any(cfg.d_head * cfg.n_heads != cfg.d_model for cfg, *_ in nb10.BYTES_CASES)
 
 
-# ----------------------------------------------------------------------------- 10.3 pool_kv_weight
+# ----------------------------------------------------------------------------- 10.5 pool_kv_weight
 
 
 def pool_variant(weight, n_heads, n_kv_heads, mistake=""):
@@ -280,7 +280,7 @@ def test_probe_names_the_grader_can_check():
     assert "tfedu.kv_cache" in nb10.PROBES["check_pool_kv_weight"].forbidden
 
 
-# ----------------------------------------------------------------------------- 10.4
+# ----------------------------------------------------------------------------- 10.2
 
 from tfedu.checks.core import CheckFailure  # noqa: E402
 from tfedu.kv_cache import KVCache  # noqa: E402
@@ -355,7 +355,7 @@ def test_the_cached_generate_probe_passes_right_answers():
         assert verdict(probe, {"cached_generate": cg_learner()}, seed) is None
 
 
-# ----------------------------------------------------------------------------- 10.5
+# ----------------------------------------------------------------------------- 10.4
 
 
 def gqa_learner(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
@@ -395,3 +395,21 @@ def test_the_gqa_probe_passes_right_answers_and_the_oracle_is_transformers_llama
     x = torch.randn(2, 6, 32, generator=torch.Generator().manual_seed(0))
     weights = [p.detach() for p in (layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight, layer.o_proj.weight)]
     assert torch.allclose(nb10.reference_gqa_attention(x, *weights, 8, 2), nb10.llama_output(layer, x), atol=1e-5)
+
+
+def test_gqa_names_heads_taken_from_d_model_a_d_model_scale_and_a_hidden_diagonal():
+    def from_d_model(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
+        d_head = x.shape[-1] // n_heads  # wrong once the heads are wider than d_model / n_heads
+        b, n, _ = x.shape
+        q = (x @ W_Q.T).view(b, n, n_heads, d_head)
+        return nb10._gqa_variant(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads) + 0 * q.sum()
+
+    def hidden_diagonal(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads):
+        return gqa_learner(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads) * float("nan")
+
+    for fn, fragment in ((from_d_model, "the head width came from d_model"),
+                         (lambda *a: nb10._gqa_variant(*a, "scale-d-model"), "divided by sqrt(d_model)"),
+                         (hidden_diagonal, "hid the diagonal")):
+        with pytest.raises(CheckFailure) as failure:
+            nb10.check_gqa_attention(fn)
+        assert fragment in str(failure.value), str(failure.value)

@@ -14,24 +14,24 @@ Five exercises, each checked against tfedu's reference after first trying the kn
   Compared with ``tfedu.kv_cache.decode_step`` step by step from an empty cache (each step from
   the reference's state), then through a tiny GPT decoded greedily with the learner's step.
   ``scaled_dot_product_attention`` is refused: the attention over the cache is the exercise.
-- 10.2 ``cache_bytes(cfg, n_tokens, batch, dtype) -> int``: the learner's number at configs with
+- 10.2 ``cached_generate(model, ids, max_new_tokens)``: greedy decoding with a ``KVCache``, its model calls logged
+  (tokens fed, tokens cached): no cache, the prompt fed a token at a time, the whole sequence fed at each step, a
+  fresh cache each step, the first position's logits after the prefill, dropout left on. Its tokens must be
+  those of ``tfedu.generate.generate(..., use_cache=False)``.
+- 10.3 ``cache_bytes(cfg, n_tokens, batch, dtype) -> int``: the learner's number at configs with
   grouped heads and a d_head of their own is divided by the reference's, and that ratio is read
   as a product of known mistakes: the 2 forgotten (keys only), n_heads instead of n_kv_heads,
   d_model instead of n_kv_heads * d_head, d_head taken as d_model // n_heads, batch or n_layers
   forgotten, 4 bytes whatever the dtype, bits instead of bytes, n_ctx instead of n_tokens (up to
   three at once are named). A float fails, even with the right value (see :func:`check_cache_bytes` for why). Compared with
   ``tfedu.kv_cache.kv_cache_bytes`` and with the bytes a real ``KVCache`` holds.
-- 10.3 ``pool_kv_weight(weight, n_heads, n_kv_heads) -> Tensor``: strided groups (heads j,
+- 10.4 ``gqa_attention(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads)``: causal grouped-query attention against a
+  locally built ``transformers`` ``LlamaAttention`` (RoPE off) with the same weights; the heads tiled instead of
+  interleaved, no mask, no scale, the softmax over the queries.
+- 10.5 ``pool_kv_weight(weight, n_heads, n_kv_heads) -> Tensor``: strided groups (heads j,
   j + n_kv_heads, ...), a sum instead of a mean, the first head of each group kept, the rows read
   as (d_head, n_heads), a bias (1-D) or trailing axes not handled, the input axis pooled, the
   input changed in place. Compared with ``tfedu.kv_cache.pool_kv_weight``.
-- 10.4 ``cached_generate(model, ids, max_new_tokens)``: greedy decoding with a ``KVCache``, its model calls logged
-  (tokens fed, tokens cached): no cache, the prompt fed a token at a time, the whole sequence fed at each step, a
-  fresh cache each step, the first position's logits after the prefill, dropout left on. Its tokens must be
-  those of ``tfedu.generate.generate(..., use_cache=False)``.
-- 10.5 ``gqa_attention(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads)``: causal grouped-query attention against a
-  locally built ``transformers`` ``LlamaAttention`` (RoPE off) with the same weights; the heads tiled instead of
-  interleaved, no mask, no scale, the softmax over the queries.
 """
 
 from __future__ import annotations
@@ -316,7 +316,7 @@ def check_decode_step(decode_step) -> None:
                                    f"reference's {want.tolist()}")
 
 
-# ----------------------------------------------------------------------------- 10.2 cache_bytes
+# ----------------------------------------------------------------------------- 10.3 cache_bytes
 
 HINT_KEYS_ONLY = "the 2 is missing: the cache holds a key AND a value vector per layer, key/value head and token"
 HINT_N_HEADS = (
@@ -543,7 +543,7 @@ def check_cache_bytes(cache_bytes) -> None:
                             f"capacity 20)")
 
 
-# ----------------------------------------------------------------------------- 10.3 pool_kv_weight
+# ----------------------------------------------------------------------------- 10.5 pool_kv_weight
 
 HINT_STRIDED = (
     "you pooled strided heads (j, j + n_kv_heads, j + 2 n_kv_heads, ...): key/value head j will serve the query "
@@ -638,7 +638,7 @@ def check_pool_kv_weight(pool_kv_weight) -> None:
         _check_pool_call(pool_kv_weight, seeded_randn(seed, n_heads * d_head, *rest), n_heads, n_kv)
 
 
-# ----------------------------------------------------------------------------- 10.4 cached_generate
+# ----------------------------------------------------------------------------- 10.2 cached_generate
 
 HINT_CG_NO_CACHE = (
     "the model was called without the cache: pass kv_cache=cache in every call, so that the prompt's keys and values "
@@ -779,7 +779,7 @@ def check_cached_generate(cached_generate) -> None:
         raise CheckFailure(HINT_CG_DROPOUT)
 
 
-# ----------------------------------------------------------------------------- 10.5 gqa_attention
+# ----------------------------------------------------------------------------- 10.4 gqa_attention
 
 HINT_GQA_TILED = (
     "the key/value heads were shared in the wrong order: key/value head j serves the g = n_heads / n_kv_heads "
@@ -802,7 +802,20 @@ HINT_GQA_CALL = (
 )
 HINT_GQA_MUTATED = "your gqa_attention changed the caller's `{name}` in place: build new tensors"
 
-GQA_MISTAKES = {HINT_GQA_TILED: "tiled", HINT_GQA_NO_MASK: "no-mask", HINT_GQA_SCALE: "no-scale", HINT_GQA_AXIS: "axis"}
+HINT_GQA_SCALE_MODEL = (
+    "the scores were divided by sqrt(d_model): the scale is the square root of one head's width, d_head"
+)
+HINT_GQA_DIAGONAL = (
+    "NaN in the output: the mask hid the diagonal too, so the first query had no key at all (0 / 0). Query i "
+    "attends to keys 0 .. i, itself included"
+)
+HINT_GQA_D_HEAD = (
+    "the head width came from d_model: here d_head is {d_head} while d_model / n_heads is {other}. A head's width "
+    "is W_Q's rows over n_heads (the weights, not x, say how wide the heads are)"
+)
+
+GQA_MISTAKES = {HINT_GQA_TILED: "tiled", HINT_GQA_NO_MASK: "no-mask", HINT_GQA_SCALE: "no-scale", HINT_GQA_AXIS: "axis",
+                HINT_GQA_SCALE_MODEL: "scale-d-model"}
 
 
 def _gqa_variant(x, W_Q, W_K, W_V, W_O, n_heads: int, n_kv_heads: int, mistake: str | None = None) -> torch.Tensor:
@@ -816,7 +829,8 @@ def _gqa_variant(x, W_Q, W_K, W_V, W_O, n_heads: int, n_kv_heads: int, mistake: 
         k, v = k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1)
     else:
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-    scores = q @ k.transpose(-2, -1) / (1.0 if mistake == "no-scale" else math.sqrt(d_head))
+    scale = {"no-scale": 1.0, "scale-d-model": math.sqrt(x.shape[-1])}.get(mistake, math.sqrt(d_head))
+    scores = q @ k.transpose(-2, -1) / scale
     if mistake != "no-mask":
         scores = scores.masked_fill(torch.ones(pos, pos, dtype=torch.bool).triu(1), float("-inf"))
     weights = torch.softmax(scores, dim=-2 if mistake == "axis" else -1)
@@ -852,7 +866,9 @@ def llama_output(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 # (seed, batch, pos, d_model, n_heads, n_kv_heads, d_head): grouped, multi-query, and plain multi-head.
-GQA_CALLS = ((0, 2, 7, 32, 4, 2, 8), (1, 1, 9, 48, 6, 1, 8), (2, 2, 5, 24, 6, 3, 4), (3, 1, 6, 16, 2, 2, 8))
+# The last: heads wider than d_model / n_heads (Gemma's layout), so that d_head must come from the weights.
+GQA_CALLS = ((0, 2, 7, 32, 4, 2, 8), (1, 1, 9, 48, 6, 1, 8), (2, 2, 5, 24, 6, 3, 4), (3, 1, 6, 16, 2, 2, 8),
+             (4, 1, 6, 32, 4, 2, 16))
 
 
 @checker("grouped-query attention")
@@ -860,21 +876,28 @@ def check_gqa_attention(gqa_attention) -> None:
     """Check a learner's ``gqa_attention(x, W_Q, W_K, W_V, W_O, n_heads, n_kv_heads) -> (batch, pos, d_model)``: causal
     self-attention with n_kv_heads key/value heads shared by groups of query heads, against a locally built
     ``transformers`` ``LlamaAttention`` (RoPE switched off) with the same weights: 2 groups of 2, multi-query, 3
-    groups of 2, and plain multi-head. Named: the heads tiled instead of interleaved, no causal mask, no scale, the
-    softmax over the queries.
+    groups of 2, plain multi-head, and heads wider than d_model / n_heads. Named: the heads tiled instead of
+    interleaved, no causal mask, no scale or sqrt(d_model), the softmax over the queries, the diagonal hidden (NaN),
+    d_head taken from d_model.
     """
     for seed, batch, pos, d, n_heads, n_kv, d_head in GQA_CALLS:
         layer = llama_attention(seed, d, n_heads, n_kv, d_head)
         x = torch.randn(batch, pos, d, generator=torch.Generator().manual_seed(seed + 10))
         weights = [p.detach() for p in (layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight, layer.o_proj.weight)]
         what = f"gqa_attention with {n_heads} query heads and {n_kv} key/value heads, x of shape {(batch, pos, d)}"
-        got = call_on_copies(gqa_attention, {"x": x, "W_Q": weights[0], "W_K": weights[1], "W_V": weights[2],
-                                             "W_O": weights[3], "n_heads": n_heads, "n_kv_heads": n_kv},
-                             name="gqa_attention", mutated_hint=HINT_GQA_MUTATED, error_hint=HINT_GQA_CALL)
+        try:
+            got = call_on_copies(gqa_attention, {"x": x, "W_Q": weights[0], "W_K": weights[1], "W_V": weights[2],
+                                                 "W_O": weights[3], "n_heads": n_heads, "n_kv_heads": n_kv},
+                                 name="gqa_attention", mutated_hint=HINT_GQA_MUTATED, error_hint=HINT_GQA_CALL)
+        except CheckFailure:
+            if n_heads * d_head != d:  # the only call whose heads are not d_model / n_heads wide
+                raise CheckFailure(HINT_GQA_D_HEAD.format(d_head=d_head, other=d // n_heads)) from None
+            raise
         expect(isinstance(got, torch.Tensor) and got.shape == x.shape, HINT_GQA_SHAPE.format(got=describe(got)))
         want = llama_output(layer, x)
         mistakes = {hint: _gqa_variant(x, *weights, n_heads, n_kv, variant) for hint, variant in GQA_MISTAKES.items()}
-        compare(got, want, what=f"{what} (against transformers' LlamaAttention)", mistakes=mistakes, check_dtype=False)
+        compare(got, want, what=f"{what} (against transformers' LlamaAttention)", mistakes=mistakes, check_dtype=False,
+                nan_hint=HINT_GQA_DIAGONAL)
 
 
 # ----------------------------------------------------------------------------- probes
@@ -1211,7 +1234,7 @@ HINTS = {
         ),
     ),
     "ex_cache_bytes": Hints(
-        number="10.2",
+        number="10.3",
         check="check_cache_bytes",
         idea=(
             "A KV cache keeps, for every token it holds, one key vector and one value vector in every layer and "
@@ -1235,7 +1258,7 @@ HINTS = {
         ),
     ),
     "ex_pool_kv_weight": Hints(
-        number="10.3",
+        number="10.5",
         check="check_pool_kv_weight",
         idea=(
             "In grouped-query attention g = n_heads / n_kv_heads consecutive query heads share one key/value "
@@ -1261,7 +1284,7 @@ HINTS = {
         ),
     ),
     "ex_cached_generate": Hints(
-        number="10.4",
+        number="10.2",
         check="check_cached_generate",
         idea=(
             "Decoding with a cache has two phases. The prefill runs the whole prompt through the model once, all its "
@@ -1295,7 +1318,7 @@ HINTS = {
         ),
     ),
     "ex_gqa_attention": Hints(
-        number="10.5",
+        number="10.4",
         check="check_gqa_attention",
         idea=(
             "Grouped-query attention is multi-head attention in which the keys and values have fewer heads than the "
