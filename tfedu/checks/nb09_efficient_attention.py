@@ -1462,21 +1462,18 @@ del _launch, _torch, _device, _q, _k, _v
 
 
 def _tk_probe_inputs(rng: np.random.Generator) -> dict:
+    """Small launches (the interpreter runs every program in Python): one or two heads, N past one block."""
     calls = []
     for _ in range(2):
-        batch, heads, n, d = int(rng.integers(1, 3)), int(rng.integers(1, 3)), int(rng.integers(17, 50)), int(rng.choice([16, 32]))
-        calls.append([rng.standard_normal((batch, heads, n, d)).astype(np.float32) for _ in range(3)])
+        heads, n = int(rng.integers(1, 3)), int(rng.integers(17, 33))
+        calls.append([rng.standard_normal((1, heads, n, 16)).astype(np.float32) for _ in range(3)])
     return {"q": [c[0] for c in calls], "k": [c[1] for c in calls], "v": [c[2] for c in calls]}
 
 
 def _tk_probe_reference(inputs: dict) -> dict:
-    out = {"want": [], "mistakes": []}
-    for c, arrays in enumerate(zip(inputs["q"], inputs["k"], inputs["v"])):
-        q, k, v = (torch.from_numpy(a) for a in arrays)
-        out["want"].append(as_array(F.scaled_dot_product_attention(q, k, v)))
-        for hint, number in TK_MISTAKES.items():
-            out["mistakes"].append([hint, c, as_array(launch_flash_kernel(_variant_kernel(), q, k, v, MISTAKE=number))])
-    return out
+    """SDPA's output for each launch; the mistakes' outputs are worked out only for a wrong answer (_compare_tk)."""
+    return {"want": [as_array(F.scaled_dot_product_attention(*(torch.from_numpy(a) for a in arrays)))
+                     for arrays in zip(inputs["q"], inputs["k"], inputs["v"])], "inputs": inputs}
 
 
 def _compare_tk(outputs: dict, expected: dict) -> str | None:
@@ -1488,8 +1485,10 @@ def _compare_tk(outputs: dict, expected: dict) -> str | None:
     for c, (got, want) in enumerate(zip(got_all, expected["want"])):
         if close(got, want):
             continue
-        for hint, at, wrong in expected["mistakes"]:
-            if at == c and close(got, wrong) and not close(wrong, want):
+        q, k, v = (torch.from_numpy(expected["inputs"][key][c]) for key in ("q", "k", "v"))
+        for hint, number in TK_MISTAKES.items():
+            wrong = as_array(launch_flash_kernel(_variant_kernel(), q, k, v, MISTAKE=number))
+            if close(got, wrong) and not close(wrong, want):
                 return hint
         return f"your kernel's output differs from attention's in the hidden test's launch {c + 1} (N = {want.shape[-2]})"
     return None
