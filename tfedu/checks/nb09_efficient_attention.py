@@ -39,6 +39,7 @@ Seven exercises, each checked against tfedu's reference after first trying the k
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -603,15 +604,20 @@ def check_flash_attention_forward(flash_attention_forward) -> None:
 
 
 def _check_all_ff(flash_attention_forward: Any) -> None:
-    for seed, batch, n_q, n_k, d, d_v, block_q, block_k in FF_CALLS:
+    _full_then_causal(FF_CALLS, lambda seed, q, k, v, causal, bq, bk: _check_ff(flash_attention_forward, q, k, v, causal,
+                                                                                bq, bk), HINT_FF_NO_SKIP)
+
+
+def _full_then_causal(calls: Sequence[tuple], check_one: Callable[..., MatmulOperands], no_skip_hint: str) -> None:
+    """``check_one(seed, q, k, v, causal, block_q, block_k)`` on each call's inputs, full attention; where the lengths
+    match, causal too, which must make fewer tile products than full attention (the blocks above the diagonal skipped)."""
+    for seed, batch, n_q, n_k, d, d_v, block_q, block_k in calls:
         q, k, v = _ff_inputs(seed, batch, n_q, n_k, d, d_v)
-        if n_q != n_k:
-            _check_ff(flash_attention_forward, q, k, v, False, block_q, block_k)
-            continue
-        full = _check_ff(flash_attention_forward, q, k, v, False, block_q, block_k)
-        causal = _check_ff(flash_attention_forward, q, k, v, True, block_q, block_k)
-        if full.shapes and len(causal.shapes) >= len(full.shapes):
-            raise CheckFailure(HINT_FF_NO_SKIP.format(full=len(full.shapes)))
+        full = check_one(seed, q, k, v, False, block_q, block_k)
+        if n_q == n_k:
+            causal = check_one(seed, q, k, v, True, block_q, block_k)
+            if full.shapes and len(causal.shapes) >= len(full.shapes):
+                raise CheckFailure(no_skip_hint.format(full=len(full.shapes)))
 
 
 # ----------------------------------------------------------------------------- 9.5 flash_attention_backward
@@ -757,16 +763,11 @@ def check_flash_attention_backward(flash_attention_backward) -> None:
     the raw scores, no scale in dq and dk, the causal tile unmasked, dq or dk and dv overwritten instead of
     accumulated, tiles skipped that the diagonal crosses.
     """
-    for seed, batch, n_q, n_k, d, d_v, block_q, block_k in FB_CALLS:
-        q, k, v = _ff_inputs(seed, batch, n_q, n_k, d, d_v)
-        do = torch.randn(*batch, n_q, d_v, generator=torch.Generator().manual_seed(seed + 50))
-        if n_q != n_k:
-            _check_fb(flash_attention_backward, q, k, v, do, False, block_q, block_k)
-            continue
-        full = _check_fb(flash_attention_backward, q, k, v, do, False, block_q, block_k)
-        causal = _check_fb(flash_attention_backward, q, k, v, do, True, block_q, block_k)
-        if full.shapes and len(causal.shapes) >= len(full.shapes):
-            raise CheckFailure(HINT_FB_NO_SKIP.format(full=len(full.shapes)))
+    def check_one(seed: int, q, k, v, causal: bool, block_q: int, block_k: int) -> MatmulOperands:
+        do = torch.randn(*q.shape[:-1], v.shape[-1], generator=torch.Generator().manual_seed(seed + 50))  # dO
+        return _check_fb(flash_attention_backward, q, k, v, do, causal, block_q, block_k)
+
+    _full_then_causal(FB_CALLS, check_one, HINT_FB_NO_SKIP)
 
 
 # ----------------------------------------------------------------------------- 9.6 causal linear attention, two ways
