@@ -3,7 +3,8 @@
 Greedy and beam search give the same tokens as ``GPT2LMHeadModel.generate`` (beam search over
 num_beams, length_penalty, early_stopping, with and without an eos that really ends hypotheses);
 the filters equal ``TopKLogitsWarper`` and ``TopPLogitsWarper``; sampling is reproducible and draws
-only from the nucleus; eos stops rows and pads them; the context is cropped past n_ctx.
+only from the nucleus; eos stops rows and pads them; the context is cropped past n_ctx; prompts of
+different lengths, padded on the left, give each row the tokens it gets alone.
 """
 
 import math
@@ -21,7 +22,16 @@ from transformers.generation.logits_process import (
 
 from tfedu.checkpoints import gpt_from_hf
 from tfedu.config import ModelConfig, preset
-from tfedu.generate import beam_search, filter_top_k, filter_top_p, generate, next_token_distribution, sequence_logprob
+from tfedu.generate import (
+    beam_search,
+    filter_top_k,
+    filter_top_p,
+    generate,
+    next_token_distribution,
+    pad_prompts,
+    sequence_logprob,
+)
+from tfedu.kv_cache import KVCache
 from tfedu.model import GPT
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny tensors: see tests/conftest.py
@@ -138,6 +148,106 @@ def test_generation_runs_past_n_ctx_on_the_last_n_ctx_tokens():
     assert beam_search(model, long_prompt, 4, num_beams=2).shape == (2, 15)
     sampled = generate(model, long_prompt, 5, do_sample=True, generator=torch.Generator().manual_seed(0))
     assert sampled.shape == (2, 16)
+
+
+# ----------------------------------------------------------------------------- prompts of different lengths
+
+LENGTHS = (7, 2, 5, 1)
+
+
+def ragged_prompts(d_vocab: int = 256, seed: int = 3) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, d_vocab, (n,), generator=gen) for n in LENGTHS]
+
+
+@pytest.mark.parametrize("positional", ["learned", "sinusoidal", "rope", "alibi"])
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_padded_prompts_give_each_row_the_tokens_it_gets_alone(positional, use_cache):
+    model = tiny_gpt(n_ctx=16, positional=positional, attention="sdpa")
+    rows = ragged_prompts()
+    ids, padding_mask = pad_prompts(rows)
+    new = 14  # the longest row passes n_ctx = 16: the window crops, and with a cache it restarts
+    greedy = generate(model, ids, new, padding_mask=padding_mask, use_cache=use_cache)
+    sampled = generate(model, ids, new, padding_mask=padding_mask, use_cache=use_cache, do_sample=True, top_k=20,
+                       generator=[torch.Generator().manual_seed(row) for row in range(len(rows))])
+    assert greedy.shape == sampled.shape == (len(rows), max(LENGTHS) + new)
+    assert torch.equal(greedy[:, :max(LENGTHS)], ids)  # the padding stays in the output
+    for row, prompt in enumerate(rows):
+        pad = max(LENGTHS) - len(prompt)
+        alone = generate(model, prompt[None], new, use_cache=use_cache)
+        assert torch.equal(greedy[row, pad:], alone[0]), (row, greedy[row, pad:], alone[0])
+        alone = generate(model, prompt[None], new, use_cache=use_cache, do_sample=True, top_k=20,
+                         generator=torch.Generator().manual_seed(row))
+        assert torch.equal(sampled[row, pad:], alone[0]), (row, sampled[row, pad:], alone[0])
+
+
+def test_padded_greedy_equals_transformers_left_padded_generate(models):
+    hf, ours = models
+    rows = ragged_prompts(D_VOCAB, seed=5)
+    ids, padding_mask = pad_prompts(rows, pad_id=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = hf.generate(ids, attention_mask=padding_mask.long(), max_new_tokens=NEW, do_sample=False,
+                             pad_token_id=1, eos_token_id=None)
+    assert torch.equal(generate(ours, ids, NEW, padding_mask=padding_mask), theirs)
+
+
+def test_padded_rows_stop_at_eos_as_alone(models):
+    _, ours = models
+    rows = ragged_prompts(D_VOCAB, seed=5)
+    ids, padding_mask = pad_prompts(rows)
+    free = generate(ours, ids, NEW, padding_mask=padding_mask)
+    eos = int(free[1, max(LENGTHS) + 2])  # row 1 emits it at its 3rd step
+    out = generate(ours, ids, NEW, padding_mask=padding_mask, eos_token_id=eos)
+    for row, prompt in enumerate(rows):
+        alone = generate(ours, prompt[None], NEW, eos_token_id=eos)[0]
+        mine = out[row, max(LENGTHS) - len(prompt):]
+        assert torch.equal(mine[:len(alone)], alone) and bool((mine[len(alone):] == eos).all())
+
+
+def test_without_the_mask_the_padding_changes_the_short_rows():
+    model = tiny_gpt(n_ctx=16)
+    rows = ragged_prompts()
+    ids, padding_mask = pad_prompts(rows)
+    unmasked = generate(model, ids, 8)  # the padding read as tokens, and every row placed from column 0
+    changed = [not torch.equal(unmasked[row, max(LENGTHS) - len(prompt):], generate(model, prompt[None], 8)[0])
+               for row, prompt in enumerate(rows)]
+    assert changed == [False, True, True, True]  # only the row with no padding is right
+
+
+def test_the_model_takes_left_padding_and_positions_in_one_pass_and_over_a_cache():
+    model = tiny_gpt(n_ctx=16, positional="rope")
+    rows = ragged_prompts()
+    ids, padding_mask = pad_prompts(rows)
+    positions = (padding_mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(ids, padding_mask=padding_mask, positions=positions)
+        cache = KVCache.for_model(model, batch=len(rows))
+        model(ids[:, :-2], padding_mask=padding_mask[:, :-2], positions=positions[:, :-2], kv_cache=cache)
+        last_two = model(ids[:, -2:], padding_mask=padding_mask, positions=positions[:, -2:], kv_cache=cache)
+        assert bool(torch.isfinite(logits).all())  # padded queries see padded keys: no empty softmax row
+        for row, prompt in enumerate(rows):
+            alone = model(prompt[None])[0]
+            torch.testing.assert_close(logits[row, padding_mask[row]], alone, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(last_two[row, -1], alone[-1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m, ids, mask: generate(m, ids, 2, padding_mask=mask.flip(1)), r"pad on the left.*row 1 is \[1, 1, 0"),
+    (lambda m, ids, mask: generate(m, ids, 2, padding_mask=mask.long()), "padding_mask must be a bool tensor shaped"),
+    (lambda m, ids, mask: generate(m, ids, 2, padding_mask=mask[:, 1:]), "padding_mask must be a bool tensor shaped"),
+    (lambda m, ids, mask: generate(m, ids, 2, do_sample=True, generator=[torch.Generator()]),
+     "a list of 4 torch.Generators .one per row., got a list of 1"),
+    (lambda m, ids, mask: m(ids, positions=torch.full_like(ids, 16)), r"positions must lie in 0..15"),
+    (lambda m, ids, mask: m(ids, positions=mask), "positions must be an integer tensor shaped like the ids"),
+    (lambda m, ids, mask: pad_prompts([[1, 2], []]), "prompt 1 must be a non-empty 1-D"),
+    (lambda m, ids, mask: pad_prompts([]), "prompts must be a non-empty list"),
+])
+def test_bad_padding_says_what_was_expected(call, match):
+    model = tiny_gpt(n_ctx=16)
+    ids, padding_mask = pad_prompts(ragged_prompts())
+    with pytest.raises(ValueError, match=match):
+        call(model, ids, padding_mask)
 
 
 # ----------------------------------------------------------------------------- beam search

@@ -130,8 +130,12 @@ def test_misuse_says_what_was_expected():
         model(ids, kv_cache=KVCache.for_model(model, batch=3))
     with pytest.raises(ValueError, match="the KV cache holds torch.float32 on cpu but the model computes in torch.float64"):
         tiny().double()(ids, kv_cache=KVCache.for_model(model, batch=2))
-    with pytest.raises(ValueError, match="padding_mask with a KV cache"):
-        model(ids, kv_cache=KVCache.for_model(model, batch=2), padding_mask=torch.ones_like(ids, dtype=torch.bool))
+    cache = KVCache.for_model(model, batch=2)
+    with torch.no_grad():
+        model(ids, kv_cache=cache)
+        with pytest.raises(ValueError, match=r"padding_mask must be a bool tensor \(batch, cached \+ pos\) = \(2, 6\): "
+                                             r"the 5 positions the KV cache holds, then the ids'"):
+            model(ids[:, :1], kv_cache=cache, padding_mask=torch.ones_like(ids[:, :1], dtype=torch.bool))
     layer = LayerKVCache(batch=1, n_kv_heads=2, capacity=4, d_head=3)
     with pytest.raises(ValueError, match=r"\(batch, n_kv_heads, pos, d_head\) = \(1, 2, pos, 3\).*heads before positions"):
         layer.append(torch.zeros(1, 1, 2, 3), torch.zeros(1, 1, 2, 3))  # (batch, pos, heads, d_head)

@@ -8,7 +8,8 @@ same weights (tests/test_generate.py checks it against ``GPT2LMHeadModel.generat
 
 - ``generate``: greedy (argmax) or sampling, with ``temperature``, ``top_k`` and ``top_p``
   applied in transformers' order (``next_token_distribution``), stopping each row at an
-  end-of-sequence token;
+  end-of-sequence token; prompts of different lengths go in padded on the left (``pad_prompts``)
+  with a ``padding_mask``, and each row gets the tokens it would get alone;
 - ``filter_top_k`` and ``filter_top_p``: the two filters, as transformers' ``TopKLogitsWarper``
   and ``TopPLogitsWarper``;
 - ``beam_search``: keep the ``num_beams`` best partial sequences by total log-probability;
@@ -40,7 +41,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from tfedu.kv_cache import KVCache
@@ -74,6 +75,67 @@ def _check_sampling(temperature: object, top_k: object, top_p: object) -> None:
         _check_count("top_k", top_k, least=1)
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
         raise ValueError(f"top_p must be a probability in (0, 1] (the nucleus' mass), got {top_p!r}")
+
+
+def _check_padding(padding_mask: object, ids: Tensor) -> Tensor | None:
+    """The left-padding mask, checked; None when there is none or every token is real (nothing to hide)."""
+    if padding_mask is None:
+        return None
+    if not isinstance(padding_mask, Tensor) or padding_mask.dtype != torch.bool or padding_mask.shape != ids.shape:
+        got = f"{padding_mask.dtype} {tuple(padding_mask.shape)}" if isinstance(padding_mask, Tensor) else type(padding_mask).__name__
+        raise ValueError(f"padding_mask must be a bool tensor shaped like the ids {tuple(ids.shape)}, True = real token; "
+                         f"got {got} (pad_prompts makes both)")
+    rows_ok = padding_mask[:, -1] & (padding_mask[:, 1:].int() >= padding_mask[:, :-1].int()).all(dim=1)
+    if not bool(rows_ok.all()):
+        row = int((~rows_ok).nonzero()[0, 0])
+        raise ValueError(f"padding_mask must pad on the left: each row False (padding) and then True (its prompt, at "
+                         f"least one token, up to the last column); row {row} is {padding_mask[row].int().tolist()}. "
+                         "New tokens go after the last column, so right padding would put padding inside the text "
+                         "(pad_prompts pads on the left)")
+    return None if bool(padding_mask.all()) else padding_mask
+
+
+def _check_generator(generator: object, batch: int) -> None:
+    if generator is None or isinstance(generator, torch.Generator):
+        return
+    if not isinstance(generator, (list, tuple)) or len(generator) != batch \
+            or not all(isinstance(g, torch.Generator) for g in generator):
+        got = f"a {type(generator).__name__} of {len(generator)}" if isinstance(generator, (list, tuple)) \
+            else type(generator).__name__
+        raise ValueError(f"generator must be None, a torch.Generator, or a list of {batch} torch.Generators "
+                         f"(one per row), got {got}")
+
+
+def pad_prompts(prompts: list | tuple, pad_id: int = 0) -> tuple[Int[Tensor, "batch pos"], Bool[Tensor, "batch pos"]]:
+    """Prompts of different lengths as one batch, padded on the left: ``(ids, padding_mask)``, True = real token.
+
+    Left, so that every row's last column is its newest token and the next one goes after it: what
+    ``generate`` expects. ``pad_id`` fills the padding; the model never sees it (the mask hides it).
+
+    >>> ids, padding_mask = pad_prompts([[5, 6, 7], [8]])
+    >>> ids
+    tensor([[5, 6, 7],
+            [0, 0, 8]])
+    >>> padding_mask
+    tensor([[ True,  True,  True],
+            [False, False,  True]])
+    """
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError(f"prompts must be a non-empty list of token-id lists or 1-D tensors, got {type(prompts).__name__}")
+    rows = []
+    for i, prompt in enumerate(prompts):
+        row = torch.as_tensor(prompt) if not isinstance(prompt, Tensor) else prompt
+        if row.dim() != 1 or row.numel() == 0 or row.is_floating_point() or row.dtype == torch.bool:
+            raise ValueError(f"prompt {i} must be a non-empty 1-D list or tensor of token ids, got "
+                             f"{row.dtype} of shape {tuple(row.shape)}")
+        rows.append(row.long())
+    longest = max(row.numel() for row in rows)
+    ids = torch.full((len(rows), longest), pad_id, dtype=torch.long, device=rows[0].device)
+    padding_mask = torch.zeros((len(rows), longest), dtype=torch.bool, device=rows[0].device)
+    for i, row in enumerate(rows):
+        ids[i, longest - row.numel():] = row.to(ids.device)
+        padding_mask[i, longest - row.numel():] = True
+    return ids, padding_mask
 
 
 def _check_processors(logits_processors: object) -> tuple:
@@ -202,23 +264,30 @@ def apply_logits_processors(
 
 
 def _last_logits(
-    model: nn.Module, ids: Int[Tensor, "batch pos"], kv_cache: KVCache | None = None
+    model: nn.Module, ids: Int[Tensor, "batch pos"], kv_cache: KVCache | None = None,
+    padding_mask: Bool[Tensor, "batch pos"] | None = None,
 ) -> Float[Tensor, "batch d_vocab"]:
     """The next-token logits after ``ids``, the context cropped to the model's last n_ctx tokens.
 
     With ``kv_cache``, which must hold the keys and values of ``ids[:, :kv_cache.length]``, only the
     tokens after those are run. Past n_ctx a cache cannot slide (its keys saw the tokens a crop drops), so it is
     emptied and filled again from the last n_ctx tokens: the context the uncached path crops to.
+
+    With a (left-)``padding_mask`` the padded keys are hidden and each row's real tokens sit at
+    positions 0, 1, ... counted within the window, as if the row were decoded alone.
     """
     n_ctx = model.cfg.n_ctx
-    if kv_cache is None:
-        return model(ids[:, -n_ctx:])[:, -1, :].float()  # only the last position predicts the new token
-    if ids.shape[1] > n_ctx:
+    if kv_cache is not None and ids.shape[1] > n_ctx:
         kv_cache.reset()
-        new = ids[:, -n_ctx:]
-    else:
-        new = ids[:, kv_cache.length:]  # the prompt at the first step, then the one newest token
-    return model(new, kv_cache=kv_cache)[:, -1, :].float()
+    first = max(0, ids.shape[1] - n_ctx)  # the window's first column
+    cached = 0 if kv_cache is None else kv_cache.length
+    new = ids[:, first + cached:]  # the prompt at the first step, then the one newest token
+    kwargs: dict = {} if kv_cache is None else {"kv_cache": kv_cache}
+    if padding_mask is not None:
+        window = padding_mask[:, first:]  # every key the new tokens see: cached and new
+        kwargs["padding_mask"] = window
+        kwargs["positions"] = (window.cumsum(dim=1) - 1).clamp(min=0)[:, cached:]  # a padded slot sits at 0
+    return model(new, **kwargs)[:, -1, :].float()  # only the last position predicts the new token
 
 
 def _new_cache(model: nn.Module, batch: int, pos: int, max_new_tokens: int, use_cache: bool) -> KVCache | None:
@@ -229,7 +298,10 @@ def _new_cache(model: nn.Module, batch: int, pos: int, max_new_tokens: int, use_
     return KVCache.for_model(model, batch, capacity=min(model.cfg.n_ctx, pos + max_new_tokens - 1))
 
 
-def _sample(probs: Float[Tensor, "batch d_vocab"], generator: torch.Generator | None) -> Int[Tensor, "batch"]:
+def _sample(probs: Float[Tensor, "batch d_vocab"], generator: torch.Generator | list | tuple | None
+            ) -> Int[Tensor, "batch"]:
+    if isinstance(generator, (list, tuple)):  # one per row: each row draws as it would alone
+        return torch.cat([_sample(probs[row:row + 1], g) for row, g in enumerate(generator)])
     # Draw on the generator's device (a CPU generator with a GPU model is the usual seeded set-up).
     device = probs.device if generator is None else generator.device
     return torch.multinomial(probs.to(device), 1, generator=generator).squeeze(-1).to(probs.device)
@@ -245,7 +317,8 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     eos_token_id: int | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | list | tuple | None = None,
+    padding_mask: Bool[Tensor, "batch pos"] | None = None,
     top_k_filter: Callable[[Tensor, int], Tensor] = filter_top_k,
     top_p_filter: Callable[[Tensor, float], Tensor] = filter_top_p,
     use_cache: bool = True,
@@ -256,7 +329,14 @@ def generate(
     Greedy (the argmax of each step's logits) unless ``do_sample``, which draws from
     ``next_token_distribution`` with ``torch.multinomial(generator=generator)``: the same generator
     seed gives the same tokens. (``temperature``, ``top_k`` and ``top_p`` only shape sampling; greedy
-    ignores them, as transformers does.) All prompts have the same length; there is no padding mask.
+    ignores them, as transformers does.) ``generator`` may also be a list of one generator per row:
+    each row then draws from its own, as it would if decoded alone with it.
+
+    Prompts of different lengths: pad them on the left and pass ``padding_mask`` (True = real token;
+    ``pad_prompts`` makes both). The padded keys are hidden from every query, in the prompt's pass
+    and in the cache, and each row's tokens take positions 0, 1, ... from its first real token, so
+    each row gets the tokens that decoding its prompt alone gives (tests/test_generate.py). The
+    output keeps the padding: row b is ``ids[b]`` (padding and prompt) followed by its new tokens.
 
     With ``eos_token_id``, a row that emits it is done: it gets ``eos_token_id`` again at every later
     step (padding, as transformers with ``pad_token_id = eos_token_id``), and the loop stops early
@@ -292,6 +372,8 @@ def generate(
     _check_count("max_new_tokens", max_new_tokens, least=0)
     _check_sampling(temperature, top_k, top_p)
     _check_eos(eos_token_id, model.cfg.d_vocab)
+    _check_generator(generator, ids.shape[0])
+    padding_mask = _check_padding(padding_mask, ids)
     logits_processors = _check_processors(logits_processors)
     was_training = model.training
     model.eval()
@@ -300,7 +382,7 @@ def generate(
             kv_cache = _new_cache(model, *ids.shape, max_new_tokens, use_cache)
             done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)  # batch
             for _ in range(max_new_tokens):
-                logits = _last_logits(model, ids, kv_cache)  # batch d_vocab
+                logits = _last_logits(model, ids, kv_cache, padding_mask)  # batch d_vocab
                 if logits_processors:
                     logits = apply_logits_processors(logits_processors, ids, logits)
                 if do_sample:
@@ -313,6 +395,8 @@ def generate(
                     next_id = next_id.masked_fill(done, eos_token_id)  # a finished row only pads
                     done = done | (next_id == eos_token_id)
                 ids = torch.cat([ids, next_id[:, None].to(ids.dtype)], dim=1)
+                if padding_mask is not None:  # the new token is real in every row
+                    padding_mask = F.pad(padding_mask, (0, 1), value=True)
                 # Only a row that can end can stop the loop (bool() waits for the device: skip it otherwise).
                 if eos_token_id is not None and bool(done.all()):
                     break

@@ -69,12 +69,30 @@ def _check_targets(targets: object, ids: Tensor, cfg: ModelConfig) -> None:
         raise IndexError(f"targets must lie in 0..{cfg.d_vocab - 1} or be {IGNORE_INDEX} (skipped)")
 
 
-def _check_padding(padding_mask: object, ids: Tensor, name: str) -> None:
+def _check_padding(padding_mask: object, ids: Tensor, name: str, *, cached: int = 0) -> None:
+    """``padding_mask`` must be None or bool of shape (batch, cached + pos): the cached positions' and the ids'."""
     if padding_mask is None:
         return
-    if not isinstance(padding_mask, Tensor) or padding_mask.dtype != torch.bool or padding_mask.shape != ids.shape:
+    shape = (ids.shape[0], cached + ids.shape[1])
+    if not isinstance(padding_mask, Tensor) or padding_mask.dtype != torch.bool or tuple(padding_mask.shape) != shape:
         got = f"{padding_mask.dtype} {tuple(padding_mask.shape)}" if isinstance(padding_mask, Tensor) else type(padding_mask).__name__
-        raise ValueError(f"{name} must be a bool tensor shaped like the ids {tuple(ids.shape)}, True = real token; got {got}")
+        like = (f"(batch, cached + pos) = {shape}: the {cached} positions the KV cache holds, then the ids'" if cached
+                else f"shaped like the ids {tuple(ids.shape)}")
+        raise ValueError(f"{name} must be a bool tensor {like}, True = real token; got {got}")
+
+
+def _check_positions(positions: object, ids: Tensor, cfg: ModelConfig) -> None:
+    if positions is None:
+        return
+    if (not isinstance(positions, Tensor) or positions.shape != ids.shape or positions.is_floating_point()
+            or positions.is_complex() or positions.dtype == torch.bool):
+        got = f"{positions.dtype} {tuple(positions.shape)}" if isinstance(positions, Tensor) else type(positions).__name__
+        raise ValueError(f"positions must be an integer tensor shaped like the ids {tuple(ids.shape)}, each token's "
+                         f"position (for left padding: (padding_mask.cumsum(1) - 1).clamp(min=0)); got {got}")
+    if positions.numel():
+        low, high = (int(value) for value in torch.aminmax(positions))
+        if low < 0 or high >= cfg.n_ctx:
+            raise ValueError(f"positions must lie in 0..{cfg.n_ctx - 1} (n_ctx={cfg.n_ctx}), got values from {low} to {high}")
 
 
 def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], targets: Int[Tensor, "batch pos"]) -> Tensor:
@@ -162,20 +180,23 @@ class Transformer(nn.Module):
 
     def embed_tokens(
         self, ids: Int[Tensor, "batch pos"], name: str = "ids", *, embed: nn.Embedding | None = None,
-        hook: nn.Module | None = None, start: int = 0,
+        hook: nn.Module | None = None, start: int = 0, positions: Int[Tensor, "batch pos"] | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
         """Token embeddings (times ``embed_scale``) plus the position vectors: the residual stream's start.
 
         ``embed`` and ``hook`` default to ``self.embed`` and ``self.hook_embed`` (the encoder-decoder
         passes its target table and ``hook_tgt_embed``). The tokens sit at positions ``start,
-        start + 1, ...`` (``start`` > 0 after the positions a KV cache holds).
+        start + 1, ...`` (``start`` > 0 after the positions a KV cache holds), or at ``positions``,
+        one per token (left-padded rows start later: ``tfedu.generate``).
         """
         check_ids(ids, self.cfg, name, cached=start)
+        _check_positions(positions, ids, self.cfg)
         embed, hook = embed or self.embed, hook or self.hook_embed
         resid = hook(embed(ids) * self.embed_scale)  # batch pos d_model
         if self.pos_embed is not None:
-            positions = torch.arange(start, start + ids.shape[1], device=ids.device)
-            resid = resid + self.hook_pos_embed(self.pos_embed(positions))  # pos d_model broadcasts
+            if positions is None:
+                positions = torch.arange(start, start + ids.shape[1], device=ids.device)
+            resid = resid + self.hook_pos_embed(self.pos_embed(positions))  # (batch) pos d_model
         return dropout(self.drop, resid)
 
     def attention_bias(self, n_query: int, n_key: int, like: Tensor) -> Tensor | None:
@@ -197,17 +218,32 @@ class Transformer(nn.Module):
         context: Tensor | None = None,
         context_padding_mask: Bool[Tensor, "batch key_pos"] | None = None,
         kv_cache: KVCache | None = None,
+        positions: Int[Tensor, "batch pos"] | None = None,
     ) -> Float[Tensor, "batch pos d_model"]:
-        """Run ``blocks`` over the stream; padded keys are hidden from every query.
+        """Run ``blocks`` over the stream; padded keys are hidden from every real query.
 
         With ``kv_cache`` the stream holds the new positions only: they sit after the ``kv_cache.length``
-        positions cached, and block i appends their keys and values to ``kv_cache.layers[i]``.
+        positions cached, and block i appends their keys and values to ``kv_cache.layers[i]``; a
+        ``padding_mask`` then covers the cached positions and the new ones. ``positions`` (one per
+        token) reach RoPE; by default the tokens sit at ``start, start + 1, ...``. ALiBi measures the
+        distance between columns, which is the distance between positions for left-padded rows.
         """
         n = resid.shape[1]
         start = 0 if kv_cache is None else kv_cache.length
-        mask = None if padding_mask is None else padding_mask[:, None, None, :]  # batch 1 1 key_pos
+        if padding_mask is None:
+            mask = None
+        elif causal:
+            # A padded query sees the padded keys too, so that no softmax row is empty (left padding puts the
+            # padded queries before every real key); what it computes is never read. Real queries see real keys.
+            query_real = padding_mask[:, -n:]  # batch query_pos
+            mask = padding_mask[:, None, None, :] | ~query_real[:, None, :, None]  # batch 1 query_pos key_pos
+        else:
+            mask = padding_mask[:, None, None, :]  # batch 1 1 key_pos
         context_mask = None if context_padding_mask is None else context_padding_mask[:, None, None, :]
-        positions = torch.arange(start, start + n, device=resid.device)
+        if positions is None:
+            positions = torch.arange(start, start + n, device=resid.device)
+        else:
+            positions = positions[:, None, :]  # batch 1 pos: one row of positions per sequence, for every head
         bias = self.attention_bias(n, start + n, resid)
         layer_caches = [None] * len(blocks) if kv_cache is None else kv_cache.layers
         for block, layer_cache in zip(blocks, layer_caches, strict=True):
@@ -272,11 +308,14 @@ class LanguageModel(Transformer):
 
     ``forward(ids)`` returns logits ``(batch, pos, d_vocab)``; ``forward(ids, targets)`` returns
     ``(logits, loss)``, the mean cross-entropy over positions whose target is not -100.
-    ``padding_mask`` (True = real token) hides padded keys. Subclasses set ``causal``.
+    ``padding_mask`` (True = real token) hides padded keys. ``positions`` (an integer tensor shaped
+    like ``ids``) places each token; by default row after row at 0, 1, ... Subclasses set ``causal``.
 
     A causal model (``GPT``) also takes ``kv_cache=`` (``tfedu.kv_cache.KVCache.for_model(model,
     batch)``): ``ids`` are then the *new* tokens, placed after the positions the cache holds; their
-    keys and values are appended to it and the logits cover the new positions only.
+    keys and values are appended to it and the logits cover the new positions only. A
+    ``padding_mask`` then covers every position, cached and new, ``(batch, kv_cache.length + pos)``:
+    how ``tfedu.generate`` decodes left-padded prompts of different lengths.
     """
 
     causal: bool  # set by GPT (True) and Encoder (False)
@@ -298,11 +337,13 @@ class LanguageModel(Transformer):
         *,
         padding_mask: Bool[Tensor, "batch pos"] | None = None,
         kv_cache: KVCache | None = None,
+        positions: Int[Tensor, "batch pos"] | None = None,
     ) -> Float[Tensor, "batch pos d_vocab"] | tuple[Float[Tensor, "batch pos d_vocab"], Tensor]:
-        start = 0 if kv_cache is None else self._check_kv_cache(kv_cache, ids, padding_mask)
-        resid = self.embed_tokens(ids, start=start)
-        _check_padding(padding_mask, ids, "padding_mask")
-        resid = self.run_blocks(self.blocks, resid, causal=self.causal, padding_mask=padding_mask, kv_cache=kv_cache)
+        start = 0 if kv_cache is None else self._check_kv_cache(kv_cache, ids)
+        resid = self.embed_tokens(ids, start=start, positions=positions)
+        _check_padding(padding_mask, ids, "padding_mask", cached=start)
+        resid = self.run_blocks(self.blocks, resid, causal=self.causal, padding_mask=padding_mask, kv_cache=kv_cache,
+                                positions=positions)
         logits = self.unembed(self.ln_final(resid))  # batch pos d_vocab
         if targets is None:
             return logits
@@ -313,7 +354,7 @@ class LanguageModel(Transformer):
     def supports_kv_cache(self) -> bool:
         return self.causal
 
-    def _check_kv_cache(self, kv_cache: object, ids: object, padding_mask: object) -> int:
+    def _check_kv_cache(self, kv_cache: object, ids: object) -> int:
         """The positions ``kv_cache`` holds, after clear errors for a cache this forward pass cannot use."""
         if not isinstance(kv_cache, KVCache):
             raise TypeError(f"kv_cache must be a tfedu.kv_cache.KVCache (KVCache.for_model(model, batch)), "
@@ -321,8 +362,6 @@ class LanguageModel(Transformer):
         if not self.causal:
             raise ValueError(f"{type(self).__name__} attends both ways: a new token changes every earlier position, "
                              "so there is nothing to cache (a KV cache serves causal decoding, GPT)")
-        if padding_mask is not None:
-            raise ValueError("padding_mask with a KV cache is not supported: decode equal-length prompts, without padding")
         if len(kv_cache.layers) != len(self.blocks):
             raise ValueError(f"this kv_cache has {len(kv_cache.layers)} layers but the model {len(self.blocks)} blocks: "
                              "make it with KVCache.for_model(model, batch)")
