@@ -172,3 +172,33 @@ def test_sampling_uses_the_parts_sampler_and_crops_to_the_context(reference_run)
     assert len(ids) == 72 and ids[:2] == [5, 6] and len(calls) == 70 and calls[0] == ((1, 1024), 0.8)
     again = capstone.sample(model, [5, 6], capstone.REFERENCES["8.8"], new_tokens=70, temperature=0.8, seed=1)
     assert again == ids  # seeded: the same text again
+
+
+def test_flashattention_runs_inside_the_gpt_of_parts_with_its_projections():
+    """Issue 41, item 2: notebook 09 switches FlashAttention into the learner's GPT of notebook 08."""
+    from tfedu.flash import attention_from, flash_backward, flash_forward
+
+    namespace = solved_namespace()
+    exec(OTHER_WAYS, namespace)  # attention written another way than the reference: its projections still serve
+    every_part = {number: namespace[name] for number, (name, _) in capstone.PARTS.items()}  # all kept, as in 09
+    parts = capstone.gather({}, every_part, here="09")
+    assert parts.all_yours, parts.table()
+    tiles = attention_from(flash_forward, flash_backward, block_q=16, block_k=16)
+    weights = capstone.initial_weights(300, capstone.Recipe(), seed=0)
+    models = []
+    for flash_fn in (None, tiles):
+        model = capstone.GPTOfParts(300, 64, 64, 2, 4, "gelu_tanh", parts.objects, flash_fn=flash_fn)
+        model.load_state_dict(weights)
+        models.append(model)
+    ids = torch.randint(0, 300, (3, 57), generator=torch.Generator().manual_seed(0))  # not a multiple of the tiles
+    grads = []
+    for model in models:
+        loss = F.cross_entropy(model(ids[:, :-1]).flatten(0, 1), ids[:, 1:].flatten())
+        grads.append(torch.autograd.grad(loss, list(model.parameters())) + (loss,))
+    for plain, tiled in zip(*grads, strict=True):
+        torch.testing.assert_close(tiled, plain, atol=1e-5, rtol=1e-4)
+    # Trained a few steps by the parts' loop, the two runs give the same losses to rounding.
+    data = capstone.course_data()
+    few = capstone.Recipe(steps=4, warmup_steps=1, eval_every=4, eval_windows=4)
+    plain, tiled = (capstone.train_run(parts, *data, few, flash_fn=fn) for fn in (None, tiles))
+    assert max(abs(a - b) for a, b in zip(plain.losses + [plain.final], tiled.losses + [tiled.final])) < 1e-4

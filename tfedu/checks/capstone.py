@@ -132,16 +132,17 @@ def _passes(number: str, part: Any) -> str | None:
     return None
 
 
-def gather(namespace: Mapping[str, Any], earlier: Mapping[str, Any] | None = None) -> Parts:
+def gather(namespace: Mapping[str, Any], earlier: Mapping[str, Any] | None = None, *, here: str = "08") -> Parts:
     """The learner's parts where they pass their checks, the reference elsewhere, and why.
 
-    Notebook 08's parts are looked up by name in ``namespace`` (the notebook's globals); the earlier notebooks'
-    come from ``earlier`` (number -> object) when given, else from the learner's kept files (``tfedu.use_mine``).
+    The parts of notebook ``here`` are looked up by name in ``namespace`` (the notebook's globals); the other
+    notebooks' come from ``earlier`` (number -> object) when given, else from the learner's kept files
+    (``tfedu.use_mine``). Notebook 09 gathers with ``here="09"``: every part then comes from the kept files.
     Every part the learner has is checked again here, so a part edited since its check passed is not trusted.
     """
     objects, whose = {}, {}
     for number, (name, _) in PARTS.items():
-        if number.startswith("8."):
+        if number.split(".")[0] == here.lstrip("0"):
             part = namespace.get(name)
             missing = f"no {name} in this notebook"
         elif earlier is not None:
@@ -173,22 +174,46 @@ class NormOfParts(nn.Module):
         return self.layer_norm(x, self.weight, self.bias, self.eps)
 
 
-class BlockOfParts(nn.Module):
-    """A pre-norm decoder block of the parts, with tfedu's parameter names (``ln1``, ``attn.W_Q``, ``mlp.W_in``, ...)."""
+def attention_through(mha: nn.Module, x: torch.Tensor, n_heads: int, flash_fn: Callable) -> torch.Tensor:
+    """Causal self-attention with ``mha``'s projections (``W_Q``, ``W_K``, ``W_V``, ``W_O``) around ``flash_fn``.
 
-    def __init__(self, d_model: int, n_heads: int, activation: str, parts: Mapping[str, Any]) -> None:
+    ``flash_fn(q, k, v, causal=True)`` takes and returns ``(batch, n_heads, pos, d_head)``: notebook 09's
+    FlashAttention (``tfedu.flash.attention_from(forward, backward)``) in place of the softmax the module computes.
+    """
+    batch, n, d_model = x.shape
+
+    def split(t: torch.Tensor) -> torch.Tensor:
+        return t.view(batch, n, n_heads, -1).transpose(1, 2)  # batch n_heads pos d_head
+
+    z = flash_fn(split(mha.W_Q(x)), split(mha.W_K(x)), split(mha.W_V(x)), causal=True)
+    return mha.W_O(z.transpose(1, 2).reshape(batch, n, -1))
+
+
+class BlockOfParts(nn.Module):
+    """A pre-norm decoder block of the parts, with tfedu's parameter names (``ln1``, ``attn.W_Q``, ``mlp.W_in``, ...).
+
+    With ``flash_fn`` the attention keeps the parts' projections and runs ``flash_fn`` between them
+    (:func:`attention_through`) instead of the module's own softmax.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, activation: str, parts: Mapping[str, Any],
+                 flash_fn: Callable | None = None) -> None:
         super().__init__()
-        self.block_fn = parts["7.4"]
+        self.block_fn, self.n_heads, self.flash_fn = parts["7.4"], n_heads, flash_fn
         self.ln1, self.ln2 = NormOfParts(d_model, parts["7.2"]), NormOfParts(d_model, parts["7.2"])
         self.attn = parts["5.3"](d_model, n_heads)
         self.mlp = parts["7.1"](d_model, activation)
 
     def forward(self, resid: torch.Tensor) -> torch.Tensor:
         n = resid.shape[-2]
-        mask = tfa.causal_mask(n, n, device=resid.device)
+        if self.flash_fn is not None:
+            def attn(x: torch.Tensor) -> torch.Tensor:
+                return attention_through(self.attn, x, self.n_heads, self.flash_fn)
+        else:
+            mask = tfa.causal_mask(n, n, device=resid.device)
 
-        def attn(x: torch.Tensor) -> torch.Tensor:
-            return self.attn(x, mask=mask)
+            def attn(x: torch.Tensor) -> torch.Tensor:
+                return self.attn(x, mask=mask)
 
         return self.block_fn(resid, self.ln1, attn, self.ln2, self.mlp)
 
@@ -202,10 +227,13 @@ class GPTOfParts(nn.Module):
     the token embeddings' 0.02 (GPT-2's initialisation): unscaled, the positions drown the tokens, and the run of
     :class:`Recipe` stays at the unigram loss (6.0 nats after 400 steps, seed 0), while scaled to the embeddings'
     size it reaches 4.47 (learned positions: 4.62). The original Transformer scales the embeddings up instead.
+
+    ``flash_fn`` (notebook 09): every block's attention runs it between the parts' projections.
     """
 
     def __init__(self, d_vocab: int, n_ctx: int, d_model: int, n_layers: int, n_heads: int, activation: str,
-                 parts: Mapping[str, Any], *, learned_positions: bool = False, position_scale: float = 0.02) -> None:
+                 parts: Mapping[str, Any], *, learned_positions: bool = False, position_scale: float = 0.02,
+                 flash_fn: Callable | None = None) -> None:
         super().__init__()
         self.n_ctx, self.forward_fn = n_ctx, parts["7.5"]
         self.embed = nn.Embedding(d_vocab, d_model)
@@ -213,7 +241,7 @@ class GPTOfParts(nn.Module):
             self.W_pos = nn.Parameter(torch.zeros(n_ctx, d_model))
         else:
             self.register_buffer("W_pos", position_scale * parts["6.1"](n_ctx, d_model).float(), persistent=False)
-        self.blocks = nn.ModuleList(BlockOfParts(d_model, n_heads, activation, parts) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(BlockOfParts(d_model, n_heads, activation, parts, flash_fn) for _ in range(n_layers))
         self.ln_final = NormOfParts(d_model, parts["7.2"])
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -233,8 +261,9 @@ def initial_weights(d_vocab: int, recipe: Recipe, seed: int) -> dict[str, torch.
         return {name: value.detach().clone() for name, value in model.state_dict().items()}
 
 
-def _gpt(d_vocab: int, recipe: Recipe, parts: Mapping[str, Any]) -> GPTOfParts:
-    return GPTOfParts(d_vocab, recipe.n_ctx, recipe.d_model, recipe.n_layers, recipe.n_heads, recipe.activation, parts)
+def _gpt(d_vocab: int, recipe: Recipe, parts: Mapping[str, Any], flash_fn: Callable | None = None) -> GPTOfParts:
+    return GPTOfParts(d_vocab, recipe.n_ctx, recipe.d_model, recipe.n_layers, recipe.n_heads, recipe.activation, parts,
+                      flash_fn=flash_fn)
 
 
 # ----------------------------------------------------------------------------- training
@@ -287,14 +316,15 @@ def held_out_windows(val_ids: torch.Tensor, recipe: Recipe) -> torch.Tensor:
 
 
 def train_run(parts: Parts | Mapping[str, Any], train_ids: torch.Tensor, val_ids: torch.Tensor, d_vocab: int,
-              recipe: Recipe = Recipe(), seed: int = 0) -> Run:
+              recipe: Recipe = Recipe(), seed: int = 0, flash_fn: Callable | None = None) -> Run:
     """Train a GPT of ``parts`` with its own loop, optimizer step, schedule, clipping, batches and loss.
 
     The first weights (:func:`initial_weights`) and the batch generator's seed are the same whatever the parts, and
-    the held-out loss is always measured with PyTorch's cross-entropy, so two runs differ only by their parts.
+    the held-out loss is always measured with PyTorch's cross-entropy, so two runs differ only by their parts
+    (and ``flash_fn``, notebook 09's FlashAttention in every block: :class:`GPTOfParts`).
     """
     objects = parts.objects if isinstance(parts, Parts) else parts
-    model = _gpt(d_vocab, recipe, objects)
+    model = _gpt(d_vocab, recipe, objects, flash_fn)
     model.load_state_dict(initial_weights(d_vocab, recipe, seed))  # strict: the parts' names are tfedu's
     windows = held_out_windows(val_ids, recipe)
 
