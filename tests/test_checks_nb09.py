@@ -241,6 +241,13 @@ def ff_mistake(mistake):
                         _ = q[..., i0:i0 + block_q, :] @ k[..., j0:j0 + block_k, :].transpose(-2, -1)
                         _ = q[..., i0:i0 + block_q, :] @ k[..., j0:j0 + block_k, :].transpose(-2, -1)
             return with_skip
+        if mistake == "skip-too-little":  # right, and one future key block per query block computed before the stop
+            for i0 in range(0, q.shape[-2], block_q) if causal else ():
+                j0 = -(-min(i0 + block_q, q.shape[-2]) // block_k) * block_k  # the first key block wholly in the future
+                if j0 < k.shape[-2]:
+                    _ = q[..., i0:i0 + block_q, :] @ k[..., j0:j0 + block_k, :].transpose(-2, -1)
+                    _ = q[..., i0:i0 + block_q, :] @ k[..., j0:j0 + block_k, :].transpose(-2, -1)
+            return nb09._ff_variant(q, k, v, causal, block_q, block_k)
         return nb09._ff_variant(q, k, v, causal, block_q, block_k, mistake)
     return flash_attention_forward
 
@@ -248,7 +255,10 @@ def ff_mistake(mistake):
 FF_MISTAKES = [("not-normalised", "unnormalised sum"), ("no-scale", "not scaled"), ("lse-no-max", "leaves out the running max"),
                ("lse-max-only", "the row's max alone"), ("state-kept", "carried from one block"),
                ("diagonal", "hides the diagonal"), ("peek", "one key too many"), ("local-mask", "within the tile"),
-               ("skip-too-much", "the diagonal crosses"), ("edges", "shorter block was dropped"),
+               ("local-mask-crossing", "within the tile"), ("diagonal-tile-only", "only the tile that starts on the"),
+               ("skip-too-much", "the diagonal crosses"), ("skip-at-diagonal", "the diagonal crosses"),
+               ("skip-past-end", "the diagonal crosses"), ("skip-too-little", "tiles of scores where"),
+               ("edges", "shorter block was dropped"),
                ("whole", "wider than the blocks"), ("pair", "should return (o, lse)")]
 
 
@@ -342,6 +352,13 @@ def fb_mistake(mistake):
                         for _ in range(5):
                             _ = q[..., i0:i0 + block_q, :] @ k[..., j0:j0 + block_k, :].transpose(-2, -1)
             return nb09._fb_variant(q, k, v, o, lse, do, causal, block_q, block_k)
+        if mistake == "skip-too-little":  # right, and the tiles of the first future query block computed too
+            for j0 in range(0, k.shape[-2], block_k) if causal else ():
+                for i0 in range(0, q.shape[-2], block_q):
+                    if min(i0 + block_q, q.shape[-2]) <= j0 < min(i0 + 2 * block_q, q.shape[-2] + block_q):
+                        for _ in range(5):
+                            _ = q[..., i0:i0 + block_q, :] @ k[..., j0:j0 + block_k, :].transpose(-2, -1)
+            return nb09._fb_variant(q, k, v, o, lse, do, causal, block_q, block_k)
         return nb09._fb_variant(q, k, v, o, lse, do, causal, block_q, block_k, mistake)
     return flash_attention_backward
 
@@ -349,6 +366,8 @@ def fb_mistake(mistake):
 FB_MISTAKES = [("no-D", "leaves out D"), ("D-whole", "one number for the whole input"), ("P-raw", "raw scores"),
                ("no-scale", "missing the scale"), ("unmasked", "was not masked"), ("dq-overwrite", "dq was written over"),
                ("dkv-overwrite", "kept only the last block"), ("skip-too-much", "the diagonal crosses"),
+               ("D-per-tile", "summed within each tile"), ("P-tile-softmax", "softmax over the tile alone"),
+               ("skip-too-little", "tiles where"),
                ("no-skip", "as many tile products"), ("pair", "should return (dq, dk, dv)")]
 
 
@@ -426,7 +445,8 @@ def la_mistake(mistake):
 
 LA_MISTAKES = [("state-late", "left out its own key"), ("no-phi", "feature map is missing"),
                ("no-normaliser", "not normalised"), ("not-causal", "every query saw every key"),
-               ("wrong-axis", "along the wrong axis")]
+               ("wrong-axis", "along the wrong axis"), ("S-axis", "outer products phi(k_j) v_j^T ran along"),
+               ("z-axis", "normaliser's running sum of phi(k_j) ran along")]
 
 
 def test_linear_attention_passes_the_reference_and_another_way(capsys):

@@ -448,6 +448,11 @@ HINT_FF_LOCAL_MASK = (
     "the causal mask compares positions within the tile instead of in the sequence: query i0 + a and key j0 + b are "
     "hidden when j0 + b > i0 + a, which differs from b > a whenever the blocks start at different positions"
 )
+HINT_FF_DIAGONAL_TILE_ONLY = (
+    "only the tile that starts on the diagonal (key block start = query block start) was masked: when block_q and "
+    "block_k differ, the diagonal crosses other tiles too, and in each of them the keys after a query must be "
+    "hidden; mask every tile you compute, by positions in the sequence"
+)
 HINT_FF_SKIP_TOO_MUCH = (
     "you skipped key blocks that the diagonal crosses: a key block can be skipped only when it starts after the last "
     "query of the block (every key in it lies in every query's future); the blocks the diagonal crosses are "
@@ -456,6 +461,11 @@ HINT_FF_SKIP_TOO_MUCH = (
 HINT_FF_EDGES = (
     "the last, shorter block was dropped: when a length is not a multiple of the block size, the final block of "
     "queries (or keys) is shorter, and its slice simply stops at the end"
+)
+HINT_FF_SKIP_TOO_LITTLE = (
+    "causal attention computed {got} tiles of scores where {want} are needed: key blocks that start after the last "
+    "query of their query block (all future) were computed and masked instead of skipped; the first such block "
+    "ends the key loop"
 )
 HINT_FF_NO_SKIP = (
     "causal attention here ran as many score tiles as the full one ({full} matrix products both times): key blocks "
@@ -477,12 +487,13 @@ HINT_FF_CALL = (
     "with a tile of scores (*batch, bq, bk) and the tile's values (*batch, bk, d_v)"
 )
 
-FF_MISTAKES = {  # hint -> the variant of _ff_variant that makes it
-    HINT_FF_NOT_NORMALISED: "not-normalised", HINT_FF_NO_SCALE: "no-scale", HINT_FF_LSE_NO_MAX: "lse-no-max",
-    HINT_FF_LSE_MAX_ONLY: "lse-max-only", HINT_FF_STATE_KEPT: "state-kept", HINT_FF_DIAGONAL: "diagonal",
-    HINT_FF_PEEK: "peek", HINT_FF_LOCAL_MASK: "local-mask", HINT_FF_SKIP_TOO_MUCH: "skip-too-much",
-    HINT_FF_EDGES: "edges",
-}
+FF_MISTAKES = (  # (hint, the variant of _ff_variant that makes it)
+    (HINT_FF_NOT_NORMALISED, "not-normalised"), (HINT_FF_NO_SCALE, "no-scale"), (HINT_FF_LSE_NO_MAX, "lse-no-max"),
+    (HINT_FF_LSE_MAX_ONLY, "lse-max-only"), (HINT_FF_STATE_KEPT, "state-kept"), (HINT_FF_DIAGONAL, "diagonal"),
+    (HINT_FF_PEEK, "peek"), (HINT_FF_LOCAL_MASK, "local-mask"), (HINT_FF_LOCAL_MASK, "local-mask-crossing"),
+    (HINT_FF_DIAGONAL_TILE_ONLY, "diagonal-tile-only"), (HINT_FF_SKIP_TOO_MUCH, "skip-too-much"),
+    (HINT_FF_SKIP_TOO_MUCH, "skip-at-diagonal"), (HINT_FF_SKIP_TOO_MUCH, "skip-past-end"), (HINT_FF_EDGES, "edges"),
+)
 
 
 def _ff_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, block_q: int, block_k: int,
@@ -501,13 +512,14 @@ def _ff_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
             state = (torch.full(q[..., i0:i1, 0].shape, NEG_INF), torch.zeros(q[..., i0:i1, 0].shape),
                      torch.zeros(*q[..., i0:i1, 0].shape, v.shape[-1]))
         for j0 in range(0, last_k, block_k):
-            if causal and (j0 > i0 if mistake == "skip-too-much" else j0 >= i1):
-                break
             j1 = min(j0 + block_k, n_k)
+            skip = {"skip-too-much": j0 > i0, "skip-at-diagonal": j0 >= i0, "skip-past-end": j1 > i1}.get(mistake, j0 >= i1)
+            if causal and skip:
+                break
             s = scale * (q[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1))
-            if causal:
+            if causal and (mistake != "diagonal-tile-only" or j0 == i0) and (mistake != "local-mask-crossing" or j1 > i0):
                 rows, cols = torch.arange(i0, i1)[:, None], torch.arange(j0, j1)
-                if mistake == "local-mask":
+                if mistake in ("local-mask", "local-mask-crossing", "diagonal-tile-only"):  # positions within the tile
                     rows, cols = rows - i0, cols - j0
                 future = {"diagonal": cols >= rows, "peek": cols > rows + 1}.get(mistake, cols > rows)
                 s = s.masked_fill(future, NEG_INF)
@@ -521,7 +533,7 @@ def _ff_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
 
 
 def _ff_mistakes(q, k, v, causal, block_q, block_k) -> list[tuple[str, tuple[torch.Tensor, torch.Tensor]]]:
-    return [(hint, _ff_variant(q, k, v, causal, block_q, block_k, variant)) for hint, variant in FF_MISTAKES.items()]
+    return [(hint, _ff_variant(q, k, v, causal, block_q, block_k, variant)) for hint, variant in FF_MISTAKES]
 
 
 def reference_flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -605,19 +617,48 @@ def check_flash_attention_forward(flash_attention_forward) -> None:
 
 def _check_all_ff(flash_attention_forward: Any) -> None:
     _full_then_causal(FF_CALLS, lambda seed, q, k, v, causal, bq, bk: _check_ff(flash_attention_forward, q, k, v, causal,
-                                                                                bq, bk), HINT_FF_NO_SKIP)
+                                                                                bq, bk), HINT_FF_NO_SKIP,
+                      HINT_FF_SKIP_TOO_LITTLE)
 
 
-def _full_then_causal(calls: Sequence[tuple], check_one: Callable[..., MatmulOperands], no_skip_hint: str) -> None:
+def _tile_count(n: int, block_q: int, block_k: int, causal: bool) -> int:
+    """The (query block, key block) tiles attention over n positions visits; causal: those not wholly in the future."""
+    return sum(sum(1 for j0 in range(0, n, block_k) if not causal or j0 < min(i0 + block_q, n))
+               for i0 in range(0, n, block_q))
+
+
+def skip_problem(full_products: int, causal_products: int, n: int, block_q: int, block_k: int, no_skip_hint: str,
+                 too_little_hint: str) -> str | None:
+    """What is wrong with the causal call's count of matrix-product operands against the full call's, if anything.
+
+    The same count means nothing was skipped. Otherwise, when the full call's count is a whole number per tile, the
+    causal call must not exceed that number times the tiles on or below the diagonal: more means some tiles wholly
+    in the future were computed (a product outside the tile loops makes the per-tile count fractional: not judged).
+    """
+    if not full_products:
+        return None
+    if causal_products >= full_products:
+        return no_skip_hint.format(full=full_products)
+    tiles, needed = _tile_count(n, block_q, block_k, False), _tile_count(n, block_q, block_k, True)
+    per_tile, uneven = divmod(full_products, tiles)
+    if uneven or not per_tile or causal_products % per_tile or causal_products <= per_tile * needed:
+        return None
+    return too_little_hint.format(got=causal_products // per_tile, want=needed)
+
+
+def _full_then_causal(calls: Sequence[tuple], check_one: Callable[..., MatmulOperands], no_skip_hint: str,
+                      too_little_hint: str) -> None:
     """``check_one(seed, q, k, v, causal, block_q, block_k)`` on each call's inputs, full attention; where the lengths
-    match, causal too, which must make fewer tile products than full attention (the blocks above the diagonal skipped)."""
+    match, causal too, which must skip exactly the tiles wholly above the diagonal (:func:`skip_problem`)."""
     for seed, batch, n_q, n_k, d, d_v, block_q, block_k in calls:
         q, k, v = _ff_inputs(seed, batch, n_q, n_k, d, d_v)
         full = check_one(seed, q, k, v, False, block_q, block_k)
         if n_q == n_k:
             causal = check_one(seed, q, k, v, True, block_q, block_k)
-            if full.shapes and len(causal.shapes) >= len(full.shapes):
-                raise CheckFailure(no_skip_hint.format(full=len(full.shapes)))
+            problem = skip_problem(len(full.shapes), len(causal.shapes), n_q, block_q, block_k, no_skip_hint,
+                                   too_little_hint)
+            if problem:
+                raise CheckFailure(problem)
 
 
 # ----------------------------------------------------------------------------- 9.5 flash_attention_backward
@@ -629,6 +670,16 @@ HINT_FB_NO_D = (
 HINT_FB_D_WHOLE = (
     "your D is one number for the whole input: it is one number per query, the sum of dO * O over that query's "
     "output features (the last axis) only"
+)
+HINT_FB_D_PER_TILE = (
+    "your D was summed within each tile: D is one number per query, the sum of P * dP over all of its keys, every "
+    "key block included; a tile holds only some of them. It equals rowsum(dO * O), which needs no tile: compute it "
+    "once, before the loops"
+)
+HINT_FB_P_TILE_SOFTMAX = (
+    "your P is a softmax over the tile alone: a tile holds only some of a query's keys, so its weights would sum to 1 "
+    "in every tile instead of over the whole row; the forward's weights are exp(S - lse), with lse the whole row's "
+    "log-sum-exp"
 )
 HINT_FB_P_RAW = (
     "your P is the exponential of the raw scores: the softmax weights are exp(S - lse), each row's scores less its "
@@ -654,6 +705,10 @@ HINT_FB_SKIP_TOO_MUCH = (
     "you skipped tiles that the diagonal crosses: in the causal case a (query block, key block) tile can be "
     "skipped only when every key of the block comes after every query of it"
 )
+HINT_FB_SKIP_TOO_LITTLE = (
+    "causal attention computed {got} tiles where {want} are needed: tiles whose keys all come after all their "
+    "queries (the key block starts at or after the query block's end) were computed instead of skipped"
+)
 HINT_FB_NO_SKIP = (
     "causal attention here ran as many tile products as the full one ({full} both times): tiles whose keys all "
     "come after all their queries hold only zeros in P and must be skipped, not computed"
@@ -670,7 +725,7 @@ HINT_FB_CALL = (
 FB_MISTAKES = {
     HINT_FB_NO_D: "no-D", HINT_FB_D_WHOLE: "D-whole", HINT_FB_P_RAW: "P-raw", HINT_FB_NO_SCALE: "no-scale",
     HINT_FB_UNMASKED: "unmasked", HINT_FB_DQ_OVERWRITE: "dq-overwrite", HINT_FB_DKV_OVERWRITE: "dkv-overwrite",
-    HINT_FB_SKIP_TOO_MUCH: "skip-too-much",
+    HINT_FB_SKIP_TOO_MUCH: "skip-too-much", HINT_FB_D_PER_TILE: "D-per-tile", HINT_FB_P_TILE_SOFTMAX: "P-tile-softmax",
 }
 
 
@@ -690,9 +745,13 @@ def _fb_variant(q, k, v, o, lse, do, causal: bool = False, block_q: int = 64, bl
             s = scale * (q[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1))
             if causal and mistake != "unmasked":
                 s = s.masked_fill(torch.arange(j0, j1) > torch.arange(i0, i1)[:, None], NEG_INF)
-            p = torch.exp(s) if mistake == "P-raw" else torch.exp(s - lse[..., i0:i1, None])
+            if mistake == "P-tile-softmax":
+                p = torch.softmax(s, dim=-1)
+            else:
+                p = torch.exp(s) if mistake == "P-raw" else torch.exp(s - lse[..., i0:i1, None])
             dp = do[..., i0:i1, :] @ v[..., j0:j1, :].transpose(-2, -1)
-            ds = p * dp if mistake == "no-D" else p * (dp - D[..., i0:i1, None])
+            D_i = (p * dp).sum(dim=-1) if mistake == "D-per-tile" else D[..., i0:i1]
+            ds = p * dp if mistake == "no-D" else p * (dp - D_i[..., None])
             factor = 1.0 if mistake == "no-scale" else scale
             if mistake == "dq-overwrite":
                 dq[..., i0:i1, :] = factor * (ds @ k[..., j0:j1, :])
@@ -767,7 +826,7 @@ def check_flash_attention_backward(flash_attention_backward) -> None:
         do = torch.randn(*q.shape[:-1], v.shape[-1], generator=torch.Generator().manual_seed(seed + 50))  # dO
         return _check_fb(flash_attention_backward, q, k, v, do, causal, block_q, block_k)
 
-    _full_then_causal(FB_CALLS, check_one, HINT_FB_NO_SKIP)
+    _full_then_causal(FB_CALLS, check_one, HINT_FB_NO_SKIP, HINT_FB_SKIP_TOO_LITTLE)
 
 
 # ----------------------------------------------------------------------------- 9.6 causal linear attention, two ways
@@ -792,6 +851,14 @@ HINT_LA_WRONG_AXIS = (
     "{fn}: the cumulative sum ran along the wrong axis: the running sums accumulate over the positions (axis -3 of "
     "the (..., pos, d_head, d_v) outer products, axis -2 of phi(k)), not over the features"
 )
+HINT_LA_S_AXIS = (
+    "{fn}: the running sum of the outer products phi(k_j) v_j^T ran along a feature axis: it accumulates over the "
+    "positions (axis -3 of the (..., pos, d_head, d_v) products); the normaliser's running sum is right"
+)
+HINT_LA_Z_AXIS = (
+    "{fn}: the normaliser's running sum of phi(k_j) ran along the features: it accumulates over the positions "
+    "(axis -2 of phi(k)); the outer products' running sum is right"
+)
 HINT_LA_DIFFER = (
     "your two functions disagree (largest difference {gap:.2e}): the recurrence and the cumulative sums compute the "
     "same outputs, up to rounding; the one that differs from the reference is named above when it is a known slip"
@@ -803,7 +870,8 @@ HINT_LA_CALL = (
 HINT_LA_MUTATED = "your {fn} changed the caller's `{{name}}` in place: build new tensors"
 
 LA_MISTAKES = {HINT_LA_STATE_LATE: "state-late", HINT_LA_NO_PHI: "no-phi", HINT_LA_NO_NORMALISER: "no-normaliser",
-               HINT_LA_NOT_CAUSAL: "not-causal", HINT_LA_WRONG_AXIS: "wrong-axis"}
+               HINT_LA_NOT_CAUSAL: "not-causal", HINT_LA_WRONG_AXIS: "wrong-axis", HINT_LA_S_AXIS: "S-axis",
+               HINT_LA_Z_AXIS: "z-axis"}
 
 
 def reference_causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -818,8 +886,9 @@ def _la_variant(q, k, v, eps: float = 1e-6, mistake: str | None = None) -> torch
     outer = phi_k[..., :, None] * v[..., None, :]  # (..., pos, d_head, d_v)
     if mistake == "not-causal":
         S, z = outer.sum(-3, keepdim=True).expand_as(outer), phi_k.sum(-2, keepdim=True).expand_as(phi_k)
-    elif mistake == "wrong-axis":
-        S, z = outer.cumsum(-1), phi_k.cumsum(-1)
+    elif mistake in ("wrong-axis", "S-axis", "z-axis"):
+        S = outer.cumsum(-3) if mistake == "z-axis" else outer.cumsum(-1)
+        z = phi_k.cumsum(-2) if mistake == "S-axis" else phi_k.cumsum(-1)
     else:
         S, z = outer.cumsum(-3), phi_k.cumsum(-2)
         if mistake == "state-late":  # the sums before position i: key i left out
@@ -1315,9 +1384,8 @@ def _compare_ff(outputs: dict, expected: dict) -> str | None:
     if max(widest) > limit:
         return HINT_FF_WHOLE.format(shape=f"of {max(widest)} elements", bq=bq, bk=bk)
     products = outputs.get("products") or [0, 0, 0]
-    if products[1] and products[2] >= products[1]:
-        return HINT_FF_NO_SKIP.format(full=products[1])
-    return None
+    return skip_problem(products[1], products[2], inputs["q"][1].shape[-2], inputs["block_q"][1], inputs["block_k"][1],
+                        HINT_FF_NO_SKIP, HINT_FF_SKIP_TOO_LITTLE)
 
 
 # flash_attention_backward: the same drawn calls as 9.4's probe, with o and lse from the reference forward and a
@@ -1387,9 +1455,8 @@ def _compare_fb(outputs: dict, expected: dict) -> str | None:
         return (f"flash_attention_backward's gradients differ from autograd's in the hidden test's call {c + 1} "
                 f"(causal={inputs['causal'][c]})")
     products = outputs.get("products") or [0, 0, 0]  # (D over whole rows is fine here: no width limit, as in 9.4)
-    if products[1] and products[2] >= products[1]:
-        return HINT_FB_NO_SKIP.format(full=products[1])
-    return None
+    return skip_problem(products[1], products[2], inputs["q"][1].shape[-2], inputs["block_q"][1], inputs["block_k"][1],
+                        HINT_FB_NO_SKIP, HINT_FB_SKIP_TOO_LITTLE)
 
 
 # The two linear attentions: fresh q, k, v of drawn shapes, each function called on each; the reference and the
