@@ -303,7 +303,7 @@ def cg_learner(bug=None):
             for step in range(max_new_tokens):
                 position = 0 if bug == "first" and step == 0 else -1
                 out = torch.cat([out, logits[:, position].argmax(dim=-1, keepdim=True)], dim=1)
-                if step == max_new_tokens - 1:
+                if step == max_new_tokens - 1 and bug != "extra-call":
                     break
                 if bug == "no-cache":
                     logits = model(out)
@@ -320,7 +320,8 @@ def cg_learner(bug=None):
 
 CG_MISTAKES = [("no-cache", "without the cache"), ("token-by-token", "one token at a time"),
                ("whole", "a decoding step fed"), ("fresh", "found the cache empty"),
-               ("first", "logits of the first position"), ("no-eval", "model.eval() first")]
+               ("first", "logits of the first position"), ("extra-call", "needs no forward pass"),
+               ("no-eval", "model.eval() first")]
 
 
 def test_cached_generate_passes_the_reference_and_a_learners_loop(capsys):

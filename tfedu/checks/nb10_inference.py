@@ -660,6 +660,11 @@ HINT_CG_FIRST = (
     "after the prefill you took the logits of the first position: the model returns logits for every position it "
     "was fed, and the next token is predicted at the last one"
 )
+HINT_CG_EXTRA_CALL = (
+    "the model ran {calls} times for {new} new token(s): the last new token needs no forward pass (nothing is "
+    "chosen after it), so the prefill and one call for each new token but the last make {new}. The extra call "
+    "costs a whole step and, when the text reaches n_ctx, overflows the cache"
+)
 HINT_CG_DROPOUT = (
     "with a model that has dropout and was left in training mode, your tokens differ: call model.eval() first "
     "(torch.no_grad() alone does not turn dropout off)"
@@ -704,8 +709,8 @@ def reference_cached_generate(model: GPT, ids: torch.Tensor, max_new_tokens: int
     return generate(model, ids, max_new_tokens, use_cache=True)
 
 
-def _cg_problem(calls: list[tuple[int, int | None]], prompt_len: int) -> str | None:
-    """What the call log says is wrong with the cache's use, or None."""
+def _cg_problem(calls: list[tuple[int, int | None]], prompt_len: int, new: int) -> str | None:
+    """What the call log of ``new`` tokens' decoding says is wrong with the cache's use, or None."""
     if any(cached is None for _, cached in calls):
         return HINT_CG_NO_CACHE
     first_new = next((i for i, (fed, cached) in enumerate(calls) if cached + fed > prompt_len), None)
@@ -716,6 +721,8 @@ def _cg_problem(calls: list[tuple[int, int | None]], prompt_len: int) -> str | N
             return HINT_CG_FRESH_CACHE
         if fed != 1:
             return HINT_CG_WHOLE_SEQUENCE.format(fed=fed)
+    if new >= 1 and len(calls) > new:
+        return HINT_CG_EXTRA_CALL.format(calls=len(calls), new=new)
     return None
 
 
@@ -726,13 +733,13 @@ def _check_cg(fn: Any, model: GPT, ids: torch.Tensor, new: int, what: str) -> No
             got = call_on_copies(fn, {"model": model, "ids": ids, "max_new_tokens": new}, name="cached_generate",
                                  mutated_hint=HINT_CG_MUTATED, error_hint=HINT_CG_CALL)
     except CheckFailure:  # the model refused a call (a cache overflowing, say): the calls so far may say why
-        problem = _cg_problem(log.calls, ids.shape[1])
+        problem = _cg_problem(log.calls, ids.shape[1], new)
         if problem:
             raise CheckFailure(problem) from None
         raise
     finally:
         log.hook.remove()
-    problem = _cg_problem(log.calls, ids.shape[1])
+    problem = _cg_problem(log.calls, ids.shape[1], new)
     if problem:
         raise CheckFailure(problem)
     expect(isinstance(got, torch.Tensor) and not got.is_floating_point(), HINT_CG_RETURN.format(got=describe(got)))
@@ -760,8 +767,8 @@ def check_cached_generate(cached_generate) -> None:
     """Check a learner's ``cached_generate(model, ids, max_new_tokens)``: greedy decoding that prefills the prompt in one
     call and then feeds one token per call into one cache, giving exactly the tokens of uncached decoding
     (``tfedu.generate.generate(..., use_cache=False)``) on a tiny RoPE GPT; the calls are recorded (tokens fed, tokens
-    cached). Named: no cache, a prefill token by token, the whole sequence fed again, a fresh cache each step, the
-    first position's logits, dropout left on.
+    cached). Named: no cache, a prefill token by token, the whole sequence fed again, a fresh cache each step, a
+    forward pass after the last token, the first position's logits, dropout left on.
     """
     model = make_cache_model(0)
     ids = torch.randint(0, 48, (2, 5), generator=torch.Generator().manual_seed(1))
@@ -1109,12 +1116,12 @@ def _cg_model(inputs: dict) -> GPT:
 def _cg_probe_reference(inputs: dict) -> dict:
     model, ids, new = _cg_model(inputs), torch.from_numpy(inputs["ids"]), inputs["max_new_tokens"]
     return {"returned": ["tensor"], "output": as_array(generate(model, ids, new, use_cache=False)),
-            "first": as_array(_cg_variant(model, ids, new, "first")), "prompt_len": ids.shape[1]}
+            "first": as_array(_cg_variant(model, ids, new, "first")), "prompt_len": ids.shape[1], "new": new}
 
 
 def _compare_cg(outputs: dict, expected: dict) -> str | None:
     calls = [tuple(call) for call in outputs.get("calls") or []] if isinstance(outputs, dict) else []
-    problem = _cg_problem(calls, expected["prompt_len"])
+    problem = _cg_problem(calls, expected["prompt_len"], expected["new"])
     if problem:
         return problem
     if isinstance(outputs, dict) and outputs.get("error"):
