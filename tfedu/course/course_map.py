@@ -74,13 +74,16 @@ CHAPTERS: tuple[Chapter, ...] = (
     )),
     Chapter("09", "efficient_attention", "Efficient attention: online softmax, tiles, FlashAttention and a Triton kernel", (
         "attention's cost measured (FLOPs, peak memory, time), HBM vs SRAM, softmax naive/safe/online, "
-        "tiled matmul with its loads counted, FlashAttention's forward by tiles and its backward, memory "
-        "vs n, deck 000's IO table counted, a Triton FlashAttention kernel read and run (CPU interpreter "
-        "or GPU), linear attention and the retrieval it fails"
+        "tiled matmul with its loads counted; FlashAttention-2's forward and backward written by tiles and run "
+        "inside your own GPT of notebook 08 (the same losses, a fraction of the memory); model FLOPs "
+        "utilisation measured; memory vs n, deck 000's IO table counted; the loop of a Triton FlashAttention "
+        "kernel written (CPU interpreter or GPU); causal linear attention two ways and the retrieval it fails"
     )),
     Chapter("10", "inference_and_kv_cache", "Inference and the KV cache: decoding cost, identical tokens, MQA, GQA and MLA", (
         "decoding's cost without a cache, measured; why the past never changes; one cached decoding step "
-        "by hand, driving the course GPT; identical tokens cached and uncached (greedy, sampled, beam); "
+        "and the cached generation loop written by hand, driving the course GPT; identical tokens cached and "
+        "uncached (greedy, sampled, beam); prompts of different lengths in one left-padded batch, each row's "
+        "tokens those it gets alone; grouped-query attention written and checked against transformers' Llama; "
         "per-step FLOPs counted exactly, O(bd^2 + bnd) vs O(bnd^2 + bn^2 d); the cache's bytes (deck "
         "004's 2ndL and its unstated conditions); MQA/GQA cache sizes, and the course GPT converted to "
         "fewer key/value heads and uptrained; MLA's latent cache against GQA's"
