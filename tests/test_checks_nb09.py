@@ -258,7 +258,8 @@ FF_MISTAKES = [("not-normalised", "unnormalised sum"), ("no-scale", "not scaled"
                ("local-mask-crossing", "within the tile"), ("diagonal-tile-only", "only the tile that starts on the"),
                ("skip-too-much", "the diagonal crosses"), ("skip-at-diagonal", "the diagonal crosses"),
                ("skip-past-end", "the diagonal crosses"), ("skip-too-little", "tiles of scores where"),
-               ("edges", "shorter block was dropped"),
+               ("skip-last-query", "the diagonal crosses"), ("edges", "shorter block was dropped"),
+               ("edges-q", "shorter block was dropped"), ("edges-k", "shorter block was dropped"),
                ("whole", "wider than the blocks"), ("pair", "should return (o, lse)")]
 
 
@@ -367,7 +368,10 @@ FB_MISTAKES = [("no-D", "leaves out D"), ("D-whole", "one number for the whole i
                ("no-scale", "missing the scale"), ("unmasked", "was not masked"), ("dq-overwrite", "dq was written over"),
                ("dkv-overwrite", "kept only the last block"), ("skip-too-much", "the diagonal crosses"),
                ("D-per-tile", "summed within each tile"), ("P-tile-softmax", "softmax over the tile alone"),
-               ("skip-too-little", "tiles where"),
+               ("skip-too-little", "tiles where"), ("local-mask", "within the tile"),
+               ("no-scale-dq", "missing the scale"), ("no-scale-dk", "missing the scale"),
+               ("dk-overwrite", "kept only the last block"), ("dv-overwrite", "kept only the last block"),
+               ("skip-last-query", "the diagonal crosses"),
                ("no-skip", "as many tile products"), ("pair", "should return (dq, dk, dv)")]
 
 
@@ -446,7 +450,8 @@ def la_mistake(mistake):
 LA_MISTAKES = [("state-late", "left out its own key"), ("no-phi", "feature map is missing"),
                ("no-normaliser", "not normalised"), ("not-causal", "every query saw every key"),
                ("wrong-axis", "along the wrong axis"), ("S-axis", "outer products phi(k_j) v_j^T ran along"),
-               ("z-axis", "normaliser's running sum of phi(k_j) ran along")]
+               ("z-axis", "normaliser's running sum of phi(k_j) ran along"),
+               ("S-axis-head", "outer products phi(k_j) v_j^T ran along"), ("wrong-axis-head", "along the wrong axis")]
 
 
 def test_linear_attention_passes_the_reference_and_another_way(capsys):

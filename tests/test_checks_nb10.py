@@ -302,6 +302,10 @@ def cg_learner(bug=None):
             out = ids
             for step in range(max_new_tokens):
                 position = 0 if bug == "first" and step == 0 else -1
+                if bug == "flat-argmax":  # no dim: the index into the whole flattened logits, one per batch
+                    chosen = torch.stack([logits[b, position].flatten().argmax() + logits.shape[-1] for b in range(len(out))])
+                    out = torch.cat([out, chosen[:, None]], dim=1)
+                    break
                 out = torch.cat([out, logits[:, position].argmax(dim=-1, keepdim=True)], dim=1)
                 if step == max_new_tokens - 1 and bug != "extra-call":
                     break
@@ -321,6 +325,7 @@ def cg_learner(bug=None):
 CG_MISTAKES = [("no-cache", "without the cache"), ("token-by-token", "one token at a time"),
                ("whole", "a decoding step fed"), ("fresh", "found the cache empty"),
                ("first", "logits of the first position"), ("extra-call", "needs no forward pass"),
+               ("flat-argmax", "outside the vocabulary"),
                ("no-eval", "model.eval() first")]
 
 
@@ -378,7 +383,9 @@ def test_gqa_passes_the_reference_and_a_learners_einsum_version(capsys):
 
 
 @pytest.mark.parametrize("variant, fragment", [("tiled", "wrong order"), ("no-mask", "every query saw every key"),
-                                               ("no-scale", "sqrt(d_head)"), ("axis", "over the queries")])
+                                               ("no-scale", "sqrt(d_head)"), ("axis", "over the queries"),
+                                               ("split-no-transpose", "mixes positions into heads"),
+                                               ("merge-no-transpose", "swap the heads and pos axes back")])
 def test_gqa_names_each_mistake_in_the_check_and_the_probe(variant, fragment):
     wrong = lambda *args: nb10._gqa_variant(*args, variant)  # noqa: E731
     with pytest.raises(CheckFailure) as failure:

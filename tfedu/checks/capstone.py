@@ -113,9 +113,12 @@ class Parts:
         return all(self.whose.get(number) == "yours" for number in PARTS)
 
     def table(self) -> str:
+        """One line per part, exercise and name, then whose it is; headed by how many are the learner's."""
         width = max(len(f"{number} {name}") for number, (name, _) in PARTS.items())
-        return "\n".join(f"  {number + ' ' + name:<{width}}  {self.whose.get(number, 'the reference')}"
-                         for number, (name, _) in PARTS.items())
+        yours = sum(self.whose.get(number) == "yours" for number in PARTS)
+        lines = [f"{yours} of {len(PARTS)} parts are yours:", f"  {'exercise part':<{width}}  whose"]
+        return "\n".join(lines + [f"  {number + ' ' + name:<{width}}  {self.whose.get(number, 'the reference')}"
+                                   for number, (name, _) in PARTS.items()])
 
 
 def reference_parts() -> Parts:

@@ -492,7 +492,9 @@ FF_MISTAKES = (  # (hint, the variant of _ff_variant that makes it)
     (HINT_FF_LSE_MAX_ONLY, "lse-max-only"), (HINT_FF_STATE_KEPT, "state-kept"), (HINT_FF_DIAGONAL, "diagonal"),
     (HINT_FF_PEEK, "peek"), (HINT_FF_LOCAL_MASK, "local-mask"), (HINT_FF_LOCAL_MASK, "local-mask-crossing"),
     (HINT_FF_DIAGONAL_TILE_ONLY, "diagonal-tile-only"), (HINT_FF_SKIP_TOO_MUCH, "skip-too-much"),
-    (HINT_FF_SKIP_TOO_MUCH, "skip-at-diagonal"), (HINT_FF_SKIP_TOO_MUCH, "skip-past-end"), (HINT_FF_EDGES, "edges"),
+    (HINT_FF_SKIP_TOO_MUCH, "skip-at-diagonal"), (HINT_FF_SKIP_TOO_MUCH, "skip-past-end"),
+    (HINT_FF_SKIP_TOO_MUCH, "skip-last-query"), (HINT_FF_EDGES, "edges"), (HINT_FF_EDGES, "edges-q"),
+    (HINT_FF_EDGES, "edges-k"),
 )
 
 
@@ -501,8 +503,8 @@ def _ff_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
     """FlashAttention-2's forward loops around the reference tile update, right or with one known mistake."""
     n_q, n_k, d = q.shape[-2], k.shape[-2], q.shape[-1]
     scale = 1.0 if mistake == "no-scale" else d ** -0.5
-    last_q = n_q - n_q % block_q if mistake == "edges" and n_q % block_q else n_q
-    last_k = n_k - n_k % block_k if mistake == "edges" and n_k % block_k else n_k
+    last_q = n_q - n_q % block_q if mistake in ("edges", "edges-q") and n_q % block_q else n_q
+    last_k = n_k - n_k % block_k if mistake in ("edges", "edges-k") and n_k % block_k else n_k
     o = torch.zeros(*q.shape[:-1], v.shape[-1])
     lse = torch.zeros(q.shape[:-1])
     state = None
@@ -513,7 +515,8 @@ def _ff_variant(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                      torch.zeros(*q[..., i0:i1, 0].shape, v.shape[-1]))
         for j0 in range(0, last_k, block_k):
             j1 = min(j0 + block_k, n_k)
-            skip = {"skip-too-much": j0 > i0, "skip-at-diagonal": j0 >= i0, "skip-past-end": j1 > i1}.get(mistake, j0 >= i1)
+            skip = {"skip-too-much": j0 > i0, "skip-at-diagonal": j0 >= i0, "skip-past-end": j1 > i1,
+                    "skip-last-query": j0 >= i1 - 1}.get(mistake, j0 >= i1)
             if causal and skip:
                 break
             s = scale * (q[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1))
@@ -686,8 +689,12 @@ HINT_FB_P_RAW = (
     "log-sum-exp from the forward pass, which makes every row sum to 1"
 )
 HINT_FB_NO_SCALE = (
-    "dq and dk are missing the scale: the scores are S = Q K^T / sqrt(d_head), so the chain rule multiplies dS K "
-    "and dS^T Q by 1 / sqrt(d_head) too"
+    "dq or dk is missing the scale: the scores are S = Q K^T / sqrt(d_head), so the chain rule multiplies both dS K "
+    "and dS^T Q by 1 / sqrt(d_head)"
+)
+HINT_FB_LOCAL_MASK = (
+    "the causal mask of a recomputed tile compares positions within the tile instead of in the sequence: query "
+    "i0 + a and key j0 + b are hidden when j0 + b > i0 + a, as in the forward pass"
 )
 HINT_FB_UNMASKED = (
     "in the causal case the recomputed tile of scores was not masked: P must be the forward's weights, with the "
@@ -698,7 +705,7 @@ HINT_FB_DQ_OVERWRITE = (
     "attends to, so add each block's dS K into dq instead of assigning it"
 )
 HINT_FB_DKV_OVERWRITE = (
-    "dk and dv kept only the last block of queries: a key's gradient gathers a contribution from every query "
+    "dk or dv kept only the last block of queries: a key's gradient gathers a contribution from every query "
     "block that attends to it, so add each one up over the query loop"
 )
 HINT_FB_SKIP_TOO_MUCH = (
@@ -726,7 +733,12 @@ FB_MISTAKES = {
     HINT_FB_NO_D: "no-D", HINT_FB_D_WHOLE: "D-whole", HINT_FB_P_RAW: "P-raw", HINT_FB_NO_SCALE: "no-scale",
     HINT_FB_UNMASKED: "unmasked", HINT_FB_DQ_OVERWRITE: "dq-overwrite", HINT_FB_DKV_OVERWRITE: "dkv-overwrite",
     HINT_FB_SKIP_TOO_MUCH: "skip-too-much", HINT_FB_D_PER_TILE: "D-per-tile", HINT_FB_P_TILE_SOFTMAX: "P-tile-softmax",
+    HINT_FB_LOCAL_MASK: "local-mask",
 }
+FB_MISTAKES_MORE = (  # further variants that share a hint above
+    (HINT_FB_NO_SCALE, "no-scale-dq"), (HINT_FB_NO_SCALE, "no-scale-dk"), (HINT_FB_DKV_OVERWRITE, "dk-overwrite"),
+    (HINT_FB_DKV_OVERWRITE, "dv-overwrite"), (HINT_FB_SKIP_TOO_MUCH, "skip-last-query"),
+)
 
 
 def _fb_variant(q, k, v, o, lse, do, causal: bool = False, block_q: int = 64, block_k: int = 64,
@@ -740,10 +752,13 @@ def _fb_variant(q, k, v, o, lse, do, causal: bool = False, block_q: int = 64, bl
         j1 = min(j0 + block_k, n_k)
         for i0 in range(0, n_q, block_q):
             i1 = min(i0 + block_q, n_q)
-            if causal and (i0 < j0 if mistake == "skip-too-much" else i1 <= j0):
+            skip = {"skip-too-much": i0 < j0, "skip-last-query": i1 - 1 <= j0}.get(mistake, i1 <= j0)
+            if causal and skip:
                 continue
             s = scale * (q[..., i0:i1, :] @ k[..., j0:j1, :].transpose(-2, -1))
-            if causal and mistake != "unmasked":
+            if causal and mistake == "local-mask":
+                s = s.masked_fill(torch.arange(j1 - j0) > torch.arange(i1 - i0)[:, None], NEG_INF)
+            elif causal and mistake != "unmasked":
                 s = s.masked_fill(torch.arange(j0, j1) > torch.arange(i0, i1)[:, None], NEG_INF)
             if mistake == "P-tile-softmax":
                 p = torch.softmax(s, dim=-1)
@@ -752,18 +767,26 @@ def _fb_variant(q, k, v, o, lse, do, causal: bool = False, block_q: int = 64, bl
             dp = do[..., i0:i1, :] @ v[..., j0:j1, :].transpose(-2, -1)
             D_i = (p * dp).sum(dim=-1) if mistake == "D-per-tile" else D[..., i0:i1]
             ds = p * dp if mistake == "no-D" else p * (dp - D_i[..., None])
-            factor = 1.0 if mistake == "no-scale" else scale
+            factor_q = 1.0 if mistake in ("no-scale", "no-scale-dq") else scale
+            factor_k = 1.0 if mistake in ("no-scale", "no-scale-dk") else scale
             if mistake == "dq-overwrite":
-                dq[..., i0:i1, :] = factor * (ds @ k[..., j0:j1, :])
+                dq[..., i0:i1, :] = factor_q * (ds @ k[..., j0:j1, :])
             else:
-                dq[..., i0:i1, :] += factor * (ds @ k[..., j0:j1, :])
-            parts = (factor * (ds.transpose(-2, -1) @ q[..., i0:i1, :]), p.transpose(-2, -1) @ do[..., i0:i1, :])
-            if mistake == "dkv-overwrite":
-                dk[..., j0:j1, :], dv[..., j0:j1, :] = parts
+                dq[..., i0:i1, :] += factor_q * (ds @ k[..., j0:j1, :])
+            parts = (factor_k * (ds.transpose(-2, -1) @ q[..., i0:i1, :]), p.transpose(-2, -1) @ do[..., i0:i1, :])
+            if mistake in ("dkv-overwrite", "dk-overwrite"):
+                dk[..., j0:j1, :] = parts[0]
             else:
                 dk[..., j0:j1, :] += parts[0]
+            if mistake in ("dkv-overwrite", "dv-overwrite"):
+                dv[..., j0:j1, :] = parts[1]
+            else:
                 dv[..., j0:j1, :] += parts[1]
     return dq, dk, dv
+
+
+def _fb_mistake_list() -> list[tuple[str, str]]:
+    return list(FB_MISTAKES.items()) + list(FB_MISTAKES_MORE)
 
 
 def reference_flash_attention_backward(q, k, v, o, lse, do, causal: bool = False, block_q: int = 64,
@@ -797,7 +820,7 @@ def _check_fb(fn: Any, q, k, v, do, causal: bool, block_q: int, block_k: int) ->
         raise CheckFailure(HINT_FB_TRIPLE.format(got=describe(got)))
     want = autograd_gradients(q, k, v, do, causal)
     if not _fb_close(got, want):
-        for hint, variant in FB_MISTAKES.items():
+        for hint, variant in _fb_mistake_list():
             wrong = _fb_variant(q, k, v, o, lse, do, causal, block_q, block_k, variant)
             if _fb_close(got, wrong) and not _fb_close(wrong, want):
                 raise CheckFailure(hint)
@@ -872,6 +895,7 @@ HINT_LA_MUTATED = "your {fn} changed the caller's `{{name}}` in place: build new
 LA_MISTAKES = {HINT_LA_STATE_LATE: "state-late", HINT_LA_NO_PHI: "no-phi", HINT_LA_NO_NORMALISER: "no-normaliser",
                HINT_LA_NOT_CAUSAL: "not-causal", HINT_LA_WRONG_AXIS: "wrong-axis", HINT_LA_S_AXIS: "S-axis",
                HINT_LA_Z_AXIS: "z-axis"}
+LA_MISTAKES_MORE = ((HINT_LA_S_AXIS, "S-axis-head"), (HINT_LA_WRONG_AXIS, "wrong-axis-head"))
 
 
 def reference_causal_linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -886,9 +910,10 @@ def _la_variant(q, k, v, eps: float = 1e-6, mistake: str | None = None) -> torch
     outer = phi_k[..., :, None] * v[..., None, :]  # (..., pos, d_head, d_v)
     if mistake == "not-causal":
         S, z = outer.sum(-3, keepdim=True).expand_as(outer), phi_k.sum(-2, keepdim=True).expand_as(phi_k)
-    elif mistake in ("wrong-axis", "S-axis", "z-axis"):
-        S = outer.cumsum(-3) if mistake == "z-axis" else outer.cumsum(-1)
-        z = phi_k.cumsum(-2) if mistake == "S-axis" else phi_k.cumsum(-1)
+    elif mistake in ("wrong-axis", "S-axis", "z-axis", "S-axis-head", "wrong-axis-head"):
+        S = {"z-axis": outer.cumsum(-3), "S-axis-head": outer.cumsum(-2), "wrong-axis-head": outer.cumsum(-2)}.get(
+            mistake, outer.cumsum(-1))
+        z = phi_k.cumsum(-2) if mistake in ("S-axis", "S-axis-head") else phi_k.cumsum(-1)
     else:
         S, z = outer.cumsum(-3), phi_k.cumsum(-2)
         if mistake == "state-late":  # the sums before position i: key i left out
@@ -909,7 +934,7 @@ def _check_la_one(fn: Any, name: str, q, k, v, what: str) -> torch.Tensor:
     got = _la_call(fn, name, q, k, v)
     want = reference_causal_linear_attention(q, k, v)
     if not (got.shape == want.shape and torch.allclose(got.double(), want.double(), rtol=1e-4, atol=1e-5)):
-        for hint, variant in LA_MISTAKES.items():
+        for hint, variant in (*LA_MISTAKES.items(), *LA_MISTAKES_MORE):
             wrong = _la_variant(q, k, v, mistake=variant)
             if got.shape == wrong.shape and torch.allclose(got.double(), wrong, rtol=1e-4, atol=1e-5, equal_nan=True) \
                     and not torch.allclose(wrong, want.double(), rtol=1e-4, atol=1e-5):
@@ -1427,7 +1452,7 @@ def _fb_probe_reference(inputs: dict) -> dict:
         bq, bk = inputs["block_q"][c], inputs["block_k"][c]
         out["returned"].append("a triple")
         out["grads"].append([as_array(t.float()) for t in autograd_gradients(q, k, v, do, causal)])
-        for hint, variant in FB_MISTAKES.items():
+        for hint, variant in _fb_mistake_list():
             out["mistakes"].append([hint, c, [as_array(t.float()) for t in _fb_variant(q, k, v, o, lse, do, causal, bq, bk,
                                                                                    variant)]])
     return out
@@ -1490,7 +1515,7 @@ def _la_probe_reference(inputs: dict) -> dict:
     for c, arrays in enumerate(zip(inputs["q"], inputs["k"], inputs["v"])):
         q, k, v = (torch.from_numpy(a) for a in arrays)
         out["want"].append(as_array(reference_causal_linear_attention(q, k, v)))
-        for hint, variant in LA_MISTAKES.items():
+        for hint, variant in (*LA_MISTAKES.items(), *LA_MISTAKES_MORE):
             out["mistakes"].append([hint, c, as_array(_la_variant(q, k, v, mistake=variant).float())])
     return out
 

@@ -662,8 +662,12 @@ HINT_CG_FIRST = (
 )
 HINT_CG_EXTRA_CALL = (
     "the model ran {calls} times for {new} new token(s): the last new token needs no forward pass (nothing is "
-    "chosen after it), so the prefill and one call for each new token but the last make {new}. The extra call "
-    "costs a whole step and, when the text reaches n_ctx, overflows the cache"
+    "chosen after it), so the calls are the prefill and one for each new token but the last, {new} in all. The "
+    "extra call costs a whole step and, when the text reaches n_ctx, overflows the cache"
+)
+HINT_CG_ARGMAX = (
+    "a new token is {got}, outside the vocabulary (0 .. {top}): the argmax ran over more than the vocabulary. Take "
+    "it over the last axis of the last position's logits (batch, d_vocab), one token per row"
 )
 HINT_CG_DROPOUT = (
     "with a model that has dropout and was left in training mode, your tokens differ: call model.eval() first "
@@ -744,8 +748,22 @@ def _check_cg(fn: Any, model: GPT, ids: torch.Tensor, new: int, what: str) -> No
         raise CheckFailure(problem)
     expect(isinstance(got, torch.Tensor) and not got.is_floating_point(), HINT_CG_RETURN.format(got=describe(got)))
     want = generate(model, ids, new, use_cache=False)  # the uncached tokens: what the cache must not change
+    problem = _cg_vocab_problem(got, ids.shape[1], model.cfg.d_vocab)
+    if problem:
+        raise CheckFailure(problem)
     compare(got, want, what=what, mistakes={HINT_CG_FIRST: _cg_variant(model, ids, new, "first")}, check_dtype=False,
             rtol=0, atol=0)
+
+
+def _cg_vocab_problem(got: Any, prompt_len: int, d_vocab: int) -> str | None:
+    """HINT_CG_ARGMAX when a new token lies outside the vocabulary (an argmax over more than the last axis)."""
+    if not isinstance(got, (torch.Tensor, np.ndarray)) or got.ndim != 2 or got.shape[-1] <= prompt_len:
+        return None
+    new = got[:, prompt_len:]
+    low, high = int(new.min()), int(new.max())
+    if low < 0 or high >= d_vocab:
+        return HINT_CG_ARGMAX.format(got=high if high >= d_vocab else low, top=d_vocab - 1)
+    return None
 
 
 def _cg_variant(model: GPT, ids: torch.Tensor, new: int, mistake: str | None = None) -> torch.Tensor:
@@ -809,6 +827,14 @@ HINT_GQA_CALL = (
 )
 HINT_GQA_MUTATED = "your gqa_attention changed the caller's `{name}` in place: build new tensors"
 
+HINT_GQA_SPLIT = (
+    "the heads were split by reshaping (batch, pos, heads * d_head) straight to (batch, heads, pos, d_head): that "
+    "mixes positions into heads. View it as (batch, pos, heads, d_head) first, then swap the pos and heads axes"
+)
+HINT_GQA_MERGE = (
+    "the heads were merged by reshaping (batch, heads, pos, d_head) straight to (batch, pos, heads * d_head): swap "
+    "the heads and pos axes back first, so that each position's row holds its own heads side by side"
+)
 HINT_GQA_SCALE_MODEL = (
     "the scores were divided by sqrt(d_model): the scale is the square root of one head's width, d_head"
 )
@@ -822,14 +848,18 @@ HINT_GQA_D_HEAD = (
 )
 
 GQA_MISTAKES = {HINT_GQA_TILED: "tiled", HINT_GQA_NO_MASK: "no-mask", HINT_GQA_SCALE: "no-scale", HINT_GQA_AXIS: "axis",
-                HINT_GQA_SCALE_MODEL: "scale-d-model"}
+                HINT_GQA_SCALE_MODEL: "scale-d-model", HINT_GQA_SPLIT: "split-no-transpose",
+                HINT_GQA_MERGE: "merge-no-transpose"}
 
 
 def _gqa_variant(x, W_Q, W_K, W_V, W_O, n_heads: int, n_kv_heads: int, mistake: str | None = None) -> torch.Tensor:
     """Grouped-query causal self-attention from its weights, right or with one known mistake."""
     batch, pos, _ = x.shape
     d_head = W_Q.shape[0] // n_heads
-    heads = lambda t, n: t.view(batch, pos, n, d_head).transpose(1, 2)  # noqa: E731
+    if mistake == "split-no-transpose":  # (batch, pos, n * d_head) read as (batch, n, pos, d_head)
+        heads = lambda t, n: t.reshape(batch, n, pos, d_head)  # noqa: E731
+    else:
+        heads = lambda t, n: t.view(batch, pos, n, d_head).transpose(1, 2)  # noqa: E731
     q, k, v = heads(x @ W_Q.T, n_heads), heads(x @ W_K.T, n_kv_heads), heads(x @ W_V.T, n_kv_heads)
     g = n_heads // n_kv_heads
     if mistake == "tiled":
@@ -841,7 +871,10 @@ def _gqa_variant(x, W_Q, W_K, W_V, W_O, n_heads: int, n_kv_heads: int, mistake: 
     if mistake != "no-mask":
         scores = scores.masked_fill(torch.ones(pos, pos, dtype=torch.bool).triu(1), float("-inf"))
     weights = torch.softmax(scores, dim=-2 if mistake == "axis" else -1)
-    return (weights @ v).transpose(1, 2).reshape(batch, pos, n_heads * d_head) @ W_O.T
+    z = weights @ v  # batch n_heads pos d_head
+    z = z.reshape(batch, pos, n_heads * d_head) if mistake == "merge-no-transpose" else \
+        z.transpose(1, 2).reshape(batch, pos, n_heads * d_head)
+    return z @ W_O.T
 
 
 def reference_gqa_attention(x, W_Q, W_K, W_V, W_O, n_heads: int, n_kv_heads: int) -> torch.Tensor:
@@ -1116,7 +1149,8 @@ def _cg_model(inputs: dict) -> GPT:
 def _cg_probe_reference(inputs: dict) -> dict:
     model, ids, new = _cg_model(inputs), torch.from_numpy(inputs["ids"]), inputs["max_new_tokens"]
     return {"returned": ["tensor"], "output": as_array(generate(model, ids, new, use_cache=False)),
-            "first": as_array(_cg_variant(model, ids, new, "first")), "prompt_len": ids.shape[1], "new": new}
+            "first": as_array(_cg_variant(model, ids, new, "first")), "prompt_len": ids.shape[1], "new": new,
+            "d_vocab": model.cfg.d_vocab}
 
 
 def _compare_cg(outputs: dict, expected: dict) -> str | None:
@@ -1132,6 +1166,9 @@ def _compare_cg(outputs: dict, expected: dict) -> str | None:
     got, want = outputs.get("output"), expected["output"]
     if isinstance(got, np.ndarray) and got.shape == want.shape and np.array_equal(got, want):
         return None
+    problem = _cg_vocab_problem(got, expected["prompt_len"], expected["d_vocab"])
+    if problem:
+        return problem
     if isinstance(got, np.ndarray) and got.shape == want.shape and np.array_equal(got, expected["first"]):
         return HINT_CG_FIRST
     return "cached_generate's tokens differ from decoding without a cache in the hidden test"

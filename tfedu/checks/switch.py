@@ -42,16 +42,20 @@ def pick(switch: str, on: bool, mine: Any, reference: Any, check: Callable[..., 
     """
     label = name or getattr(reference, "__name__", "function")
     runs = reference_is or f"tfedu's reference {label}"
+    several = " and " in exercise  # "9.3 and 9.4": one switch over two exercises
     if not on:
-        print(f"{switch} = False: running {runs} (set it to True once exercise {exercise} passes)")
+        once = f"exercises {exercise} pass" if several else f"exercise {exercise} passes"
+        print(f"{switch} = False: running {runs} (set it to True once {once})")
         return reference
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             check(mine, *check_args)
     except AssertionError as failure:  # CheckFailure and ExerciseNotDone are AssertionErrors
-        print(f"{WARNING} {switch} = True, but your {label} does not pass exercise {exercise}'s check: {failure}\n"
+        print(f"{WARNING} {switch} = True, but your {label} does not pass exercise{'s' if several else ''} "
+              f"{exercise}'s check{'s' if several else ''}: {failure}\n"
               f"  From here on {runs} runs instead, so the rest of the notebook still runs; "
-              f"fix exercise {exercise}, or set {switch} = False.")
+              f"fix exercise{'s' if several else ''} {exercise}, or set {switch} = False.")
         return reference
-    print(f"{TICK} {switch} = True: running your {label} (it passes exercise {exercise}'s check)")
+    print(f"{TICK} {switch} = True: running your {label} (it passes exercise{'s' if several else ''} {exercise}'s "
+          f"check{'s' if several else ''})")
     return mine
