@@ -190,3 +190,83 @@ def test_probe_passes_the_reference_and_names_mistakes():
         feedback = verdict(probe, {"constrained_probs": no_max_shift}, seed)  # issue 37: it scored full marks
         assert feedback is not None and "overflows float32" in feedback, (seed, feedback)
     assert "not defined" in verdict(probe, {}, 0)
+
+
+# ----------------------------------------------------------------------------- 15.1 patch_head
+
+PATCH_ANOTHER_WAY = '''
+def patch_head(model, clean_ids, corrupted_ids, layer, head):
+    point = model.hook_points()[f"blocks.{layer}.attn.hook_z"]
+    kept = {}
+    handle = point.register_forward_hook(lambda module, args, out: kept.__setitem__("z", out.detach().clone()))
+    try:
+        with torch.inference_mode():
+            model(clean_ids)
+    finally:
+        handle.remove()
+
+    def swap(module, args, out):
+        out = out.clone()
+        out[..., head, :] = kept["z"][..., head, :]
+        return out
+
+    handle = point.register_forward_hook(swap)
+    try:
+        with torch.inference_mode():
+            return model(corrupted_ids).clone()
+    finally:
+        handle.remove()
+'''
+
+
+def patch_another_way():
+    namespace = {"torch": torch}
+    exec(PATCH_ANOTHER_WAY, namespace)
+    return namespace["patch_head"]
+
+
+def patch_mistake(mistake):
+    if mistake == "leak":
+        def leaky(model, clean_ids, corrupted_ids, layer, head):
+            right = patch_another_way()(model, clean_ids, corrupted_ids, layer, head)
+            model.blocks[layer].attn.hook_z.register_forward_hook(lambda module, args, out: None)  # never removed
+            return right
+        return leaky
+    return lambda *args: nb15._patch_variant(*args, mistake)
+
+
+PATCH_MISTAKES = [("all-heads", "every head of block"), ("reversed", "the patch went the wrong way"),
+                  ("no-patch", "unpatched"), ("clean", "the clean run's"), ("position-axis", "rather than head"),
+                  ("last-position", "only the last position"), ("leak", "still attached")]
+
+
+def test_patch_head_passes_the_reference_and_another_way(capsys):
+    for fn in (nb15.reference_patch_head, patch_another_way()):
+        nb15.check_patch_head(fn)
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+@pytest.mark.parametrize("mistake, fragment", PATCH_MISTAKES)
+def test_patch_head_names_each_mistake_in_the_check_and_the_probe(mistake, fragment):
+    assert fragment in failure_of(nb15.check_patch_head, patch_mistake(mistake))
+    for seed in range(2):
+        feedback = verdict(nb15.PROBES["check_patch_head"], {"patch_head": patch_mistake(mistake)}, seed)
+        assert feedback is not None and fragment in feedback, (seed, feedback)
+
+
+def test_the_patch_head_probe_passes_right_answers():
+    for seed in range(4):
+        assert verdict(nb15.PROBES["check_patch_head"], {"patch_head": patch_another_way()}, seed) is None
+        assert verdict(nb15.PROBES["check_patch_head"], {"patch_head": nb15.reference_patch_head}, seed) is None
+
+
+def test_patching_every_position_of_the_residual_stream_is_the_clean_run():
+    """Why the checker has no separate 'whole residual stream' mistake: after any block, at every position, it is the
+    clean run itself (the later blocks read nothing else)."""
+    model = nb15.patch_model(0)
+    clean, corrupted = nb15.patch_inputs(0, 2, 12, model.cfg.d_vocab)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean)
+        with model.hooks(blocks__0__hook_resid_post=lambda resid: cache["blocks.0.hook_resid_post"]):
+            patched = model(corrupted)
+        assert torch.allclose(patched, model(clean), atol=1e-5)

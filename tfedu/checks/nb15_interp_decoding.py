@@ -1,6 +1,12 @@
-"""Checkers for notebooks/15_interpretability_and_decoding.ipynb: constrained decoding by hand.
+"""Checkers for notebooks/15_interpretability_and_decoding.ipynb: activation patching and constrained decoding.
 
-Exercise 15.1, ``constrained_probs(logits, allowed) -> probs``: the next-token distribution restricted to the
+Exercise 15.1, ``patch_head(model, clean_ids, corrupted_ids, layer, head) -> logits``: the corrupted run with one
+head's output (block ``layer``'s ``attn.hook_z``, head ``head``, every position) taken from the clean run. Named: every
+head patched, the patch run the wrong way, no patch at all, the clean run returned (or everything the later blocks read
+patched), the position axis indexed for the head, the last position alone, a hook left on the model. See
+:func:`check_patch_head`.
+
+Exercise 15.2, ``constrained_probs(logits, allowed) -> probs``: the next-token distribution restricted to the
 allowed tokens. ``logits`` is a float tensor ``(..., d_vocab)``, ``allowed`` a bool tensor of the same shape with at
 least one True per row; the answer sets every forbidden logit to -inf and then takes the softmax over the last
 dimension, so a forbidden token gets probability exactly 0 and each row sums to 1.
@@ -34,6 +40,8 @@ import torch
 
 from tfedu.checks.core import (CheckFailure, Hints, Probe, call_learner, checker, describe, expect, from_modules,
                                global_names, globals_from_modules)
+from tfedu.config import ModelConfig
+from tfedu.model import GPT
 from tfedu.checks.probes import CLEANUP, HELPERS
 from tfedu.checks.scan import scan_answer
 
@@ -239,6 +247,204 @@ def check_constrained_probs(constrained_probs) -> None:
                    HINT_FORBIDDEN_MASS.format(mass=float(got.detach().masked_fill(allowed, 0).abs().max()), what=what))
 
 
+# ----------------------------------------------------------------------------- 15.1 patch_head
+
+HINT_PT_ALL_HEADS = (
+    "every head of block {layer} was patched: the hook's tensor holds all of the block's heads side by side, (batch, "
+    "pos, n_heads, d_head); give only head {head} its clean values and keep the corrupted run's for the others"
+)
+HINT_PT_REVERSED = (
+    "the patch went the wrong way: you ran the clean input and gave head {head} its output from the corrupted run. "
+    "Activation patching runs the corrupted input and gives one head its clean output, to measure how much of the "
+    "clean behaviour that head alone brings back"
+)
+HINT_PT_NO_PATCH = (
+    "your logits are the corrupted run's, unpatched: no hook was attached while the corrupted input ran (attach it, "
+    "then run the model on the corrupted input while it is attached)"
+)
+HINT_PT_CLEAN = (
+    "your logits are the clean run's: either the corrupted input never ran with the patch, or the patch replaced "
+    "everything the later blocks read (the whole residual stream at every position), not one head's output"
+)
+HINT_PT_POSITION = (
+    "you replaced position {head} rather than head {head}: the hook's tensor is (batch, pos, n_heads, d_head), so a "
+    "head is picked on the third axis, at every position"
+)
+HINT_PT_LAST = (
+    "only the last position was patched: replace the head's output at every position, since each later position "
+    "reads the earlier ones"
+)
+HINT_PT_LEAK = (
+    "a hook was still attached to the model after patch_head returned, so every later run of the model stays "
+    "patched: attach it for one run only (model.hooks is a context manager) or remove its handle before returning"
+)
+HINT_PT_SHAPE = "patch_head should return the corrupted run's logits, a float tensor {want}, got {got}"
+HINT_PT_CALL = (
+    "patch_head(model, clean_ids, corrupted_ids, layer, head): two (batch, pos) tensors of token ids of the same "
+    "shape, a block index and a head index; the hook point is named blocks.<layer>.attn.hook_z (in model.hooks, "
+    "write the dots as __)"
+)
+HINT_PT_DIFFERS = "your patched logits differ from the reference in {what}: largest difference {err:.3g}"
+
+PT_MISTAKES = {"all-heads": HINT_PT_ALL_HEADS, "reversed": HINT_PT_REVERSED, "no-patch": HINT_PT_NO_PATCH,
+               "clean": HINT_PT_CLEAN, "position-axis": HINT_PT_POSITION, "last-position": HINT_PT_LAST}
+
+
+def _patch_variant(model: GPT, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor, layer: int, head: int,
+                   mistake: str | None = None) -> torch.Tensor:
+    """The corrupted run with head ``head`` of block ``layer`` given its clean output, right or with one known mistake."""
+    source, target = (corrupted_ids, clean_ids) if mistake == "reversed" else (clean_ids, corrupted_ids)
+    name = f"blocks.{layer}.attn.hook_z"
+    with torch.no_grad():
+        if mistake in ("no-patch", "clean"):
+            return model(clean_ids if mistake == "clean" else corrupted_ids)
+        _, cache = model.run_with_cache(source)
+        saved = cache[name]
+
+        def patch(z: torch.Tensor) -> torch.Tensor:
+            if mistake == "all-heads":
+                return saved
+            z = z.clone()
+            if mistake == "position-axis":
+                z[:, head] = saved[:, head]
+            elif mistake == "last-position":
+                z[:, -1, head] = saved[:, -1, head]
+            else:
+                z[:, :, head] = saved[:, :, head]
+            return z
+
+        with model.hooks(**{name.replace(".", "__"): patch}):
+            return model(target)
+
+
+def reference_patch_head(model: GPT, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor, layer: int,
+                         head: int) -> torch.Tensor:
+    """The exercise's answer."""
+    return _patch_variant(model, clean_ids, corrupted_ids, layer, head)
+
+
+def patch_model(seed: int, *, d_vocab: int = 40, positional: str = "rope") -> GPT:
+    """A small GPT (3 blocks of 4 heads) with large random weights, so that every head matters to the logits."""
+    cfg = ModelConfig(d_vocab=d_vocab, n_ctx=32, d_model=32, n_layers=3, n_heads=4, init_std=0.5,
+                      tied_embeddings=False, positional=positional)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return GPT(cfg).eval()
+
+
+def patch_inputs(seed: int, batch: int, pos: int, d_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Clean ids, and corrupted ids that differ from them in their first half only."""
+    g = torch.Generator().manual_seed(seed)
+    clean = torch.randint(0, d_vocab, (batch, pos), generator=g)
+    corrupted = clean.clone()
+    corrupted[:, : pos // 2] = torch.randint(0, d_vocab, (batch, pos // 2), generator=g)
+    return clean, corrupted
+
+
+def _hooks_left(model: torch.nn.Module) -> bool:
+    return any(module._forward_hooks or module._forward_pre_hooks for module in model.modules())
+
+
+def _patch_problem(got: Any, model: GPT, clean: torch.Tensor, corrupted: torch.Tensor, layer: int, head: int,
+                   what: str) -> str | None:
+    """What is wrong with ``got`` as the patched logits, or None."""
+    want = reference_patch_head(model, clean, corrupted, layer, head)
+    if not (isinstance(got, torch.Tensor) and got.is_floating_point() and got.shape == want.shape):
+        return HINT_PT_SHAPE.format(want=tuple(want.shape), got=describe(got))
+    got = got.detach().float()
+    if torch.allclose(got, want, rtol=1e-4, atol=1e-4):
+        return None
+    for mistake, hint in PT_MISTAKES.items():
+        wrong = _patch_variant(model, clean, corrupted, layer, head, mistake)
+        if torch.allclose(got, wrong, rtol=1e-4, atol=1e-4) and not torch.allclose(wrong, want, rtol=1e-4, atol=1e-4):
+            return hint.format(layer=layer, head=head)
+    return HINT_PT_DIFFERS.format(what=what, err=float((got - want).abs().max()))
+
+
+@checker("activation patching: one head's clean output in the corrupted run")
+def check_patch_head(patch_head) -> None:
+    """Check ``patch_head(model, clean_ids, corrupted_ids, layer, head)`` on a small random GPT: the logits of the
+    corrupted run with one head's hook_z output from the clean run, for two (layer, head) pairs and two position
+    encodings, and no hook left on the model afterwards. Named: see the module docstring."""
+    for seed, (layer, head), positional in ((0, (1, 2), "rope"), (1, (0, 3), "learned")):
+        model = patch_model(seed, positional=positional)
+        clean, corrupted = patch_inputs(seed, batch=2, pos=12, d_vocab=model.cfg.d_vocab)
+        what = (f"patch_head(model, clean_ids, corrupted_ids, layer={layer}, head={head}) on a 3-block GPT of 4 "
+                f"heads with ids of shape {tuple(clean.shape)}")
+        got = call_learner(patch_head, model, clean.clone(), corrupted.clone(), layer, head, name="patch_head",
+                           error_hint=HINT_PT_CALL)
+        if _hooks_left(model):
+            raise CheckFailure(HINT_PT_LEAK)
+        problem = _patch_problem(got, model, clean, corrupted, layer, head, what)
+        if problem:
+            raise CheckFailure(problem)
+
+
+PT_PROBE_RUN = HELPERS + """from tfedu.config import ModelConfig as _ModelConfig
+from tfedu.model import GPT as _GPT
+
+with torch.random.fork_rng(devices=[]):
+    _model = _GPT(_ModelConfig(**inputs['config']))
+_model.load_state_dict({_k: torch.from_numpy(_v) for _k, _v in inputs['weights'].items()})
+_model.eval()
+try:
+    _r = _call(patch_head, _model, torch.from_numpy(inputs['clean']), torch.from_numpy(inputs['corrupted']),
+               inputs['layer'], inputs['head'])
+    _error = None
+except Exception as _e:
+    _r, _error = None, type(_e).__name__ + ': ' + str(_e)[:200]
+_left = any(_m._forward_hooks or _m._forward_pre_hooks for _m in _model.modules())
+outputs = {'returned': [_kind(_r)], 'logits': _array(_r), 'error': _error, 'left': _left, 'mutated': _MUTATED}
+del _ModelConfig, _GPT, _model, _r, _error, _left
+""" + CLEANUP
+
+
+def _pt_model(inputs: dict) -> GPT:
+    with torch.random.fork_rng(devices=[]):
+        model = GPT(ModelConfig(**inputs["config"]))
+    model.load_state_dict({name: torch.from_numpy(value) for name, value in inputs["weights"].items()})
+    return model.eval()
+
+
+def _pt_probe_inputs(rng: np.random.Generator) -> dict:
+    """A fresh small GPT, clean and corrupted ids, and a (layer, head) whose mistakes all differ from the answer."""
+    while True:
+        config = {"d_vocab": int(rng.integers(30, 70)), "n_ctx": 32, "d_model": 32, "n_layers": 3, "n_heads": 4,
+                  "init_std": 0.5, "tied_embeddings": False, "positional": str(rng.choice(["rope", "learned"]))}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(rng.integers(0, 2**31)))
+            weights = {name: value.numpy() for name, value in GPT(ModelConfig(**config)).state_dict().items()}
+        clean, corrupted = patch_inputs(int(rng.integers(0, 2**31)), int(rng.integers(1, 4)), int(rng.integers(8, 17)),
+                                        config["d_vocab"])
+        inputs = {"config": config, "weights": weights, "clean": clean.numpy(), "corrupted": corrupted.numpy(),
+                  "layer": int(rng.integers(0, 2)), "head": int(rng.integers(0, 4))}  # not the last block
+        model = _pt_model(inputs)
+        want = reference_patch_head(model, clean, corrupted, inputs["layer"], inputs["head"])
+        variants = [_patch_variant(model, clean, corrupted, inputs["layer"], inputs["head"], m) for m in PT_MISTAKES]
+        if all(not torch.allclose(a, b, rtol=1e-4, atol=1e-4) for i, a in enumerate([want, *variants])
+               for b in variants[i:]):  # every mistake apart from the answer and from each other
+            return inputs
+
+
+def _pt_probe_reference(inputs: dict) -> dict:
+    return {"returned": ["tensor"], "inputs": inputs}
+
+
+def _compare_pt(outputs: dict, expected: dict) -> str | None:
+    if not isinstance(outputs, dict):
+        return "the hidden test's outputs should be a dict"
+    if outputs.get("error"):
+        return f"patch_head raised {outputs['error']} ({HINT_PT_CALL})"
+    if outputs.get("left"):
+        return HINT_PT_LEAK
+    inputs = expected["inputs"]
+    model = _pt_model(inputs)
+    got = outputs.get("logits")
+    got = torch.from_numpy(got) if isinstance(got, np.ndarray) and got.dtype.kind == "f" else got
+    clean, corrupted = torch.from_numpy(inputs["clean"]), torch.from_numpy(inputs["corrupted"])
+    return _patch_problem(got, model, clean, corrupted, inputs["layer"], inputs["head"], "the hidden test")
+
+
 # ----------------------------------------------------------------------------- probe (hidden test)
 
 PROBE_RUN = HELPERS + """\
@@ -298,6 +504,9 @@ def _compare(outputs: Any, expected: dict) -> str | None:
 
 
 PROBES = {
+    "check_patch_head": Probe(
+        exercise="ex_patch_head", make_inputs=_pt_probe_inputs, run=PT_PROBE_RUN, reference=_pt_probe_reference,
+        compare=_compare_pt, builds=None),  # the model's own hooks and cache: an exercise in their API
     "check_constrained_probs": Probe(
         exercise="ex_constrained_probs",
         make_inputs=_probe_inputs,
@@ -309,8 +518,42 @@ PROBES = {
 
 
 HINTS = {
-    "ex_constrained_probs": Hints(
+    "ex_patch_head": Hints(
         number="15.1",
+        check="check_patch_head",
+        idea=(
+            "Two runs of the same model. The clean run, on the input where the behaviour works, is only there to "
+            "record what one head wrote: its output at the attention's hook_z, before W_O mixes the heads. The "
+            "corrupted run, on the input where the behaviour breaks, is the one whose logits you return, with one "
+            "change: while it runs, that head's output is replaced by the recorded clean one, at every position, and "
+            "every other head keeps what the corrupted input gives it. A hook does the replacing; it must come off "
+            "again when the run ends."
+        ),
+        approach=(
+            "Name the hook point: blocks, the layer, attn, hook_z, joined by dots (by double underscores as a keyword "
+            "of model.hooks). Under torch.no_grad, run the model on the clean ids with run_with_cache and keep that "
+            "hook point's tensor, (batch, pos, n_heads, d_head). Write a function of the corrupted run's tensor that "
+            "returns a copy with the head's slice on the third axis (all batches, all positions) taken from the clean "
+            "tensor. Inside model.hooks with that function, run the model on the corrupted ids and return its logits."
+        ),
+        skeleton=(
+            "def patch_head(model, clean_ids, corrupted_ids, layer, head):\n"
+            "    name = ____  # the hook point of block `layer`'s per-head outputs\n"
+            "    with torch.no_grad():\n"
+            "        _, cache = ____\n"
+            "        clean_z = ____  # (batch, pos, n_heads, d_head)\n"
+            "\n"
+            "        def patch(z):\n"
+            "            z = ____  # a copy: leave the tensor the model hands you as it is\n"
+            "            ____ = ____  # one head, every position\n"
+            "            return z\n"
+            "\n"
+            "        with model.hooks(____):\n"
+            "            return ____\n"
+        ),
+    ),
+    "ex_constrained_probs": Hints(
+        number="15.2",
         check="check_constrained_probs",
         idea=(
             "The answer is the model's next-token distribution restricted to the allowed tokens: a forbidden token "
