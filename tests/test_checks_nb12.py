@@ -350,3 +350,233 @@ def test_probe_names_the_grader_can_check():
     allowed = ("def top_k_gating(router_logits, k):\n    probs = torch.softmax(router_logits, dim=-1)\n"
                "    gates, experts = torch.topk(F.softmax(router_logits, -1), k, dim=-1)\n    return gates, experts\n")
     assert scan_answer(allowed, context=context, forbidden=GATING_PROBE.forbidden) == []
+
+
+# ----------------------------------------------------------------------------- 12.3 moe_forward
+
+
+def top_k_gating_by_hand(router_logits, k):
+    """Exercise 12.1's answer, as the learner's notebook defines it (the check binds its own in its place)."""
+    gates, experts = torch.softmax(router_logits, dim=-1).topk(k, dim=-1)
+    return (gates / gates.sum(dim=-1, keepdim=True) if k > 1 else gates), experts
+
+
+def forward(x, router_weight, experts, k, capacity, mistake=""):
+    """A learner's moe_forward with a Python loop over the queue, right or with one ``mistake``."""
+    tokens = x.shape[0]
+    if mistake == "not renormalised":
+        gates, chosen = torch.softmax(x @ router_weight.T, dim=-1).topk(k, dim=-1)
+    else:
+        gates, chosen = top_k_gating(x @ router_weight.T, k)  # noqa: F821 (bound by the check, or by the test below)
+    if mistake == "detached gates":
+        gates = gates.detach()
+    choices = 1 if mistake == "first choice only" else k
+    order = {"token order": [(t, j) for t in range(tokens) for j in range(choices)],
+             "latest first": [(t, j) for j in range(choices) for t in reversed(range(tokens))]}.get(
+        mistake, [(t, j) for j in range(choices) for t in range(tokens)])
+    if mistake == "gate priority":
+        order = sorted(order, key=lambda tj: -gates[tj].item())
+    limit = {"capacity + 1": capacity + 1, "capacity - 1": capacity - 1, "no capacity": 10**9}.get(mistake, capacity)
+    kept, load, total = torch.zeros(tokens, k, dtype=torch.bool), [0] * len(experts), 0
+    for t, j in order:
+        e = int(chosen[t, j])
+        full = total >= capacity if mistake == "one counter" else load[e] >= limit
+        if not full:
+            kept[t, j] = True
+            load[e] += 1
+            total += 1
+    weights = gates * kept
+    if mistake == "no gates":
+        weights = kept.to(x.dtype)
+    if mistake == "gates twice":
+        weights = weights * gates
+    if mistake == "renormalised after dropping":
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-30)
+    out = torch.zeros_like(x)
+    for e, expert in enumerate(experts):
+        if mistake == "all tokens":
+            y = expert(x)  # every token through every expert, the dropped ones masked out after
+            mask = ((chosen == e) & kept).to(x.dtype)
+            out = out + ((weights * mask).sum(dim=-1, keepdim=True)) * y
+            continue
+        for t, j in zip(*torch.where((chosen == e) & kept)):
+            out = out.index_add(0, t[None], weights[t, j] * expert(x[t][None]))
+    if mistake == "dropped is x":
+        out = torch.where(kept.any(dim=-1, keepdim=True), out, x)
+    if mistake == "residual":
+        out = out + x
+    if mistake == "kept inverted":
+        kept = ~kept
+    if mistake == "kept transposed":
+        kept = kept.T
+    if mistake == "kept as gates":
+        kept = weights
+    return out, kept
+
+
+def forward_sorted(x, router_weight, experts, k, capacity):
+    """Sort-and-gather with a one-hot queue: each expert runs once on a zero-padded buffer of capacity rows."""
+    tokens, n_experts = x.shape[0], len(experts)
+    gates, chosen = top_k_gating(x @ router_weight.T, k)  # noqa: F821
+    one_hot = F.one_hot(einops.rearrange(chosen, "tokens k -> (k tokens)"), n_experts)
+    place = ((one_hot.cumsum(dim=0) - 1) * one_hot).sum(dim=-1)
+    keep = place < capacity
+    kept = einops.rearrange(keep, "(k tokens) -> tokens k", k=k)
+    token = torch.arange(tokens).repeat(k)
+    expert_of = chosen.T.reshape(-1)
+    out = torch.zeros_like(x)
+    for e, expert in enumerate(experts):
+        rows = (expert_of == e) & keep
+        buffer = torch.zeros(capacity, x.shape[1], dtype=x.dtype)
+        buffer = buffer.index_copy(0, place[rows], x[token[rows]])
+        y = expert(buffer)[place[rows]]
+        out = out.index_add(0, token[rows], gates.T.reshape(-1)[rows, None] * y)
+    return out, kept
+
+
+def forward_in_place(x, router_weight, experts, k, capacity):
+    x -= 0  # harmless, but in place: then the "normalised" input
+    x /= x.norm(dim=-1, keepdim=True)
+    return forward(x, router_weight, experts, k, capacity)
+
+
+def notebook_solution():
+    from tfedu.course import nbtools
+    from pathlib import Path
+
+    nb = nbtools.read(Path(__file__).resolve().parents[1] / "notebooks" / "12_moe_and_scaling.ipynb")
+    source = next(c.source for c in nb.cells if (nbtools.nbgrader_meta(c) or {}).get("grade_id") == "ex_moe_forward")
+    namespace = {"torch": torch, "F": F, "einops": einops}
+    exec(source, namespace)
+    return namespace["moe_forward"]
+
+
+def with_globals(fn, **names):
+    """``fn`` with its own globals (this module's plus ``names``): the check binds top_k_gating in them."""
+    import types
+
+    return types.FunctionType(fn.__code__, {**fn.__globals__, **names}, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def learner(fn):
+    """``fn`` as in a learner's notebook, which defines top_k_gating itself (the check puts its stand-in in place)."""
+    return with_globals(fn, top_k_gating=top_k_gating_by_hand)
+
+
+def learner_with_mistake(mistake):
+    """A learner's moe_forward with one known ``mistake`` ("" for none)."""
+    body = learner(forward)
+
+    def moe_forward(x, router_weight, experts, k, capacity):
+        return body(x, router_weight, experts, k, capacity, mistake)
+
+    return moe_forward
+
+
+RIGHT_FORWARD = {"python loop": lambda: learner_with_mistake(""), "sorted buffer": lambda: learner(forward_sorted),
+                 "notebook": notebook_solution}
+
+FORWARD_MISTAKES = {  # name: a phrase its hint must contain
+    "no capacity": "nothing was dropped", "capacity + 1": "one assignment more than their capacity",
+    "capacity - 1": "one assignment fewer than their capacity", "one counter": "over all the experts together",
+    "token order": "take each token's k choices together", "gate priority": "batch prioritised routing",
+    "latest first": "kept the last tokens", "dropped is x": "got its input x as its output",
+    "residual": "x plus the experts' weighted sum", "no gates": "went in with weight 1",
+    "gates twice": "multiplied by its gate twice", "renormalised after dropping": "renormalised",
+    "not renormalised": "raw top-k probabilities", "first choice only": "only each token's first choice ran",
+    "all tokens": "more than its capacity", "detached gates": "no gradient reaches router_weight",
+    "kept inverted": "True where an assignment was dropped", "kept transposed": "your kept is of shape",
+    "kept as gates": "return a bool tensor",
+}
+
+
+@pytest.mark.parametrize("name", RIGHT_FORWARD)
+def test_moe_forward_passes_right_answers(name, capsys):
+    nb12.check_moe_forward(RIGHT_FORWARD[name]())
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", FORWARD_MISTAKES)
+def test_moe_forward_names_each_mistake(name):
+    message = failure_of(nb12.check_moe_forward, learner_with_mistake(name))
+    assert FORWARD_MISTAKES[name] in message, message
+
+
+def test_moe_forward_stands_in_for_a_wrong_top_k_gating_and_puts_it_back():
+    wrong = lambda router_logits, k: (torch.ones(router_logits.shape[0], k), router_logits.topk(k, dim=-1).indices)
+    fn = learner(forward_sorted)
+    fn.__globals__["top_k_gating"] = wrong
+    nb12.check_moe_forward(fn)  # a wrong 12.1 costs only 12.1
+    assert fn.__globals__["top_k_gating"] is wrong
+    del fn.__globals__["top_k_gating"]
+    nb12.check_moe_forward(fn)  # 12.1 not done at all: the stand-in serves too
+    assert "top_k_gating" not in fn.__globals__
+
+
+def test_moe_forward_refuses_tfedu_moe_in_place_changes_and_says_when_not_done():
+    assert "uses tfedu.moe" in failure_of(nb12.check_moe_forward, nb12.reference_moe_forward)
+    hidden = {"tfedu": tfedu, "torch": torch}
+    exec("def through_package(x, router_weight, experts, k, capacity):\n"
+         "    gates, chosen = tfedu.moe.top_k_gating(x @ router_weight.T, k)\n"
+         "    return x, chosen\n", hidden)
+    assert "tfedu.moe.top_k_gating" in failure_of(nb12.check_moe_forward, hidden["through_package"])
+    assert "changed the caller's `x` in place" in failure_of(nb12.check_moe_forward, learner(forward_in_place))
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb12.check_moe_forward(not_done)
+    with pytest.raises(ExerciseNotDone, match="returned None"):
+        nb12.check_moe_forward(lambda x, router_weight, experts, k, capacity: None)
+
+
+def test_the_forward_cases_drop_tokens_and_tell_every_mistake_apart():
+    cases = [nb12.moe_case(*spec) for spec in nb12.MF_CASES]
+    assert all(nb12._clear_routing(case) for case in cases)
+    assert nb12.mistakes_apart(cases)
+    for case in cases[:3]:  # the capacity bites: some assignments are dropped
+        _, kept = nb12.moe_variant(case.x, case.router_weight, case.experts(), case.k, case.capacity)
+        assert not kept.all()
+        torch.testing.assert_close(nb12.moe_variant(case.x, case.router_weight, case.experts(), case.k,
+                                                    case.capacity)[0], nb12.layer_output(case), rtol=1e-5, atol=1e-6)
+
+
+def test_the_reference_forward_matches_the_layer_with_both_dispatches():
+    torch.manual_seed(0)
+    for dispatch in ("loop", "sorted"):
+        layer = tfedu.moe.MoE(8, 16, 4, top_k=2, capacity_factor=0.75, dispatch=dispatch).double().train()
+        x = torch.randn(20, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        experts = [lambda rows, e=e: layer.expert(e, rows) for e in range(4)]
+        out, kept = nb12.reference_moe_forward(x, layer.router.weight, experts, 2, layer.capacity(20))
+        torch.testing.assert_close(out, layer(x), rtol=1e-5, atol=1e-6)
+        assert int((~kept).sum()) == layer.stats.dropped > 0
+
+
+MF_PROBE = nb12.PROBES["check_moe_forward"]
+PROBE_FORWARD_MISTAKES = {"in place": "changed its input in place"}
+
+
+@pytest.mark.parametrize("name", RIGHT_FORWARD)
+def test_forward_probe_passes_right_answers(name):
+    fn = RIGHT_FORWARD[name]()
+    namespace = fn.__globals__  # as the notebook's globals: the grader binds the stand-in for 12.1 there
+    namespace["moe_forward"] = fn
+    for seed in range(4):
+        assert verdict(MF_PROBE, namespace, seed, standins=True) is None, seed
+
+
+@pytest.mark.parametrize("name", FORWARD_MISTAKES)
+def test_forward_probe_names_each_mistake(name):
+    for seed in range(2):
+        feedback = verdict(MF_PROBE, {"moe_forward": learner_with_mistake(name)}, seed)
+        assert feedback is not None and FORWARD_MISTAKES[name] in feedback, (seed, feedback)
+
+
+def test_forward_probe_stands_in_for_top_k_gating_and_names_in_place_changes():
+    fn = learner(forward_sorted)
+    wrong = lambda router_logits, k: (torch.ones(router_logits.shape[0], k), router_logits.topk(k, dim=-1).indices)
+    fn.__globals__["top_k_gating"] = wrong
+    fn.__globals__["moe_forward"] = fn
+    assert verdict(MF_PROBE, fn.__globals__, 0, standins=True) is None  # the grader's stand-in for exercise 12.1
+    assert fn.__globals__["top_k_gating"] is wrong
+    feedback = verdict(MF_PROBE, {"moe_forward": learner(forward_in_place)}, 0)
+    assert feedback is not None and "changed its input in place" in feedback, feedback
+    outputs, expected = run_probe(MF_PROBE, {"moe_forward": fn}, 1)
+    assert is_plain_data(outputs) and is_plain_data(expected)

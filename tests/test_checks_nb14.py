@@ -1,5 +1,8 @@
 """Checkers and probes of notebook 14: each passes the reference and right alternatives, and names realistic mistakes."""
 
+import math
+from fractions import Fraction
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +15,153 @@ from tfedu.checks.core import ExerciseNotDone, is_plain_data
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-# ----------------------------------------------------------------------------- 14.1 absmax
+# ----------------------------------------------------------------------------- 14.1 the bits of a float
+
+
+def fields(x, e, M, mistake=""):
+    """A learner's float_fields in floating point (math.frexp, round), right or with one ``mistake``."""
+    bias = 2 ** (e - 1) if mistake == "bias plus one" else 2 ** (e - 1) - 1
+    sign = int(x < 0) if mistake == "negative zero" else (-1 if x < 0 else 1) if mistake == "sign ±1" else \
+        int(math.copysign(1.0, x) < 0)
+    a = abs(x)
+    fraction, power = math.frexp(a)
+    k = power - 1
+    if k < 1 - bias and mistake == "flush subnormals":
+        return sign, 0, 0
+    if k < 1 - bias and mistake == "negative exponent":
+        return sign, k + bias, round((math.ldexp(a, -k) - 1) * 2**M)
+    if k < 1 - bias and mistake == "subnormal step 2^-bias" and a:
+        return sign, 0, round(math.ldexp(a, bias + M))
+    k = max(k, 1 - bias)
+    t = math.ldexp(a, M - k)
+    count = math.floor(t) if mistake == "truncate" else math.floor(t + 0.5) if mistake == "ties away" else round(t)
+    if count == 2 ** (M + 1) and mistake == "carry kept":
+        return sign, k + bias, 2**M
+    if count == 2 ** (M + 1) and mistake == "carry dropped":
+        return sign, k + bias, 0
+    if count == 2 ** (M + 1):
+        count, k = count // 2, k + 1
+    if count < 2**M:
+        return sign, 0, float(count) if mistake == "floats" else count
+    if mistake == "no bias":
+        return sign, k, count - 2**M
+    mantissa = count if mistake == "implicit one" else count - 2**M
+    return (sign, k + bias, float(mantissa)) if mistake == "floats" else (sign, k + bias, mantissa)
+
+
+def fields_by_bits(x, e, M):
+    """Another right answer: exact integers, the mantissa's bits shifted with round-half-even by hand."""
+    sign = 1 if str(x).startswith("-") else 0
+    n, d = Fraction(abs(x)).as_integer_ratio()
+    bias = (1 << (e - 1)) - 1
+    if n == 0:
+        return (sign, 0, 0)
+    k = n.bit_length() - d.bit_length() - (1 if (n << max(0, d.bit_length() - n.bit_length())) < d << max(0, n.bit_length() - d.bit_length()) else 0)
+    k = max(k, 1 - bias)
+    shift = M - k  # count = |x| * 2^shift, rounded
+    num, den = (n << shift, d) if shift >= 0 else (n, d << -shift)
+    q, r = divmod(num, den)
+    if 2 * r > den or (2 * r == den and q % 2 == 1):
+        q += 1
+    if q == 1 << (M + 1):
+        q, k = q >> 1, k + 1
+    return (sign, 0, q) if q < 1 << M else (sign, k + bias, q - (1 << M))
+
+
+FIELD_MISTAKES = {  # name: a phrase its hint must contain
+    "negative zero": "negative zero",
+    "sign ±1": "not a factor of ±1",
+    "bias plus one": "not 2^(e-1)",
+    "no bias": "the exponent itself",
+    "implicit one": "implicit leading 1",
+    "truncate": "truncated (cut off), not rounded",
+    "ties away": "not away from zero",
+    "flush subnormals": "not zero but a subnormal",
+    "negative exponent": "a field is at least 0",
+    "subnormal step 2^-bias": "not 0 - bias",
+    "carry kept": "the mantissa's carry",
+    "carry dropped": "the mantissa's carry",
+    "floats": "so return ints",
+}
+
+
+def test_the_reference_is_torchs_bit_pattern_for_thousands_of_values():
+    rng = np.random.default_rng(0)
+    for name, (e, M) in nb14.TORCH_FORMATS.items():
+        bias, top = nb14.format_bias(e), nb14.largest_finite(e, M)
+        k = rng.integers(1 - bias - M - 2, bias + 1, 3000)
+        if name == "float32":  # float64 values: torch rounds them to float32 once
+            xs = rng.choice([-1.0, 1.0], 3000) * np.ldexp(1 + rng.random(3000), k)
+        else:  # float32 values (random bit patterns): float32 -> this format is one rounding, also in torch
+            xs = (rng.choice([-1.0, 1.0], 3000) * np.ldexp(1 + rng.random(3000), k)).astype(np.float32).astype(float)
+        ties = [nb14._tie(int(j), int(m), M) for j, m in zip(rng.integers(1 - bias, bias, 300), rng.integers(0, 2**M, 300))]
+        values = [*xs.tolist(), *ties, *nb14.float_cases(e, M), -0.0, 0.0]
+        values = [x for x in values if abs(x) <= top]
+        assert len(values) > 2500
+        for x in values:
+            assert nb14.pack_fields(nb14.reference_float_fields(x, e, M), e, M) == nb14.torch_bits(x, name), (name, x)
+            assert nb14.fields_value(nb14.reference_float_fields(x, e, M), e, M) == \
+                torch.tensor(x, dtype=getattr(torch, name)).double().item()
+
+
+def test_torch_rounds_a_python_float_twice_for_16_and_8_bit_formats():
+    """Why the test above draws float32 values for the smaller formats: torch goes float64 -> float32 -> bfloat16."""
+    x = 1 + 2**-8 + 2**-40  # just above a bfloat16 tie; float32 rounds it onto the tie, which goes to even
+    assert nb14.reference_float_fields(x, 8, 7) == (0, 127, 1)
+    assert nb14.torch_bits(x, "bfloat16") == nb14.pack_fields((0, 127, 0), 8, 7)
+    assert nb14.torch_bits(float(torch.tensor(x, dtype=torch.float32)), "bfloat16") == nb14.torch_bits(x, "bfloat16")
+
+
+def test_e4m3fn_uses_its_top_exponent_field_for_numbers():
+    assert nb14.largest_finite(4, 3) == 448.0 == torch.finfo(torch.float8_e4m3fn).max
+    assert nb14.reference_float_fields(448.0, 4, 3) == (0, 15, 6) and nb14.torch_bits(448.0, "float8_e4m3fn") == 0x7E
+    assert nb14.reference_float_fields(-300.0, 4, 3) == (1, 15, 1)  # 288 and 320 tie-free: 300 is nearer 288
+    for e, M in [(8, 23), (8, 7), (5, 10), *nb14.OTHER_FORMATS]:  # IEEE: the all-ones exponent field is never reached
+        assert nb14.reference_float_fields(nb14.largest_finite(e, M), e, M) == (0, 2**e - 2, 2**M - 1)
+
+
+def test_the_cases_cover_ties_carries_subnormals_and_signed_zero():
+    for e, M in [*nb14.TORCH_FORMATS.values(), *nb14.OTHER_FORMATS]:
+        cases = nb14.float_cases(e, M)
+        got = [nb14.reference_float_fields(x, e, M) for x in cases]
+        assert any(x == 0 and math.copysign(1, x) < 0 for x in cases)
+        assert any(f[1] == 0 and f[2] > 0 for f in got)  # subnormals
+        for mistake in nb14.MISTAKES:  # each named mistake changes some case's fields
+            assert any(nb14._fields(x, e, M, mistake) != f for x, f in zip(cases, got)), (e, M, mistake)
+
+
+@pytest.mark.parametrize("answer", [fields, fields_by_bits, nb14.reference_float_fields], ids=["frexp", "bits", "reference"])
+def test_float_fields_passes_right_answers(answer, capsys):
+    nb14.check_float_fields(answer)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+def test_the_right_answers_agree_with_the_reference_on_random_formats():
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        e, M = int(rng.integers(2, 9)), int(rng.integers(1, 24))
+        for x in nb14.float_cases(e, M, rng, n_random=20):
+            assert fields(x, e, M) == fields_by_bits(x, e, M) == nb14.reference_float_fields(x, e, M), (x, e, M)
+
+
+@pytest.mark.parametrize("name", FIELD_MISTAKES)
+def test_float_fields_names_each_mistake(name):
+    message = failure_of(nb14.check_float_fields, lambda x, e, M: fields(x, e, M, name))
+    assert FIELD_MISTAKES[name] in message, message
+
+
+def test_float_fields_says_when_not_done_or_not_three_ints():
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb14.check_float_fields(not_done)
+    with pytest.raises(ExerciseNotDone, match="returned None"):
+        nb14.check_float_fields(lambda x, e, M: None)
+    assert "three integers" in failure_of(nb14.check_float_fields, lambda x, e, M: fields(x, e, M)[1:])
+    torch_cast = lambda x, e, M: fields(float(torch.tensor(x, dtype={(8, 23): torch.float32, (8, 7): torch.bfloat16,
+                                                                     (5, 10): torch.float16}[e, M])), e, M)
+    assert "raised KeyError" in failure_of(nb14.check_float_fields, torch_cast)  # a format torch has no dtype for
+
+
+# ----------------------------------------------------------------------------- 14.2 absmax
 
 
 def absmax(x, bits, mistake=""):
@@ -106,7 +255,7 @@ def test_absmax_cases_have_no_ties_and_tell_the_mistakes_apart():
         assert not torch.equal(wrong, want), hint
 
 
-# ----------------------------------------------------------------------------- 14.2 zero-point
+# ----------------------------------------------------------------------------- 14.3 zero-point
 
 
 def zeropoint(x, bits, mistake=""):
@@ -220,7 +369,7 @@ def test_zeropoint_refuses_tfedu_quant_and_says_when_not_done():
 # ----------------------------------------------------------------------------- probes
 
 
-NAMESPACE = {"absmax_quantize": absmax, "absmax_dequantize": absmax_deq, "zeropoint_quantize": zeropoint,
+NAMESPACE = {"float_fields": fields, "absmax_quantize": absmax, "absmax_dequantize": absmax_deq, "zeropoint_quantize": zeropoint,
              "zeropoint_dequantize": zeropoint_deq}
 
 
@@ -247,3 +396,15 @@ def test_probes_name_mistakes(grade_id, name, wrong, fragment):
     for seed in range(4):
         feedback = verdict(nb14.PROBES[grade_id], {**NAMESPACE, name: wrong}, seed)
         assert feedback is not None and fragment in feedback, (seed, feedback)
+
+
+@pytest.mark.parametrize("name", [*FIELD_MISTAKES])
+def test_the_float_fields_probe_names_each_mistake(name):
+    for seed in range(2):
+        feedback = verdict(nb14.PROBES["check_float_fields"], {**NAMESPACE, "float_fields": lambda x, e, M: fields(x, e, M, name)}, seed)
+        assert feedback is not None and FIELD_MISTAKES[name] in feedback, (seed, feedback)
+
+
+def test_the_float_fields_probe_passes_another_right_answer():
+    for seed in range(4):
+        assert verdict(nb14.PROBES["check_float_fields"], {**NAMESPACE, "float_fields": fields_by_bits}, seed) is None

@@ -545,9 +545,10 @@ STANDIN_USERS = [(stem, grade_id) for stem, grade_id in ALL_PROBES if MODULES[st
 
 def test_the_exercises_that_call_earlier_ones_have_stand_ins():
     assert sorted(g for _, g in STANDIN_USERS) == ["check_bpe_encode", "check_cbow_loss", "check_flash_attention_forward",
-                                                   "check_learn_bpe", "check_pre_norm_block", "check_rope_attention",
-                                                   "check_self_attention", "check_train_loop"]
+                                                   "check_learn_bpe", "check_moe_forward", "check_pre_norm_block",
+                                                   "check_rope_attention", "check_self_attention", "check_train_loop"]
     assert sorted(standin_objects(nb09.PROBES["check_flash_attention_forward"])) == ["flash_tile_update"]
+    assert sorted(standin_objects(nb12.PROBES["check_moe_forward"])) == ["top_k_gating"]
     assert sorted(standin_objects(nb01.PROBES["check_learn_bpe"])) == ["get_pair_counts", "merge_pair"]
     assert sorted(standin_objects(nb01.PROBES["check_bpe_encode"])) == ["merge_pair"]
     assert sorted(standin_objects(nb02.PROBES["check_cbow_loss"])) == ["sgns_loss"]

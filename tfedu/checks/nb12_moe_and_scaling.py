@@ -1,6 +1,6 @@
-"""Checkers for notebooks/12_moe_and_scaling.ipynb: a mixture of experts' router, top-k gating and the balance loss.
+"""Checkers for notebooks/12_moe_and_scaling.ipynb: a mixture of experts' router, top-k gating, the balance loss, the forward.
 
-Two exercises, each checked against tfedu's reference after first trying the known mistakes:
+Three exercises, each checked against tfedu's reference after first trying the known mistakes:
 
 - 12.1 ``top_k_gating(router_logits, k) -> (gates, experts)``, both (tokens, k): the softmax over
   the tokens axis (dim 0) instead of the experts axis, the k gates not renormalised when k > 1
@@ -31,19 +31,31 @@ Two exercises, each checked against tfedu's reference after first trying the kno
   perfectly balanced one (1) and a collapsed one (E). ``tfedu.moe``'s balance_loss and
   expert_fractions are refused (``torch.bincount``, ``F.one_hot``, scatter and einops are allowed).
 
+- 12.3 ``moe_forward(x, router_weight, experts, k, capacity) -> (out, kept)``, the layer's forward pass with
+  capacity (``experts`` a list of functions on rows): no capacity, a capacity off by one, one count shared by all
+  experts, queues in another order (a token's k choices together, by gate, latest first), a dropped token given x,
+  the residual added, gates left out, applied twice, not renormalised for k > 1 or renormalised after a drop, only
+  the first choice run, experts run on more rows than their capacity (recorded), no gradient reaching the router,
+  kept inverted, of another shape or not bool, the inputs changed in place. Compared with :func:`moe_variant`
+  (itself checked against ``tfedu.moe.MoE`` in training mode) on k = 1, 2, 3 with drops and one without, output,
+  kept and the gradients on x and router_weight. A correct top_k_gating is bound in place of the learner's while it
+  runs (``names_bound``; the probe's run code does the same), so a slip in 12.1 costs only 12.1. tfedu.moe is
+  refused.
+
 A function that returns None is taken for an unfinished exercise (``ExerciseNotDone``), like one
 that still raises NotImplementedError.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 import tfedu.moe as _moe
-from tfedu.checks.building_blocks import ELEMENTARY, SOFTMAX
+from tfedu.checks.building_blocks import EINOPS, ELEMENTARY, SOFTMAX
 from tfedu.checks.core import (
     CheckFailure,
     ExerciseNotDone,
@@ -56,6 +68,7 @@ from tfedu.checks.core import (
     from_modules,
     globals_from_modules,
     is_close,
+    names_bound,
     watch_calls,
 )
 from tfedu.checks.probes import CLEANUP, HELPERS, compare_outputs
@@ -728,6 +741,505 @@ def check_balance_loss(balance_loss) -> None:
             "the checker disagrees with tfedu.moe.balance_loss")  # our own guard
 
 
+# ----------------------------------------------------------------------------- 12.3 moe_forward
+
+QUEUE = (
+    "each expert's queue is every token's first choice in position order, then every second choice in position "
+    "order, and so on; an assignment that finds its expert holding capacity assignments already is dropped"
+)
+HINT_MF_CALL = (
+    "moe_forward(x, router_weight, experts, k, capacity): x is (tokens, d_model); router_weight is (n_experts, "
+    "d_model), the weight of the router's linear layer (d_model in, one logit per expert out, no bias); experts is "
+    "a list of n_experts functions, each taking rows (n, d_model) to (n, d_model); k and capacity are ints. Return (out, kept): out "
+    "(tokens, d_model), kept a bool tensor (tokens, k)"
+)
+HINT_MF_PAIR = "moe_forward should return a pair (out, kept), got {got}"
+HINT_MF_NOT_TENSORS = "moe_forward should return two torch tensors (out, kept), got ({got})"
+HINT_MF_OUT_SHAPE = (
+    "moe_forward({what}) returned out of shape {got}, expected (tokens, d_model) = {want}: each token's output is "
+    "the sum of its kept experts' outputs, one row per token"
+)
+HINT_MF_PER_ASSIGNMENT = (
+    "your out is (tokens, k, d_model) = {got}: one row per assignment. The layer's output has one row per token, the "
+    "gate-weighted sum over the token's kept assignments"
+)
+HINT_MF_NAN = "your out holds NaN or inf for {what}, where the reference's is finite: a division by zero?"
+HINT_MF_NO_CAPACITY = (
+    "nothing was dropped: expert {e} was sent {sent} assignments for {what} and your output has all of them, but its "
+    "capacity is {capacity}. An expert takes at most capacity assignments: " + QUEUE + ", and a dropped "
+    "assignment adds nothing to its token"
+)
+HINT_MF_PLUS_ONE = (
+    "your experts keep one assignment more than their capacity (expert {e} kept {got} with capacity {capacity}, for "
+    "{what}): the places in a queue are 0, 1, ..., capacity - 1; is a comparison off by one?"
+)
+HINT_MF_MINUS_ONE = (
+    "your experts keep one assignment fewer than their capacity (expert {e} kept {got} with capacity {capacity}, for "
+    "{what}): the places in a queue are 0, 1, ..., capacity - 1, so an expert keeps capacity of them; is a "
+    "comparison off by one?"
+)
+HINT_MF_ONE_COUNTER = (
+    "you counted the capacity over all the experts together (the first {capacity} assignments of the whole batch ran, "
+    "for {what}): every expert has its own capacity, counted over the assignments sent to it alone"
+)
+HINT_MF_TOKEN_ORDER = (
+    "your queues take each token's k choices together (token 0's first and second choice, then token 1's, ...): "
+    "token {t}'s choice {j} (expert {e}) {fate} for {what}. The queues of this layer put all first choices ahead of "
+    "any second choice: " + QUEUE + ". So when an expert is full, second choices are dropped before first ones "
+    "(GShard serves first choices first too)"
+)
+HINT_MF_GATE_PRIORITY = (
+    "you kept each expert's assignments with the largest gates (token {t}'s choice {j}, expert {e}, {fate} for "
+    "{what}). That is batch prioritised routing (Riquelme et al. 2021, V-MoE), another rule; this layer, like Switch "
+    "and GShard, keeps them in queue order: " + QUEUE
+)
+HINT_MF_LATEST = (
+    "your experts kept the last tokens of the batch rather than the first (token {t}'s choice {j}, expert {e}, "
+    "{fate} for {what}): " + QUEUE + ". The first to arrive are kept; is a loop running backwards, or a later write "
+    "overwriting an earlier one?"
+)
+HINT_MF_DROPPED_IS_X = (
+    "a token all of whose assignments were dropped got its input x as its output (token {t} for {what}): the layer "
+    "outputs 0 for it. The block adds the residual itself, x + moe(norm(x)), so a dropped token leaves the block "
+    "unchanged; returning x here would add it twice"
+)
+HINT_MF_RESIDUAL = (
+    "your out is x plus the experts' weighted sum: the layer returns the weighted sum alone, 0 for a dropped token. "
+    "The residual connection belongs to the block around it, x + moe(norm(x))"
+)
+HINT_MF_NO_GATES = (
+    "every kept expert's output went in with weight 1 (for {what}): multiply each one's output by its gate, the "
+    "router's probability for it (with k = 1 Switch's gate, not renormalised). A weight of exactly 1, the gate left "
+    "out or renormalised over what was kept, gives the router no gradient"
+)
+HINT_MF_GATES_TWICE = (
+    "each expert's output was multiplied by its gate twice (the gate squared, for {what}): scale the expert's rows by "
+    "their gates once, either before adding them up or in the sum, not both"
+)
+HINT_MF_RENORMALISED_AFTER = (
+    "where one of a token's assignments was dropped, your remaining gates were renormalised to add to 1 again (token "
+    "{t} for {what}): the gates are the ones routing gave, each token's k gates renormalised before anything is "
+    "dropped; a dropped assignment adds nothing, and the others keep their gates as they were"
+)
+HINT_MF_NOT_RENORMALISED = (
+    "with k = {k} your gates are the raw top-k probabilities, which add to less than 1: routing gives each token's k "
+    "gates divided by their sum (exercise 12.1's rule). Calling your top_k_gating does it"
+)
+HINT_MF_FIRST_ONLY = (
+    "only each token's first choice ran (for {what}, k = {k}): every one of a token's k assignments goes to its "
+    "expert's queue (after all the first choices) and, if kept, adds its gate times that expert's output"
+)
+HINT_MF_DIFFERS = (
+    "moe_forward({what}): out differs from the reference at token {t} (largest error {diff:.3g}); that token's "
+    "assignments: {assignments}. Route with the gating, keep assignments in queue order (" + QUEUE + "), and add "
+    "each kept assignment's gate times its expert's output"
+)
+HINT_MF_KEPT_SHAPE = (
+    "your kept is of shape {got}: it is (tokens, k) = {want}, entry [t, j] True where token t's choice j (the j-th "
+    "largest gate) ran"
+)
+HINT_MF_KEPT_DTYPE = "your kept is {dtype}: return a bool tensor (tokens, k), True where that assignment ran"
+HINT_MF_KEPT_INVERTED = (
+    "your kept is True where an assignment was dropped and False where it ran: kept marks the assignments that ran"
+)
+HINT_MF_KEPT_DIFFERS = (
+    "your out is right but kept is not: kept[{t}, {j}] is {got} for {what}, expected {want}. Entry [t, j] is True "
+    "where token t's choice j (the j-th largest gate, in the order routing returns them) ran"
+)
+HINT_MF_ROWS = (
+    "expert {e} ran on {rows} rows for {what}, more than its capacity {capacity}: an expert runs on the rows of its "
+    "kept assignments only, never more than capacity (that is the point of a fixed capacity: a buffer of capacity "
+    "rows per expert). Were the experts run on every token, the dropped ones masked out afterwards?"
+)
+HINT_MF_NO_GRAD = (
+    "your out carries no gradient{why}: was something computed under torch.no_grad(), or cut off with .detach(), "
+    ".item() or .tolist()? The experts and the router are trained through this output"
+)
+HINT_MF_ROUTER_GRAD = (
+    "no gradient reaches router_weight through your out{why}: the gates must stay tensors in the graph (not "
+    ".item(), .tolist(), .detach() or a fresh torch.tensor). The router learns only through them: an expert's output "
+    "times its gate is what the loss sees"
+)
+HINT_MF_GRAD_DIFFERS = (
+    "your out is right, but backpropagating a random upstream gradient through it gives a wrong gradient on "
+    "{name} (largest error {diff:.3g}): is part of the computation detached, or changed in place?"
+)
+HINT_MF_GRAD_FAILED = "backpropagating through your out failed ({err}): was a tensor the backward pass needs changed in place?"
+HINT_MF_DTYPE = "your out is {got} for x in {want}: keep x's dtype"
+HINT_MF_MUTATED = "your moe_forward changed the caller's `{name}` in place: build new tensors"
+# What else the forward pass may use: a one-hot for the queues, index_add and friends to add rows back per token.
+MF_BUILDS = frozenset({"torch.nn.functional.one_hot", "torch.index_add", "torch.index_copy", "torch.index_put",
+                       "torch.scatter_reduce", "torch.segment_reduce"})
+MF_HOW = "your top_k_gating, a queue per expert, and the experts' outputs times their gates added up per token"
+
+# Run in the student's kernel (in the probe's run code) and, for the checker, here: one source.
+MF_HELPERS = '''\
+def _mf_experts(W_in, b_in, W_out, b_out, rows):
+    """The experts as functions, each (n, d_model) -> (n, d_model), a GELU MLP; rows[e] counts the rows expert e ran on."""
+    def one(e):
+        def expert(h):
+            rows[e] += int(h.shape[0]) if h.dim() > 1 else 1
+            pre = h @ W_in[e].to(h.dtype) + b_in[e].to(h.dtype)
+            return torch.nn.functional.gelu(pre) @ W_out[e].to(h.dtype) + b_out[e].to(h.dtype)
+        return expert
+    return [one(e) for e in range(len(W_in))]
+
+
+def _mf_standin_gating(router_logits, k):
+    """Exercise 12.1's top_k_gating, right: bound in place of the learner's while 12.3 is checked."""
+    probs = torch.softmax(router_logits, dim=-1)
+    gates, chosen = torch.topk(probs, k, dim=-1)
+    if k > 1:
+        gates = gates / gates.sum(dim=-1, keepdim=True)
+    return gates, chosen
+
+
+def _mf_grads(result, x, router_weight, upstream):
+    """[d sum(out * upstream) / d x, ... / d router_weight] as float64 arrays ("none" for one not reached), or a word:
+    "skipped" (no float out of the upstream's shape), "missing" (out does not require grad), "failed: ..."."""
+    if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.Tensor)):
+        return "skipped"
+    out = result[0]
+    if not out.is_floating_point() or tuple(out.shape) != tuple(upstream.shape):
+        return "skipped"
+    if not out.requires_grad:
+        return "missing"
+    try:
+        grads = torch.autograd.grad((out * upstream.to(out.dtype)).sum(), [x, router_weight], allow_unused=True)
+    except Exception as err:
+        return "failed: " + type(err).__name__ + ": " + str(err)[:200]
+    return ["none" if g is None else g.detach().cpu().double().numpy() for g in grads]
+
+
+'''
+MF_CLEANUP = "del _mf_experts, _mf_standin_gating, _mf_grads\n"
+
+_mf_helpers: dict[str, Any] = {"torch": torch, "__name__": "tfedu_standins"}
+exec(compile(MF_HELPERS, "<moe_forward helpers>", "exec"), _mf_helpers)
+make_experts = _mf_helpers["_mf_experts"]
+standin_top_k_gating = _mf_helpers["_mf_standin_gating"]
+forward_grads = _mf_helpers["_mf_grads"]
+
+
+@dataclass(frozen=True)
+class MoECase:
+    """One call of moe_forward: the tokens, the router, the experts' weights, k, the capacity, an upstream gradient."""
+
+    x: torch.Tensor  # (tokens, d_model)
+    router_weight: torch.Tensor  # (n_experts, d_model)
+    W_in: torch.Tensor  # (n_experts, d_model, d_mlp)
+    b_in: torch.Tensor  # (n_experts, d_mlp)
+    W_out: torch.Tensor  # (n_experts, d_mlp, d_model)
+    b_out: torch.Tensor  # (n_experts, d_model)
+    k: int
+    capacity: int
+    upstream: torch.Tensor  # (tokens, d_model), float64
+
+    def experts(self, rows: list[int] | None = None) -> list:
+        return make_experts(self.W_in, self.b_in, self.W_out, self.b_out, [0] * len(self.W_in) if rows is None else rows)
+
+    @property
+    def text(self) -> str:
+        tokens, d_model = self.x.shape
+        return (f"x of shape ({tokens}, {d_model}) {str(self.x.dtype).removeprefix('torch.')}, "
+                f"{len(self.W_in)} experts, k={self.k}, capacity={self.capacity}")
+
+
+def moe_case(seed: int, tokens: int, n_experts: int, k: int, capacity: int, dtype: torch.dtype = torch.float32, *,
+             d_model: int = 6, d_mlp: int = 8) -> MoECase:
+    """A seeded case: weights on a grid of 1/16 (exact in float32), the router scaled so its probabilities spread."""
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return ((torch.randn(*shape, generator=g, dtype=torch.float64) * scale * 16).round() / 16).to(dtype)
+
+    return MoECase(x=draw(tokens, d_model), router_weight=draw(n_experts, d_model, scale=0.8),
+                   W_in=draw(n_experts, d_model, d_mlp, scale=0.5), b_in=draw(n_experts, d_mlp, scale=0.2),
+                   W_out=draw(n_experts, d_mlp, d_model, scale=0.5), b_out=draw(n_experts, d_model, scale=0.2),
+                   k=k, capacity=capacity, upstream=torch.randn(tokens, d_model, generator=g, dtype=torch.float64))
+
+
+# The known mistakes, in the order they are tried. (At k = 1, renormalising after dropping makes every gate 1, the
+# same output as leaving the gates out: HINT_MF_NO_GATES names both.)
+MF_MISTAKES = ("no capacity", "capacity + 1", "capacity - 1", "one counter", "token order", "gate priority",
+               "latest first", "dropped is x", "residual", "no gates", "gates twice", "renormalised after dropping",
+               "not renormalised", "first choice only")
+
+
+def moe_variant(x: torch.Tensor, router_weight: torch.Tensor, experts: list, k: int, capacity: int,
+                mistake: str = "") -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, kept) of the forward pass in float64, right (differentiable in x and router_weight) or with one mistake.
+
+    The rule of ``tfedu.moe.MoE`` in training mode, written out as a loop over the queue (checked against the layer).
+    """
+    x = x.double()
+    probs = (x @ router_weight.double().T).softmax(dim=-1)  # tokens n_experts
+    gates, chosen = probs.topk(k, dim=-1)  # tokens k, largest first
+    if k > 1 and mistake != "not renormalised":
+        gates = gates / gates.sum(dim=-1, keepdim=True)
+    tokens, n_experts = x.shape[0], len(experts)
+    choices = 1 if mistake == "first choice only" else k
+    if mistake == "token order":
+        queue = [(t, j) for t in range(tokens) for j in range(choices)]
+    elif mistake == "latest first":
+        queue = [(t, j) for j in range(choices) for t in reversed(range(tokens))]
+    else:
+        queue = [(t, j) for j in range(choices) for t in range(tokens)]
+    if mistake == "gate priority":
+        queue.sort(key=lambda tj: -float(gates[tj]))
+    limit = {"capacity + 1": capacity + 1, "capacity - 1": capacity - 1, "no capacity": tokens * k}.get(mistake, capacity)
+    load = [0] * n_experts
+    kept = torch.zeros(tokens, k, dtype=torch.bool)
+    for t, j in queue:
+        e = 0 if mistake == "one counter" else int(chosen[t, j])
+        if load[e] < limit:
+            kept[t, j] = True
+            load[e] += 1
+    weights = torch.where(kept, gates, torch.zeros_like(gates))  # tokens k
+    if mistake == "no gates":
+        weights = kept.double()
+    elif mistake == "gates twice":
+        weights = weights * weights
+    elif mistake == "renormalised after dropping":
+        weights = weights / weights.sum(dim=-1, keepdim=True).clamp_min(1e-300)
+    out = torch.zeros_like(x)
+    for e, expert in enumerate(experts):
+        token, choice = torch.where((chosen == e) & kept)
+        if len(token):
+            out = out.index_add(0, token, weights[token, choice, None] * expert(x[token]))
+    if mistake == "dropped is x":
+        out = torch.where(kept.any(dim=-1, keepdim=True), out, x)
+    if mistake == "residual":
+        out = out + x
+    return out, kept
+
+
+def reference_moe_forward(x: torch.Tensor, router_weight: torch.Tensor, experts: list, k: int,
+                          capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exercise 12.3 done with tfedu.moe's own parts (its gating and its queue, ``sort_assignments``): ``(out, kept)``.
+
+    >>> case = moe_case(0, tokens=6, n_experts=3, k=1, capacity=2)
+    >>> out, kept = reference_moe_forward(case.x, case.router_weight, case.experts(), 1, 2)
+    >>> tuple(out.shape), tuple(kept.shape), int(kept.sum()) <= 3 * 2
+    ((6, 6), (6, 1), True)
+    """
+    tokens = x.shape[0]
+    gates, chosen = reference_top_k_gating(x @ router_weight.T, k)  # tokens k
+    queue = _moe.sort_assignments(chosen, len(experts))
+    keep = queue.rank < capacity
+    kept = torch.zeros(k * tokens, dtype=torch.bool, device=x.device)
+    kept[queue.choice[keep] * tokens + queue.token[keep]] = True
+    kept = kept.view(k, tokens).T  # tokens k
+    out = torch.zeros_like(x)
+    for e, expert in enumerate(experts):
+        token, choice = torch.where((chosen == e) & kept)
+        if len(token):
+            out = out.index_add(0, token, gates[token, choice, None].to(x.dtype) * expert(x[token]))
+    return out, kept
+
+
+def layer_output(case: MoECase) -> torch.Tensor:
+    """``tfedu.moe.MoE``'s own output on ``case`` (training mode, float64, the sorted dispatch): the guard."""
+    n_experts, d_model, d_mlp = case.W_in.shape
+    tokens = case.x.shape[0]
+    factor = (case.capacity * n_experts - 0.5) / (case.k * tokens)  # ceil(factor * k * tokens / E) = capacity
+    with torch.random.fork_rng(devices=[]):
+        layer = _moe.MoE(d_model, d_mlp, n_experts, top_k=case.k, capacity_factor=factor).double().train()
+    with torch.no_grad():
+        for name in ("W_in", "b_in", "W_out", "b_out"):
+            getattr(layer, name).copy_(getattr(case, name))
+        layer.router.weight.copy_(case.router_weight)
+        assert layer.capacity(tokens) == case.capacity
+        return layer(case.x.double())
+
+
+def _mf_close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    scale = max(1.0, float(b.detach().abs().max())) if b.numel() else 1.0
+    return is_close(a, b, rtol=1e-4, atol=1e-5 * scale)
+
+
+def _first_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int]:
+    t, j = (a != b).nonzero()[0].tolist()
+    return t, j
+
+
+def _mistake_hint(mistake: str, case: MoECase, wrong_kept: torch.Tensor, kept: torch.Tensor, chosen: torch.Tensor,
+                  what: str) -> str:
+    """The hint of one mistake, pointing at the expert or the assignment that shows it in this case."""
+    per_expert = [int(((chosen == e) & kept).sum()) for e in range(len(case.W_in))]
+    wrong_per_expert = [int(((chosen == e) & wrong_kept).sum()) for e in range(len(case.W_in))]
+    sent = [int((chosen == e).sum()) for e in range(len(case.W_in))]
+    fill = {"what": what, "capacity": case.capacity, "k": case.k}
+    if mistake == "no capacity":
+        e = max(range(len(sent)), key=lambda i: sent[i])
+        return HINT_MF_NO_CAPACITY.format(e=e, sent=sent[e], **fill)
+    if mistake in ("capacity + 1", "capacity - 1"):
+        e = next(i for i in range(len(sent)) if wrong_per_expert[i] != per_expert[i])
+        hint = HINT_MF_PLUS_ONE if mistake == "capacity + 1" else HINT_MF_MINUS_ONE
+        return hint.format(e=e, got=wrong_per_expert[e], **fill)
+    if mistake == "one counter":
+        return HINT_MF_ONE_COUNTER.format(**fill)
+    if mistake in ("token order", "gate priority", "latest first") and not torch.equal(wrong_kept, kept):
+        t, j = _first_difference(wrong_kept, kept)
+        fate = "ran where it should have been dropped" if wrong_kept[t, j] else "was dropped where it should have run"
+        hint = {"token order": HINT_MF_TOKEN_ORDER, "gate priority": HINT_MF_GATE_PRIORITY,
+                "latest first": HINT_MF_LATEST}[mistake]
+        return hint.format(t=t, j=j, e=int(chosen[t, j]), fate=fate, **fill)
+    if mistake == "dropped is x":
+        return HINT_MF_DROPPED_IS_X.format(t=int((~kept.any(dim=-1)).nonzero()[0]), **fill)
+    if mistake == "renormalised after dropping":
+        partly = (kept.any(dim=-1) & ~kept.all(dim=-1)).nonzero()
+        return HINT_MF_RENORMALISED_AFTER.format(t=int(partly[0]) if len(partly) else 0, **fill)
+    return {"residual": HINT_MF_RESIDUAL, "no gates": HINT_MF_NO_GATES, "gates twice": HINT_MF_GATES_TWICE,
+            "not renormalised": HINT_MF_NOT_RENORMALISED, "first choice only": HINT_MF_FIRST_ONLY,
+            "token order": HINT_MF_TOKEN_ORDER, "gate priority": HINT_MF_GATE_PRIORITY,
+            "latest first": HINT_MF_LATEST}[mistake].format(t=0, j=0, e=0, fate="", **fill)
+
+
+def mf_mistakes(case: MoECase) -> list[tuple[str, str, tuple[torch.Tensor, torch.Tensor]]]:
+    """(name, hint, (out, kept)) of each known mistake on ``case`` whose output differs from the reference's, in order."""
+    want_out, want_kept = moe_variant(case.x, case.router_weight, case.experts(), case.k, case.capacity)
+    chosen = (case.x.double() @ case.router_weight.double().T).topk(case.k, dim=-1).indices
+    found = []
+    for mistake in MF_MISTAKES:
+        out, kept = moe_variant(case.x, case.router_weight, case.experts(), case.k, case.capacity, mistake)
+        if not _mf_close(out.detach(), want_out.detach()):
+            found.append((mistake, _mistake_hint(mistake, case, kept, want_kept, chosen, case.text), (out.detach(), kept)))
+    return found
+
+
+def _mf_pair(got: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    _not_none(got, "moe_forward")
+    if isinstance(got, torch.Tensor) or not (isinstance(got, (tuple, list)) and len(got) == 2):
+        raise CheckFailure(HINT_MF_PAIR.format(got=describe(got) if not isinstance(got, (tuple, list))
+                                               else f"a {type(got).__name__} of {len(got)}"))
+    if not all(isinstance(t, torch.Tensor) for t in got):
+        raise CheckFailure(HINT_MF_NOT_TENSORS.format(got=", ".join(describe(t) for t in got)))
+    return tuple(t.as_subclass(torch.Tensor) if type(t) is not torch.Tensor else t for t in got)
+
+
+def _describe_assignments(case: MoECase, t: int, kept: torch.Tensor) -> str:
+    probs = (case.x.double() @ case.router_weight.double().T).softmax(dim=-1)
+    gates, chosen = probs.topk(case.k, dim=-1)
+    if case.k > 1:
+        gates = gates / gates.sum(dim=-1, keepdim=True)
+    return ", ".join(f"expert {int(chosen[t, j])} with gate {float(gates[t, j]):.4f} "
+                     f"({'kept' if kept[t, j] else 'dropped'})" for j in range(case.k))
+
+
+def diagnose_moe_forward(got: Any, rows: list[int] | None, grads: Any, case: MoECase, *, what: str) -> None:
+    """Raise CheckFailure naming what is wrong with ``got``, the learner's ``(out, kept)`` for ``case``; shared with the
+    probe. ``rows`` counts the rows each expert ran on; ``grads`` is :func:`forward_grads` of the answer."""
+    out, kept = _mf_pair(got)
+    tokens, d_model = case.x.shape
+    want_out, want_kept = moe_variant(case.x, case.router_weight, case.experts(), case.k, case.capacity)
+    want_out = want_out.detach()
+    if tuple(out.shape) != (tokens, d_model):
+        if tuple(out.shape) == (tokens, case.k, d_model):
+            raise CheckFailure(HINT_MF_PER_ASSIGNMENT.format(got=tuple(out.shape)))
+        raise CheckFailure(HINT_MF_OUT_SHAPE.format(what=what, got=tuple(out.shape), want=(tokens, d_model)))
+    expect(out.is_floating_point(), HINT_MF_DTYPE.format(got=out.dtype, want=case.x.dtype))
+    value = out.detach().double().cpu()
+    expect(bool(torch.isfinite(value).all()), HINT_MF_NAN.format(what=what))
+    if not _mf_close(value, want_out):
+        for _, hint, (wrong, _) in mf_mistakes(case):
+            if _mf_close(value, wrong):
+                raise CheckFailure(hint)
+        diff = (value - want_out).abs()
+        t = int(diff.amax(dim=-1).argmax())
+        raise CheckFailure(HINT_MF_DIFFERS.format(what=what, t=t, diff=float(diff.max()),
+                                                  assignments=_describe_assignments(case, t, want_kept)))
+    if tuple(kept.shape) != (tokens, case.k):
+        raise CheckFailure(HINT_MF_KEPT_SHAPE.format(got=tuple(kept.shape), want=(tokens, case.k)))
+    if kept.dtype != torch.bool:
+        if kept.is_floating_point() or kept.is_complex() or not bool(((kept == 0) | (kept == 1)).all()):
+            raise CheckFailure(HINT_MF_KEPT_DTYPE.format(dtype=kept.dtype))
+        kept = kept != 0
+    kept = kept.cpu()
+    if not torch.equal(kept, want_kept):
+        if torch.equal(kept, ~want_kept):
+            raise CheckFailure(HINT_MF_KEPT_INVERTED)
+        t, j = _first_difference(kept, want_kept)
+        raise CheckFailure(HINT_MF_KEPT_DIFFERS.format(t=t, j=j, got=bool(kept[t, j]), want=bool(want_kept[t, j]),
+                                                       what=what))
+    for e, n in enumerate(rows or []):
+        if n > case.capacity:
+            raise CheckFailure(HINT_MF_ROWS.format(e=e, rows=n, capacity=case.capacity, what=what))
+    _judge_forward_grads(grads, case)
+    expect(out.dtype == case.x.dtype, HINT_MF_DTYPE.format(got=out.dtype, want=case.x.dtype))
+
+
+def expected_forward_grads(case: MoECase) -> list[torch.Tensor]:
+    """The gradients :func:`forward_grads` should find, float64: on x and on router_weight."""
+    x = case.x.detach().double().requires_grad_()
+    w = case.router_weight.detach().double().requires_grad_()
+    out, _ = moe_variant(x, w, case.experts(), case.k, case.capacity)
+    return list(torch.autograd.grad((out * case.upstream).sum(), [x, w]))
+
+
+def _judge_forward_grads(grads: Any, case: MoECase) -> None:
+    if isinstance(grads, str):
+        if grads.startswith("failed"):
+            raise CheckFailure(HINT_MF_GRAD_FAILED.format(err=grads.removeprefix("failed: ")))
+        raise CheckFailure(HINT_MF_NO_GRAD.format(why=" (it does not require grad)" if grads == "missing" else ""))
+    router = grads[1] if isinstance(grads, (list, tuple)) and len(grads) == 2 else "none"
+    if isinstance(router, str):  # first: a gate cut from the graph also leaves x's gradient wrong
+        raise CheckFailure(HINT_MF_ROUTER_GRAD.format(why=" (it does not depend on it through autograd)"))
+    if not bool(np.any(np.asarray(router, dtype=np.float64) != 0)):
+        raise CheckFailure(HINT_MF_ROUTER_GRAD.format(why=" (its gradient is zero everywhere)"))
+    for name, got, want in zip(("router_weight", "x"), grads[::-1], expected_forward_grads(case)[::-1]):
+        if isinstance(got, str):
+            raise CheckFailure(HINT_MF_GRAD_DIFFERS.format(name=name, diff=float("inf")))
+        got = torch.as_tensor(np.asarray(got, dtype=np.float64))
+        if got.shape != want.shape or not torch.isfinite(got).all():
+            raise CheckFailure(HINT_MF_GRAD_DIFFERS.format(name=name, diff=float("inf")))
+        scale = max(1.0, float(want.abs().max()))
+        if not torch.allclose(got, want, rtol=1e-3, atol=1e-4 * scale):
+            raise CheckFailure(HINT_MF_GRAD_DIFFERS.format(name=name, diff=float((got - want).abs().max())))
+
+
+# (seed, tokens, n_experts, k, capacity, dtype): k = 1 with experts over capacity, then k = 2 (second choices
+# competing with first ones), k = 3 in float64, then a capacity no expert reaches. Chosen so that every mistake
+# gives its own output on the first case where it shows (tests/test_checks_nb12.py checks it).
+MF_CASES = (
+    (0, 12, 4, 1, 3, torch.float32), (2, 10, 4, 2, 4, torch.float32), (0, 8, 4, 3, 5, torch.float64),
+    (0, 7, 3, 2, 14, torch.float32),
+)
+
+
+def _check_mf_call(fn: Any, case: MoECase) -> None:
+    x, w = case.x.clone().requires_grad_(), case.router_weight.clone().requires_grad_()
+    rows = [0] * len(case.W_in)
+    with watch_calls((_moe, "top_k_gating"), (_moe, "sort_assignments"), (_moe, "expert_capacity")) as called:
+        got = call_on_copies(fn, {"x": x, "router_weight": w, "experts": case.experts(rows), "k": case.k,
+                                  "capacity": case.capacity}, name="moe_forward", mutated_hint=HINT_MF_MUTATED,
+                             error_hint=HINT_MF_CALL)
+    expect(not called, HINT_SHORTCUT.format(function="moe_forward", name=", ".join(sorted(set(called))),
+                                            what="the layer's forward pass", how=MF_HOW))
+    diagnose_moe_forward(got, rows, forward_grads(got, x, w, case.upstream), case, what=case.text)
+
+
+@checker("the MoE layer's forward pass")
+def check_moe_forward(moe_forward) -> None:
+    """Check a learner's ``moe_forward(x, router_weight, experts, k, capacity) -> (out, kept)``.
+
+    On :data:`MF_CASES`, against :func:`moe_variant` (itself checked against ``tfedu.moe.MoE`` in training mode):
+    the output, which assignments ran, the rows each expert ran on (at most its capacity) and the gradients on x and
+    router_weight of a random weighting of the output; the known mistakes (:data:`MF_MISTAKES`) are named. While it
+    runs, a correct top_k_gating stands in for the learner's (exercise 12.1): a slip there costs only 12.1.
+    tfedu.moe is refused.
+    """
+    _refuse_moe(moe_forward, "moe_forward", "the layer's forward pass", MF_HOW)
+    namespace = getattr(moe_forward, "__globals__", None)
+    standins = {"top_k_gating": standin_top_k_gating} if isinstance(namespace, dict) else {}
+    with names_bound(namespace if standins else {}, standins):
+        for seed, tokens, n_experts, k, capacity, dtype in MF_CASES:
+            case = moe_case(seed, tokens, n_experts, k, capacity, dtype)
+            _check_mf_call(moe_forward, case)
+            want, _ = moe_variant(case.x, case.router_weight, case.experts(), k, capacity)
+            assert is_close(want, layer_output(case), rtol=1e-5, atol=1e-6), "the checker disagrees with tfedu.moe.MoE"
+
+
 # ----------------------------------------------------------------------------- probes
 
 # top_k_gating: fresh token counts, 4-8 experts, k from 1 to 3, float32 and float64, logits at least 0.25 apart (no
@@ -841,6 +1353,115 @@ def _compare_balance(outputs: dict, expected: dict) -> str | None:
     return None
 
 
+# moe_forward: fresh tokens, routers and experts (k = 1, 2, 3, float32 and float64), capacities that drop, drawn again
+# until every known mistake shows apart; the rows each expert ran on and the gradients on x and router_weight. A
+# correct top_k_gating stands in for the learner's while it runs, as in the check (a slip in 12.1 costs only 12.1).
+MF_PROBE_RUN = HELPERS + MOE_HELPERS + MF_HELPERS + """\
+_results, _rows, _grads, _errors = [], [], [], []
+if True:  # the grader binds the right top_k_gating in the notebook's globals meanwhile (MF_STANDINS)
+    for _c in inputs['cases']:
+        _x, _w = torch.tensor(_c['x'], requires_grad=True), torch.tensor(_c['router_weight'], requires_grad=True)
+        _r = [0] * len(_c['W_in'])
+        _experts = _mf_experts(*(torch.from_numpy(_c[_n]) for _n in ('W_in', 'b_in', 'W_out', 'b_out')), _r)
+        try:
+            _res = _call(moe_forward, _x, _w, _experts, _c['k'], _c['capacity'])
+            _errors.append(None)
+        except Exception as _e:
+            _res = None
+            _errors.append(type(_e).__name__ + ': ' + str(_e)[:200])
+        _ok = isinstance(_res, (tuple, list)) and len(_res) == 2 and all(isinstance(_t, torch.Tensor) for _t in _res)
+        _results.append([_export(_t) for _t in _res] if _ok else None)
+        _rows.append(list(_r))
+        _grads.append(_mf_grads(_res, _x, _w, torch.from_numpy(_c['upstream'])))
+        if _res is not None and not _ok:
+            _errors[-1] = 'returned ' + _kind(_res)
+outputs = {'results': _results, 'rows': _rows, 'grads': _grads, 'errors': _errors, 'mutated': _MUTATED}
+del _results, _rows, _grads, _errors
+""" + MF_CLEANUP + MOE_CLEANUP + CLEANUP
+
+
+def _mf_case_from(c: dict) -> MoECase:
+    return MoECase(**{name: torch.from_numpy(np.asarray(c[name])) for name in
+                      ("x", "router_weight", "W_in", "b_in", "W_out", "b_out", "upstream")},
+                   k=int(c["k"]), capacity=int(c["capacity"]))
+
+
+def _clear_routing(case: MoECase) -> bool:
+    """No two of a token's router probabilities closer than 1e-3 (float32 and float64 answers pick the same experts)."""
+    probs = (case.x.double() @ case.router_weight.double().T).softmax(dim=-1)
+    return bool((probs.sort(dim=-1).values.diff(dim=-1) > 1e-3).all())
+
+
+def mistakes_apart(cases: list[MoECase]) -> bool:
+    """True when every known mistake is named by its own hint: on the first case where it changes the output, no
+    mistake tried before it gives the same output (at k = 1 renormalising after dropping is leaving the gates out)."""
+    named: set[str] = set()
+    for case in cases:
+        found = mf_mistakes(case)
+        for i, (name, _, (out, _)) in enumerate(found):
+            if name in named:
+                continue
+            named.add(name)
+            same = [earlier for earlier, _, (wrong, _) in found[:i] if _mf_close(out, wrong)]
+            if same and not (case.k == 1 and name == "renormalised after dropping" and same == ["no gates"]):
+                return False
+    return named == set(MF_MISTAKES)
+
+
+def _mf_probe_inputs(rng: np.random.Generator) -> dict:
+    for _ in range(50):
+        cases = []
+        for k, dtype in ((1, np.float32), (2, np.float32), (int(rng.integers(2, 4)), np.float64)):
+            n_experts = int(rng.integers(max(3, k + 1), 6))
+            tokens = int(rng.integers(8, 14))
+            capacity = max(1, int(np.ceil(float(rng.choice([0.75, 1.0])) * k * tokens / n_experts)))
+            case = moe_case(int(rng.integers(0, 2**31)), tokens, n_experts, k, capacity, torch.float64,
+                            d_model=int(rng.integers(4, 7)), d_mlp=int(rng.integers(5, 9)))
+            cases.append({name: getattr(case, name).numpy().astype(np.float64 if name == "upstream" else dtype)
+                          for name in ("x", "router_weight", "W_in", "b_in", "W_out", "b_out", "upstream")}
+                         | {"k": k, "capacity": capacity})
+        drawn = [_mf_case_from(c) for c in cases]
+        if all(_clear_routing(c) for c in drawn) and mistakes_apart(drawn):
+            return {"cases": cases}
+    raise RuntimeError("no moe_forward inputs that tell every mistake apart in 50 draws")
+
+
+def _mf_probe_reference(inputs: dict) -> dict:
+    return {"cases": inputs["cases"]}
+
+
+def _compare_mf(outputs: dict, expected: dict) -> str | None:
+    problem = compare_outputs(outputs, {"returned": []}, function="moe_forward")
+    if problem:
+        return problem
+    cases = expected["cases"]
+    results, rows, grads, errors = (outputs.get(name) for name in ("results", "rows", "grads", "errors"))
+    if not all(isinstance(v, list) and len(v) == len(cases) for v in (results, rows, grads, errors)):
+        return "moe_forward's hidden test did not run every case"
+    for i, (got, n, grad, error, c) in enumerate(zip(results, rows, grads, errors, cases)):
+        case = _mf_case_from(c)
+        what = f"hidden test {i + 1}: {case.text}"
+        if error:
+            return (f"moe_forward ({what}) {error}" if error.startswith("returned")
+                    else f"moe_forward raised {error} for {what} ({HINT_MF_CALL})")
+        try:
+            diagnose_moe_forward([restore(t) for t in got], n, grad, case, what=what)
+        except CheckFailure as failure:
+            return str(failure)
+    return None
+
+
+# Exercise 12.1's top_k_gating, right: the grader binds it in place of the learner's while 12.3's hidden test runs.
+MF_STANDINS = """\
+def top_k_gating(router_logits, k):
+    probs = torch.softmax(router_logits, dim=-1)
+    gates, chosen = torch.topk(probs, k, dim=-1)
+    if k > 1:
+        gates = gates / gates.sum(dim=-1, keepdim=True)
+    return gates, chosen
+"""
+
+
 PROBES = {
     "check_top_k_gating": Probe(
         builds=ELEMENTARY | SOFTMAX,
@@ -849,6 +1470,10 @@ PROBES = {
     "check_balance_loss": Probe(
         exercise="ex_balance_loss", make_inputs=_balance_probe_inputs, run=BALANCE_PROBE_RUN,
         reference=_balance_probe_reference, compare=_compare_balance, forbidden=FORBIDDEN),
+    "check_moe_forward": Probe(
+        builds=ELEMENTARY | SOFTMAX | EINOPS | MF_BUILDS,
+        exercise="ex_moe_forward", make_inputs=_mf_probe_inputs, run=MF_PROBE_RUN,
+        reference=_mf_probe_reference, compare=_compare_mf, forbidden=FORBIDDEN, standins=MF_STANDINS),
 }
 
 
@@ -907,6 +1532,44 @@ HINTS = {
             "    f = torch.bincount(____, minlength=____) / ____  # (E,): each expert's share of the assignments\n"
             "    P = ____  # (E,): each expert's mean probability; the gradient goes through here\n"
             "    return ____  # a 0-d tensor, 1 when the load is even\n"
+        ),
+    ),
+    "ex_moe_forward": Hints(
+        number="12.3",
+        check="check_moe_forward",
+        idea=(
+            "Four steps. Route: the router's logits through the gating give each token's k experts and gates. "
+            "Queue: each expert serves its assignments in a fixed order, all first choices in position order, then "
+            "all second choices, and an assignment whose expert already holds capacity of them is dropped. Run: each "
+            "expert on the rows of its kept assignments, and nothing else. Combine: every output row times its gate, "
+            "added to its token's output; a dropped assignment adds nothing, so a token that lost every assignment "
+            "gets 0 and the residual connection carries it."
+        ),
+        approach=(
+            "The logits are x times the transpose of router_weight, (tokens, n_experts); the gating turns them into "
+            "gates and chosen experts, both (tokens, k). For the queue, read the chosen experts column by column "
+            "(transpose, then flatten): that lists the k * tokens assignments in queue order. An assignment's place "
+            "in its expert's queue is how many earlier assignments went to the same expert: a running count over a "
+            "one-hot of that list (a cumulative sum down the list, read at the assignment's own expert), or a loop "
+            "with one counter per expert. Kept is place below capacity, reshaped back to (tokens, k). Then start "
+            "from zeros like x and, for each expert, find the (token, choice) pairs where it was chosen and kept, "
+            "run it on those tokens' rows, scale the rows by their gates and add them at their tokens (index_add "
+            "keeps the gradient)."
+        ),
+        skeleton=(
+            "def moe_forward(x, router_weight, experts, k, capacity):\n"
+            "    tokens, n_experts = ____\n"
+            "    gates, chosen = top_k_gating(____, k)  # (tokens, k) each, largest gate first\n"
+            "    queue = ____  # (k * tokens,): the first choices in position order, then the second ...\n"
+            "    one_hot = ____  # (k * tokens, n_experts)\n"
+            "    place = ____  # each assignment's place in its expert's queue: 0, 1, 2, ...\n"
+            "    kept = ____  # (tokens, k) bool: place below capacity\n"
+            "    out = ____  # (tokens, d_model): 0 where nothing ran\n"
+            "    for e in range(____):\n"
+            "        token, choice = ____  # where expert e was chosen and kept\n"
+            "        if len(token):\n"
+            "            out = out.index_add(0, token, ____)  # gate times the expert's output rows\n"
+            "    return out, kept\n"
         ),
     ),
 }

@@ -1,16 +1,27 @@
-"""Checkers for notebooks/14_quantization.ipynb: absmax and zero-point quantization by hand.
+"""Checkers for notebooks/14_quantization.ipynb: the bits of a float, absmax and zero-point quantization by hand.
 
-Two exercises, each a pair of functions, checked against the formulas of ``tfedu.quant`` after first trying the
+- 14.1 ``float_fields(x, exponent_bits, mantissa_bits) -> (sign, exponent, mantissa)``: the fields of the float
+  nearest to the Python float x with e exponent and M mantissa bits, bias 2^(e-1) - 1, rounded to nearest with ties
+  to even, subnormals included, for |x| up to the format's largest finite value (e4m3fn's 448 for e = 4, M = 3,
+  the IEEE (2 - 2^-M) 2^bias otherwise: no special case either way). Checked exactly against
+  :func:`reference_float_fields` (Fractions; the tests hold it to torch's own bit patterns of float32, bfloat16,
+  float16 and float8_e4m3fn) in those four formats and four that torch has no dtype for. Named: the sign of -0.0
+  lost, the bias 2^(e-1), no bias, the implicit 1 kept in the mantissa field, truncation, ties rounded away from
+  zero, subnormals flushed to 0, given the normal formula (a negative exponent field), scaled by 2^-bias instead
+  of 2^(1 - bias) or given an implicit 1, the mantissa's carry kept in the field or dropped instead of moved into
+  the exponent, a sign of ±1, floats or fields out of their range.
+
+The quantizers are pairs of functions, checked against the formulas of ``tfedu.quant`` after first trying the
 known mistakes:
 
-- 14.1 ``absmax_quantize(x, bits) -> (q, scale)`` and ``absmax_dequantize(q, scale) -> x_hat``:
+- 14.2 ``absmax_quantize(x, bits) -> (q, scale)`` and ``absmax_dequantize(q, scale) -> x_hat``:
   ``scale = max|x| / (2^(b-1) - 1)``, ``q = clamp(round(x / scale), -(2^(b-1) - 1), 2^(b-1) - 1)`` as int8,
   ``x_hat = q * scale``. Named: rounding before scaling (``round(x) / scale``), the scale from ``2^(b-1)`` (the
   [-128, 127] range: the largest value clamped), the scale from ``2^b - 1`` (at 8 bits the int8 cast wraps 255 to
   -1), an unsigned clamp ([0, 2^b - 1]: negatives lost), the scale from ``max x`` instead of ``max |x|``, truncation instead of rounding (``.to(torch.int8)`` or ``.int()`` alone),
   float codes (no int8 cast), no guard for an all-zero tensor (scale 0, ``0 / 0``), dividing where dequantize
   multiplies, the input changed in place.
-- 14.2 ``zeropoint_quantize(x, bits) -> (q, scale, zero)`` and ``zeropoint_dequantize(q, scale, zero)``:
+- 14.3 ``zeropoint_quantize(x, bits) -> (q, scale, zero)`` and ``zeropoint_dequantize(q, scale, zero)``:
   ``[lo, hi] = [min(min x, 0), max(max x, 0)]``, ``scale = (hi - lo) / (2^b - 1)``, ``zero = round(-lo / scale)``,
   ``q = clamp(round(x / scale) + zero, 0, 2^b - 1)`` as uint8, ``x_hat = (q - zero) * scale``. Named: a zero
   point with the wrong sign (``round(lo / scale)``), a zero point not rounded (0 not exact), the range not
@@ -19,7 +30,7 @@ known mistakes:
   zero point, the scale from ``2^b`` levels, a signed clamp ([-128, 127] or int8 codes), truncation,
   rounding before scaling, no guard for a constant tensor, dequantize as ``q * scale - zero``, adding the zero
   point, dividing, or returning integers, the subtraction done in uint8 (wrapping around), the input changed in
-  place. A dequantizer returning integers is named in 14.1 too.
+  place. A dequantizer returning integers is named in 14.2 too.
 
 Inputs are built so that no ``x / scale`` lies near a rounding tie (but for :func:`zeropoint_overflow_case`, whose
 ties at ±(2^b - 1) / 2 round up under both half-to-even and half-away-from-zero, so that a missing clamp shows) (on a power-of-two grid, at least 0.05 of a step
@@ -31,6 +42,8 @@ scale from 2^(b-1), which makes that range necessary, is. ``tfedu.quant`` is ref
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -39,6 +52,7 @@ import torch
 import tfedu.quant as _quant
 from tfedu.checks.core import (CheckFailure, ExerciseNotDone, Hints, Probe, call_learner, checker, describe, expect,
                                from_modules, globals_from_modules)
+from tfedu.checks.building_blocks import ELEMENTARY
 from tfedu.checks.probes import CLEANUP, HELPERS
 
 FORBIDDEN = ("tfedu.quant",)
@@ -60,6 +74,357 @@ def _tensor(value: Any) -> torch.Tensor | None:
     if isinstance(value, np.ndarray):
         value = torch.from_numpy(value)
     return value.as_subclass(torch.Tensor) if isinstance(value, torch.Tensor) else None
+
+
+# ----------------------------------------------------------------------------- 14.1 the bits of a float
+
+# The formats torch has, by name: (exponent bits, mantissa bits) and the integer dtype its bits are viewed as.
+TORCH_FORMATS = {"float32": (8, 23), "bfloat16": (8, 7), "float16": (5, 10), "float8_e4m3fn": (4, 3)}
+TORCH_VIEWS = {"float32": torch.int32, "bfloat16": torch.int16, "float16": torch.int16, "float8_e4m3fn": torch.uint8}
+# Formats torch has no dtype for: an answer that casts to a torch dtype cannot do these.
+OTHER_FORMATS = ((3, 2), (6, 4), (2, 3), (7, 9))
+E4M3FN_MAX = 448.0  # e4m3fn has no infinities: exponent field 15 holds numbers, only 0b1111_111 is NaN
+
+HINT_FF_CALL = ("float_fields(x, exponent_bits, mantissa_bits): x a Python float, the two counts ints; return "
+                "(sign, exponent field, mantissa field), three ints")
+HINT_FF_KIND = "float_fields should return three integers (sign, exponent field, mantissa field), got {got}"
+HINT_FF_NOT_INT = ("float_fields({args}) returned {got}: each field is a whole number of a few bits, so return ints "
+                   "(Python's round of a float is already an int)")
+HINT_FF_SIGN_PM = ("float_fields({args}) gave sign {got}, expected {want}: the sign field is one bit, 0 for a positive "
+                   "number and 1 for a negative one, not a factor of ±1")
+HINT_FF_NEG_ZERO = (
+    "for x = -0.0 your sign is 0: negative zero is a float of its own, with the sign bit set (it prints as -0.0), "
+    "but the comparison x < 0 is False for it. Read the sign bit itself rather than comparing with 0 (the sign "
+    "that math.copysign copies, say)"
+)
+HINT_FF_BIAS_PLUS = (
+    "your exponent field is one more than it should be for x = {x!r} ({got} instead of {want}): with e exponent "
+    "bits the bias is 2^(e-1) - 1 ({bias} here: 127 for float32, 15 for float16, 7 for e4m3), not 2^(e-1)"
+)
+HINT_FF_NO_BIAS = (
+    "your exponent field for x = {x!r} is {got}, the exponent itself: the field stores it plus the bias, "
+    "2^(e-1) - 1 ({bias} here), so that it is never negative ({want} for this x)"
+)
+HINT_FF_IMPLICIT = (
+    "your mantissa field for x = {x!r} is {got}, {top} or more: it holds the implicit leading 1 too. A normal "
+    "number's significand is 1.m, and the field stores only the M bits after the binary point, m from 0 to "
+    "2^M - 1 (here {want})"
+)
+HINT_FF_TRUNCATE = (
+    "the input {x!r} lies between two neighbouring floats of this format and your fields give the one nearer to zero, "
+    "although the other is nearer: the mantissa is truncated (cut off), not rounded. Round |x| / step to the "
+    "nearest integer"
+)
+HINT_FF_TIES_AWAY = (
+    "the input {x!r} lies exactly halfway between two neighbouring floats of this format, and your fields give the one "
+    "with the odd mantissa field ({got}): a tie goes to the neighbour whose last mantissa bit is 0, the even one "
+    "({want}), not away from zero. Python's round and torch.round already round a half to even; rounding by "
+    "adding 0.5 and taking the floor does not"
+)
+HINT_FF_FLUSH = (
+    "the input {x!r} is below the smallest normal number of this format, 2^(1 - bias) = {tiny!r}, and your fields are 0: "
+    "it is not zero but a subnormal, exponent field 0 and value m / 2^M * 2^(1 - bias), with no implicit 1 "
+    "(here the mantissa field is {want})"
+)
+HINT_FF_SUB_SCALE = (
+    "the input {x!r} is a subnormal of this format (exponent field 0), and your mantissa field {got} is off by a factor "
+    "of two or an implicit 1 (expected {want}): a subnormal's value is m / 2^M * 2^(1 - bias), the smallest normal "
+    "exponent 1 - bias, not 0 - bias, and no leading 1"
+)
+HINT_FF_SUB_RANGE = (
+    "your exponent field for x = {x!r} is {got}: a field is at least 0. This x is below the smallest normal number, "
+    "2^(1 - bias) = {tiny!r}: such numbers are subnormal, exponent field 0 and value m / 2^M * 2^(1 - bias), "
+    "without the implicit 1"
+)
+HINT_FF_CARRY = (
+    "for x = {x!r} the rounded significand reaches 2 (the mantissa's carry): |x| rounds up to the next power of two, "
+    "{up!r}, so the exponent field goes up by one and the mantissa field becomes 0. Your fields are {got}, "
+    "expected {want}"
+)
+HINT_FF_RANGE = ("float_fields({args}) gave {what} {got}, outside the field's range 0 to {top} ({bits} bits): "
+                 "expected {want}")
+HINT_FF_VALUES = (
+    "float_fields({args}) gave (sign, exponent, mantissa) = {got}, which is the float {got_value!r}; the nearest "
+    "float of this format to x is {want_value!r}, fields {want}"
+)
+
+
+def format_bias(exponent_bits: int) -> int:
+    """The exponent bias of a format with ``exponent_bits`` exponent bits: 2^(e-1) - 1 (127 for float32)."""
+    return 2 ** (exponent_bits - 1) - 1
+
+
+def largest_finite(exponent_bits: int, mantissa_bits: int) -> float:
+    """The largest finite value: (2 - 2^-M) 2^bias when the exponent field all ones is kept for inf and NaN (IEEE);
+    448 for (4, 3), read as e4m3fn, where only the all-ones pattern is NaN.
+
+    >>> largest_finite(5, 10), largest_finite(4, 3)
+    (65504.0, 448.0)
+    """
+    if (exponent_bits, mantissa_bits) == (4, 3):
+        return E4M3FN_MAX
+    return (2 - 2.0**-mantissa_bits) * 2.0 ** format_bias(exponent_bits)
+
+
+def _fields(x: float, e: int, M: int, mistake: str = "") -> tuple[int, int, int]:
+    """The fields of the float nearest to x (exact arithmetic on Fractions), or of one named ``mistake``."""
+    bias = 2 ** (e - 1) if mistake == "bias plus one" else format_bias(e)
+    sign = int(x < 0) if mistake == "negative zero" else int(math.copysign(1.0, x) < 0)
+    a = Fraction(abs(x))
+    if a == 0:
+        return sign, 0, 0
+    k = a.numerator.bit_length() - a.denominator.bit_length()  # 2^k <= a < 2^(k + 1), after the correction
+    if Fraction(2) ** k > a:
+        k -= 1
+    subnormal = k < 1 - bias
+    if subnormal and mistake == "flush subnormals":
+        return sign, 0, 0
+    if subnormal and mistake == "negative exponent":  # the normal formula below the normal range
+        return sign, k + bias, round((a / Fraction(2) ** k - 1) * 2**M)
+    if subnormal and mistake == "subnormal step 2^-bias":
+        return sign, 0, round(a / Fraction(2) ** -bias * 2**M)
+    if subnormal and mistake == "subnormal with the 1":
+        return sign, 0, round((a / Fraction(2) ** -bias - 1) * 2**M)
+    k = max(k, 1 - bias)  # a subnormal is counted in steps of the smallest normal binade
+    t = a / Fraction(2) ** k * 2**M  # |x| in steps of 2^(k - M): 2^M to 2^(M + 1) for a normal number
+    if mistake == "truncate":
+        steps = math.floor(t)
+    elif mistake == "ties away":
+        steps = math.floor(t + Fraction(1, 2))
+    else:
+        steps = round(t)  # Fraction rounds a half to even
+    if steps == (2 ** (M + 1) if t >= 2**M else 2**M) and mistake in ("carry kept", "carry dropped"):
+        return sign, (k + bias) if t >= 2**M else 0, (2**M if mistake == "carry kept" else 0)
+    if steps == 2 ** (M + 1):  # rounded up to the next power of two
+        steps, k = steps // 2, k + 1
+    if steps < 2**M:  # subnormal (or 0): exponent field 0, no implicit 1
+        return sign, 0, steps
+    if mistake == "no bias":
+        return sign, k, steps - 2**M
+    return sign, k + bias, steps if mistake == "implicit one" else steps - 2**M
+
+
+def reference_float_fields(x: float, exponent_bits: int, mantissa_bits: int) -> tuple[int, int, int]:
+    """(sign, biased exponent field, mantissa field) of the float nearest to ``x`` with ``exponent_bits`` exponent
+    and ``mantissa_bits`` mantissa bits (bias 2^(e-1) - 1), rounded to nearest, ties to even, subnormals included.
+
+    Exact (``fractions.Fraction``), so ``x`` is rounded once, straight from float64. For ``|x|`` no larger than
+    :func:`largest_finite`; the top exponent field is then a finite number's (e4m3fn) or never reached (IEEE).
+    Built by hand in notebooks/14_quantization.ipynb (exercise 14.1).
+
+    >>> reference_float_fields(-2.5, 5, 10), reference_float_fields(448.0, 4, 3), reference_float_fields(-0.0, 8, 7)
+    ((1, 16, 256), (0, 15, 6), (1, 0, 0))
+    """
+    return _fields(float(x), exponent_bits, mantissa_bits)
+
+
+def pack_fields(fields: tuple[int, int, int], exponent_bits: int, mantissa_bits: int) -> int:
+    """The fields as one unsigned integer, sign bit first: what the float's bytes hold.
+
+    >>> hex(pack_fields((0, 127, 0), 8, 23))
+    '0x3f800000'
+    """
+    sign, exponent, mantissa = fields
+    return (sign << (exponent_bits + mantissa_bits)) | (exponent << mantissa_bits) | mantissa
+
+
+def fields_value(fields: tuple[int, int, int], exponent_bits: int, mantissa_bits: int) -> float:
+    """The number the fields encode (normal or subnormal).
+
+    >>> fields_value((1, 16, 256), 5, 10)
+    -2.5
+    """
+    sign, exponent, mantissa = fields
+    bias = format_bias(exponent_bits)
+    if exponent == 0:
+        value = math.ldexp(mantissa, 1 - bias - mantissa_bits)
+    else:
+        value = math.ldexp(2**mantissa_bits + mantissa, exponent - bias - mantissa_bits)
+    return -value if sign else value
+
+
+def torch_bits(x: float, name: str) -> int:
+    """torch's own bit pattern of ``x`` in the format ``name`` (a key of :data:`TORCH_FORMATS`), as unsigned.
+
+    torch turns a Python float into a 16- or 8-bit float through float32, two roundings: for an ``x`` that is a
+    float32 number (or for float32 itself) that is the nearest float; see the tests for a case where it is not.
+
+    >>> hex(torch_bits(1.0, "bfloat16")), torch_bits(448.0, "float8_e4m3fn")
+    ('0x3f80', 126)
+    """
+    e, M = TORCH_FORMATS[name]
+    raw = int(torch.tensor(x, dtype=getattr(torch, name)).view(TORCH_VIEWS[name]).item())
+    return raw & (2 ** (1 + e + M) - 1)
+
+
+def _tie(k: int, j: int, M: int) -> float:
+    """Halfway between the mantissa fields j and j + 1 of the binade 2^k."""
+    return math.ldexp(2 ** (M + 1) + 2 * j + 1, k - M - 1)
+
+
+def float_cases(e: int, M: int, rng: np.random.Generator | None = None, n_random: int = 6) -> list[float]:
+    """Values that tell the named mistakes apart in the format (e, M), all within its finite range: ±1, powers of
+    two, the largest finite value, ±0, ties to even both ways, a carry into the exponent (a tie and not),
+    subnormals (a tie, one that rounds up into the normal range, one that rounds to 0), 0.1, and random values."""
+    bias, top = format_bias(e), largest_finite(e, M)
+    low = 1 - bias  # the smallest normal exponent
+    sub = math.ldexp(1.0, low - M)  # the smallest subnormal
+    mid = min(bias - 1, 3)
+    values = [1.0, -1.0, 2.0 ** mid, 2.0**low, top, -top, 0.0, -0.0, 0.1, -2.5 if top >= 2.5 else -1.5,
+              _tie(0, 0, M), -_tie(mid, 1, M), _tie(low, 1, M),  # ties: to even is down, up, up
+              math.ldexp(2 ** (M + 2) - 1, -M - 2),  # 1 - 2^-(M+2): rounds up to 1, a carry without a tie
+              -_tie(mid, 2**M - 1, M),  # the tie below 2^(mid+1): to even is the carry
+              math.ldexp(1 + 2.0**-(M + 1) + 2.0**-(M + 3), mid),  # just past a tie: rounds up, a cut does not
+              3 * sub, -sub, 0.5 * sub, 0.75 * sub, 1.5 * sub, 2.5 * sub,  # subnormals and their ties
+              math.ldexp(2 ** (M + 2) - 1, low - M - 2),  # a subnormal that rounds up to the smallest normal
+              -math.ldexp(2**M - 1, low - M), math.ldexp(1.0, low - M - 3),  # the largest subnormal; one that is 0
+              0.9 * top]  # in the top binade (e4m3fn's exponent field 15 holds numbers)
+    rng = rng or np.random.default_rng(e * 100 + M)
+    for _ in range(n_random):
+        k = int(rng.integers(low - M - 1, bias + 1))
+        values.append(float(rng.choice([-1, 1]) * math.ldexp(1 + float(rng.random()), k)))
+    return [v for v in values if abs(v) <= top]
+
+
+def _args(x: float, e: int, M: int) -> str:
+    return f"{x!r}, {e}, {M}"
+
+
+def _as_fields(result: Any, x: float, e: int, M: int) -> tuple[int, int, int]:
+    """The learner's result as three Python ints, or a CheckFailure saying why it is not."""
+    if result is None:
+        raise ExerciseNotDone(HINT_RETURNED_NONE.format(function="float_fields"))
+    if not (isinstance(result, (tuple, list)) and len(result) == 3):
+        raise CheckFailure(HINT_FF_KIND.format(got=describe(result)))
+    fields = []
+    for value in result:
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        elif isinstance(value, np.generic):
+            value = value.item()
+        if isinstance(value, float):
+            raise CheckFailure(HINT_FF_NOT_INT.format(args=_args(x, e, M), got=describe(result)))
+        if not isinstance(value, int):
+            raise CheckFailure(HINT_FF_KIND.format(got=describe(result)))
+        fields.append(int(value))
+    return tuple(fields)
+
+
+# In this order: for a subnormal x the bias 2^(e-1) and the step 2^-bias give the same fields, and the second names it.
+MISTAKES = ("negative zero", "flush subnormals", "negative exponent", "subnormal step 2^-bias", "subnormal with the 1",
+            "bias plus one", "no bias", "implicit one", "truncate", "ties away", "carry kept", "carry dropped")
+
+
+def diagnose_fields(fields: tuple[int, int, int], x: float, e: int, M: int) -> None:
+    """Raise CheckFailure naming what is wrong with ``fields``, the learner's ``float_fields(x, e, M)``."""
+    want = _fields(x, e, M)
+    if fields == want:
+        return
+    bias, args = format_bias(e), _args(x, e, M)
+    tiny = math.ldexp(1.0, 1 - bias)
+    sign, exponent, mantissa = fields
+    up = math.copysign(math.ldexp(1.0, (want[1] if want[1] else 1) - bias), x)
+    hints = {
+        "negative zero": HINT_FF_NEG_ZERO,
+        "bias plus one": HINT_FF_BIAS_PLUS.format(x=x, got=exponent, want=want[1], bias=bias),
+        "no bias": HINT_FF_NO_BIAS.format(x=x, got=exponent, want=want[1], bias=bias),
+        "implicit one": HINT_FF_IMPLICIT.format(x=x, got=mantissa, top=2**M, want=want[2]),
+        "truncate": HINT_FF_TRUNCATE.format(x=x),
+        "ties away": HINT_FF_TIES_AWAY.format(x=x, got=mantissa, want=want[2]),
+        "flush subnormals": HINT_FF_FLUSH.format(x=x, tiny=tiny, want=want[2]),
+        "negative exponent": HINT_FF_SUB_RANGE.format(x=x, got=exponent, tiny=tiny),
+        "subnormal step 2^-bias": HINT_FF_SUB_SCALE.format(x=x, got=mantissa, want=want[2]),
+        "subnormal with the 1": HINT_FF_SUB_SCALE.format(x=x, got=mantissa, want=want[2]),
+        "carry kept": HINT_FF_CARRY.format(x=x, up=up, got=fields, want=want),
+        "carry dropped": HINT_FF_CARRY.format(x=x, up=up, got=fields, want=want),
+    }
+    for mistake in MISTAKES:
+        wrong = _fields(x, e, M, mistake)
+        if wrong != want and fields == wrong:
+            raise CheckFailure(hints[mistake])
+    if sign != want[0] and (sign == -1 or fields[1:] == want[1:]):
+        raise CheckFailure(HINT_FF_SIGN_PM.format(args=args, got=sign, want=want[0]))
+    expect(sign in (0, 1), HINT_FF_RANGE.format(args=args, what="sign", got=sign, top=1, bits=1, want=want[0]))
+    if exponent < 0 and want[1] == 0:
+        raise CheckFailure(HINT_FF_SUB_RANGE.format(x=x, got=exponent, tiny=tiny))
+    expect(0 <= exponent < 2**e, HINT_FF_RANGE.format(args=args, what="exponent field", got=exponent, top=2**e - 1,
+                                                       bits=e, want=want[1]))
+    if mantissa >= 2**M and want[1] > 0 and exponent == want[1]:
+        raise CheckFailure(HINT_FF_IMPLICIT.format(x=x, got=mantissa, top=2**M, want=want[2]))
+    expect(0 <= mantissa < 2**M, HINT_FF_RANGE.format(args=args, what="mantissa field", got=mantissa, top=2**M - 1,
+                                                      bits=M, want=want[2]))
+    raise CheckFailure(HINT_FF_VALUES.format(args=args, got=fields, got_value=fields_value(fields, e, M),
+                                             want_value=fields_value(want, e, M), want=want))
+
+
+def float_field_formats() -> list[tuple[str, int, int]]:
+    """(name, e, M): the four torch formats, then formats torch has no dtype for."""
+    return [*((name, e, M) for name, (e, M) in TORCH_FORMATS.items()),
+            *((f"{e} exponent and {M} mantissa bits", e, M) for e, M in OTHER_FORMATS)]
+
+
+@checker("the bits of a float")
+def check_float_fields(float_fields) -> None:
+    """Check ``float_fields(x, exponent_bits, mantissa_bits) -> (sign, exponent, mantissa)``.
+
+    On :func:`float_cases` in float32, bfloat16, float16, e4m3fn and four formats torch has no dtype for (so an answer
+    cannot be a cast), every value within the format's finite range: fields compared exactly with
+    :func:`reference_float_fields` after the named mistakes are tried.
+    """
+    for name, e, M in float_field_formats():
+        for x in float_cases(e, M):
+            result = call_learner(float_fields, x, e, M, name="float_fields", error_hint=HINT_FF_CALL)
+            diagnose_fields(_as_fields(result, x, e, M), x, e, M)
+
+
+# ----------------------------------------------------------------------------- 14.1 probe
+
+FF_PROBE_RUN = HELPERS + """\
+_results = []
+for _x, _e, _m in inputs['cases']:
+    _r = float_fields(_x, _e, _m)
+    if isinstance(_r, (tuple, list)) and len(_r) == 3:
+        _r = [_v.item() if isinstance(_v, (torch.Tensor, np.generic)) and np.size(_v) == 1 else _v for _v in _r]
+        _r = [_v if isinstance(_v, (int, float)) else type(_v).__name__ for _v in _r]
+    else:
+        _r = _kind(_r)
+    _results.append(_r)
+outputs = {'results': _results}
+del _results, _x, _e, _m, _r
+""" + CLEANUP
+
+
+def _float_probe_inputs(rng: np.random.Generator) -> dict:
+    """The four torch formats and two drawn ones: :func:`float_cases` with fresh random values, plus random ties
+    (normal and subnormal) at random places."""
+    formats = [*TORCH_FORMATS.values(), (int(rng.integers(2, 9)), int(rng.integers(1, 13))),
+               (int(rng.integers(3, 7)), int(rng.integers(1, 6)))]
+    cases = []
+    for e, M in formats:
+        bias = format_bias(e)
+        values = float_cases(e, M, rng, n_random=3)
+        for _ in range(3):
+            values.append(float(rng.choice([-1.0, 1.0])) * _tie(int(rng.integers(1 - bias, bias)), int(rng.integers(0, 2**M)), M))
+        values.append(math.ldexp(2 * int(rng.integers(0, 2**M)) + 1, -bias - M))  # a subnormal tie
+        cases += [[float(x), e, M] for x in values if abs(x) <= largest_finite(e, M)]
+    return {"cases": cases}
+
+
+def _compare_float_fields(outputs: Any, expected: dict) -> str | None:
+    if not isinstance(outputs, dict):
+        return "the hidden test's outputs should be a dict"
+    cases, results = expected["cases"], outputs.get("results")
+    if not (isinstance(results, list) and len(results) == len(cases)):
+        return "float_fields's hidden test did not run every case"
+    for got, (x, e, M) in zip(results, cases):
+        try:
+            if isinstance(got, str):
+                _as_fields(None if got == "NoneType" else got, x, e, M)
+            fields = _as_fields(tuple(v.item() if isinstance(v, np.generic) else v for v in got), x, e, M)
+            diagnose_fields(fields, x, e, M)
+        except CheckFailure as failure:
+            return f"hidden test, float_fields({_args(x, e, M)}): {failure}"
+    return None
 
 
 # ----------------------------------------------------------------------------- inputs without ties
@@ -117,7 +482,7 @@ def zeropoint_overflow_case(bits: int, *, dtype: torch.dtype = torch.float32) ->
     return (t * step).to(dtype)
 
 
-# ----------------------------------------------------------------------------- 14.1 absmax
+# ----------------------------------------------------------------------------- 14.2 absmax
 
 HINT_ABS_CALL = "absmax_quantize(x, bits): x a float tensor, bits an int from 2 to 8; return (q, scale)"
 HINT_ABS_PAIR = "absmax_quantize should return a pair (q, scale): the int8 codes and the float scale, got {got}"
@@ -299,7 +664,7 @@ def check_absmax(absmax_quantize, absmax_dequantize) -> None:
         assert torch.equal(_quant.absmax_quantize(x, bits)[0], q), "the checker disagrees with tfedu.quant"  # our guard
 
 
-# ----------------------------------------------------------------------------- 14.2 zero-point
+# ----------------------------------------------------------------------------- 14.3 zero-point
 
 HINT_ZP_CALL = "zeropoint_quantize(x, bits): x a float tensor, bits an int from 2 to 8; return (q, scale, zero)"
 HINT_ZP_TRIPLE = "zeropoint_quantize should return a triple (q, scale, zero): uint8 codes, a float scale, the zero point; got {got}"
@@ -623,6 +988,13 @@ def _absmax_deq_mistakes(q: torch.Tensor, scale: torch.Tensor) -> list[tuple[str
 
 
 PROBES = {
+    "check_float_fields": Probe(
+        exercise="ex_float_fields",
+        make_inputs=_float_probe_inputs,
+        run=FF_PROBE_RUN,
+        reference=lambda inputs: {"cases": inputs["cases"]},
+        compare=_compare_float_fields,
+        builds=ELEMENTARY | frozenset({"torch.frexp", "numpy.frexp", "torch.ldexp", "numpy.ldexp"})),
     "check_absmax": Probe(
         exercise="ex_absmax",
         make_inputs=lambda rng: _probe_inputs(rng, absmax_case, expected_absmax, "negative_max"),
@@ -646,8 +1018,42 @@ PROBES = {
 
 
 HINTS = {
-    "ex_absmax": Hints(
+    "ex_float_fields": Hints(
         number="14.1",
+        check="check_float_fields",
+        idea=(
+            "A float is a sign, a power of two and a fraction: |x| lies in one binade, from 2^k up to 2^(k+1), and "
+            "inside it the format has 2^M equally spaced numbers, a step of 2^(k - M) apart. The exponent field "
+            "stores k plus the bias; the mantissa field stores how many steps |x| is above 2^k, rounded to the "
+            "nearest, a tie going to the even count. Rounding can reach 2^(k+1) itself: then the exponent goes up "
+            "by one and the mantissa is 0. Below the smallest normal number, 2^(1 - bias), the spacing stays that "
+            "of the smallest binade and nothing is implicit: exponent field 0, the mantissa counts steps from 0."
+        ),
+        approach=(
+            "Sign: 1 when the sign bit of x is set, which is also true of -0.0. Work with |x| from then on. Find k, "
+            "the exponent of the power of two at or below |x| (the standard library splits a float into a fraction "
+            "and a power of two exactly); never let k go below 1 - bias. Divide |x| by the step of that binade, "
+            "2^(k - M), and round to the nearest integer, ties to even: a count from 2^M to 2^(M+1) for a normal "
+            "number, below 2^M for a subnormal. If the count is 2^(M+1), halve it and add one to k. A count below "
+            "2^M gives exponent field 0 and mantissa field the count; otherwise the exponent field is k plus the "
+            "bias and the mantissa field the count less 2^M. Return three ints."
+        ),
+        skeleton=(
+            "def float_fields(x, exponent_bits, mantissa_bits):\n"
+            "    bias = ____\n"
+            "    sign = ____  # 1 for negative numbers and for -0.0\n"
+            "    fraction, power = ____  # |x| = fraction * 2**power, fraction in [0.5, 1)\n"
+            "    k = max(____, ____)  # the binade's exponent; subnormals use the smallest normal one\n"
+            "    count = round(____)  # |x| in steps of 2**(k - mantissa_bits); round() breaks ties to even\n"
+            "    if count == ____:  # rounded up to the next power of two\n"
+            "        count, k = ____, ____\n"
+            "    if count < 2**mantissa_bits:\n"
+            "        return ____  # subnormal or zero\n"
+            "    return ____\n"
+        ),
+    ),
+    "ex_absmax": Hints(
+        number="14.2",
         check="check_absmax",
         idea=(
             "Absmax maps the tensor's largest magnitude to the top code, qmax = 2^(b-1) - 1, and every value to "
@@ -678,7 +1084,7 @@ HINTS = {
         ),
     ),
     "ex_zeropoint": Hints(
-        number="14.2",
+        number="14.3",
         check="check_zeropoint",
         idea=(
             "Zero-point quantization maps the range [lo, hi] onto all 2^b unsigned codes, 0 to 2^b - 1, and stores "

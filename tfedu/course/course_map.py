@@ -101,8 +101,10 @@ CHAPTERS: tuple[Chapter, ...] = (
         "parameters grow by E and FLOPs by k, measured with torch's FLOP counter (and Mixtral's 46.7B / "
         "12.9B counted); the router by hand, and why one gate must not be renormalised; capacity and "
         "dropped tokens; Switch's balance loss trained on and off (without it the router collapses); loop "
-        "vs sort-and-gather dispatch, equal, timed; five GPTs trained on the same bytes and a power law "
-        "fitted; the compute frontier; C = 6ND, PF-days, Kaplan vs Chinchilla allocations"
+        "vs sort-and-gather dispatch, equal, timed; the MoE layer's forward pass with capacity written by hand "
+        "(route, queue, drop, combine by gate); five GPTs trained on the same bytes and a power law fitted, "
+        "and the exponent moved by the learning rate; the compute frontier; C = 6ND, PF-days, Kaplan vs "
+        "Chinchilla allocations and what separates them"
     )),
     Chapter("13", "peft", "Parameter-efficient fine-tuning", (
         "the course GPT fine-tuned to Python source code (a new style, measured) by full fine-tuning, "
@@ -113,9 +115,10 @@ CHAPTERS: tuple[Chapter, ...] = (
         "Hu et al.; `tfedu.peft` tested against Hugging Face peft"
     )),
     Chapter("14", "quantization", "Quantization", (
-        "absmax and zero-point quantization by hand; one outlier against per-tensor, per-row and "
+        "the bits of a float by hand (sign, exponent, mantissa; float32, bfloat16, float16, float8 e4m3, "
+        "rounding to nearest even, subnormals), equal to torch's; absmax and zero-point quantization by hand; one outlier against per-tensor, per-row and "
         "per-group scales; int4 packed two per byte, memory as bytes stored; GPTQ by hand on one layer "
-        "(the Cholesky update, against round-to-nearest); the course GPT at 32/16/8/4 bits, perplexity "
+        "(the Cholesky update derived, against round-to-nearest); the course GPT at 32/16/8/4 bits, perplexity "
         "and bytes, RTN vs GPTQ; the deck's \"~4.5 bits\" and \"<5% for 1B+\" checked against Frantar et al."
     )),
     Chapter("15", "interpretability_and_decoding", "Looking inside, and steering the output", (
@@ -123,7 +126,8 @@ CHAPTERS: tuple[Chapter, ...] = (
         "hides); previous-token and induction scores on a repeated random sequence against chance (the "
         "course GPT has neither previous-token nor induction heads, measured; a two-layer attention-only "
         "model trained on repeating sequences has both, and ablating either layer undoes the copying); "
-        "the logit lens, its last row equal to the logits bit for bit; direct logit attribution that adds "
+        "activation patching written by hand, one head's clean output in a corrupted run (each induction head "
+        "restores part of the copying, the previous-token head alone makes it worse); the logit lens, its last row equal to the logits bit for bit; direct logit attribution that adds "
         "up to the logit; constrained decoding by hand (-inf before the softmax), a regex constraint over "
         "the vocabulary's byte trie (`tfedu.constrained`, a logits processor for `tfedu.generate`), JSON "
         "valid in 100 of 100 samples, its cost per token"
