@@ -11,7 +11,7 @@ from torch import nn
 from checker_helpers import failure_of
 from tfedu.checks import nb13_peft as nb13
 from tfedu.checks.core import ExerciseNotDone, run_probe
-from tfedu.peft import LoRALinear
+from tfedu.peft import Adapter, LoRALinear
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -115,3 +115,143 @@ def test_probe_agrees_with_the_checker(mistake):
             assert verdict is not None and MISTAKES[mistake] in verdict, verdict
         else:
             assert verdict is None
+
+
+# ----------------------------------------------------------------------------- 13.2: a bottleneck adapter
+
+
+class _InOut(nn.Module):
+    """A projection stored (in, out), the Conv1D habit: weight (d_in, d_out), forward x @ weight + bias."""
+
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.weight = nn.Parameter(0.1 * torch.randn(d_in, d_out))
+        self.bias = nn.Parameter(torch.zeros(d_out))
+
+    def forward(self, x):
+        return x @ self.weight + self.bias
+
+
+def make_adapter(mistake=""):
+    """A learner's Adapter class, right or with one ``mistake``."""
+
+    class Adapter(nn.Module):
+        def __init__(self, d_model, bottleneck):
+            super().__init__()
+            if mistake == "plain tensors":  # held, never registered: no optimizer or checkpoint sees them
+                self.W_down = (0.1 * torch.randn(bottleneck, d_model)).requires_grad_()
+                self.W_up = torch.zeros(d_model, bottleneck, requires_grad=True)
+                return
+            if mistake == "in-out shapes":
+                self.down, self.up = _InOut(d_model, bottleneck), _InOut(bottleneck, d_model)
+            else:
+                bias = mistake != "no bias"
+                self.down = nn.Linear(d_model, bottleneck, bias=bias)
+                self.up = nn.Linear(bottleneck, d_model, bias=bias)
+            if mistake == "down zero":
+                nn.init.zeros_(self.down.weight)
+            if mistake != "up random":
+                nn.init.zeros_(self.up.weight)
+                if mistake != "up bias" and self.up.bias is not None:
+                    nn.init.zeros_(self.up.bias)
+
+        def forward(self, h):
+            if mistake == "not done":
+                raise NotImplementedError
+            if mistake == "plain tensors":
+                return h + F.gelu(h @ self.W_down.T) @ self.W_up.T
+            hidden = self.down(h)
+            act = {"no activation": lambda z: z, "activation after": lambda z: z, "relu": torch.relu,
+                   "tanh gelu": lambda z: F.gelu(z, approximate="tanh")}.get(mistake, F.gelu)
+            out = self.up(act(hidden))
+            if mistake == "activation after":
+                out = F.gelu(out)
+            if mistake == "detached":
+                out = out.detach()
+            if mistake == "float32":
+                return (h + out).float()
+            return out if mistake == "no residual" else h + out
+
+    return Adapter
+
+
+class AdapterAnotherWay(nn.Module):
+    """Right, written differently: F.linear by hand, the exact GELU from erf, zeros written under no_grad."""
+
+    def __init__(self, d_model, bottleneck):
+        super().__init__()
+        self.down = nn.Linear(d_model, bottleneck)
+        self.up = nn.Linear(bottleneck, d_model)
+        with torch.no_grad():
+            self.up.weight.zero_()
+            self.up.bias.zero_()
+
+    def forward(self, h):
+        z = F.linear(h, self.down.weight, self.down.bias)
+        z = 0.5 * z * (1 + torch.erf(z / math.sqrt(2)))
+        return torch.addmm(self.up.bias, z.reshape(-1, z.shape[-1]), self.up.weight.T).reshape(h.shape) + h
+
+
+ADAPTER_MISTAKES = {
+    "no residual": "returns only the bottleneck's output",
+    "no activation": "no nonlinearity between down and up",
+    "activation after": "applies the GELU after the up-projection",
+    "relu": "uses ReLU between down and up",
+    "tanh gelu": "tanh approximation of GELU",
+    "up random": "up-projection is not zero at the start",
+    "up bias": "weight starts at zero but its bias does not",
+    "down zero": "down-projection's weight is zero at the start as well",
+    "in-out shapes": "down maps d_model features to bottleneck ones",
+    "no bias": "has no down.bias or up.bias",
+    "plain tensors": "as plain tensors, not as parameters",
+    "detached": "changed nothing: the adapter does not learn",
+    "float32": "returned float32 for a float64 input",
+}
+
+
+@pytest.mark.parametrize("adapter", [make_adapter(), AdapterAnotherWay], ids=["reference", "another way"])
+def test_adapter_right_answers_pass(adapter, capsys):
+    nb13.check_adapter(adapter)
+    assert "✓" in capsys.readouterr().out
+
+
+def test_adapter_is_tfedus_adapter():
+    """The exercise's reference behaves as tfedu.peft.Adapter, weights copied: the switch can swap them."""
+    torch.manual_seed(0)
+    mine, theirs = make_adapter()(12, 3).double(), Adapter(12, 3).double()
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.normal_()
+    mine.load_state_dict(theirs.state_dict())  # the same parameter names and shapes
+    y = torch.randn(2, 5, 12, dtype=torch.float64)
+    torch.testing.assert_close(mine(y), theirs(y))
+
+
+@pytest.mark.parametrize("mistake", list(ADAPTER_MISTAKES))
+def test_adapter_mistakes_are_named(mistake):
+    assert ADAPTER_MISTAKES[mistake] in failure_of(nb13.check_adapter, make_adapter(mistake))
+
+
+def test_adapter_not_done_and_shortcut():
+    with pytest.raises(ExerciseNotDone):
+        nb13.check_adapter(make_adapter("not done"))
+    with pytest.raises(ExerciseNotDone):
+        nb13.check_adapter(None)
+    assert "tfedu.peft" in failure_of(nb13.check_adapter, Adapter)
+
+
+@pytest.mark.parametrize("mistake", list(ADAPTER_MISTAKES))
+def test_adapter_probe_names_the_mistake(mistake):
+    probe = nb13.PROBES["check_adapter"]
+    for seed in range(2):
+        outputs, expected = run_probe(probe, {"Adapter": make_adapter(mistake), "torch": torch}, seed)
+        verdict = probe.compare(outputs, expected)
+        assert verdict is not None and ADAPTER_MISTAKES[mistake] in verdict, verdict
+
+
+@pytest.mark.parametrize("adapter", [make_adapter(), AdapterAnotherWay], ids=["reference", "another way"])
+def test_adapter_probe_passes_right_answers(adapter):
+    probe = nb13.PROBES["check_adapter"]
+    for seed in range(4):
+        outputs, expected = run_probe(probe, {"Adapter": adapter, "torch": torch}, seed)
+        assert probe.compare(outputs, expected) is None

@@ -270,3 +270,108 @@ def test_patching_every_position_of_the_residual_stream_is_the_clean_run():
         with model.hooks(blocks__0__hook_resid_post=lambda resid: cache["blocks.0.hook_resid_post"]):
             patched = model(corrupted)
         assert torch.allclose(patched, model(clean), atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- 15.2 logit_lens
+
+LENS_ANOTHER_WAY = '''
+def logit_lens(model, ids):
+    """With forward hooks of its own on the blocks (no run_with_cache), removed afterwards."""
+    kept = []
+    handles = [model.blocks[0].register_forward_pre_hook(lambda module, args: kept.append(args[0]))]
+    handles += [block.register_forward_hook(lambda module, args, out: kept.append(out)) for block in model.blocks]
+    try:
+        with torch.inference_mode():
+            model(ids)
+            return torch.stack([model.unembed(model.ln_final(resid)) for resid in kept]).clone()
+    finally:
+        for handle in handles:
+            handle.remove()
+'''
+
+
+def lens_another_way():
+    namespace = {"torch": torch}
+    exec(LENS_ANOTHER_WAY, namespace)
+    return namespace["logit_lens"]
+
+
+LENS_VARIANT = '''
+def logit_lens(model, ids):
+    """A learner's lens with one mistake (MISTAKE), written without tfedu.checks (the check scans the answer)."""
+    n_layers = len(model.blocks)
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(ids)
+        after = [f"blocks.{i}.hook_resid_{'pre' if MISTAKE == 'resid-pre' else 'post'}" for i in range(n_layers)]
+        names = after if MISTAKE == "no-embed" else ["blocks.0.hook_resid_pre"] + after
+        rows = []
+        for i, name in enumerate(names):
+            normed = cache[name] if MISTAKE == "no-norm" else model.ln_final(cache[name])
+            if MISTAKE == "twice" and i == len(names) - 1:
+                normed = model.ln_final(normed)
+            rows.append(model.unembed(normed))
+        if MISTAKE == "extra-row":
+            rows.append(logits)
+        lens = torch.stack(rows, dim=1 if MISTAKE == "batch-first" else 0)
+        if MISTAKE == "not-exact":
+            lens = lens + 1e-6 * lens.abs().max()  # within 1e-4 of the logits, not bit for bit
+        if MISTAKE == "leak":
+            model.ln_final.register_forward_hook(lambda module, args, out: None)  # never removed
+        return lens.softmax(dim=-1) if MISTAKE == "softmax" else lens
+'''
+
+
+def lens_mistake(mistake):
+    namespace = {"torch": torch, "MISTAKE": mistake}
+    exec(LENS_VARIANT, namespace)
+    return namespace["logit_lens"]
+
+
+def test_the_learner_variants_are_the_checkers():
+    model = nb15.lens_model(3)
+    ids = torch.randint(0, model.cfg.d_vocab, (2, 6), generator=torch.Generator().manual_seed(3))
+    for mistake in (None, *nb15.LL_MISTAKES):
+        assert torch.equal(lens_mistake(mistake)(model, ids), nb15._lens_variant(model, ids, mistake)), mistake
+
+
+LENS_MISTAKES = [("no-norm", "skip the final norm"), ("no-embed", "n_layers rows"),
+                 ("resid-pre", "each block's input"), ("twice", "through the final norm twice"),
+                 ("extra-row", "n_layers + 2 rows"), ("batch-first", "wrong axis"), ("softmax", "probabilities"),
+                 ("not-exact", "bit for bit"), ("leak", "still attached")]
+
+
+def test_logit_lens_passes_the_reference_and_another_way(capsys):
+    for fn in (nb15.reference_logit_lens, lens_another_way()):
+        nb15.check_logit_lens(fn)
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+def test_the_reference_lens_is_interps_bit_for_bit():
+    from tfedu import interp
+
+    for seed, n_layers, norm, positional, tied, batch, pos in nb15.LENS_CASES:
+        model = nb15.lens_model(seed, n_layers=n_layers, norm=norm, positional=positional, tied=tied)
+        ids = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=torch.Generator().manual_seed(seed))
+        assert torch.equal(nb15.reference_logit_lens(model, ids), interp.logit_lens(model, ids))
+
+
+@pytest.mark.parametrize("mistake, fragment", LENS_MISTAKES)
+def test_logit_lens_names_each_mistake_in_the_check_and_the_probe(mistake, fragment):
+    assert fragment in failure_of(nb15.check_logit_lens, lens_mistake(mistake))
+    for seed in range(2):
+        feedback = verdict(nb15.PROBES["check_logit_lens"], {"logit_lens": lens_mistake(mistake)}, seed)
+        assert feedback is not None and fragment in feedback, (seed, feedback)
+
+
+def test_logit_lens_refuses_interp_and_not_done():
+    from tfedu import interp
+
+    assert "tfedu.interp" in failure_of(nb15.check_logit_lens, interp.logit_lens)
+    with pytest.raises(ExerciseNotDone):
+        nb15.check_logit_lens(not_done)
+
+
+def test_the_logit_lens_probe_passes_right_answers():
+    for seed in range(4):
+        assert verdict(nb15.PROBES["check_logit_lens"], {"logit_lens": lens_another_way()}, seed) is None
+        assert verdict(nb15.PROBES["check_logit_lens"], {"logit_lens": nb15.reference_logit_lens}, seed) is None

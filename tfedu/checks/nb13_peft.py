@@ -1,6 +1,6 @@
-"""Checkers for notebooks/13_peft.ipynb: LoRA by hand.
+"""Checkers for notebooks/13_peft.ipynb: LoRA and a bottleneck adapter by hand.
 
-One exercise, checked against ``tfedu.peft.LoRALinear``'s formula after first trying the known mistakes:
+Two exercises, each checked against its tfedu.peft reference after first trying the known mistakes:
 
 - 13.1 ``LoRA(base, r, alpha)``, an ``nn.Module`` wrapping a frozen ``nn.Linear`` ``base``, with ``A``
   (r, d_in) and ``B`` (d_out, r), ``forward(x) = base(x) + (alpha / r) B A x`` and ``merged_weight()``
@@ -17,6 +17,15 @@ One exercise, checked against ``tfedu.peft.LoRALinear``'s formula after first tr
   state_dict() miss them, so nothing trains), the base layer's bias left trainable, and one SGD step over
   the module's trainable parameters from B = 0 must change B and leave the base layer as it was.
   ``tfedu.peft`` is refused.
+- 13.2 ``Adapter(d_model, bottleneck)``, an ``nn.Module`` with ``nn.Linear`` layers ``down`` (d_model to
+  bottleneck) and ``up`` (back), ``forward(h) = h + up(gelu(down(h)))``, ``up`` zero at the start (weight and
+  bias) as ``tfedu.peft.Adapter`` (Houlsby et al. 2019, fig. 2). Run in float32 and float64 with the
+  reference's weights copied in (``up`` made non-zero), then from a fresh start. Named mistakes: no residual
+  (only the bottleneck's output), no activation between down and up (a low-rank linear map), the activation
+  after up, ReLU or tanh-approximated GELU for the exact GELU, down and up in each other's shapes, biases
+  missing, up random at the start or only its weight zeroed (the adapted model is no longer the base model at
+  step 0), down zero as well (nothing ever learns), weights kept as plain tensors (not registered: no
+  optimizer sees them), an output in another dtype than its input, and one SGD step that changes nothing.
 
 A class whose construction raises NotImplementedError, or a forward that returns None, is taken for an
 unfinished exercise (``ExerciseNotDone``).
@@ -29,7 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tfedu.checks.building_blocks import ELEMENTARY, MODULES
+from tfedu.checks.building_blocks import ACTIVATIONS, ELEMENTARY, MODULES
 from tfedu.checks.core import CheckFailure, ExerciseNotDone, Hints, Probe, checker, expect, global_names
 from tfedu.checks.probes import CLEANUP, HELPERS
 
@@ -297,6 +306,254 @@ def check_lora(LoRA: Any) -> None:
     print("✓ LoRA: B starts at zero, W_0 frozen, forward = W_0 x + (alpha / r) B A x, merged_weight = W_0 + (alpha / r) B A")
 
 
+# ----------------------------------------------------------------------------- 13.2: a bottleneck adapter
+
+# Run in the student's kernel (in the probe's run code) and, for the checker, here: one source.
+ADAPTER_HELPERS = '''\
+def _adapter_record(Adapter, case, dtype_name):
+    """What a learner's Adapter does on one case in one dtype, as plain data (NumPy arrays, bools, strings)."""
+    dtype = getattr(torch, dtype_name)
+    d_model, bottleneck = int(case["d_model"]), int(case["bottleneck"])
+    torch.manual_seed(int(case["seed"]))
+    try:
+        adapter = Adapter(d_model, bottleneck)
+    except NotImplementedError:
+        return {"status": "not done"}
+    if not isinstance(adapter, torch.nn.Module):
+        return {"status": "not a module", "got": type(adapter).__name__}
+    adapter = adapter.to(dtype)  # as tfedu.peft.apply_adapters moves each adapter to the model's dtype
+    plain = []  # tensors held as attributes (or in lists and dicts) but not registered with the module
+    for module_name, module in adapter.named_modules():
+        for name, value in vars(module).items():
+            values = list(value.values()) if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+            if not name.startswith("_") and any(isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)
+                                                for v in values):
+                plain.append(module_name + "." + name if module_name else name)
+    params = dict(adapter.named_parameters())
+    record = {"status": "ok", "plain": sorted(plain), "params": {name: list(p.shape) for name, p in params.items()}}
+    expected = {"down.weight": [bottleneck, d_model], "down.bias": [bottleneck],
+                "up.weight": [d_model, bottleneck], "up.bias": [d_model]}
+    if record["params"] != expected:
+        return record
+    record["down_zero"] = bool((params["down.weight"].detach() == 0).all())
+    record["up_weight_zero"] = bool((params["up.weight"].detach() == 0).all())
+    record["up_bias_zero"] = bool((params["up.bias"].detach() == 0).all())
+    y = torch.from_numpy(case["y"]).to(dtype)
+    try:
+        start = adapter(y)
+    except NotImplementedError:
+        return {"status": "not done"}
+    if start is None:
+        return {"status": "not done"}
+    record["start_equal"] = (isinstance(start, torch.Tensor) and start.dtype == y.dtype
+                             and torch.equal(start.detach(), y))
+    with torch.no_grad():  # the reference's weights, up non-zero: now the bottleneck's path shows
+        for name in expected:
+            params[name].copy_(torch.from_numpy(case[name]).to(dtype))
+    out = adapter(y)
+    record["out"] = out.detach().double().numpy() if isinstance(out, torch.Tensor) else type(out).__name__
+    record["out_dtype"] = str(out.dtype).replace("torch.", "") if isinstance(out, torch.Tensor) else ""
+    # One SGD step over the trainable parameters of a fresh adapter: what training will do.
+    torch.manual_seed(int(case["seed"]))
+    fresh = Adapter(d_model, bottleneck).to(dtype)
+    trainable = [p for p in fresh.parameters() if p.requires_grad]
+    record["step"] = "no trainable parameters"
+    if trainable:
+        upstream = torch.from_numpy(case["upstream"]).to(dtype)
+        with torch.no_grad():
+            before = fresh(y).clone()
+        optimizer = torch.optim.SGD(trainable, lr=0.1)
+        optimizer.zero_grad()
+        loss = (fresh(y) * upstream).sum()
+        if loss.requires_grad:
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():
+            record["step"] = "unchanged" if torch.equal(fresh(y), before) else "changed"
+    return record
+
+
+'''
+ADAPTER_CLEANUP = "del _adapter_record\n"
+exec(compile(ADAPTER_HELPERS, "<adapter probe helpers>", "exec"), _helpers)
+adapter_record = _helpers["_adapter_record"]
+DTYPES = ("float64", "float32")
+
+HINT_AD_SHORTCUT = "your Adapter uses tfedu.peft ({name}): the adapter is the exercise itself, so build it from torch"
+HINT_AD_NOT_A_MODULE = "Adapter(d_model, bottleneck) should build an nn.Module, got {got}"
+HINT_AD_NOT_REGISTERED = (
+    "your adapter keeps {names} as plain tensors, not as parameters of the module: adapter.parameters() and "
+    "state_dict() do not list them, so an optimizer built from model.parameters() never trains them, .to() never "
+    "moves them and a checkpoint loses them. Make down and up nn.Linear layers assigned as attributes"
+)
+HINT_AD_SWAPPED = (
+    "your down.weight is {down} and up.weight is {up} for d_model = {d_model}, bottleneck = {bottleneck}: down maps "
+    "d_model features to bottleneck ones, and a linear layer stores its weight as (out, in), so down.weight is "
+    "(bottleneck, d_model) and up.weight is (d_model, bottleneck). Keeping them as (in, out) is the habit of "
+    "GPT-2's Conv1D, not of nn.Linear"
+)
+HINT_AD_NO_BIAS = (
+    "your adapter has no {which}: Houlsby et al.'s down and up projections are full linear layers, weight and "
+    "bias (the reference Adapter has down.bias and up.bias), so keep the bias of both"
+)
+HINT_AD_NAMES = (
+    "the adapter's parameters should be those of two linear layers named down (d_model to bottleneck) and up "
+    "(bottleneck back to d_model): down.weight {bd}, down.bias {b}, up.weight {db}, up.bias {d}; yours are {got}"
+)
+HINT_AD_NO_RESIDUAL = (
+    "your forward returns only the bottleneck's output, up(act(down(h))): the adapter keeps its own skip "
+    "connection and adds that output to h. Without it the adapter replaces the sublayer's output with a "
+    "rank-{bottleneck} guess, and at the start (up = 0) it outputs zeros instead of passing h through"
+)
+HINT_AD_NO_ACTIVATION = (
+    "your forward has no nonlinearity between down and up: then up(down(h)) is one low-rank linear map, "
+    "the same kind of update as LoRA's B A, only placed after the sublayer and with biases. The adapter's "
+    "bottleneck is a small MLP: GELU sits between the two projections, like in the feed-forward layer"
+)
+HINT_AD_ACTIVATION_AFTER = (
+    "your forward applies the GELU after the up-projection: the nonlinearity belongs in the bottleneck, between "
+    "down and up, and the up-projection's output is added to h as it is"
+)
+HINT_AD_RELU = (
+    "your forward uses ReLU between down and up: the reference adapter uses GELU (the activation of this "
+    "course's feed-forward layers), so that your adapter can take its place"
+)
+HINT_AD_TANH_GELU = (
+    "your forward uses the tanh approximation of GELU: the reference adapter uses the exact GELU, with the error "
+    "function (the default of PyTorch's GELU)"
+)
+HINT_AD_FORWARD = "your forward does not give h + up(gelu(down(h))) with up and down the linear layers{detail}"
+HINT_AD_DTYPE = (
+    "your forward returned {got} for a {dtype} input and a {dtype} adapter: keep the input's dtype (no fixed "
+    "float32 inside), so the adapter works in whatever dtype the model runs"
+)
+HINT_AD_DOWN_ZERO = (
+    "your down-projection's weight is zero at the start as well as up's: then the bottleneck sees nothing, up's "
+    "weight gets no gradient (it multiplies down's zero output) and down's gets none either (it passes through "
+    "up's zeros); only up's bias ever learns. Only up starts at zero; down starts random, as a linear layer does"
+)
+HINT_AD_UP_NOT_ZERO = (
+    "your up-projection is not zero at the start: then the adapted model is not the pretrained model before "
+    "training (every block's output gets random noise added). Set up's weight and its bias to zero after "
+    "creating it, as Houlsby et al. start near the identity; tfedu starts exactly at it"
+)
+HINT_AD_UP_BIAS = (
+    "your up-projection's weight starts at zero but its bias does not (a new linear layer's bias is random): the "
+    "adapter then adds a constant vector to every position, and the model is not the base model at step 0. "
+    "Zero up's bias too"
+)
+HINT_AD_START = (
+    "your adapter does not return its input unchanged at the start (up = 0): then the adapted model is not the "
+    "base model before training{detail}"
+)
+HINT_AD_STEP = (
+    "one optimizer step over your adapter's trainable parameters changed nothing: the adapter does not learn. "
+    "Its down and up layers must be trainable parameters of the module, and the forward must not detach them or "
+    "run under torch.no_grad(){detail}"
+)
+
+_TOL = {"float64": (1e-9, 1e-11), "float32": (1e-5, 1e-5)}  # (rtol, atol): a float32 forward differs by ~1e-6
+
+
+def _adapter_outputs(case: dict) -> dict[str, np.ndarray]:
+    """The reference forward and the named mistakes' forwards, in float64, with the case's weights."""
+    y, W_down, b_down, W_up, b_up = (torch.from_numpy(case[k]) for k in
+                                     ("y", "down.weight", "down.bias", "up.weight", "up.bias"))
+    gelu = torch.nn.functional.gelu
+    hidden = y @ W_down.T + b_down  # (..., bottleneck)
+
+    def up(z):
+        return z @ W_up.T + b_up
+
+    return {k: v.numpy() for k, v in {
+        "right": y + up(gelu(hidden)), "no residual": up(gelu(hidden)), "no activation": y + up(hidden),
+        "activation after": y + gelu(up(hidden)), "ReLU": y + up(torch.relu(hidden)),
+        "tanh GELU": y + up(gelu(hidden, approximate="tanh"))}.items()}
+
+
+def diagnose_adapter(record: dict, case: dict, dtype: str) -> None:
+    """Raise CheckFailure naming what is wrong with one record of ``_adapter_record``; return when it is right."""
+    if record["status"] == "not done":
+        raise ExerciseNotDone(HINT_NOT_DONE)
+    if record["status"] == "not a module":
+        raise CheckFailure(HINT_AD_NOT_A_MODULE.format(got=record["got"]))
+    d, b = case["d_model"], case["bottleneck"]
+    params = record["params"]
+    expected = {"down.weight": [b, d], "down.bias": [b], "up.weight": [d, b], "up.bias": [d]}
+    if params != expected:
+        if record["plain"]:
+            raise CheckFailure(HINT_AD_NOT_REGISTERED.format(names=", ".join(record["plain"])))
+        if params.get("down.weight") == [d, b] and params.get("up.weight") == [b, d]:
+            raise CheckFailure(HINT_AD_SWAPPED.format(down=tuple(params["down.weight"]), up=tuple(params["up.weight"]),
+                                                      d_model=d, bottleneck=b))
+        weights = {k: v for k, v in expected.items() if k.endswith("weight")}
+        if all(params.get(k) == v for k, v in weights.items()):
+            missing = [k for k in ("down.bias", "up.bias") if k not in params]
+            expect(not missing, HINT_AD_NO_BIAS.format(which=" or ".join(missing)))
+        got = ", ".join(f"{k} {tuple(v)}" for k, v in params.items()) or "none"
+        raise CheckFailure(HINT_AD_NAMES.format(bd=(b, d), b=(b,), db=(d, b), d=(d,), got=got))
+    want = _adapter_outputs(case)
+    rtol, atol = _TOL[dtype]
+    out = record["out"]
+    if isinstance(out, np.ndarray) and out.shape == want["right"].shape:
+        expect(record["out_dtype"] == dtype, HINT_AD_DTYPE.format(got=record["out_dtype"], dtype=dtype))
+    if not _close(out, want["right"], rtol=rtol, atol=atol):
+        for name, hint in (("no residual", HINT_AD_NO_RESIDUAL.format(bottleneck=b)),
+                           ("no activation", HINT_AD_NO_ACTIVATION), ("activation after", HINT_AD_ACTIVATION_AFTER),
+                           ("ReLU", HINT_AD_RELU), ("tanh GELU", HINT_AD_TANH_GELU)):
+            expect(not _close(out, want[name], rtol=rtol, atol=atol), hint)
+        detail = f" (it returned {out})" if isinstance(out, str) else (
+            f" (shape {out.shape}, expected {want['right'].shape})" if out.shape != want["right"].shape else
+            f" (largest difference {np.abs(out - want['right']).max():.3g}, in {dtype})")
+        raise CheckFailure(HINT_AD_FORWARD.format(detail=detail))
+    expect(not record["down_zero"], HINT_AD_DOWN_ZERO)
+    if not record["start_equal"]:
+        expect(not (record["up_weight_zero"] and not record["up_bias_zero"]), HINT_AD_UP_BIAS)
+        expect(record["up_weight_zero"], HINT_AD_UP_NOT_ZERO)
+        raise CheckFailure(HINT_AD_START.format(detail=f" (in {dtype})"))
+    expect(record["step"] == "changed", HINT_AD_STEP.format(
+        detail=" (it has no trainable parameter)" if record["step"] == "no trainable parameters" else ""))
+
+
+def make_adapter_cases(rng: np.random.Generator) -> list[dict]:
+    """Fresh cases, the bottleneck always narrower than d_model (so down and up in each other's shapes show)."""
+    cases = []
+    for d_model, bottleneck in ((int(rng.integers(6, 11)), int(rng.integers(2, 5))), (int(rng.integers(4, 8)), 1)):
+        case = {"d_model": d_model, "bottleneck": bottleneck, "seed": int(rng.integers(0, 1000)),
+                "y": 2 * rng.standard_normal((2, 3, d_model)), "upstream": rng.standard_normal((2, 3, d_model))}
+        # up non-zero here (the trained adapter's weights), so the bottleneck's path shows in the output
+        for name, shape in (("down.weight", (bottleneck, d_model)), ("down.bias", (bottleneck,)),
+                            ("up.weight", (d_model, bottleneck)), ("up.bias", (d_model,))):
+            case[name] = rng.standard_normal(shape)
+        cases.append(case)
+    return cases
+
+
+def _refuse_peft_adapter(cls: Any) -> None:
+    import tfedu.peft as peft
+
+    if getattr(cls, "__module__", None) == "tfedu.peft" or (isinstance(cls, type) and issubclass(cls, peft.Adapter)):
+        raise CheckFailure(HINT_AD_SHORTCUT.format(name="you passed tfedu.peft's own Adapter"))
+    for fn in [getattr(cls, name) for name in ("__init__", "forward") if hasattr(cls, name)]:
+        scope = getattr(fn, "__globals__", {})
+        used = sorted(n for n in global_names(fn) if n in scope and (scope[n] is peft or
+                                                                      getattr(scope[n], "__module__", "") == "tfedu.peft"))
+        expect(not used, HINT_AD_SHORTCUT.format(name=", ".join(used)))
+
+
+@checker("Adapter")
+def check_adapter(Adapter: Any) -> None:
+    """Check the learner's Adapter class (exercise 13.2); see the module docstring for the mistakes it names."""
+    if Adapter is None:
+        raise ExerciseNotDone(HINT_NOT_DONE)
+    _refuse_peft_adapter(Adapter)
+    for case in make_adapter_cases(np.random.default_rng(1302)):
+        for dtype in DTYPES:
+            diagnose_adapter(adapter_record(Adapter, case, dtype), case, dtype)
+    print("✓ Adapter: h + up(gelu(down(h))), up zero so it starts as the identity, its parameters train "
+          "(float32 and float64)")
+
+
 # ----------------------------------------------------------------------------- the hidden test
 
 LORA_PROBE_RUN = HELPERS + LORA_HELPERS + """\
@@ -324,10 +581,38 @@ def _compare_lora(outputs: dict, expected: dict) -> str | None:
     return None
 
 
+ADAPTER_PROBE_RUN = HELPERS + ADAPTER_HELPERS + """\
+outputs = {'records': [[_adapter_record(Adapter, _c, _d) for _d in ('float64', 'float32')] for _c in inputs['cases']]}
+""" + ADAPTER_CLEANUP + CLEANUP
+
+
+def _adapter_probe_inputs(rng: np.random.Generator) -> dict:
+    return {"cases": make_adapter_cases(rng)}
+
+
+def _compare_adapter(outputs: dict, expected: dict) -> str | None:
+    records = outputs.get("records") if isinstance(outputs, dict) else None
+    if not isinstance(records, list) or len(records) != len(expected["cases"]):
+        return "Adapter's hidden test did not run every case"
+    for i, (pair, case) in enumerate(zip(records, expected["cases"])):
+        if not isinstance(pair, list) or len(pair) != len(DTYPES):
+            return "Adapter's hidden test did not run every case"
+        for record, dtype in zip(pair, DTYPES):
+            try:
+                diagnose_adapter(record, case, dtype)
+            except CheckFailure as failure:
+                sizes = f"d_model={case['d_model']}, bottleneck={case['bottleneck']}, {dtype}"
+                return f"hidden test {i + 1} ({sizes}): {failure}"
+    return None
+
+
 PROBES = {
     "check_lora": Probe(exercise="ex_lora", make_inputs=_lora_probe_inputs, run=LORA_PROBE_RUN,
                         reference=_lora_probe_reference, compare=_compare_lora, forbidden=FORBIDDEN,
                         builds=ELEMENTARY | MODULES),
+    "check_adapter": Probe(exercise="ex_adapter", make_inputs=_adapter_probe_inputs, run=ADAPTER_PROBE_RUN,
+                           reference=_lora_probe_reference, compare=_compare_adapter, forbidden=FORBIDDEN,
+                           builds=ELEMENTARY | MODULES | ACTIVATIONS | frozenset({"torch.nn.GELU"})),
 }
 
 
@@ -368,6 +653,37 @@ HINTS = {
             "\n"
             "    def merged_weight(self):\n"
             "        return ____  # (d_out, d_in): W_0 plus the scaled B @ A, as a new tensor\n"
+        ),
+    ),
+    "ex_adapter": Hints(
+        number="13.2",
+        check="check_adapter",
+        idea=(
+            "A bottleneck adapter is a tiny MLP placed after a frozen sublayer, with its own skip connection: it "
+            "squeezes the sublayer's output h from d_model features down to a few, applies a nonlinearity, expands "
+            "back to d_model, and adds the result to h. The up-projection starts at zero, weight and bias, so at "
+            "step 0 the adapter hands h through unchanged and the adapted model is exactly the pretrained one; the "
+            "down-projection starts random, or nothing would get a gradient. The nonlinearity is what makes it more "
+            "than LoRA's low-rank linear map, and also why it cannot be merged away."
+        ),
+        approach=(
+            "In __init__, make two linear layers with biases, named down (d_model to bottleneck) and up (bottleneck "
+            "to d_model), as attributes so that they register as parameters; then fill both of up's tensors with "
+            "zeros, without recording it for autograd (nn.init has a function for that). Leave down as a linear "
+            "layer starts. In forward, h is (..., d_model): send it through down to get (..., bottleneck), then the "
+            "exact GELU, then up back to (..., d_model), and add h itself. Nothing in it fixes a dtype."
+        ),
+        skeleton=(
+            "class Adapter(nn.Module):\n"
+            "    def __init__(self, d_model, bottleneck):\n"
+            "        super().__init__()\n"
+            "        self.down = ____  # d_model -> bottleneck, with a bias\n"
+            "        self.up = ____  # bottleneck -> d_model, with a bias\n"
+            "        ____  # up's weight: what must it be at step 0?\n"
+            "        ____  # and up's bias\n"
+            "\n"
+            "    def forward(self, h):\n"
+            "        return ____  # (..., d_model): h plus the bottleneck's output; where does the GELU go?\n"
         ),
     ),
 }

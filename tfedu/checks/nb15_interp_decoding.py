@@ -1,4 +1,5 @@
-"""Checkers for notebooks/15_interpretability_and_decoding.ipynb: activation patching and constrained decoding.
+"""Checkers for notebooks/15_interpretability_and_decoding.ipynb: activation patching, the logit lens and constrained
+decoding.
 
 Exercise 15.1, ``patch_head(model, clean_ids, corrupted_ids, layer, head) -> logits``: the corrupted run with one
 head's output (block ``layer``'s ``attn.hook_z``, head ``head``, every position) taken from the clean run. Named: every
@@ -6,7 +7,15 @@ head patched, the patch run the wrong way, no patch at all, the clean run return
 patched), the position axis indexed for the head, the last position alone, a hook left on the model. See
 :func:`check_patch_head`.
 
-Exercise 15.2, ``constrained_probs(logits, allowed) -> probs``: the next-token distribution restricted to the
+Exercise 15.2, ``logit_lens(model, ids) -> lens``: ``unembed(ln_final(resid))`` for the residual stream after the
+embeddings (``blocks.0.hook_resid_pre``) and after each block (``blocks.<i>.hook_resid_post``), stacked on a first
+axis, ``(n_layers + 1, batch, pos, d_vocab)``; the last row is the model's logits bit for bit. Checked on small
+pre-norm GPTs with random norm scales (LayerNorm and RMSNorm). Named: no final norm, the embedding row missing, each
+block's input read instead of its output, the last row normed twice, the model's logits appended as an extra row, the
+layers stacked on the batch axis, probabilities instead of logits, a last row close to the logits but not bit for bit,
+a hook left on the model. ``tfedu.interp`` is refused. See :func:`check_logit_lens`.
+
+Exercise 15.3, ``constrained_probs(logits, allowed) -> probs``: the next-token distribution restricted to the
 allowed tokens. ``logits`` is a float tensor ``(..., d_vocab)``, ``allowed`` a bool tensor of the same shape with at
 least one True per row; the answer sets every forbidden logit to -inf and then takes the softmax over the last
 dimension, so a forbidden token gets probability exactly 0 and each row sums to 1.
@@ -215,12 +224,12 @@ def diagnose(got: Any, logits: torch.Tensor, allowed: torch.Tensor, *, what: str
 # ----------------------------------------------------------------------------- the check
 
 
-def _refuse_shortcuts(fn: Any) -> None:
-    if from_modules(fn, FORBIDDEN):
-        raise CheckFailure(HINT_SHORTCUT.format(name=f"{getattr(fn, '__module__', 'tfedu')}'s "
-                                                f"{getattr(fn, '__name__', 'object')}"))
-    used = globals_from_modules(fn, FORBIDDEN)
-    expect(not used, HINT_SHORTCUT.format(name=", ".join(used)))
+def _refuse_shortcuts(fn: Any, forbidden: tuple[str, ...] = FORBIDDEN, hint: str = HINT_SHORTCUT) -> None:
+    if from_modules(fn, forbidden):
+        raise CheckFailure(hint.format(name=f"{getattr(fn, '__module__', 'tfedu')}'s "
+                                       f"{getattr(fn, '__name__', 'object')}"))
+    used = globals_from_modules(fn, forbidden)
+    expect(not used, hint.format(name=", ".join(used)))
     try:  # the grader's static scan, on the same source: what it would refuse is refused here too
         source = textwrap.dedent(inspect.getsource(fn))
     except (OSError, TypeError):
@@ -228,7 +237,7 @@ def _refuse_shortcuts(fn: Any) -> None:
     scope = getattr(fn, "__globals__", {})
     modules = [f"import {scope[n].__name__} as {n}" for n in sorted(global_names(fn))
                if inspect.ismodule(scope.get(n))]  # so the scan knows what `tfedu.` or `tc.` stands for
-    problems = scan_answer(source, context=modules, forbidden=FORBIDDEN)
+    problems = scan_answer(source, context=modules, forbidden=forbidden)
     expect(not problems, problems[0] if problems else "")
 
 
@@ -445,6 +454,231 @@ def _compare_pt(outputs: dict, expected: dict) -> str | None:
     return _patch_problem(got, model, clean, corrupted, inputs["layer"], inputs["head"], "the hidden test")
 
 
+# ----------------------------------------------------------------------------- 15.2 logit_lens
+
+LL_FORBIDDEN = ("tfedu.interp",)
+HINT_LL_SHORTCUT = ("your logit_lens uses {name}: reading the stream after every block is the exercise, so build it "
+                    "from the model's hook points, its ln_final and its unembed")
+HINT_LL_CALL = (
+    "logit_lens(model, ids): a pre-norm GPT and a (batch, pos) tensor of token ids; the residual stream sits at the "
+    "hook points blocks.0.hook_resid_pre (after the embeddings) and blocks.<i>.hook_resid_post (after block i)"
+)
+HINT_LL_SHAPE = ("logit_lens should return a float tensor (n_layers + 1, batch, pos, d_vocab) = {want}: one row of "
+                 "logits for the embeddings and one after each block, got {got}")
+HINT_LL_NO_NORM = (
+    "your rows skip the final norm: the model reads its last residual stream through ln_final and then the "
+    "unembedding, so the lens applies the same two, in that order, to every row (without the norm the last row is "
+    "not even the model's own logits)"
+)
+HINT_LL_NO_EMBED = (
+    "you returned n_layers rows, the stream after each block only: the first row reads the stream after the "
+    "embeddings (blocks.0.hook_resid_pre), before any block has written to it"
+)
+HINT_LL_RESID_PRE = (
+    "you read each block's input (hook_resid_pre) where the lens reads its output: the row after block i is "
+    "blocks.<i>.hook_resid_post. With the inputs the embeddings come twice (block 0's input is the embeddings) and "
+    "the last block's output, the one the model itself reads, is missing"
+)
+HINT_LL_TWICE = (
+    "your last row went through the final norm twice (read after ln_final, then normed again): read the last block's "
+    "output at its hook_resid_post, before ln_final, like every other row"
+)
+HINT_LL_EXTRA_ROW = (
+    "you returned n_layers + 2 rows, the model's own logits added after the n_layers + 1 read-outs: the read-out of "
+    "the last block's output already is the model's output, so it is the last row, once"
+)
+HINT_LL_BATCH_FIRST = (
+    "the layers are stacked on the wrong axis: you returned (batch, layer, pos, d_vocab); the layer axis comes "
+    "first, (n_layers + 1, batch, pos, d_vocab), so that lens[-1] is the model's output"
+)
+HINT_LL_SOFTMAX = ("you returned probabilities (a softmax over d_vocab), not logits: the lens's rows are logits, "
+                   "like the model's output, and its last row equals the model's logits")
+HINT_LL_LEAK = (
+    "a hook was still attached to the model after logit_lens returned, so every later run of the model calls it: "
+    "remove each handle before returning (in a finally block), or use a context manager that does"
+)
+HINT_LL_NOT_EXACT = (
+    "your last row is within {err:.3g} of the model's logits but not equal to them bit for bit: run the last block's "
+    "output through the model's own ln_final and unembed modules, as the forward pass does, and not a matrix "
+    "product of your own"
+)
+HINT_LL_DIFFERS = "your lens differs from the reference in {what}, row {row} ({row_name}): largest difference {err:.3g}"
+
+LL_MISTAKES = {"no-norm": HINT_LL_NO_NORM, "no-embed": HINT_LL_NO_EMBED, "resid-pre": HINT_LL_RESID_PRE,
+               "twice": HINT_LL_TWICE, "extra-row": HINT_LL_EXTRA_ROW, "batch-first": HINT_LL_BATCH_FIRST,
+               "softmax": HINT_LL_SOFTMAX}
+
+
+def _lens_variant(model: GPT, ids: torch.Tensor, mistake: str | None = None) -> torch.Tensor:
+    """The logit lens of ``model`` on ``ids``, right or with one known mistake (``LL_MISTAKES``)."""
+    n_layers = len(model.blocks)
+    with torch.no_grad():
+        logits, cache = model.run_with_cache(ids)
+        after = [f"blocks.{i}.hook_resid_post" for i in range(n_layers)]
+        if mistake == "resid-pre":
+            after = [f"blocks.{i}.hook_resid_pre" for i in range(n_layers)]
+        names = after if mistake == "no-embed" else ["blocks.0.hook_resid_pre", *after]
+        rows = []
+        for i, name in enumerate(names):
+            resid = cache[name]  # batch pos d_model
+            normed = resid if mistake == "no-norm" else model.ln_final(resid)
+            if mistake == "twice" and i == len(names) - 1:
+                normed = model.ln_final(normed)
+            rows.append(model.unembed(normed))  # batch pos d_vocab
+        if mistake == "extra-row":
+            rows.append(logits)
+        lens = torch.stack(rows, dim=1 if mistake == "batch-first" else 0)
+        return lens.softmax(dim=-1) if mistake == "softmax" else lens
+
+
+def reference_logit_lens(model: GPT, ids: torch.Tensor) -> torch.Tensor:
+    """The exercise's answer: ``(n_layers + 1, batch, pos, d_vocab)``, its last row the model's logits bit for bit."""
+    return _lens_variant(model, ids)
+
+
+def lens_model(seed: int, *, n_layers: int = 3, norm: str = "layer", positional: str = "rope", tied: bool = False,
+               d_vocab: int = 45) -> GPT:
+    """A small pre-norm GPT with large random weights and random norm scales (and biases), so that reading the stream
+    without the final norm, or through it twice, gives other logits."""
+    cfg = ModelConfig(d_vocab=d_vocab, n_ctx=32, d_model=32, n_layers=n_layers, n_heads=4, init_std=0.5,
+                      tied_embeddings=tied, positional=positional, norm=norm)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT(cfg).eval()
+        _scramble_norms(model, torch.Generator().manual_seed(seed))
+    return model
+
+
+def _scramble_norms(model: GPT, g: torch.Generator) -> None:
+    """Random norm weights around 1 and biases around 0 (at initialisation they are exactly 1 and 0, and a norm
+    applied twice would then be almost the norm applied once)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.rsplit(".", 2)[-2].startswith("ln"):
+                param.copy_(torch.randn(param.shape, generator=g) * 0.5 + (1.5 if name.endswith("weight") else 0.0))
+
+
+def _lens_problem(got: Any, model: GPT, ids: torch.Tensor, what: str, *, exact: bool | None = None) -> str | None:
+    """What is wrong with ``got`` as the logit lens of ``model`` on ``ids``, or None. ``exact``: whether the learner's
+    last row equals the model's logits bit for bit, when known (computed here when None)."""
+    want = reference_logit_lens(model, ids)
+    n_layers = want.shape[0] - 1
+    if not (isinstance(got, torch.Tensor) and got.is_floating_point()):
+        return HINT_LL_SHAPE.format(want=tuple(want.shape), got=describe(got))
+    got = got.detach()
+    close = lambda a, b: a.shape == b.shape and torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-4)
+    if close(got, want):
+        if exact is None:
+            with torch.no_grad():
+                exact = torch.equal(got[-1], model(ids))
+        if not exact:
+            return HINT_LL_NOT_EXACT.format(err=float((got[-1].float() - want[-1]).abs().max()))
+        return None
+    if got.dim() == 4 and close(got.transpose(0, 1), want):
+        return HINT_LL_BATCH_FIRST
+    if close(got, want[1:]):
+        return HINT_LL_NO_EMBED
+    if close(got, want[:-1]):
+        return HINT_LL_RESID_PRE  # n_layers rows of block inputs: the same mistake, without the first row
+    for mistake, hint in LL_MISTAKES.items():
+        wrong = _lens_variant(model, ids, mistake)
+        if close(got, wrong) and not close(wrong, want):
+            return hint
+    if got.shape != want.shape:
+        return HINT_LL_SHAPE.format(want=tuple(want.shape), got=describe(got))
+    err = (got.float() - want).abs().flatten(1).max(dim=1).values  # per row
+    row = int(err.argmax())
+    row_name = "the embeddings" if row == 0 else f"after block {row - 1}"
+    return HINT_LL_DIFFERS.format(what=what, row=row, row_name=row_name, err=float(err[row]))
+
+
+LENS_CASES = (  # (seed, n_layers, norm, positional, tied, batch, pos)
+    (0, 3, "layer", "rope", False, 2, 9),
+    (1, 2, "rms", "learned", True, 3, 7),  # batch = n_layers + 1: the batch-first mistake keeps the shape
+)
+
+
+@checker("the logit lens: the final read-out after every block")
+def check_logit_lens(logit_lens) -> None:
+    """Check ``logit_lens(model, ids)`` on small random pre-norm GPTs (LayerNorm and RMSNorm, RoPE and learned
+    positions, tied and untied unembedding): ``(n_layers + 1, batch, pos, d_vocab)`` to 1e-4, its last row the
+    model's logits bit for bit, and no hook left on the model. Named: see the module docstring."""
+    _refuse_shortcuts(logit_lens, LL_FORBIDDEN, HINT_LL_SHORTCUT)
+    for seed, n_layers, norm, positional, tied, batch, pos in LENS_CASES:
+        model = lens_model(seed, n_layers=n_layers, norm=norm, positional=positional, tied=tied)
+        ids = torch.randint(0, model.cfg.d_vocab, (batch, pos), generator=torch.Generator().manual_seed(seed))
+        what = (f"logit_lens(model, ids) on a {n_layers}-block GPT ({'RMSNorm' if norm == 'rms' else 'LayerNorm'}) "
+                f"with ids of shape {tuple(ids.shape)}")
+        got = call_learner(logit_lens, model, ids.clone(), name="logit_lens", error_hint=HINT_LL_CALL)
+        if _hooks_left(model):
+            raise CheckFailure(HINT_LL_LEAK)
+        problem = _lens_problem(got, model, ids, what)
+        if problem:
+            raise CheckFailure(problem)
+
+
+LL_PROBE_RUN = HELPERS + """from tfedu.config import ModelConfig as _ModelConfig
+from tfedu.model import GPT as _GPT
+
+with torch.random.fork_rng(devices=[]):
+    _model = _GPT(_ModelConfig(**inputs['config']))
+_model.load_state_dict({_k: torch.from_numpy(_v) for _k, _v in inputs['weights'].items()})
+_model.eval()
+_ids = torch.from_numpy(inputs['ids'])
+try:
+    _r = _call(logit_lens, _model, _ids.clone())
+    _error = None
+except Exception as _e:
+    _r, _error = None, type(_e).__name__ + ': ' + str(_e)[:200]
+_left = any(_m._forward_hooks or _m._forward_pre_hooks for _m in _model.modules())
+with torch.no_grad():
+    _exact = (isinstance(_r, torch.Tensor) and _r.dim() == 4 and _r.shape[1:] == (_ids.shape[0], _ids.shape[1], _model.cfg.d_vocab)
+              and bool(torch.equal(_r[-1].detach(), _model(_ids))))
+outputs = {'returned': [_kind(_r)], 'lens': _array(_r), 'error': _error, 'left': _left, 'exact': _exact,
+           'mutated': _MUTATED}
+del _ModelConfig, _GPT, _model, _ids, _r, _error, _left, _exact
+""" + CLEANUP
+
+
+def _ll_probe_inputs(rng: np.random.Generator) -> dict:
+    """A fresh small pre-norm GPT (random norm, positions, tying and norm scales) and ids."""
+    config = {"d_vocab": int(rng.integers(30, 70)), "n_ctx": 32, "d_model": 32, "n_layers": int(rng.integers(2, 5)),
+              "n_heads": 4, "init_std": 0.5, "tied_embeddings": bool(rng.integers(0, 2)),
+              "positional": str(rng.choice(["rope", "learned"])), "norm": str(rng.choice(["layer", "rms"]))}
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(rng.integers(0, 2**31)))
+        model = GPT(ModelConfig(**config))
+    _scramble_norms(model, torch.Generator().manual_seed(int(rng.integers(0, 2**31))))
+    ids = rng.integers(0, config["d_vocab"], (int(rng.integers(1, 5)), int(rng.integers(5, 17))))
+    return {"config": config, "weights": {name: value.numpy() for name, value in model.state_dict().items()},
+            "ids": ids.astype(np.int64)}
+
+
+def _ll_model(inputs: dict) -> GPT:
+    with torch.random.fork_rng(devices=[]):
+        model = GPT(ModelConfig(**inputs["config"]))
+    model.load_state_dict({name: torch.from_numpy(value) for name, value in inputs["weights"].items()})
+    return model.eval()
+
+
+def _compare_ll(outputs: dict, expected: dict) -> str | None:
+    if not isinstance(outputs, dict):
+        return "the hidden test's outputs should be a dict"
+    if outputs.get("error"):
+        return f"logit_lens raised {outputs['error']} ({HINT_LL_CALL})"
+    if outputs.get("left"):
+        return HINT_LL_LEAK
+    inputs = expected["inputs"]
+    got = outputs.get("lens")
+    got = torch.from_numpy(got) if isinstance(got, np.ndarray) and got.dtype.kind == "f" else got
+    if not isinstance(got, torch.Tensor):
+        n_layers, (batch, pos) = inputs["config"]["n_layers"], inputs["ids"].shape
+        return HINT_LL_SHAPE.format(want=(n_layers + 1, batch, pos, inputs["config"]["d_vocab"]),
+                                    got=(outputs.get("returned") or ["nothing"])[0])
+    return _lens_problem(got, _ll_model(inputs), torch.from_numpy(inputs["ids"]), "the hidden test",
+                         exact=bool(outputs.get("exact")))
+
+
 # ----------------------------------------------------------------------------- probe (hidden test)
 
 PROBE_RUN = HELPERS + """\
@@ -507,6 +741,10 @@ PROBES = {
     "check_patch_head": Probe(
         exercise="ex_patch_head", make_inputs=_pt_probe_inputs, run=PT_PROBE_RUN, reference=_pt_probe_reference,
         compare=_compare_pt, builds=None),  # the model's own hooks and cache: an exercise in their API
+    "check_logit_lens": Probe(
+        exercise="ex_logit_lens", make_inputs=_ll_probe_inputs, run=LL_PROBE_RUN,
+        reference=lambda inputs: {"returned": ["tensor"], "inputs": inputs}, compare=_compare_ll,
+        forbidden=LL_FORBIDDEN, builds=None),  # the model's hook points and modules: an exercise in their API
     "check_constrained_probs": Probe(
         exercise="ex_constrained_probs",
         make_inputs=_probe_inputs,
@@ -552,8 +790,34 @@ HINTS = {
             "            return ____\n"
         ),
     ),
-    "ex_constrained_probs": Hints(
+    "ex_logit_lens": Hints(
         number="15.2",
+        check="check_logit_lens",
+        idea=(
+            "The model reads its residual stream once, at the end: the final norm, then the unembedding, gives the "
+            "logits. The residual stream is a running sum, so the same read-out can be applied to it at any earlier "
+            "point, asking what the model would predict if it stopped there. There are n_layers + 1 such points: "
+            "after the embeddings, before any block, and after each block. Applied to the last one, the read-out is "
+            "exactly what the forward pass did, so that row equals the model's logits bit for bit."
+        ),
+        approach=(
+            "Under torch.no_grad, run the model once with run_with_cache on the ids. The stream after the embeddings "
+            "is block 0's input, at blocks.0.hook_resid_pre; the stream after block i is at blocks.<i>.hook_resid_post "
+            "(the number of blocks is the length of model.blocks). For each of these n_layers + 1 tensors, (batch, pos, "
+            "d_model), apply model.ln_final and then model.unembed, giving (batch, pos, d_vocab). Stack the rows on a "
+            "new first axis: (n_layers + 1, batch, pos, d_vocab). No softmax: the rows are logits."
+        ),
+        skeleton=(
+            "def logit_lens(model, ids):\n"
+            "    with torch.no_grad():\n"
+            "        _, cache = ____\n"
+            "        names = ____  # n_layers + 1 hook points: after the embeddings, then after each block\n"
+            "        rows = [____ for name in names]  # each (batch, pos, d_vocab): the final read-out\n"
+            "        return ____  # (n_layers + 1, batch, pos, d_vocab)\n"
+        ),
+    ),
+    "ex_constrained_probs": Hints(
+        number="15.3",
         check="check_constrained_probs",
         idea=(
             "The answer is the model's next-token distribution restricted to the allowed tokens: a forbidden token "

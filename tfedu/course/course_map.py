@@ -111,7 +111,8 @@ CHAPTERS: tuple[Chapter, ...] = (
         "LoRA (W_Q, W_V; the MLP; equal budgets), adapters, prefix tuning (a learned prefix on "
         "`tfedu.layers.Attention`) and prompt tuning, in one table of trainable fraction, held-out loss, "
         "time and training memory; LoRA by hand (B = 0, alpha / r, no activation), merged into plain "
-        "layers with identical logits; a rank sweep; the deck's \"15%\" and \"W_Q and W_V\" checked against "
+        "layers with identical logits; a bottleneck adapter by hand (up-projection zero, the model unchanged "
+        "at the start); a rank sweep over three seeds with the scale tied to r and held fixed; the deck's \"15%\" and \"W_Q and W_V\" checked against "
         "Hu et al.; `tfedu.peft` tested against Hugging Face peft"
     )),
     Chapter("14", "quantization", "Quantization", (
@@ -127,7 +128,7 @@ CHAPTERS: tuple[Chapter, ...] = (
         "course GPT has neither previous-token nor induction heads, measured; a two-layer attention-only "
         "model trained on repeating sequences has both, and ablating either layer undoes the copying); "
         "activation patching written by hand, one head's clean output in a corrupted run (each induction head "
-        "restores part of the copying, the previous-token head alone makes it worse); the logit lens, its last row equal to the logits bit for bit; direct logit attribution that adds "
+        "restores part of the copying, the previous-token head alone makes it worse); the logit lens written by hand, its last row equal to the logits bit for bit; direct logit attribution that adds "
         "up to the logit; constrained decoding by hand (-inf before the softmax), a regex constraint over "
         "the vocabulary's byte trie (`tfedu.constrained`, a logits processor for `tfedu.generate`), JSON "
         "valid in 100 of 100 samples, its cost per token"
