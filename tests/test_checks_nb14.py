@@ -408,3 +408,13 @@ def test_the_float_fields_probe_names_each_mistake(name):
 def test_the_float_fields_probe_passes_another_right_answer():
     for seed in range(4):
         assert verdict(nb14.PROBES["check_float_fields"], {**NAMESPACE, "float_fields": fields_by_bits}, seed) is None
+
+
+def test_a_subnormal_that_rounds_up_to_the_smallest_normal_is_a_carry():
+    """Found working 14.1 cold: fields (0, 0, 2^M) for an x just below the smallest normal number were named as a
+    negative exponent field; they are the mantissa's carry left in the field (the answer is (0, 1, 0))."""
+    e, M = 8, 23
+    x = math.ldexp(2**24 - 1, -126 - 24)  # just below 2^-126: rounds up to it
+    assert nb14.reference_float_fields(x, e, M) == (0, 1, 0)
+    with pytest.raises(nb14.CheckFailure, match="the mantissa.s carry"):
+        nb14.diagnose_fields((0, 0, 2**M), x, e, M)

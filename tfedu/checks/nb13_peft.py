@@ -402,8 +402,8 @@ HINT_AD_NAMES = (
 )
 HINT_AD_NO_RESIDUAL = (
     "your forward returns only the bottleneck's output, up(act(down(h))): the adapter keeps its own skip "
-    "connection and adds that output to h. Without it the adapter replaces the sublayer's output with a "
-    "rank-{bottleneck} guess, and at the start (up = 0) it outputs zeros instead of passing h through"
+    "connection and adds that output to h. Without it the adapter replaces the sublayer's output with what "
+    "squeezes through its {bottleneck}-wide bottleneck, and at the start (up = 0) it outputs zeros instead of passing h through"
 )
 HINT_AD_NO_ACTIVATION = (
     "your forward has no nonlinearity between down and up: then up(down(h)) is one low-rank linear map, "
