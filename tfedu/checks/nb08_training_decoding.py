@@ -84,7 +84,8 @@ from tfedu.checks.core import (
     names_bound,
     watch_calls,
 )
-from tfedu.checks.probes import CLEANUP, HELPERS, as_array, backward, compare_outputs, leaf, named_in_outputs
+from tfedu.checks.probes import (CLEANUP, HELPERS, as_array, backward, compare_outputs, gpt_from_inputs, leaf,
+                                 named_in_outputs)
 from tfedu.config import ModelConfig
 from tfedu.data import CheckpointFile
 from tfedu.generate import beam_search, filter_top_k, filter_top_p, generate
@@ -2451,16 +2452,9 @@ def _beam_probe_inputs(rng: np.random.Generator) -> dict:
     return _decoder_probe_inputs(rng, beams=True)
 
 
-def _probe_model(inputs: dict) -> GPT:
-    with torch.random.fork_rng(devices=[]):
-        model = GPT(ModelConfig(**inputs["config"]))
-    model.load_state_dict({name: torch.from_numpy(value) for name, value in inputs["weights"].items()})
-    return model.eval()
-
-
 def _decoder_expected(inputs: dict, ids_key: str = "ids") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The reference's tokens for ``inputs[ids_key]`` (greedy, or beam search with ``num_beams``) and each mistake's."""
-    model, ids, max_new = _probe_model(inputs), torch.from_numpy(inputs[ids_key]), inputs["max_new_tokens"]
+    model, ids, max_new = gpt_from_inputs(inputs), torch.from_numpy(inputs[ids_key]), inputs["max_new_tokens"]
     if "num_beams" not in inputs:
         return generate(model, ids, max_new), _greedy_mistakes(model, ids, max_new)
     return (reference_beam_search(model, ids, max_new, inputs["num_beams"]),
@@ -2476,7 +2470,7 @@ def _decoder_reference(inputs: dict) -> dict:
         "mistakes": [[hint, as_array(wrong)] for hint, wrong in mistakes.items()],
     }
     if "num_beams" in inputs:
-        reference["output_one"] = as_array(generate(_probe_model(inputs), torch.from_numpy(inputs["ids"][:, :4]),
+        reference["output_one"] = as_array(generate(gpt_from_inputs(inputs), torch.from_numpy(inputs["ids"][:, :4]),
                                                     inputs["max_new_tokens"]))
     return reference
 

@@ -62,7 +62,7 @@ from tfedu.checks.core import (
     seeded_randn,
 )
 from tfedu.checks.nb04_attention import FUSED_ATTENTION
-from tfedu.checks.probes import CLEANUP, HELPERS, as_array, compare_outputs
+from tfedu.checks.probes import CLEANUP, GPT_CLEANUP, GPT_FROM_INPUTS, HELPERS, as_array, compare_outputs, gpt_from_inputs
 from tfedu.config import ModelConfig
 from tfedu.generate import generate
 from tfedu.kv_cache import KVCache
@@ -1093,14 +1093,7 @@ DECODE_FORBIDDEN = ("tfedu.kv_cache", "tfedu.attention", "tfedu.flash", "tfedu.l
 # cached_generate: a tiny RoPE GPT drawn fresh (weights as arrays, built in the kernel), prompts of a drawn length;
 # the calls the answer makes are logged in the kernel (tokens fed, tokens cached) and judged here.
 
-CG_PROBE_RUN = HELPERS + """\
-from tfedu.config import ModelConfig as _ModelConfig
-from tfedu.model import GPT as _GPT
-
-with torch.random.fork_rng(devices=[]):
-    _model = _GPT(_ModelConfig(**inputs['config']))
-_model.load_state_dict({_k: torch.from_numpy(_v) for _k, _v in inputs['weights'].items()})
-_model.eval()
+CG_PROBE_RUN = HELPERS + GPT_FROM_INPUTS + """\
 _calls = []
 
 
@@ -1119,8 +1112,8 @@ except Exception as _e:
 _hook.remove()
 outputs = {'returned': [_kind(_result)], 'output': _array(_result), 'calls': _calls, 'error': _error,
            'mutated': _MUTATED}
-del _ModelConfig, _GPT, _model, _calls, _log, _hook, _result, _error
-""" + CLEANUP
+del _calls, _log, _hook, _result, _error
+""" + GPT_CLEANUP + CLEANUP
 
 
 def _cg_probe_inputs(rng: np.random.Generator) -> dict:
@@ -1133,21 +1126,14 @@ def _cg_probe_inputs(rng: np.random.Generator) -> dict:
             weights = {name: value.numpy() for name, value in GPT(ModelConfig(**config)).state_dict().items()}
         inputs = {"config": config, "weights": weights, "max_new_tokens": int(rng.integers(6, 14)),
                   "ids": rng.integers(0, config["d_vocab"], (int(rng.integers(1, 4)), int(rng.integers(3, 10)))).astype(np.int64)}
-        model, ids = _cg_model(inputs), torch.from_numpy(inputs["ids"])
+        model, ids = gpt_from_inputs(inputs), torch.from_numpy(inputs["ids"])
         if not torch.equal(_cg_variant(model, ids, inputs["max_new_tokens"], "first"),
                            generate(model, ids, inputs["max_new_tokens"], use_cache=False)):
             return inputs
 
 
-def _cg_model(inputs: dict) -> GPT:
-    with torch.random.fork_rng(devices=[]):
-        model = GPT(ModelConfig(**inputs["config"]))
-    model.load_state_dict({name: torch.from_numpy(value) for name, value in inputs["weights"].items()})
-    return model.eval()
-
-
 def _cg_probe_reference(inputs: dict) -> dict:
-    model, ids, new = _cg_model(inputs), torch.from_numpy(inputs["ids"]), inputs["max_new_tokens"]
+    model, ids, new = gpt_from_inputs(inputs), torch.from_numpy(inputs["ids"]), inputs["max_new_tokens"]
     return {"returned": ["tensor"], "output": as_array(generate(model, ids, new, use_cache=False)),
             "first": as_array(_cg_variant(model, ids, new, "first")), "prompt_len": ids.shape[1], "new": new,
             "d_vocab": model.cfg.d_vocab}

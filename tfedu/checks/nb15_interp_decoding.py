@@ -51,7 +51,7 @@ from tfedu.checks.core import (CheckFailure, Hints, Probe, call_learner, checker
                                global_names, globals_from_modules)
 from tfedu.config import ModelConfig
 from tfedu.model import GPT
-from tfedu.checks.probes import CLEANUP, HELPERS
+from tfedu.checks.probes import CLEANUP, GPT_CLEANUP, GPT_FROM_INPUTS, HELPERS, gpt_from_inputs
 from tfedu.checks.scan import scan_answer
 
 FORBIDDEN = ("tfedu.constrained", "tfedu.generate")
@@ -389,13 +389,7 @@ def check_patch_head(patch_head) -> None:
             raise CheckFailure(problem)
 
 
-PT_PROBE_RUN = HELPERS + """from tfedu.config import ModelConfig as _ModelConfig
-from tfedu.model import GPT as _GPT
-
-with torch.random.fork_rng(devices=[]):
-    _model = _GPT(_ModelConfig(**inputs['config']))
-_model.load_state_dict({_k: torch.from_numpy(_v) for _k, _v in inputs['weights'].items()})
-_model.eval()
+PT_PROBE_RUN = HELPERS + GPT_FROM_INPUTS + """\
 try:
     _r = _call(patch_head, _model, torch.from_numpy(inputs['clean']), torch.from_numpy(inputs['corrupted']),
                inputs['layer'], inputs['head'])
@@ -404,15 +398,8 @@ except Exception as _e:
     _r, _error = None, type(_e).__name__ + ': ' + str(_e)[:200]
 _left = any(_m._forward_hooks or _m._forward_pre_hooks for _m in _model.modules())
 outputs = {'returned': [_kind(_r)], 'logits': _array(_r), 'error': _error, 'left': _left, 'mutated': _MUTATED}
-del _ModelConfig, _GPT, _model, _r, _error, _left
-""" + CLEANUP
-
-
-def _pt_model(inputs: dict) -> GPT:
-    with torch.random.fork_rng(devices=[]):
-        model = GPT(ModelConfig(**inputs["config"]))
-    model.load_state_dict({name: torch.from_numpy(value) for name, value in inputs["weights"].items()})
-    return model.eval()
+del _r, _error, _left
+""" + GPT_CLEANUP + CLEANUP
 
 
 def _pt_probe_inputs(rng: np.random.Generator) -> dict:
@@ -427,7 +414,7 @@ def _pt_probe_inputs(rng: np.random.Generator) -> dict:
                                         config["d_vocab"])
         inputs = {"config": config, "weights": weights, "clean": clean.numpy(), "corrupted": corrupted.numpy(),
                   "layer": int(rng.integers(0, 2)), "head": int(rng.integers(0, 4))}  # not the last block
-        model = _pt_model(inputs)
+        model = gpt_from_inputs(inputs)
         want = reference_patch_head(model, clean, corrupted, inputs["layer"], inputs["head"])
         variants = [_patch_variant(model, clean, corrupted, inputs["layer"], inputs["head"], m) for m in PT_MISTAKES]
         if all(not torch.allclose(a, b, rtol=1e-4, atol=1e-4) for i, a in enumerate([want, *variants])
@@ -447,7 +434,7 @@ def _compare_pt(outputs: dict, expected: dict) -> str | None:
     if outputs.get("left"):
         return HINT_PT_LEAK
     inputs = expected["inputs"]
-    model = _pt_model(inputs)
+    model = gpt_from_inputs(inputs)
     got = outputs.get("logits")
     got = torch.from_numpy(got) if isinstance(got, np.ndarray) and got.dtype.kind == "f" else got
     clean, corrupted = torch.from_numpy(inputs["clean"]), torch.from_numpy(inputs["corrupted"])
@@ -617,13 +604,7 @@ def check_logit_lens(logit_lens) -> None:
             raise CheckFailure(problem)
 
 
-LL_PROBE_RUN = HELPERS + """from tfedu.config import ModelConfig as _ModelConfig
-from tfedu.model import GPT as _GPT
-
-with torch.random.fork_rng(devices=[]):
-    _model = _GPT(_ModelConfig(**inputs['config']))
-_model.load_state_dict({_k: torch.from_numpy(_v) for _k, _v in inputs['weights'].items()})
-_model.eval()
+LL_PROBE_RUN = HELPERS + GPT_FROM_INPUTS + """\
 _ids = torch.from_numpy(inputs['ids'])
 try:
     _r = _call(logit_lens, _model, _ids.clone())
@@ -636,8 +617,8 @@ with torch.no_grad():
               and bool(torch.equal(_r[-1].detach(), _model(_ids))))
 outputs = {'returned': [_kind(_r)], 'lens': _array(_r), 'error': _error, 'left': _left, 'exact': _exact,
            'mutated': _MUTATED}
-del _ModelConfig, _GPT, _model, _ids, _r, _error, _left, _exact
-""" + CLEANUP
+del _ids, _r, _error, _left, _exact
+""" + GPT_CLEANUP + CLEANUP
 
 
 def _ll_probe_inputs(rng: np.random.Generator) -> dict:
@@ -654,13 +635,6 @@ def _ll_probe_inputs(rng: np.random.Generator) -> dict:
             "ids": ids.astype(np.int64)}
 
 
-def _ll_model(inputs: dict) -> GPT:
-    with torch.random.fork_rng(devices=[]):
-        model = GPT(ModelConfig(**inputs["config"]))
-    model.load_state_dict({name: torch.from_numpy(value) for name, value in inputs["weights"].items()})
-    return model.eval()
-
-
 def _compare_ll(outputs: dict, expected: dict) -> str | None:
     if not isinstance(outputs, dict):
         return "the hidden test's outputs should be a dict"
@@ -675,7 +649,7 @@ def _compare_ll(outputs: dict, expected: dict) -> str | None:
         n_layers, (batch, pos) = inputs["config"]["n_layers"], inputs["ids"].shape
         return HINT_LL_SHAPE.format(want=(n_layers + 1, batch, pos, inputs["config"]["d_vocab"]),
                                     got=(outputs.get("returned") or ["nothing"])[0])
-    return _lens_problem(got, _ll_model(inputs), torch.from_numpy(inputs["ids"]), "the hidden test",
+    return _lens_problem(got, gpt_from_inputs(inputs), torch.from_numpy(inputs["ids"]), "the hidden test",
                          exact=bool(outputs.get("exact")))
 
 

@@ -27,6 +27,8 @@ import numpy as np
 import torch
 
 from tfedu.checks.core import compare_plain
+from tfedu.config import ModelConfig
+from tfedu.model import GPT
 
 # Run in the student's kernel (as part of Probe.run) and, for the reference, here: one source.
 HELPERS = '''\
@@ -89,6 +91,29 @@ exec(compile(HELPERS, "<probe helpers>", "exec"), _helpers)
 kind_of = _helpers["_kind"]
 as_array = _helpers["_array"]
 backward = _helpers["_backward"]
+
+# A probe that runs the learner's code on a whole model ships the model as plain data, ``inputs["config"]`` (the
+# ModelConfig's fields) and ``inputs["weights"]`` (its state dict as arrays), and rebuilds it on both sides with one
+# source: GPT_FROM_INPUTS binds ``_model`` in the kernel (GPT_CLEANUP deletes it), gpt_from_inputs here.
+GPT_FROM_INPUTS = """\
+from tfedu.config import ModelConfig as _ModelConfig
+from tfedu.model import GPT as _GPT
+
+with torch.random.fork_rng(devices=[]):
+    _model = _GPT(_ModelConfig(**inputs['config']))
+_model.load_state_dict({_k: torch.from_numpy(_v) for _k, _v in inputs['weights'].items()})
+_model.eval()
+"""
+GPT_CLEANUP = "del _ModelConfig, _GPT, _model\n"
+
+
+def gpt_from_inputs(inputs: Mapping[str, Any]) -> GPT:
+    """The GPT a probe's inputs describe (see GPT_FROM_INPUTS), in eval mode."""
+    with torch.random.fork_rng(devices=[]):
+        model = GPT(ModelConfig(**inputs["config"]))
+    model.load_state_dict({name: torch.from_numpy(value) for name, value in inputs["weights"].items()})
+    return model.eval()
+
 
 HINT_MUTATED = (
     "{function} changed its input in place (argument {positions}: an in-place op such as x -= ..., x /= ... or "
