@@ -1,5 +1,8 @@
 """Checkers and probes of notebook 12: each passes the reference and right alternatives, and names realistic mistakes."""
 
+import math
+import warnings
+
 import einops
 import numpy as np
 import pytest
@@ -579,4 +582,168 @@ def test_forward_probe_stands_in_for_top_k_gating_and_names_in_place_changes():
     feedback = verdict(MF_PROBE, {"moe_forward": learner(forward_in_place)}, 0)
     assert feedback is not None and "changed its input in place" in feedback, feedback
     outputs, expected = run_probe(MF_PROBE, {"moe_forward": fn}, 1)
+    assert is_plain_data(outputs) and is_plain_data(expected)
+
+
+# ----------------------------------------------------------------------------- 12.4 isoflop_fit
+
+
+def isoflop_learner(curves, budgets, tokens_per_step, mistake=""):
+    """A learner's isoflop_fit, written by hand, right or with one ``mistake``."""
+    budgets = np.asarray(budgets, dtype=float)
+    n_opt, loss_min = [], []
+    for C in budgets:
+        points = []
+        for N, steps, losses in curves:
+            tokens = np.asarray(steps) * (1 if mistake == "steps" else tokens_per_step)
+            D = C / ((2 if mistake == "2ND" else 6) * N)
+            if mistake == "no skip" or tokens[0] <= D <= tokens[-1]:
+                points.append((N, np.interp(D, tokens, losses)))
+        if len(points) < (2 if mistake == "two points" else 3):
+            n_opt.append(np.nan)
+            loss_min.append(np.nan)
+            continue
+        sizes, losses = np.array(points, dtype=float).T
+        x = sizes if mistake == "parabola in N" else np.log(sizes)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # np.polyfit's RankWarning for two points
+            c2, c1, c0 = np.polyfit(x, losses, 2)
+        if c2 <= 0 and mistake not in ("downward", "two points"):
+            n_opt.append(np.nan)
+            loss_min.append(np.nan)
+        elif mistake == "argmin":
+            n_opt.append(sizes[losses.argmin()])
+            loss_min.append(losses.min())
+        else:
+            vertex = -c1 / (2 * c2)
+            n_opt.append(vertex if mistake == "parabola in N" else np.exp(vertex))
+            loss_min.append(c0 - c1**2 / (4 * c2))
+    n_opt, loss_min = np.array(n_opt), np.array(loss_min)
+    found = np.isfinite(n_opt) & (n_opt > 0)
+    if found.sum() < 2:
+        raise ValueError("no line through fewer than two points")
+    x = {"log10 C": np.log10, "log10 b": np.log10}.get(mistake, np.log)(budgets[found])
+    y = {"log10 N": np.log10, "log10 b": np.log10}.get(mistake, np.log)(n_opt[found])
+    a, b = np.polyfit(y, x, 1) if mistake == "inverted" else np.polyfit(x, y, 1)
+    return n_opt, loss_min, a, b
+
+
+def isoflop_lstsq(curves, budgets, tokens_per_step):
+    """Right another way: a least-squares solve for the parabolas and the line, lists for the results."""
+    n_opt, loss_min = [], []
+    for C in budgets:
+        rows = [(math.log(N), float(np.interp(C / 6 / N, s * tokens_per_step, l))) for N, s, l in curves
+                if s[0] * tokens_per_step <= C / 6 / N <= s[-1] * tokens_per_step]
+        vertex = (math.nan, math.nan)
+        if len(rows) >= 3:
+            x, y = np.array(rows).T
+            (c0, c1, c2), *_ = np.linalg.lstsq(np.stack([np.ones_like(x), x, x**2], axis=1), y, rcond=None)
+            if c2 > 0:
+                vertex = (math.exp(-c1 / (2 * c2)), c0 - c1 * c1 / (4 * c2))
+        n_opt.append(vertex[0])
+        loss_min.append(vertex[1])
+    keep = [i for i, n in enumerate(n_opt) if not math.isnan(n)]
+    if len(keep) < 2:
+        raise ValueError("fewer than two minima")
+    X = np.stack([np.log([budgets[i] for i in keep]), np.ones(len(keep))], axis=1)
+    (a, b), *_ = np.linalg.lstsq(X, np.log([n_opt[i] for i in keep]), rcond=None)
+    return np.array(n_opt), np.array(loss_min), a, b
+
+
+def isoflop_polynomial(curves, budgets, tokens_per_step):
+    """Right a third way: numpy.polynomial's Polynomial.fit, curves read in log-steps order, torch scalars out."""
+    n_opt, loss_min = np.full(len(budgets), np.nan), np.full(len(budgets), np.nan)
+    for i, C in enumerate(budgets):
+        pick = [(N, s, l) for N, s, l in curves if s[0] <= C / (6 * N * tokens_per_step) <= s[-1]]
+        if len(pick) < 3:
+            continue
+        x = np.log([N for N, _, _ in pick])
+        y = [np.interp(C / (6 * N * tokens_per_step), s, l) for N, s, l in pick]
+        c0, c1, c2 = np.polynomial.Polynomial.fit(x, y, 2).convert().coef
+        if c2 > 0:
+            n_opt[i], loss_min[i] = np.exp(-c1 / (2 * c2)), c0 - c1**2 / (4 * c2)
+    ok = ~np.isnan(n_opt)
+    if ok.sum() < 2:
+        raise ValueError("a line needs two minima")
+    b, a = np.polynomial.Polynomial.fit(np.log(budgets[ok]), np.log(n_opt[ok]), 1).convert().coef
+    return n_opt, loss_min, torch.tensor(a), torch.tensor(b)
+
+
+RIGHT_ISOFLOP = {"polyfit": isoflop_learner, "lstsq": isoflop_lstsq, "Polynomial.fit": isoflop_polynomial}
+ISOFLOP_MISTAKES = {
+    "2ND": "C = 2ND", "steps": "against the step counts themselves", "parabola in N": "loss against N itself",
+    "argmin": "best sampled model", "no skip": "whose curve does not reach", "two points": "a parabola needs three",
+    "downward": "opens downward", "inverted": "slope of ln C against ln N_opt", "log10 C": "one axis in log10",
+    "log10 N": "one axis in log10", "log10 b": "off by a factor ln 10",
+}
+
+
+def isoflop_with(mistake):
+    return lambda curves, budgets, tokens_per_step: isoflop_learner(curves, budgets, tokens_per_step, mistake)
+
+
+@pytest.mark.parametrize("name", RIGHT_ISOFLOP)
+def test_isoflop_fit_passes_right_answers(name, capsys):
+    nb12.check_isoflop_fit(RIGHT_ISOFLOP[name])
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ISOFLOP_MISTAKES)
+def test_isoflop_fit_names_each_mistake(name):
+    message = failure_of(nb12.check_isoflop_fit, isoflop_with(name))
+    assert ISOFLOP_MISTAKES[name] in message, message
+
+
+def test_isoflop_fit_refuses_the_reference_in_place_changes_and_says_when_not_done():
+    assert "uses the course's own" in failure_of(nb12.check_isoflop_fit, nb12.reference_isoflop_fit)
+
+    def in_place(curves, budgets, tokens_per_step):
+        budgets *= 1.0 + 1e-9
+        return isoflop_learner(curves, budgets, tokens_per_step)
+
+    assert "changed its inputs in place" in failure_of(nb12.check_isoflop_fit, in_place)
+
+    def no_raise(curves, budgets, tokens_per_step):  # right, but NaN and a = b = 0 where no line can be fitted
+        try:
+            return isoflop_learner(curves, budgets, tokens_per_step)
+        except ValueError:
+            return np.full(len(budgets), np.nan), np.full(len(budgets), np.nan), 0.0, 0.0
+
+    assert "raise a ValueError" in failure_of(nb12.check_isoflop_fit, no_raise)
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb12.check_isoflop_fit(not_done)
+    with pytest.raises(ExerciseNotDone, match="returned None"):
+        nb12.check_isoflop_fit(lambda curves, budgets, tokens_per_step: None)
+
+
+def test_the_isoflop_cases_tell_the_mistakes_apart_and_recover_the_true_exponent():
+    cases = nb12.iso_cases()
+    assert all(nb12.isoflop_apart(case) for case in cases[:3])
+    assert all(None in case.upward() for case in cases[:3])  # a budget of two models in each
+    assert False in cases[2].upward()  # the loss spike turns one profile upside down
+    for seed in range(4):  # without noise the fitted exponent is the law's beta / (alpha + beta)
+        case = nb12.iso_case(np.random.default_rng(seed), noise=0.0)
+        alpha, beta = np.random.default_rng(seed).uniform(0.25, 0.45, 2)
+        _, _, a, _ = nb12.reference_isoflop_fit(case.curves, case.budgets, case.tokens_per_step)
+        assert abs(a - beta / (alpha + beta)) < 0.03, (seed, a, beta / (alpha + beta))
+
+
+ISO_PROBE = nb12.PROBES["check_isoflop_fit"]
+
+
+@pytest.mark.parametrize("name", RIGHT_ISOFLOP)
+def test_isoflop_probe_passes_right_answers(name):
+    for seed in range(4):
+        assert verdict(ISO_PROBE, {"isoflop_fit": RIGHT_ISOFLOP[name], "np": np}, seed) is None, seed
+
+
+@pytest.mark.parametrize("name", ISOFLOP_MISTAKES)
+def test_isoflop_probe_names_each_mistake(name):
+    for seed in range(2):
+        feedback = verdict(ISO_PROBE, {"isoflop_fit": isoflop_with(name), "np": np}, seed)
+        assert feedback is not None and ISOFLOP_MISTAKES[name] in feedback, (seed, feedback)
+
+
+def test_isoflop_probe_inputs_are_plain_data():
+    outputs, expected = run_probe(ISO_PROBE, {"isoflop_fit": isoflop_learner, "np": np}, 0)
     assert is_plain_data(outputs) and is_plain_data(expected)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from checker_helpers import failure_of
+from checker_helpers import failure_of, verdict
 from tfedu.checks import nb13_peft as nb13
 from tfedu.checks.core import ExerciseNotDone, run_probe
 from tfedu.peft import Adapter, LoRALinear
@@ -255,3 +255,223 @@ def test_adapter_probe_passes_right_answers(adapter):
     for seed in range(4):
         outputs, expected = run_probe(probe, {"Adapter": adapter, "torch": torch}, seed)
         assert probe.compare(outputs, expected) is None
+
+
+# ----------------------------------------------------------------------------- 13.3: prefix attention
+
+PREFIX_SOURCE = '''
+def prefix_attention(x, attn, prefix_k, prefix_v):
+    if mistake == "not done":
+        raise NotImplementedError
+    batch, n, _ = x.shape
+    h, p = attn.n_heads, prefix_k.shape[1]
+    if mistake == "shared across heads":
+        prefix_k, prefix_v = prefix_k[:1].expand(h, -1, -1), prefix_v[:1].expand(h, -1, -1)
+    if mistake == "detached":
+        prefix_k, prefix_v = prefix_k.detach(), prefix_v.detach()
+    if mistake == "heads scrambled":  # concatenated before the heads are split, flattened without moving the head axis
+        k = torch.cat([prefix_k.reshape(p, -1).expand(batch, -1, -1), attn.W_K(x)], dim=1)
+        v = torch.cat([prefix_v.reshape(p, -1).expand(batch, -1, -1), attn.W_V(x)], dim=1)
+        k, v = (t.unflatten(-1, (h, -1)).transpose(1, 2) for t in (k, v))
+    else:
+        k, v = (W(x).unflatten(-1, (h, -1)).transpose(1, 2) for W in (attn.W_K, attn.W_V))
+    q = attn.W_Q(x).unflatten(-1, (h, -1)).transpose(1, 2)
+    if mistake == "queries too":
+        q = torch.cat([prefix_k.expand(batch, -1, -1, -1), q], dim=2)
+    front_v = prefix_k if mistake == "keys as values" else prefix_v
+    if mistake == "no batch axis":
+        k = torch.cat([prefix_k, k], dim=2)
+    elif mistake.startswith("after"):
+        k = torch.cat([k, prefix_k.expand(batch, -1, -1, -1)], dim=2)
+    elif mistake not in ("prefix ignored", "heads scrambled", "keys without prefix"):
+        k = torch.cat([prefix_k.expand(batch, -1, -1, -1), k], dim=2)
+    if mistake.startswith("after"):
+        v = torch.cat([v, front_v.expand(batch, -1, -1, -1)], dim=2)
+    elif mistake not in ("prefix ignored", "values without prefix", "heads scrambled"):
+        v = torch.cat([front_v.expand(batch, -1, -1, -1), v], dim=2)
+    n_query = q.shape[2]
+    causal = torch.ones(n_query, n_query, dtype=torch.bool).tril()
+    if mistake in ("mask not extended", "prefix ignored"):
+        mask = causal
+    elif mistake == "prefix masked":
+        mask = torch.ones(n, p + n, dtype=torch.bool).tril()
+    elif mistake == "no causal":
+        mask = torch.ones(n, p + n, dtype=torch.bool)
+    elif mistake == "after, end-aligned mask":
+        mask = torch.ones(n, n + p, dtype=torch.bool).tril(diagonal=p)
+    elif mistake == "queries too":
+        mask = torch.ones(n + p, n + p, dtype=torch.bool).tril()
+    else:
+        mask = torch.cat([torch.ones(n, p, dtype=torch.bool), causal], dim=1)
+    if mistake in ("scale d_model", "no scale"):  # their own softmax, scaled by the wrong width
+        scale = {"scale d_model": math.sqrt(attn.d_model), "no scale": 1.0}[mistake]
+        scores = (q @ k.transpose(-2, -1) / scale).masked_fill(~mask, float("-inf"))
+        z = torch.softmax(scores, dim=-1) @ v
+    else:
+        z, _ = masked_attention(q, k, v, mask)
+    out = attn.W_O(z.transpose(1, 2).flatten(2))
+    return out.float() if mistake == "float32" else out
+'''
+
+ANOTHER_PREFIX_SOURCE = '''
+def prefix_attention(x, attn, prefix_k, prefix_v):
+    """Right, written differently: einops, its own softmax, the prefix appended after the tokens with the mask to match."""
+    batch, n, _ = x.shape
+    p = prefix_k.shape[1]
+    split = "b n (h d) -> b h n d"
+    q, k, v = (einops.rearrange(W(x), split, h=attn.n_heads) for W in (attn.W_Q, attn.W_K, attn.W_V))
+    k = torch.cat([k, einops.repeat(prefix_k, "h p d -> b h p d", b=batch)], dim=2)
+    v = torch.cat([v, einops.repeat(prefix_v, "h p d -> b h p d", b=batch)], dim=2)
+    allowed = torch.cat([torch.arange(n)[None, :] <= torch.arange(n)[:, None], torch.ones(n, p, dtype=torch.bool)], dim=1)
+    scores = einops.einsum(q, k, "b h i d, b h j d -> b h i j") / attn.d_head ** 0.5
+    weights = torch.where(allowed, scores, torch.tensor(float("-inf"), dtype=scores.dtype)).softmax(-1)
+    return attn.W_O(einops.rearrange(weights @ v, "b h n d -> b n (h d)"))
+'''
+
+
+def make_prefix_namespace(mistake="", source=PREFIX_SOURCE):
+    """A notebook's globals holding a learner's prefix_attention (right or with one ``mistake``) and masked_attention."""
+    import einops
+
+    from tfedu.attention import scaled_dot_product_attention
+
+    namespace = {"torch": torch, "math": math, "einops": einops, "mistake": mistake,
+                 "masked_attention": scaled_dot_product_attention}  # the reference, as use_mine gives it
+    exec(compile(source, "<learner's prefix_attention>", "exec"), namespace)
+    return namespace
+
+
+def make_prefix(mistake="", source=PREFIX_SOURCE):
+    return make_prefix_namespace(mistake, source)["prefix_attention"]
+
+
+PREFIX_MISTAKES = {
+    "prefix masked": "the causal mask hides the prefix",
+    "mask not extended": "the mask was not extended for the prefix",
+    "no causal": "your tokens see later tokens",
+    "prefix ignored": "plain causal attention with no prefix at all",
+    "queries too": "the prefix went in front of the queries",
+    "values without prefix": "in front of the keys but not of the values",
+    "keys without prefix": "in front of the values but not of the keys",
+    "keys as values": "the values' prefix is prefix_k",
+    "after, end-aligned mask": "your prefix sits after the tokens",
+    "after, front mask": "your prefix sits after the tokens",
+    "shared across heads": "every head reads the same prefix",
+    "heads scrambled": "the prefix's heads are scrambled",
+    "scale d_model": "divided by sqrt(d_model)",
+    "no scale": "the scores are not scaled",
+    "detached": "no gradient reaches prefix_k and prefix_v",
+    "float32": "your output is float32 for a float64 input",
+    "no batch axis": "the prefix has no batch axis of its own",
+}
+
+
+@pytest.mark.parametrize("source", [PREFIX_SOURCE, ANOTHER_PREFIX_SOURCE], ids=["reference", "another way"])
+def test_prefix_right_answers_pass(source, capsys):
+    nb13.check_prefix_attention(make_prefix(source=source))
+    assert "✓" in capsys.readouterr().out
+
+
+def test_the_checkers_formula_is_tfedus_prefix():
+    """prefix_variant's right answer (by hand) is tfedu.layers.Attention with the prefix set, in float64."""
+    for case in nb13.make_prefix_cases(np.random.default_rng(5)):
+        torch.testing.assert_close(nb13.prefix_variant(case), torch.from_numpy(nb13.prefix_reference(case)["out"]))
+
+
+def test_the_stand_in_passes_exercise_5_2s_check():
+    from tfedu.checks import nb05_masks_and_heads as nb05
+
+    nb05.check_masked_attention(nb13.standin_masked_attention)
+
+
+@pytest.mark.parametrize("mistake", list(PREFIX_MISTAKES))
+def test_prefix_mistakes_are_named(mistake):
+    assert PREFIX_MISTAKES[mistake] in failure_of(nb13.check_prefix_attention, make_prefix(mistake))
+
+
+def test_prefix_not_done_and_shortcut():
+    with pytest.raises(ExerciseNotDone):
+        nb13.check_prefix_attention(make_prefix("not done"))
+    with pytest.raises(ExerciseNotDone):
+        nb13.check_prefix_attention(None)
+    through_tfedu = make_prefix(source=(
+        "from tfedu import layers\n\n"
+        "def prefix_attention(x, attn, prefix_k, prefix_v):\n"
+        "    layer = layers.Attention(attn.d_model, attn.n_heads).to(x.dtype)\n"
+        "    layer.load_state_dict(attn.state_dict())\n"
+        "    layer.prefix = lambda: (prefix_k, prefix_v)\n"
+        "    return layer(x, causal=True)\n"))
+    assert "tfedu's attention layers already run a prefix" in failure_of(nb13.check_prefix_attention, through_tfedu)
+
+
+def test_the_checker_puts_the_learners_masked_attention_back():
+    namespace = make_prefix_namespace()
+    mine = namespace["masked_attention"]
+    nb13.check_prefix_attention(namespace["prefix_attention"])
+    assert namespace["masked_attention"] is mine
+
+
+@pytest.mark.parametrize("mistake", list(PREFIX_MISTAKES))
+def test_prefix_probe_names_the_mistake(mistake):
+    probe = nb13.PROBES["check_prefix_attention"]
+    namespace = make_prefix_namespace(mistake)
+    for seed in range(2):
+        found = verdict(probe, namespace, seed, standins=True)
+        assert found is not None and PREFIX_MISTAKES[mistake] in found, found
+
+
+@pytest.mark.parametrize("source", [PREFIX_SOURCE, ANOTHER_PREFIX_SOURCE], ids=["reference", "another way"])
+def test_prefix_probe_passes_right_answers(source):
+    probe = nb13.PROBES["check_prefix_attention"]
+    namespace = make_prefix_namespace(source=source)
+    for seed in range(4):
+        assert verdict(probe, namespace, seed, standins=True) is None
+        assert verdict(probe, namespace, seed) is None  # with the reference masked_attention too
+
+
+def test_a_wrong_masked_attention_costs_only_5_2():
+    """Graded with the stand-in, a prefix_attention that calls a wrong masked_attention still passes 13.3."""
+    namespace = make_prefix_namespace()
+    namespace["masked_attention"] = lambda q, k, v, mask: (v[..., : q.shape[-2], :], None)
+    probe = nb13.PROBES["check_prefix_attention"]
+    assert verdict(probe, namespace, 0) is not None
+    assert verdict(probe, namespace, 0, standins=True) is None
+    nb13.check_prefix_attention(namespace["prefix_attention"])  # the check cell binds the stand-in too
+
+
+def test_the_learners_prefix_trains_the_course_gpts_prefix_as_tfedu_does():
+    """The switch's wiring: each prefixed layer's forward answered by the learner's function with the layer's own
+    prefix gives apply_prefix_tuning's logits, and a few Adam steps the same loss (the sdpa path against a softmax)."""
+    import copy
+    import types
+
+    from tfedu.config import preset
+    from tfedu.model import GPT
+    from tfedu.peft import apply_prefix_tuning
+
+    mine = make_prefix()
+    torch.manual_seed(0)
+    base = GPT(preset("tiny").replace(attention="sdpa", dropout=0.0)).eval()
+    reference, model = copy.deepcopy(base), copy.deepcopy(base)
+    apply_prefix_tuning(reference, n_prefix=4)
+    apply_prefix_tuning(model, n_prefix=4)
+
+    def forward(attn, x, mask=None, *, causal=False, positions=None, bias=None, kv_cache=None):
+        assert causal and mask is None and bias is None and kv_cache is None
+        return mine(x, attn, *attn.prefix())
+
+    for block in model.blocks:
+        block.attn.forward = types.MethodType(forward, block.attn)
+    ids = torch.randint(0, base.cfg.d_vocab, (3, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), reference(ids), rtol=1e-5, atol=1e-5)
+    losses = []
+    for m in (reference, model):
+        opt = torch.optim.Adam([p for p in m.parameters() if p.requires_grad], lr=1e-2)
+        for _ in range(5):
+            _, loss = m(ids[:, :-1], ids[:, 1:])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        losses.append(loss.item())
+    assert abs(losses[0] - losses[1]) < 1e-4

@@ -366,11 +366,178 @@ def test_zeropoint_refuses_tfedu_quant_and_says_when_not_done():
         nb14.check_zeropoint(not_done, zeropoint_deq)
 
 
+# ----------------------------------------------------------------------------- 14.4 GPTQ's column loop
+
+
+def gptq(W, H, quantize_column, damp=0.01, mistake=""):
+    """A learner's gptq_layer, right or with one ``mistake`` written as a learner would."""
+    if mistake != "mutates W":
+        W = W.clone()
+    eye = torch.eye(len(H), dtype=H.dtype)
+    if mistake == "mutates H":
+        H += damp * H.diagonal().mean() * eye
+    elif mistake != "no damping":
+        H = H + (damp if mistake == "damping not scaled" else damp * H.diagonal().mean()) * eye
+    H_inv = torch.linalg.inv(H)
+    if mistake == "cholesky of H":
+        U = torch.linalg.cholesky(H, upper=True)
+    elif mistake == "inverse of H's factor":
+        U = torch.linalg.inv(torch.linalg.cholesky(H, upper=True))
+    elif mistake == "lower factor":
+        U = torch.linalg.cholesky(H_inv)  # the default: lower
+    else:
+        U = torch.linalg.cholesky(H_inv, upper=True)
+    Q = torch.zeros_like(W)
+    columns = range(W.shape[1])
+    for j in reversed(columns) if mistake == "reverse" else columns:
+        q = quantize_column(W, j)
+        if mistake in ("current again", "factor's column"):  # the quantized columns kept in W itself
+            err = (W[:, j] - q) / U[j, j]
+            W[:, j] = q
+            if mistake == "current again":
+                W[:, j:] -= torch.outer(err, U[j, j:])
+            else:
+                W -= torch.outer(err, U[:, j])
+            Q = W
+            continue
+        Q[:, j] = q
+        if mistake == "no propagation":
+            continue
+        if mistake == "static inverse row":
+            W[:, j + 1 :] -= torch.outer((W[:, j] - q) / H_inv[j, j], H_inv[j, j + 1 :])
+            continue
+        err = W[:, j] - q
+        err = err if mistake == "not divided" else err / U[j, j] ** (2 if mistake == "divided by the square" else 1)
+        update = torch.outer(err, U[j, j + 1 :])
+        W[:, j + 1 :] += update if mistake == "sign flipped" else -update
+    return Q
+
+
+def gptq_obq(W, H, quantize_column, damp=0.01):
+    """Another right answer: OBQ's update, the inverse Hessian of the columns left recomputed at every step."""
+    W = W.clone()
+    H = H + damp * H.diagonal().mean() * torch.eye(len(H), dtype=H.dtype)
+    Q = torch.zeros_like(W)
+    for j in range(W.shape[1]):
+        H_inv = torch.linalg.inv(H[j:, j:])
+        Q[:, j] = quantize_column(W, j)
+        W[:, j:] -= torch.outer((W[:, j] - Q[:, j]) / H_inv[0, 0], H_inv[0])
+    return Q
+
+
+def gptq_lower_transposed(W, H, quantize_column, damp=0.01):
+    """Another right answer: the lower factor L of H^-1 and its column j (L^T is the upper factor), W updated in place
+    on a copy and returned (each column holds its quantized value once its turn is over)."""
+    W = W.clone()
+    H = H.clone()
+    H.diagonal().add_(damp * H.diagonal().mean())
+    L = torch.linalg.cholesky(torch.linalg.inv(H))
+    for j in range(W.shape[1]):
+        q = quantize_column(W, j)
+        err = (W[:, j] - q) / L[j, j]
+        W[:, j] = q
+        W[:, j + 1 :] -= err[:, None] * L[j + 1 :, j][None, :]
+    return W
+
+
+def gptq_float32(W, H, quantize_column, damp=0.01):
+    """Another right answer, in float32 throughout (float64 inputs included)."""
+    return gptq(W.float(), H.float(), quantize_column, damp).to(W.dtype)
+
+
+GPTQ_MISTAKES = {  # name: a phrase its hint must contain
+    "no propagation": "round-to-nearest",
+    "lower factor": "round-to-nearest",
+    "not divided": "divide it by U_jj",
+    "divided by the square": "divides the error by U_jj twice",
+    "cholesky of H": "Cholesky factor of the (damped) H itself",
+    "inverse of H's factor": "inverse of H's upper Cholesky factor",
+    "current again": "applied to column j too",
+    "factor's column": "columns you had already quantized changed",
+    "sign flipped": "wrong sign",
+    "no damping": "without damping",
+    "damping not scaled": "damping adds damp itself",
+    "static inverse row": "rows of the full inverse H^-1, computed once",
+    "reverse": "right to left",
+    "mutates W": "changed the caller's `W` in place",
+    "mutates H": "changed the caller's `H` in place",
+}
+
+
+def test_the_reference_is_tfedu_quants_gptq_with_and_without_blocks():
+    for seed, (d_out, d_in, n, bits, group, dtype) in enumerate([(6, 16, 64, 3, 8, torch.float64),
+                                                               (8, 32, 20, 4, None, torch.float32),
+                                                               (5, 48, 200, 4, 16, torch.float32)]):
+        W, H = nb14.gptq_case(seed, d_out, d_in, n, dtype)
+        want = nb14.reference_gptq_layer(W, H, nb14.ColumnQuantizer(bits, group), damp=0.02)
+        for block_size in (128, 5):
+            got = tfedu.quant.gptq_quantize(W, H, bits, group, damp=0.02, block_size=block_size).weight
+            assert torch.allclose(got, want, atol=1e-6), (seed, block_size)
+        assert torch.allclose(want, gptq(W, H, nb14.ColumnQuantizer(bits, group), 0.02), atol=1e-6)
+
+
+def test_the_column_quantizer_is_tfedu_quants_grid():
+    W, _ = nb14.gptq_case(0, 5, 16, 32, torch.float32)
+    column = nb14.ColumnQuantizer(4, 8)
+    got = torch.stack([column(W, j) for j in range(16)], dim=1)  # no errors pushed: round-to-nearest by groups
+    assert torch.equal(got, tfedu.quant.rtn_quantize_weight(W, 4, 8))
+    assert column.calls == list(range(16)) and "groups of 8" in repr(column)
+    step = nb14.ColumnQuantizer(step=0.25)
+    assert torch.equal(step(W, 3), (W[:, 3] * 4).round() / 4)
+
+
+def test_gptq_cases_tell_every_mistake_apart_and_round_no_tie():
+    cases = [(*nb14.gptq_case(seed, d_out, d_in, n, dtype), quantizer, damp)
+             for seed, d_out, d_in, n, quantizer, damp, dtype in nb14.GQ_CASES]
+    assert nb14.gq_mistakes_apart(cases)
+    assert all(nb14.gq_closest(*case) > 1e-4 for case in cases)
+    assert any(n < d_in for _, _, d_in, n, *_ in nb14.GQ_CASES)  # a singular H
+    assert {dtype for *_, dtype in nb14.GQ_CASES} == {torch.float32, torch.float64}
+
+
+@pytest.mark.parametrize("answer", [gptq, gptq_obq, gptq_lower_transposed, gptq_float32],
+                         ids=["cholesky row", "obq", "lower transposed", "float32"])
+def test_gptq_layer_passes_right_answers(answer, capsys):
+    nb14.check_gptq_layer(answer)
+    assert "all checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", GPTQ_MISTAKES)
+def test_gptq_layer_names_each_mistake(name):
+    message = failure_of(nb14.check_gptq_layer, lambda W, H, q, damp=0.01: gptq(W, H, q, damp, name))
+    assert GPTQ_MISTAKES[name] in message, message
+
+
+def test_gptq_layer_names_the_damping_when_a_singular_hessian_fails():
+    seed, d_out, d_in, n, quantizer, damp, dtype = nb14.GQ_CASES[-1]
+    W, H = nb14.gptq_case(seed, d_out, d_in, n, dtype)
+    guarded = nb14._singular_guard(lambda W, H, q, damp: gptq(W, H, q, damp, "no damping"), "the singular case", n, d_in)
+    with pytest.raises(nb14.CheckFailure, match="what the damping is for"):
+        guarded(W, H, nb14.ColumnQuantizer(**quantizer), damp)
+    only_full_rank = lambda W, H, q, damp: gptq(W, H, q, damp, "" if torch.linalg.matrix_rank(H) == len(H) else "no damping")
+    assert "what the damping is for" in failure_of(nb14.check_gptq_layer, only_full_rank)
+
+
+def test_gptq_layer_refuses_the_reference_and_says_when_not_done():
+    assert "uses tfedu's own GPTQ (you passed reference_gptq_layer)" in failure_of(nb14.check_gptq_layer,
+                                                                                   nb14.reference_gptq_layer)
+    namespace = {"quant": tfedu.quant}
+    exec("def by_module(W, H, q, damp=0.01):\n    return quant.gptq_quantize(W, H, 4).weight\n", namespace)
+    assert "uses tfedu's own GPTQ (quant)" in failure_of(nb14.check_gptq_layer, namespace["by_module"])
+    with pytest.raises(ExerciseNotDone, match="not done yet"):
+        nb14.check_gptq_layer(not_done)
+    with pytest.raises(ExerciseNotDone, match="returned None"):
+        nb14.check_gptq_layer(lambda W, H, q, damp=0.01: None)
+    assert "never called the quantize_column" in failure_of(
+        nb14.check_gptq_layer, lambda W, H, q, damp=0.01: gptq(W, H, lambda M, j: M[:, j].round(), damp))
+    assert "of W's shape (6, 16)" in failure_of(nb14.check_gptq_layer, lambda W, H, q, damp=0.01: gptq(W, H, q, damp).T)
+
+
 # ----------------------------------------------------------------------------- probes
 
 
 NAMESPACE = {"float_fields": fields, "absmax_quantize": absmax, "absmax_dequantize": absmax_deq, "zeropoint_quantize": zeropoint,
-             "zeropoint_dequantize": zeropoint_deq}
+             "zeropoint_dequantize": zeropoint_deq, "gptq_layer": gptq}
 
 
 @pytest.mark.parametrize("grade_id", nb14.PROBES)
@@ -418,3 +585,23 @@ def test_a_subnormal_that_rounds_up_to_the_smallest_normal_is_a_carry():
     assert nb14.reference_float_fields(x, e, M) == (0, 1, 0)
     with pytest.raises(nb14.CheckFailure, match="the mantissa.s carry"):
         nb14.diagnose_fields((0, 0, 2**M), x, e, M)
+
+
+@pytest.mark.parametrize("name", GPTQ_MISTAKES)
+def test_the_gptq_probe_names_each_mistake(name):
+    for seed in range(2):
+        feedback = verdict(nb14.PROBES["check_gptq_layer"],
+                           {**NAMESPACE, "gptq_layer": lambda W, H, q, damp=0.01: gptq(W, H, q, damp, name)}, seed)
+        assert feedback is not None and GPTQ_MISTAKES[name] in feedback, (seed, feedback)
+
+
+@pytest.mark.parametrize("answer", [gptq_obq, gptq_lower_transposed, gptq_float32])
+def test_the_gptq_probe_passes_other_right_answers(answer):
+    for seed in range(4):
+        assert verdict(nb14.PROBES["check_gptq_layer"], {**NAMESPACE, "gptq_layer": answer}, seed) is None
+
+
+def test_the_gptq_probe_names_a_failed_factorisation_of_the_singular_hessian():
+    only_full_rank = lambda W, H, q, damp=0.01: gptq(W, H, q, damp, "" if torch.linalg.matrix_rank(H) == len(H) else "no damping")
+    feedback = verdict(nb14.PROBES["check_gptq_layer"], {**NAMESPACE, "gptq_layer": only_full_rank}, 0)
+    assert feedback is not None and "what the damping is for" in feedback, feedback

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import tfedu.constrained
+import tfedu.interp
 from checker_helpers import failure_of, not_done, verdict
 from tfedu.checks import nb15_interp_decoding as nb15
 from tfedu.checks.core import ExerciseNotDone, is_plain_data
@@ -192,7 +193,7 @@ def test_probe_passes_the_reference_and_names_mistakes():
     assert "not defined" in verdict(probe, {}, 0)
 
 
-# ----------------------------------------------------------------------------- 15.1 patch_head
+# ----------------------------------------------------------------------------- 15.3 patch_head
 
 PATCH_ANOTHER_WAY = '''
 def patch_head(model, clean_ids, corrupted_ids, layer, head):
@@ -272,7 +273,7 @@ def test_patching_every_position_of_the_residual_stream_is_the_clean_run():
         assert torch.allclose(patched, model(clean), atol=1e-5)
 
 
-# ----------------------------------------------------------------------------- 15.2 logit_lens
+# ----------------------------------------------------------------------------- 15.4 logit_lens
 
 LENS_ANOTHER_WAY = '''
 def logit_lens(model, ids):
@@ -375,3 +376,342 @@ def test_the_logit_lens_probe_passes_right_answers():
     for seed in range(4):
         assert verdict(nb15.PROBES["check_logit_lens"], {"logit_lens": lens_another_way()}, seed) is None
         assert verdict(nb15.PROBES["check_logit_lens"], {"logit_lens": nb15.reference_logit_lens}, seed) is None
+
+
+# ----------------------------------------------------------------------------- 15.1 induction_score
+
+INDUCTION_BY_DIAGONAL = """
+def induction_score(pattern, seq_len):
+    lead = pattern.shape[-1] - 2 * seq_len
+    stripe = pattern.diagonal(offset=-(seq_len - 1), dim1=-2, dim2=-1)  # batch n_heads (pos - seq_len + 1)
+    return stripe[..., lead + 1:].mean(dim=(0, -1))  # its entries from query lead + seq_len on
+"""
+
+INDUCTION_VARIANT = """
+def induction_score(pattern, seq_len):
+    \"\"\"A learner's score with one mistake (MISTAKE).\"\"\"
+    n_pos = pattern.shape[-1]
+    lead = 0 if MISTAKE == "no-lead" else n_pos - 2 * seq_len
+    query = torch.arange(lead + seq_len, n_pos if MISTAKE != "no-lead" else 2 * seq_len)
+    if MISTAKE == "all-queries":
+        query = torch.arange(seq_len - 1, n_pos)
+    key = query - seq_len if MISTAKE == "copy" else query - seq_len + 1
+    if MISTAKE == "transposed":
+        picked = pattern[..., key, query]
+    else:
+        picked = pattern[..., query, key]
+    scores = picked.mean(-1)  # batch n_heads
+    if MISTAKE == "heads-mean":
+        return scores.mean()
+    if MISTAKE == "no-batch-mean":
+        return scores
+    return scores.mean(0)
+"""
+
+
+def _exec(source, name, **names):
+    namespace = {"torch": torch, **names}
+    exec(source, namespace)
+    return namespace[name]
+
+
+INDUCTION_MISTAKES = [("copy", "the earlier copy of the current token itself"), ("all-queries", "first copy included"),
+                      ("no-lead", "ignore the tokens before the first copy"), ("transposed", "axes swapped"),
+                      ("heads-mean", "averaged over the heads"), ("no-batch-mean", "average over the batch")]
+
+
+def test_induction_score_passes_the_reference_and_another_way(capsys):
+    for fn in (nb15.reference_induction_score, _exec(INDUCTION_BY_DIAGONAL, "induction_score")):
+        nb15.check_induction_score(fn)
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+@pytest.mark.parametrize("mistake, fragment", INDUCTION_MISTAKES)
+def test_induction_score_names_each_mistake_in_the_check_and_the_probe(mistake, fragment):
+    fn = _exec(INDUCTION_VARIANT, "induction_score", MISTAKE=mistake)
+    assert fragment in failure_of(nb15.check_induction_score, fn)
+    for seed in range(2):
+        feedback = verdict(nb15.PROBES["check_induction_score"], {"induction_score": fn}, seed)
+        assert feedback is not None and fragment in feedback, (seed, feedback)
+
+
+def test_the_induction_score_probe_passes_right_answers():
+    probe = nb15.PROBES["check_induction_score"]
+    for seed in range(4):
+        assert is_plain_data(probe.make_inputs(np.random.default_rng(seed)))
+        for fn in (nb15.reference_induction_score, _exec(INDUCTION_BY_DIAGONAL, "induction_score")):
+            assert verdict(probe, {"induction_score": fn}, seed) is None, seed
+    assert "not defined" in verdict(probe, {}, 0)
+
+
+def induction_through_interp(pattern, seq_len):
+    """Right numbers, through tfedu.interp (a global, as in the notebook): refused."""
+    return tfedu.interp.induction_score(pattern, seq_len, pattern.shape[-1] - 2 * seq_len).mean(0)
+
+
+def test_induction_score_refuses_interp_and_not_done():
+    assert "tfedu.interp" in failure_of(nb15.check_induction_score, induction_through_interp)
+    with pytest.raises(ExerciseNotDone):
+        nb15.check_induction_score(not_done)
+
+
+def test_the_reference_induction_score_is_interps_on_the_course_models():
+    from tfedu import interp
+    from tfedu.experiments import course_gpt, induction
+
+    for model, bos, seq_len in ((course_gpt.load()[0], 0, 10), (induction.load(), induction.BOS, 12)):
+        ids = interp.repeated_random_tokens(4, seq_len, model.cfg.d_vocab, generator=torch.Generator().manual_seed(1),
+                                            bos=bos)
+        names = [f"blocks.{i}.attn.hook_pattern" for i in range(model.cfg.n_layers)]
+        _, cache = interp.run_with_cache(model, ids, names)
+        mine = torch.stack([nb15.reference_induction_score(cache[name], seq_len) for name in names])
+        assert torch.allclose(mine, interp.score_heads(model, ids, seq_len)["induction"], atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- 15.2 ablate_heads
+
+ABLATE_IN_PLACE = """
+def ablate_heads(model, ids, layer, heads, how="zero"):
+    \"\"\"A forward hook of its own that changes the tensor in place and returns None: right (None keeps the changed
+    tensor), and removed afterwards.\"\"\"
+    def ablate(module, args, z):
+        for h in heads:
+            z[:, :, h] = 0.0 if how == "zero" else z[:, :, h].mean(dim=(0, 1))
+
+    handle = model.blocks[layer].attn.hook_z.register_forward_hook(ablate)
+    try:
+        with torch.inference_mode():
+            return model(ids).clone()
+    finally:
+        handle.remove()
+"""
+
+ABLATE_NONE_BACK = """
+def ablate_heads(model, ids, layer, heads, how="zero"):
+    def ablate(z):
+        z = z.clone()
+        z[:, :, heads] = 0.0 if how == "zero" else z[:, :, heads].mean(dim=(0, 1), keepdim=True)
+        # no return: the clone is thrown away
+
+    with torch.no_grad(), model.hooks(**{f"blocks__{layer}__attn__hook_z": ablate}):
+        return model(ids)
+"""
+
+
+def ablate_mistake(mistake):
+    if mistake == "none-back":
+        return _exec(ABLATE_NONE_BACK, "ablate_heads")
+    if mistake == "leak":
+        def leaky(model, ids, layer, heads, how="zero"):
+            right = nb15.reference_ablate_heads(model, ids, layer, heads, how)
+            model.blocks[layer].attn.hook_z.register_forward_hook(lambda module, args, out: None)  # never removed
+            return right
+        return leaky
+
+    def wrong(model, ids, layer, heads, how="zero"):  # right where the mistake does not apply (a mean slip, how='zero')
+        out = nb15._ablate_variant(model, ids, layer, heads, how, mistake)
+        return nb15.reference_ablate_heads(model, ids, layer, heads, how) if out is None else out
+
+    return wrong
+
+
+ABLATE_MISTAKES = [("none-back", "returned None"), ("all-heads", "every head of block"),
+                   ("attn-out", "whole attention output"), ("position-axis", "rather than heads"),
+                   ("mean-heads", "over the heads axis"), ("mean-d-head", "averaged over d_head"),
+                   ("mean-batch", "over the batch only"), ("mean-pos", "over the positions only"),
+                   ("pattern", "attention pattern (hook_pattern)"), ("zero-for-mean", "you zeroed the heads"),
+                   ("mean-for-zero", "by their mean"),
+                   ("leak", "still attached")]
+
+
+def test_ablate_heads_passes_the_reference_and_another_way(capsys):
+    for fn in (nb15.reference_ablate_heads, _exec(ABLATE_IN_PLACE, "ablate_heads")):
+        nb15.check_ablate_heads(fn)
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+@pytest.mark.parametrize("mistake, fragment", ABLATE_MISTAKES)
+def test_ablate_heads_names_each_mistake_in_the_check_and_the_probe(mistake, fragment):
+    assert fragment in failure_of(nb15.check_ablate_heads, ablate_mistake(mistake))
+    for seed in range(2):
+        feedback = verdict(nb15.PROBES["check_ablate_heads"], {"ablate_heads": ablate_mistake(mistake)}, seed)
+        assert feedback is not None and fragment in feedback, (seed, feedback)
+
+
+def test_the_ablate_heads_probe_passes_right_answers():
+    probe = nb15.PROBES["check_ablate_heads"]
+    for seed in range(4):
+        assert is_plain_data(probe.make_inputs(np.random.default_rng(seed)))
+        for fn in (nb15.reference_ablate_heads, _exec(ABLATE_IN_PLACE, "ablate_heads")):
+            assert verdict(probe, {"ablate_heads": fn}, seed) is None, seed
+
+
+def test_ablate_heads_refuses_not_done():
+    with pytest.raises(ExerciseNotDone):
+        nb15.check_ablate_heads(not_done)
+
+
+# ----------------------------------------------------------------------------- 15.5 logit_attribution
+
+ATTRIBUTION_ANOTHER_WAY = """
+def logit_attribution(model, ids, pos, token):
+    \"\"\"One read-out direction for the frozen norm (centring moved onto it), each head's W_O columns by slicing.\"\"\"
+    with torch.inference_mode():
+        _, cache = model.run_with_cache(ids)
+        norm = model.ln_final
+        final = cache[f"blocks.{len(model.blocks) - 1}.hook_resid_post"][0, pos]
+        wu = norm.weight * model.unembed.weight[token]
+        if hasattr(norm, "bias"):  # LayerNorm: centre
+            direction = (wu - wu.mean()) / ((final - final.mean()).pow(2).mean() + norm.eps).sqrt()
+        else:  # RMSNorm
+            direction = wu / (final.pow(2).mean() + norm.eps).sqrt()
+        parts = {"embed": cache["hook_embed"][0, pos] @ direction}
+        if "hook_pos_embed" in cache:
+            parts["pos_embed"] = cache["hook_pos_embed"][pos] @ direction
+        for i, block in enumerate(model.blocks):
+            z, attn = cache[f"blocks.{i}.attn.hook_z"][0, pos], block.attn
+            for h in range(attn.n_heads):
+                columns = attn.W_O.weight[:, h * attn.d_head:(h + 1) * attn.d_head]  # d_model d_head
+                parts[f"L{i}H{h}"] = (columns @ z[h]) @ direction
+            if attn.W_O.bias is not None:
+                parts[f"L{i} attn bias"] = attn.W_O.bias @ direction
+            if f"blocks.{i}.hook_mlp_out" in cache:
+                parts[f"L{i} MLP"] = cache[f"blocks.{i}.hook_mlp_out"][0, pos] @ direction
+        if getattr(norm, "bias", None) is not None:
+            parts["ln_final bias"] = norm.bias @ model.unembed.weight[token]
+        return {label: value.item() for label, value in parts.items()}
+"""
+
+
+def attribution_another_way():
+    return _exec(ATTRIBUTION_ANOTHER_WAY, "logit_attribution")
+
+
+ATTRIBUTION_VARIANT = """
+def logit_attribution(model, ids, pos, token):
+    \"\"\"A learner's split with one mistake (MISTAKE), written without tfedu.checks (the check scans the answer).\"\"\"
+    norm = model.ln_final
+    is_layer_norm = type(norm).__name__ == "LayerNorm"
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ids)
+        u = model.unembed.weight[token]
+
+        def scale_of(x):
+            x = x - x.mean() if is_layer_norm else x
+            return (x.pow(2).mean() + norm.eps).sqrt()
+
+        final_scale = scale_of(cache[f"blocks.{len(model.blocks) - 1}.hook_resid_post"][0, pos])
+        bias = norm.bias @ u if getattr(norm, "bias", None) is not None else None
+
+        def read(x):
+            if MISTAKE == "own-norm":
+                return norm(x) @ u
+            x = x - x.mean() if is_layer_norm and MISTAKE != "no-centre" else x
+            scale = scale_of(x) if MISTAKE == "own-scale" else 1.0 if MISTAKE == "no-scale" else final_scale
+            value = (x / scale * (1.0 if MISTAKE == "no-weight" else norm.weight)) @ u
+            return value + bias if MISTAKE == "bias-everywhere" else value
+
+        parts = {"embed": read(cache["hook_embed"][0, pos])}
+        if model.pos_embed is not None:
+            parts["pos_embed"] = read(cache["hook_pos_embed"][pos])
+        for i, block in enumerate(model.blocks):
+            attn, z = block.attn, cache[f"blocks.{i}.attn.hook_z"][0, pos]
+            w_o = attn.W_O.weight
+            if MISTAKE == "wo-rows":
+                per_head = w_o.reshape(attn.n_heads, attn.d_head, -1)
+            elif MISTAKE == "wo-order":
+                per_head = w_o.T.reshape(attn.d_head, attn.n_heads, -1).transpose(0, 1)
+            else:
+                per_head = w_o.T.reshape(attn.n_heads, attn.d_head, -1)
+            for h in range(attn.n_heads):
+                parts[f"L{i}H{h}"] = read(z[h] if MISTAKE == "no-wo" else z[h] @ per_head[h])
+            if attn.W_O.bias is not None:
+                parts[f"L{i} attn bias"] = read(attn.W_O.bias)
+            if f"blocks.{i}.hook_mlp_out" in cache:
+                point = "hook_resid_post" if MISTAKE == "resid-post" else "hook_mlp_out"
+                parts[f"L{i} MLP"] = read(cache[f"blocks.{i}.{point}"][0, pos])
+        if bias is not None:
+            parts["ln_final bias"] = bias
+        if MISTAKE == "no-bias-part":
+            parts.pop("ln_final bias", None)
+        if MISTAKE == "off":
+            parts["embed"] = parts["embed"] + 0.5
+    return {label: float(value) for label, value in parts.items()}
+"""
+
+
+def attribution_mistake(mistake):
+    return _exec(ATTRIBUTION_VARIANT, "logit_attribution", MISTAKE=mistake)
+
+
+def test_the_attribution_variants_are_the_checkers():
+    model = nb15.attribution_model(4)
+    ids = torch.randint(0, 45, (1, 7), generator=torch.Generator().manual_seed(4))
+    for mistake in (None, *nb15.LA_MISTAKES):
+        assert attribution_mistake(mistake)(model, ids, 5, 3) == pytest.approx(
+            nb15._attribution_variant(model, ids, 5, 3, mistake), abs=1e-5), mistake
+
+
+ATTRIBUTION_MISTAKES = [("own-norm", "through the final norm on its own"), ("own-scale", "by its own scale"),
+                        ("no-centre", "centring"), ("no-scale", "did not divide by the final norm's scale"),
+                        ("no-weight", "final norm's weight"), ("bias-everywhere", "to every part"),
+                        ("wo-rows", "wrong axis"), ("wo-order", "interleaved"), ("resid-post", "hook_resid_post")]
+
+
+def test_logit_attribution_passes_the_reference_and_another_way(capsys):
+    for fn in (nb15.reference_logit_attribution, attribution_another_way()):
+        nb15.check_logit_attribution(fn)
+    assert capsys.readouterr().out.count("all checks passed") == 2
+
+
+@pytest.mark.parametrize("mistake, fragment", ATTRIBUTION_MISTAKES)
+def test_logit_attribution_names_each_mistake_in_the_check_and_the_probe(mistake, fragment):
+    assert fragment in failure_of(nb15.check_logit_attribution, attribution_mistake(mistake))
+    probe, named = nb15.PROBES["check_logit_attribution"], 0
+    for seed in range(8):  # a probe's model may lack what the mistake needs (no MLP, RMSNorm, no bias)
+        inputs = probe.make_inputs(np.random.default_rng(seed))
+        model = nb15.gpt_from_inputs(inputs)
+        if nb15._attribution_variant(model, torch.from_numpy(inputs["ids"]), inputs["pos"], inputs["token"],
+                                     mistake) is None:
+            continue
+        feedback = verdict(probe, {"logit_attribution": attribution_mistake(mistake)}, seed)
+        assert feedback is not None and (fragment in feedback or "own" in feedback), (seed, feedback)
+        named += fragment in feedback
+    assert named >= 2, mistake
+
+
+def test_logit_attribution_names_wrong_labels_and_a_wrong_sum():
+    assert "missing ['ln_final bias']" in failure_of(nb15.check_logit_attribution, attribution_mistake("no-bias-part"))
+    assert "sum to" in failure_of(nb15.check_logit_attribution, attribution_mistake("off"))
+    assert "d_head columns of W_O" in failure_of(nb15.check_logit_attribution, attribution_mistake("no-wo"))
+
+
+def test_the_logit_attribution_probe_passes_right_answers():
+    probe = nb15.PROBES["check_logit_attribution"]
+    for seed in range(4):
+        assert is_plain_data(probe.make_inputs(np.random.default_rng(seed)))
+        for fn in (nb15.reference_logit_attribution, attribution_another_way()):
+            assert verdict(probe, {"logit_attribution": fn}, seed) is None, seed
+
+
+def test_logit_attribution_refuses_interp_and_not_done():
+    from tfedu import interp
+
+    assert "tfedu.interp" in failure_of(nb15.check_logit_attribution, interp.direct_logit_attribution)
+    with pytest.raises(ExerciseNotDone):
+        nb15.check_logit_attribution(not_done)
+
+
+def test_the_reference_attribution_is_interps_and_adds_up_on_the_course_models():
+    from tfedu import interp
+    from tfedu.experiments import course_gpt, induction
+
+    course, tok = course_gpt.load()
+    ids = torch.tensor([tok.encode("The list is sorted in place. The sorted list is returned.")])
+    rep = interp.repeated_random_tokens(1, 12, 128, generator=torch.Generator().manual_seed(12), bos=induction.BOS)
+    for model, ids, pos, token in ((course, ids, 8, 17), (induction.load(), rep, 18, int(rep[0, 19]))):
+        mine, theirs = nb15.reference_logit_attribution(model, ids, pos, token), interp.direct_logit_attribution(
+            model, ids, pos, token)
+        assert list(mine) == list(theirs) and all(abs(mine[k] - theirs[k]) < 1e-5 for k in mine)
+        with torch.no_grad():
+            assert abs(sum(mine.values()) - model(ids)[0, pos, token].item()) < 1e-4

@@ -66,10 +66,16 @@ def solution_cells(stem: str) -> dict[str, str]:
     return cells
 
 
+# The parts of earlier notebooks a notebook brings in with tfedu.use_mine (a switch cell, not a solution cell): the
+# references, as with TFEDU_MY_PARTS off.
+EARLIER_PARTS = {"11_beyond_text": nb11.reference_parts, "13_peft": nb13.reference_parts}
+
+
 def notebook_namespace(stem: str, replace: dict[str, str] | None = None) -> dict:
     """The notebook's solutions run in one namespace (as the kernel would); ``replace`` swaps answers by grade_id."""
     namespace = {"__name__": "__main__", "torch": torch, "math": math, "F": F, "nn": nn, "einops": einops, "np": np,
                  "regex": regex, "GPT4_SPLIT": GPT4_PATTERN, "tfa": tfa}
+    namespace.update(EARLIER_PARTS.get(stem, dict)())
     for grade_id, source in solution_cells(stem).items():
         exec(compile((replace or {}).get(grade_id, source), f"{stem} {grade_id}", "exec"), namespace)
     return namespace
@@ -546,9 +552,13 @@ STANDIN_USERS = [(stem, grade_id) for stem, grade_id in ALL_PROBES if MODULES[st
 def test_the_exercises_that_call_earlier_ones_have_stand_ins():
     assert sorted(g for _, g in STANDIN_USERS) == ["check_bpe_encode", "check_cbow_loss", "check_flash_attention_forward",
                                                    "check_learn_bpe", "check_moe_forward", "check_pre_norm_block",
-                                                   "check_rope_attention", "check_self_attention", "check_train_loop"]
+                                                   "check_prefix_attention", "check_rope_attention", "check_self_attention",
+                                                   "check_train_loop", "check_vit_forward"]
     assert sorted(standin_objects(nb09.PROBES["check_flash_attention_forward"])) == ["flash_tile_update"]
     assert sorted(standin_objects(nb12.PROBES["check_moe_forward"])) == ["top_k_gating"]
+    assert sorted(standin_objects(nb13.PROBES["check_prefix_attention"])) == ["masked_attention"]
+    assert sorted(standin_objects(nb11.PROBES["check_vit_forward"])) == ["FFN", "MultiHeadAttention", "layer_norm",
+                                                                         "patchify", "pre_norm_block"]
     assert sorted(standin_objects(nb01.PROBES["check_learn_bpe"])) == ["get_pair_counts", "merge_pair"]
     assert sorted(standin_objects(nb01.PROBES["check_bpe_encode"])) == ["merge_pair"]
     assert sorted(standin_objects(nb02.PROBES["check_cbow_loss"])) == ["sgns_loss"]

@@ -1,13 +1,15 @@
-"""tfedu.constrained: masking logits, and keeping generation inside a regular expression.
+"""tfedu.constrained: masking logits, keeping generation inside a regular expression, and inside valid UTF-8.
 
 Oracles: for finite languages, the allowed set at a state is computed from the list of every
 string in the language (a token is allowed when the bytes so far plus its bytes begin some
 string's UTF-8 bytes); for infinite patterns, token by token with ``regex`` partial matching on
 every character a token's unfinished last character could become (no trie, no pruning, no
 representatives). Sampled outputs of the course GPT and of a random byte-level model always
-decode as strict UTF-8 and fully match.
+decode as strict UTF-8 and fully match. UTF-8 prefixes: Python's strict decoder, with the completions of an
+unfinished last character tried (``oracle_prefix_ok``), on every 1- and 2-byte string and many longer ones.
 """
 
+import codecs
 import itertools
 import json
 import time
@@ -21,12 +23,16 @@ from tfedu.experiments import course_gpt
 from tfedu.config import preset
 from tfedu.constrained import (
     JSON_AGE,
+    UTF8_START,
     RegexConstraint,
+    UTF8Constraint,
     UnsatisfiableConstraint,
     _completions,
     bench,
     generate_matching,
     mask_logits,
+    utf8_prefix_ok,
+    utf8_state,
 )
 from tfedu.generate import beam_search, generate
 from tfedu.model import GPT
@@ -314,3 +320,200 @@ def test_bad_arguments_are_named(typechecked):
         generate_matching(model, tok, "", "a", max_new_tokens=2)
     with pytest.raises(ValueError, match="pass eos_token_id"):
         generate_matching(model, Tokenizer([]), "x", "a", max_new_tokens=2)
+
+
+# ----------------------------------------------------------------------------- UTF-8 prefixes
+
+# Oracle: Python's strict incremental decoder. With final=False it raises on bytes no continuation can repair, but
+# it lags at one place: after ED it accepts A0..BF (a surrogate's second byte) and raises only at the third byte.
+# So a byte string is judged a valid prefix when the decoder takes it (final=False) and some completion of its
+# unfinished last character by continuation bytes decodes with final=True; the completions are drawn from the
+# ends of the table's ranges (80, 8F, 90, 9F, A0, BF), which stand for every continuation byte.
+ENDS = (0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF)
+TABLE_BYTES = (0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xC3, 0xDF, 0xE0, 0xE1, 0xEC,
+               0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xF7, 0xF8, 0xFE, 0xFF)
+
+
+def oracle_prefix_ok(data: bytes) -> bool:
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+    try:
+        decoder.decode(data, final=False)
+    except UnicodeDecodeError:
+        return False
+    tail = decoder.getstate()[0]
+    if not tail:
+        return True
+    for n in range(1, 4):
+        for completion in itertools.product(ENDS, repeat=n):
+            try:
+                (tail + bytes(completion)).decode("utf-8", "strict")
+                return True
+            except UnicodeDecodeError:
+                pass
+    return False
+
+
+def test_the_oracle_is_needed_because_the_incremental_decoder_lags_after_ed():
+    lagging = codecs.getincrementaldecoder("utf-8")(errors="strict")
+    assert lagging.decode(b"\xed\xa0", final=False) == ""  # no error yet: a surrogate's first two bytes
+    assert not oracle_prefix_ok(b"\xed\xa0") and not utf8_prefix_ok(b"\xed\xa0")
+    with pytest.raises(UnicodeDecodeError):
+        lagging.decode(b"\x80", final=False)
+
+
+def test_utf8_prefix_ok_equals_the_oracle_on_every_1_and_2_byte_string():
+    for a in range(256):
+        assert utf8_prefix_ok(bytes([a])) == oracle_prefix_ok(bytes([a])), hex(a)
+        for b in range(256):
+            data = bytes([a, b])
+            assert utf8_prefix_ok(data) == oracle_prefix_ok(data), data.hex(" ")
+
+
+def test_utf8_prefix_ok_equals_the_oracle_on_boundary_and_random_3_and_4_byte_strings():
+    for data in map(bytes, itertools.product(TABLE_BYTES, repeat=3)):
+        assert utf8_prefix_ok(data) == oracle_prefix_ok(data), data.hex(" ")
+    g = torch.Generator().manual_seed(0)
+    table = torch.tensor(TABLE_BYTES)
+    for _ in range(20000):
+        n = int(torch.randint(3, 5, (), generator=g))
+        pick = torch.where(torch.rand(n, generator=g) < 0.6, table[torch.randint(len(TABLE_BYTES), (n,), generator=g)],
+                           torch.randint(0, 256, (n,), generator=g))
+        data = bytes(pick.tolist())
+        assert utf8_prefix_ok(data) == oracle_prefix_ok(data), data.hex(" ")
+
+
+def test_the_table_s_boundaries_and_every_prefix_of_real_text():
+    for code in (0, 0x7F, 0x80, 0x7FF, 0x800, 0xFFF, 0x1000, 0xCFFF, 0xD000, 0xD7FF, 0xE000, 0xFFFF, 0x10000,
+                 0x3FFFF, 0x40000, 0xFFFFF, 0x100000, 0x10FFFF):
+        encoded = chr(code).encode()
+        assert all(utf8_prefix_ok(encoded[:k]) for k in range(len(encoded) + 1)), hex(code)
+        assert utf8_state(encoded) == UTF8_START
+    for bad in ("c0 80", "c1 bf", "e0 80", "e0 9f bf", "ed a0", "ed bf bf", "f0 80", "f0 8f bf bf", "f4 90",
+                "f4 bf bf bf", "f5", "f8 88 80 80 80", "fe", "ff", "80", "61 bf", "c3 a9 80", "c3 41", "e2 82 41",
+                "c3 c3", "f0 9f 98 f0"):
+        assert not utf8_prefix_ok(bytes.fromhex(bad)), bad
+        assert not oracle_prefix_ok(bytes.fromhex(bad)), bad
+    text = "Grüße, 世界 🌍 \u07ff\u0800\ud7ff\ue000\uffff\U00010000\U0010ffff".encode()
+    assert all(utf8_prefix_ok(text[:k]) for k in range(len(text) + 1))
+    assert utf8_state(text[:-1]) == 1 and utf8_state(b"\xe0") == 4 and utf8_state(b"\xf4\x8f") == 2
+
+
+def brute_force_allowed(tok, generated: bytes, eos: int | None) -> list[int]:
+    """Every ordinary token whose bytes after ``generated`` the oracle takes, and the end token after complete text."""
+    specials = set(tok.special_tokens.values())
+    allowed = [t for t, b in tok.vocab.items() if t not in specials and oracle_prefix_ok(generated + b)]
+    if eos is not None and _complete(generated):
+        allowed.append(eos)
+    return sorted(allowed)
+
+
+def _complete(data: bytes) -> bool:
+    try:
+        data.decode("utf-8", "strict")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def regex_prefix_ok(data: bytes) -> bool:
+    """Another predicate: the table as a byte regular expression, with partial matching."""
+    return regex.fullmatch(rb"(?:[\x00-\x7f]|[\xc2-\xdf][\x80-\xbf]|\xe0[\xa0-\xbf][\x80-\xbf]|[\xe1-\xec\xee\xef]"
+                           rb"[\x80-\xbf]{2}|\xed[\x80-\x9f][\x80-\xbf]|\xf0[\x90-\xbf][\x80-\xbf]{2}|[\xf1-\xf3]"
+                           rb"[\x80-\xbf]{3}|\xf4[\x80-\x8f][\x80-\xbf]{2})*", data, partial=True) is not None
+
+
+UTF8_STATES_TEXT = [b"", b"a", "é".encode(), b"\xc3", b"\xe0", b"\xe0\xa0", b"\xed", b"\xed\x9f", b"\xe2\x82",
+                    b"\xf0", b"\xf0\x9f", b"\xf0\x9f\x98", b"\xf4", b"\xf4\x8f\xbf", "ab€".encode()[:-1], "日".encode()]
+
+
+@pytest.mark.parametrize("prefix_ok", [None, utf8_prefix_ok, regex_prefix_ok], ids=["automaton", "predicate", "regex"])
+def test_utf8_allowed_sets_equal_the_brute_force_oracle(prefix_ok):
+    tok = byte_tokenizer()
+    utf8 = UTF8Constraint(tok, eos_token_id=EOS, prefix_ok=prefix_ok)
+    for generated in UTF8_STATES_TEXT:
+        assert utf8.allowed_ids(generated) == brute_force_allowed(tok, generated, EOS), generated
+    assert utf8.allowed_ids(b"\xe0")[:2] == [0xA0, 0xA1] and EOS not in utf8.allowed_ids(b"\xe0")
+    without_eos = UTF8Constraint(tok, prefix_ok=prefix_ok)
+    assert EOS not in without_eos.allowed_ids(b"a") and len(without_eos.allowed_ids(b"a")) == len(utf8.allowed_ids(b"a")) - 1
+    with pytest.raises(ValueError, match="can no longer become valid UTF-8"):
+        utf8.allowed_ids(b"\x80")
+
+
+def test_utf8_the_course_tokenizer_s_sets_equal_the_oracle_and_the_walks_are_cached(course):
+    _, tok = course
+    eos = tok.special_tokens["<|endoftext|>"]
+    automaton, predicate = UTF8Constraint(tok, eos_token_id=eos), UTF8Constraint(tok, eos_token_id=eos, prefix_ok=utf8_prefix_ok)
+    for generated in UTF8_STATES_TEXT:
+        want = brute_force_allowed(tok, generated, eos)
+        assert automaton.allowed_ids(generated) == want == predicate.allowed_ids(generated), generated
+    walks = automaton.walks
+    assert automaton.allowed_ids(b"xyz") == automaton.allowed_ids(b"") and automaton.walks == walks <= 8
+
+
+def sampled_bytes(tok, out, prompt_len, eos):
+    """Each row's generated bytes up to its end token, and whether it ended."""
+    rows = []
+    for row in out[:, prompt_len:].tolist():
+        rows.append((tok.decode_bytes(row[:row.index(eos)] if eos in row else row), eos in row))
+    return rows
+
+
+def test_sampling_a_random_byte_level_model_with_the_utf8_processor_always_decodes():
+    torch.manual_seed(0)
+    model = GPT(preset("tiny").replace(d_vocab=EOS + 1)).eval()
+    tok = byte_tokenizer()
+    prompt = torch.tensor([[72, 105]] * 16)
+    broken = 0
+    for seed in range(4):
+        free = generate(model, prompt, 12, do_sample=True, temperature=2.0, generator=torch.Generator().manual_seed(seed))
+        broken += sum(not oracle_prefix_ok(data) for data, _ in sampled_bytes(tok, free, 2, EOS))
+        for prefix_ok in (None, utf8_prefix_ok):
+            utf8 = UTF8Constraint(tok, eos_token_id=EOS, prefix_ok=prefix_ok)
+            out = generate(model, prompt, 12, do_sample=True, temperature=2.0, eos_token_id=EOS,
+                           generator=torch.Generator().manual_seed(seed), logits_processors=[utf8])
+            for data, ended in sampled_bytes(tok, out, 2, EOS):
+                for k in range(len(data) + 1):  # every step's text decodes (final=False) ...
+                    codecs.getincrementaldecoder("utf-8")(errors="strict").decode(data[:k], final=False)
+                assert oracle_prefix_ok(data), data  # ... and the end is a valid prefix
+                if ended:
+                    data.decode("utf-8", "strict")  # an ended text is complete
+    assert broken > 0  # without the processor, the random model does write invalid UTF-8
+
+
+def test_utf8_composes_with_a_regex_constraint():
+    torch.manual_seed(0)
+    model = GPT(preset("tiny").replace(d_vocab=EOS + 1)).eval()
+    tok = byte_tokenizer()
+    prompt = torch.tensor([[72, 105]] * 4)
+    pattern = r"(é|ö)[a-c]|ü{2}|日本|😀{1,2}!?"
+    for seed in range(2):
+        rule, utf8 = RegexConstraint(pattern, tok, eos_token_id=EOS), UTF8Constraint(tok, eos_token_id=EOS)
+        both = generate(model, prompt, 10, do_sample=True, eos_token_id=EOS, generator=torch.Generator().manual_seed(seed),
+                        logits_processors=[utf8, rule])
+        rule.reset()
+        alone = generate(model, prompt, 10, do_sample=True, eos_token_id=EOS, generator=torch.Generator().manual_seed(seed),
+                         logits_processors=[rule])
+        assert torch.equal(both, alone)  # the pattern's text is UTF-8 already: the intersection changes nothing
+
+
+def test_utf8_bad_arguments_are_named(typechecked):
+    tok = byte_tokenizer()
+    with pytest.raises(TypeError, match="data must be bytes"):
+        utf8_prefix_ok("é")
+    with pytest.raises(ValueError, match="state must be one of"):
+        utf8_state(b"", 8)
+    with pytest.raises(TypeError, match="tokenizer must be a tfedu Tokenizer"):
+        UTF8Constraint(object())
+    with pytest.raises(ValueError, match="is the ordinary token b'a'"):
+        UTF8Constraint(tok, eos_token_id=ord("a"))
+    with pytest.raises(TypeError, match="prefix_ok must be None or a function"):
+        UTF8Constraint(tok, prefix_ok="utf-8")
+    utf8 = UTF8Constraint(tok, eos_token_id=EOS)
+    with pytest.raises(ValueError, match="d_vocab=256"):
+        utf8(torch.tensor([[1]]), torch.zeros(1, 256))
+    out = typechecked(utf8.__call__)(torch.tensor([[1, 2]]), torch.zeros(1, EOS + 1))
+    assert out.isfinite().sum() == len(brute_force_allowed(tok, b"", EOS))
+    with pytest.raises(ValueError, match="can no longer become valid UTF-8"):
+        utf8(torch.tensor([[1, 2, 0x80]]), torch.zeros(1, EOS + 1))
+    with pytest.raises(ValueError, match="call reset"):
+        utf8(torch.tensor([[1]]), torch.zeros(1, EOS + 1))

@@ -23,7 +23,11 @@ cached: a second generation along the same path costs no regex work.
 >>> constraint.allowed_ids(b"yes!")  # complete and cannot grow: only the end token
 [256]
 
-Built by hand in notebooks/15_interpretability_and_decoding.ipynb.
+``UTF8Constraint`` is the simplest constraint of all, the one notebook 01 promises: only byte sequences that can
+still become valid UTF-8 (``utf8_prefix_ok``, an eight-state automaton read off RFC 3629's table), so a byte-level
+model can no longer write a stray continuation byte, an overlong form or a surrogate.
+
+Built by hand in notebooks/15_interpretability_and_decoding.ipynb (exercise 15.7 writes ``utf8_prefix_ok``).
 """
 
 from __future__ import annotations
@@ -179,6 +183,19 @@ def _character_atoms(pattern: str) -> tuple[frozenset[int], frozenset[str]] | No
 # ----------------------------------------------------------------------------- the constraint
 
 
+def _byte_trie(vocab: dict[int, bytes], specials: set[int]) -> tuple[list[int], dict]:
+    """The byte trie of the ordinary tokens: node = (ids ending here, {next byte: child})."""
+    trie: tuple[list[int], dict] = ([], {})
+    for idx, token in vocab.items():
+        if idx in specials or not token:
+            continue
+        node = trie
+        for byte in token:
+            node = node[1].setdefault(byte, ([], {}))
+        node[0].append(idx)
+    return trie
+
+
 class RegexConstraint:
     """A logits processor that keeps the generated text (after the prompt) inside ``pattern``.
 
@@ -223,15 +240,7 @@ class RegexConstraint:
         self.d_vocab_needed = max(max(vocab) if vocab else 0, eos_token_id) + 1
         self._atoms = _character_atoms(pattern)  # None: try every completion of an unfinished character
         self._representatives_of: dict[range, list[int]] = {}
-        # The byte trie of the ordinary tokens: node = (ids ending here, {next byte: child}).
-        self._trie: tuple[list[int], dict] = ([], {})
-        for idx, token in vocab.items():
-            if idx in specials or not token:
-                continue
-            node = self._trie
-            for byte in token:
-                node = node[1].setdefault(byte, ([], {}))
-            node[0].append(idx)
+        self._trie = _byte_trie(vocab, specials)
         self._cache: dict[bytes, list[int]] = {}
         self.regex_calls = 0  # how many partial matches were run: the work the cache saves
         self.allowed_ids(b"")  # an empty language fails here, before any generation
@@ -330,6 +339,271 @@ class RegexConstraint:
                 allowed[row, self.eos_token_id] = True  # a finished row only pads
                 continue
             allowed[row, self.allowed_ids(self.tokenizer.decode_bytes(generated_ids))] = True
+        return mask_logits(logits, allowed.to(logits.device))
+
+
+# ----------------------------------------------------------------------------- UTF-8 prefixes
+
+# The well-formed UTF-8 byte sequences (RFC 3629, sec. 4; the Unicode Standard, table 3-7):
+#
+#   U+0000..U+007F      00..7F
+#   U+0080..U+07FF      C2..DF  80..BF
+#   U+0800..U+0FFF      E0      A0..BF  80..BF
+#   U+1000..U+CFFF      E1..EC  80..BF  80..BF
+#   U+D000..U+D7FF      ED      80..9F  80..BF
+#   U+E000..U+FFFF      EE..EF  80..BF  80..BF
+#   U+10000..U+3FFFF    F0      90..BF  80..BF  80..BF
+#   U+40000..U+FFFFF    F1..F3  80..BF  80..BF  80..BF
+#   U+100000..U+10FFFF  F4      80..8F  80..BF  80..BF
+#
+# As an automaton: between characters (UTF8_START) a lead byte fixes how many continuation bytes follow; every
+# other state is (continuation bytes still missing, the range the next byte must lie in). The narrow ranges after
+# E0 and F0 rule out overlong forms, after ED the surrogates D800..DFFF, after F4 code points above U+10FFFF.
+# C0, C1 and F5..FF never occur; a continuation byte 80..BF never starts a character.
+UTF8_START = 0
+UTF8_STATES = (
+    (0, 0x00, 0x00),  # 0: between characters (the lead byte decides, see _utf8_lead)
+    (1, 0x80, 0xBF),  # 1: one continuation byte missing
+    (2, 0x80, 0xBF),  # 2: two missing
+    (3, 0x80, 0xBF),  # 3: three missing
+    (2, 0xA0, 0xBF),  # 4: after E0: no overlong 3-byte form
+    (2, 0x80, 0x9F),  # 5: after ED: no surrogate
+    (3, 0x90, 0xBF),  # 6: after F0: no overlong 4-byte form
+    (3, 0x80, 0x8F),  # 7: after F4: nothing above U+10FFFF
+)
+
+
+def _utf8_lead(byte: int) -> int | None:
+    """The state after ``byte`` read between characters, or None when it cannot start one."""
+    if byte <= 0x7F:
+        return UTF8_START
+    if 0xC2 <= byte <= 0xDF:
+        return 1
+    if byte in (0xE0, 0xED):
+        return 4 if byte == 0xE0 else 5
+    if 0xE1 <= byte <= 0xEF:
+        return 2
+    if byte in (0xF0, 0xF4):
+        return 6 if byte == 0xF0 else 7
+    if 0xF1 <= byte <= 0xF3:
+        return 3
+    return None  # 80..BF (a continuation byte), C0 and C1 (only overlong forms), F5..FF (beyond U+10FFFF)
+
+
+def _utf8_transition(state: int, byte: int) -> int | None:
+    if state == UTF8_START:
+        return _utf8_lead(byte)
+    missing, lo, hi = UTF8_STATES[state]
+    return missing - 1 if lo <= byte <= hi else None  # states 4..7 lead to 1 or 2: the rest is unrestricted
+
+
+# UTF8_TABLE[state][byte]: the next state, or None where the bytes can no longer become valid UTF-8.
+UTF8_TABLE: tuple[tuple[int | None, ...], ...] = tuple(
+    tuple(_utf8_transition(state, byte) for byte in range(256)) for state in range(len(UTF8_STATES)))
+
+
+def _check_bytes(data: object) -> bytes:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"data must be bytes, got {type(data).__name__}")
+    return bytes(data)
+
+
+def utf8_state(data: bytes, state: int = UTF8_START) -> int | None:
+    """The automaton's state after reading ``data`` from ``state``, or None once no continuation can be valid UTF-8.
+
+    ``UTF8_START`` (0) means between characters: ``data`` is complete, valid UTF-8.
+
+    >>> utf8_state("é".encode()), utf8_state("€".encode()[:2]), utf8_state(b"\\xed\\xa0")  # U+D800 would follow
+    (0, 1, None)
+    """
+    data = _check_bytes(data)
+    if isinstance(state, bool) or not isinstance(state, int) or not 0 <= state < len(UTF8_STATES):
+        raise ValueError(f"state must be one of the automaton's states 0..{len(UTF8_STATES) - 1}, got {state!r}")
+    table = UTF8_TABLE
+    for byte in data:
+        state = table[state][byte]
+        if state is None:
+            return None
+    return state
+
+
+def utf8_prefix_ok(data: bytes) -> bool:
+    """Whether ``data`` can still become valid UTF-8: valid UTF-8 followed by the beginning of one more character.
+
+    >>> utf8_prefix_ok("né".encode()[:2]), utf8_prefix_ok(b"\\xe0\\x80"), utf8_prefix_ok(b"\\x80")  # \\xe0\\x80: overlong
+    (True, False, False)
+    """
+    return utf8_state(data) is not None
+
+
+def _last_character(data: bytes) -> bytes:
+    """The bytes of ``data``'s last multi-byte character, finished or not (empty after an ASCII byte or for no bytes).
+
+    When ``data`` can still become valid UTF-8, everything before them is complete characters, so whether more bytes
+    keep it so depends on these alone. A character starts at a byte that is no continuation byte (10xxxxxx)."""
+    for back in range(1, min(4, len(data)) + 1):
+        if not 0x80 <= data[-back] <= 0xBF:
+            return b"" if data[-back] < 0x80 else data[-back:]
+    return data[-4:]  # no start within 4 bytes: not valid, and the predicate will say so
+
+
+class UTF8Constraint:
+    """A logits processor that keeps the generated bytes (after the prompt) the beginning of valid UTF-8.
+
+    A byte-level model can write any byte after any other; a lone continuation byte, a surrogate or an overlong form
+    is not UTF-8 and decodes to U+FFFD (notebook 01). This processor leaves finite only the logits of tokens after
+    whose bytes the text can still become valid UTF-8 (:func:`utf8_prefix_ok`), and of ``eos_token_id`` (optional)
+    between characters only, so an ended text always decodes; other special tokens never. A row that has emitted
+    ``eos_token_id`` may only repeat it (padding). Compose it with other constraints by listing them:
+    ``generate(..., logits_processors=[utf8, rule])`` keeps only tokens that both allow (a ``RegexConstraint``
+    already implies valid UTF-8, since it matches decoded text).
+
+    ``prefix_ok=None`` uses the automaton (``UTF8_TABLE``). Its allowed set depends only on its state, and there are
+    eight: walking the vocabulary's byte trie once per state, carrying the state byte by byte and dropping a subtree
+    at the first byte with no transition, gives each state's mask and, for each allowed token, the state after it. A
+    step then folds the row's tokens through that table and looks up the mask: no walk, no bytes.
+
+    ``prefix_ok`` a function ``bytes -> bool`` (a learner's ``utf8_prefix_ok``) is asked instead, at every node of
+    the walk. Only the last character's bytes matter (before them everything is complete characters), so the walk
+    is keyed on them (:func:`_last_character`) and cached; ``eos_token_id`` is allowed when ``prefix_ok(last +
+    b"A")``, since an ASCII byte can follow only a finished character. Both ways give the same sets for a correct
+    ``prefix_ok`` (tests/test_constrained.py).
+
+    >>> from tfedu.tokenizer import Tokenizer
+    >>> tok = Tokenizer([], special_tokens={"<|endoftext|>": 256})
+    >>> utf8 = UTF8Constraint(tok, eos_token_id=256)
+    >>> [hex(i) for i in utf8.allowed_ids(b"\\xe0")][:2], len(utf8.allowed_ids(b"\\xe0"))  # after E0: A0..BF only
+    (['0xa0', '0xa1'], 32)
+    >>> 256 in utf8.allowed_ids(b"a"), 256 in utf8.allowed_ids(b"\\xc3")  # the end token between characters only
+    (True, False)
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, eos_token_id: int | None = None, prompt_len: int | None = None,
+                 prefix_ok=None):
+        vocab = getattr(tokenizer, "vocab", None)
+        if not isinstance(vocab, dict):
+            raise TypeError(f"tokenizer must be a tfedu Tokenizer (with .vocab: id -> bytes), got {type(tokenizer).__name__}")
+        specials = set(getattr(tokenizer, "special_tokens", {}).values())
+        if eos_token_id is not None:
+            if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int) or eos_token_id < 0:
+                raise ValueError(f"eos_token_id must be None or a token id (int >= 0), got {eos_token_id!r}")
+            if eos_token_id in vocab and eos_token_id not in specials:
+                raise ValueError(f"eos_token_id {eos_token_id} is the ordinary token {vocab[eos_token_id]!r}; "
+                                 "give the id of a special end-of-text token")
+        if prefix_ok is not None and not callable(prefix_ok):
+            raise TypeError(f"prefix_ok must be None or a function bytes -> bool, got {type(prefix_ok).__name__}")
+        if prompt_len is not None:
+            _check_count("prompt_len", prompt_len, least=0)
+        self.tokenizer, self.eos_token_id, self.prefix_ok = tokenizer, eos_token_id, prefix_ok
+        self.prompt_len, self._fixed_prompt_len = prompt_len, prompt_len is not None
+        self.d_vocab_needed = max(max(vocab) if vocab else 0, eos_token_id if eos_token_id is not None else 0) + 1
+        self._trie = _byte_trie(vocab, specials)
+        self._masks: dict = {}  # automaton state (or, with prefix_ok, last character) -> bool mask over the ids
+        self._after: dict[int, dict[int, int]] = {}  # automaton state -> {allowed id: the state after its bytes}
+        self.walks = 0  # how many trie walks were made: the work the cache saves
+
+    def reset(self) -> None:
+        """Forget the prompt length (taken again from the next call), keep the cached masks."""
+        if not self._fixed_prompt_len:
+            self.prompt_len = None
+
+    # -- the allowed sets ------------------------------------------------------------------------
+
+    def _mask(self, ids: list[int], eos: bool) -> Tensor:
+        mask = torch.zeros(self.d_vocab_needed, dtype=torch.bool)
+        mask[ids] = True
+        if eos and self.eos_token_id is not None:
+            mask[self.eos_token_id] = True
+        if not bool(mask.any()):
+            raise UnsatisfiableConstraint("no token of the vocabulary keeps the text valid UTF-8 here")
+        return mask
+
+    def _state_mask(self, state: int) -> Tensor:
+        """The mask of automaton state ``state``: one walk of the trie carrying the state."""
+        if state not in self._masks:
+            self.walks += 1
+            after: dict[int, int] = {}
+            stack = [(state, self._trie)]
+            while stack:
+                now, (_, children) = stack.pop()
+                for byte, child in children.items():
+                    nxt = UTF8_TABLE[now][byte]
+                    if nxt is not None:  # else the whole subtree is out
+                        after.update(dict.fromkeys(child[0], nxt))
+                        stack.append((nxt, child))
+            self._after[state] = after
+            self._masks[state] = self._mask(list(after), eos=state == UTF8_START)
+        return self._masks[state]
+
+    def _key_mask(self, last: bytes) -> Tensor:
+        """With ``prefix_ok``: the mask after a text whose last character's bytes are ``last``."""
+        if last not in self._masks:
+            self.walks += 1
+            allowed: list[int] = []
+            stack = [(last, self._trie)]
+            while stack:
+                data, (_, children) = stack.pop()
+                for byte, child in children.items():
+                    longer = data + bytes([byte])
+                    if self.prefix_ok(longer):
+                        allowed.extend(child[0])
+                        stack.append((longer, child))
+            self._masks[last] = self._mask(allowed, eos=bool(self.prefix_ok(last + b"A")))
+        return self._masks[last]
+
+    def _not_utf8(self, generated: bytes) -> ValueError:
+        return ValueError(f"the text generated so far {generated!r} can no longer become valid UTF-8: was the constraint "
+                          "used from the first generated token on (call reset() before another prompt)?")
+
+    def allowed_mask(self, generated: bytes) -> Bool[Tensor, " d_vocab"]:
+        """A bool mask over the ids (``d_vocab_needed`` of them), True where a token may follow ``generated``."""
+        generated = _check_bytes(generated)
+        if self.prefix_ok is None:
+            state = utf8_state(generated)
+            if state is None:
+                raise self._not_utf8(generated)
+            return self._state_mask(state)
+        if not self.prefix_ok(generated):
+            raise self._not_utf8(generated)
+        return self._key_mask(_last_character(generated))
+
+    def allowed_ids(self, generated: bytes) -> list[int]:
+        """The ids that may follow the bytes ``generated`` (sorted), the end token included between characters."""
+        return self.allowed_mask(generated).nonzero().flatten().tolist()
+
+    def _row_mask(self, generated_ids: list[int]) -> Tensor:
+        if self.prefix_ok is not None:
+            return self.allowed_mask(self.tokenizer.decode_bytes(generated_ids))
+        state = UTF8_START
+        for idx in generated_ids:  # the state carried token by token through the table of the walks
+            self._state_mask(state)
+            nxt = self._after[state].get(idx)
+            if nxt is None:
+                raise self._not_utf8(self.tokenizer.decode_bytes(generated_ids))
+            state = nxt
+        return self._state_mask(state)
+
+    # -- the logits processor --------------------------------------------------------------------
+
+    def __call__(self, ids: Int[Tensor, "batch pos"], logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch d_vocab"]:
+        if not isinstance(ids, Tensor) or ids.dim() != 2 or not isinstance(logits, Tensor) or logits.dim() != 2 \
+                or logits.shape[0] != ids.shape[0]:
+            raise ValueError("a logits processor takes ids (batch, pos) and logits (batch, d_vocab) with the same batch, "
+                             f"got {tuple(getattr(ids, 'shape', ()))} and {tuple(getattr(logits, 'shape', ()))}")
+        if logits.shape[1] < self.d_vocab_needed:
+            raise ValueError(f"logits have d_vocab={logits.shape[1]}, but the tokenizer and eos_token_id use ids up to "
+                             f"{self.d_vocab_needed - 1}")
+        if self.prompt_len is None:
+            self.prompt_len = ids.shape[1]  # the first call sees the prompt alone
+        if ids.shape[1] < self.prompt_len:
+            raise ValueError(f"ids have {ids.shape[1]} positions, fewer than the prompt's {self.prompt_len}: "
+                             "call reset() before generating from another prompt")
+        allowed = torch.zeros(logits.shape, dtype=torch.bool)
+        for row, generated_ids in enumerate(ids[:, self.prompt_len:].tolist()):
+            if self.eos_token_id is not None and self.eos_token_id in generated_ids:
+                allowed[row, self.eos_token_id] = True  # a finished row only pads
+                continue
+            allowed[row, :self.d_vocab_needed] = self._row_mask(generated_ids)
         return mask_logits(logits, allowed.to(logits.device))
 
 

@@ -1,6 +1,7 @@
-"""Checkers for notebooks/11_beyond_text.ipynb: cutting images into patches, and the mel filterbank.
+"""Checkers for notebooks/11_beyond_text.ipynb: patches, the ViT from the learner's parts, the mel filterbank and the
+Conformer's convolution module.
 
-Two exercises, each checked against tfedu's reference after first trying the known mistakes:
+Four exercises, each checked against tfedu's reference after first trying the known mistakes:
 
 - 11.1 ``patchify(images, patch_size) -> (batch, n_patches, channels * P * P)``: each patch
   flattened in the wrong order (the channel last, ``(p1 p2 c)``, or the patch's rows and columns
@@ -16,13 +17,32 @@ Two exercises, each checked against tfedu's reference after first trying the kno
   (``LinearPatchEmbedding.from_conv``). ``F.unfold``, ``nn.Unfold``, a convolution and
   ``tfedu.vision``'s patchify are refused: the cut is the exercise (``einops.rearrange`` and the
   method ``Tensor.unfold`` are allowed).
-- 11.2 ``mel_filterbank(n_freqs, n_mels, sample_rate) -> (n_mels, n_freqs)``, HTK mel scale, no
+- 11.2 ``vit_forward(images, weights, patch_size, n_heads, n_layers, eps) -> (batch, n_classes)``, the ViT
+  assembled from the learner's parts (11.1's patchify, 05's MultiHeadAttention, 07's FFN, layer_norm and
+  pre_norm_block, brought in by ``tfedu.use_mine``; stand-ins in plain torch while it is graded), the weights a
+  tfedu ViT's state dict (``vit_weights``). Compared with transformers' ViTForImageClassification with the same
+  weights (four small configs: patch sizes 2 to 4, 1 to 3 channels, a non-square image, 1 to 3 layers, one with a
+  residual stream of size 1e-3, where eps = 1e-5 for 1e-12 shows). Named: no class token, the class token
+  appended at the end, no positions, positions added before the class token is prepended, the head on the mean
+  of the tokens, no final norm, a causal mask, tanh-approximated GELU or ReLU, eps not passed, the grid read
+  column by column, post-norm blocks, the convolution weight flattened channel last or reshaped instead of
+  transposed, logits for every token. tfedu's ViT and Block and transformers' ViT are refused.
+- 11.3 ``mel_filterbank(n_freqs, n_mels, sample_rate) -> (n_mels, n_freqs)``, HTK mel scale, no
   normalisation: edges evenly spaced in Hz instead of mel, Slaney's mel scale, a natural log with
   HTK's 2595 (the conversions do not undo each other), FFT bins spread to sample_rate instead of
   sample_rate / 2, triangles linear in mel instead of Hz, no clamp at 0, Slaney's area
   normalisation, each row rescaled to peak at 1, the output transposed, the wrong number of filters
   (n_mels + 2 edges). Compared with ``tfedu.audio.mel_filterbank(..., htk=True, norm=None)``, then
   used for a log-mel spectrogram of a chirp. librosa and torchaudio are refused.
+- 11.4 ``ConvModule(d_model, kernel_size)``, the Conformer's convolution module with its residual, sub-modules
+  named as ``tfedu.audio.ConformerConvModule``'s (norm, pointwise_in, depthwise, batch_norm, pointwise_out) so
+  its weights load: ``x + ConformerConvModule(x)`` in eval and training mode. Named: no residual or a residual
+  from the normed input, no GLU (first convolution not doubled, or its channels passed on), the GLU over time,
+  its halves swapped or ungated, a dense convolution, causal or off-centre padding (the shift in frames), no
+  padding, LayerNorm in BatchNorm's place or BatchNorm over time, ReLU, GELU or the sigmoid for Swish, no
+  Swish, no BatchNorm, Swish before it, a transpose missed (the shape each sub-module received, recorded by
+  forward pre-hooks) or done with a reshape, batch statistics in eval mode or running ones in training.
+  tfedu.audio and torchaudio are refused.
 
 The feedback after a wrong layout shows the learner's first patches of a small image whose values
 are their own positions, ``torch.arange(48.).reshape(1, 2, 4, 6)`` with P = 2 (:data:`DEMO_SHAPE`).
@@ -31,6 +51,8 @@ are their own positions, ``torch.arange(48.).reshape(1, 2, 4, 6)`` with P = 2 (:
 from __future__ import annotations
 
 import itertools
+import math
+import types
 from typing import Any
 
 import numpy as np
@@ -38,7 +60,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tfedu.checks.building_blocks import ACTIVATIONS, EINOPS, ELEMENTARY, MODULES, SOFTMAX
 from tfedu.checks.core import (
+    NOT_DONE_MESSAGE,
     CheckFailure,
     ExerciseNotDone,
     Hints,
@@ -54,6 +78,7 @@ from tfedu.checks.core import (
     watch_calls,
 )
 from tfedu.checks.probes import CLEANUP, HELPERS, as_array, compare_outputs
+import tfedu.audio as _audio
 import tfedu.vision as _vision
 from tfedu.vision import LinearPatchEmbedding, PatchEmbedding
 from tfedu.vision import patchify as reference_patchify
@@ -429,7 +454,488 @@ PATCHIFY_FORBIDDEN = ("tfedu.vision", "torch.nn.functional.unfold", "torch.nn.Un
                       "torch.nn.functional.conv2d", "torch.conv2d", "torch.nn.Conv2d", "torch.nn.modules.conv")
 
 
-# ----------------------------------------------------------------------------- 11.2 mel_filterbank
+# ----------------------------------------------------------------------------- 11.2 the ViT from your parts
+
+# The names of a ViT's weights as exercise 11.2 takes them: tfedu's ViT's state dict (tfedu.vision.vit_from_hf maps
+# Hugging Face's names onto them), the patch embedding's weight in a convolution's shape (d_model, channels, P, P).
+VIT_BLOCK_NAMES = ("ln1.weight", "ln1.bias", "attn.W_Q.weight", "attn.W_Q.bias", "attn.W_K.weight", "attn.W_K.bias",
+                   "attn.W_V.weight", "attn.W_V.bias", "attn.W_O.weight", "attn.W_O.bias", "ln2.weight", "ln2.bias",
+                   "mlp.W_in.weight", "mlp.W_in.bias", "mlp.W_out.weight", "mlp.W_out.bias")
+# The parts of earlier notebooks the notebook brings in (tfedu.use_mine) for 11.2, and their references.
+EARLIER_PARTS = {"5.3": "MultiHeadAttention", "7.1": "FFN", "7.2": "layer_norm", "7.4": "pre_norm_block"}
+
+
+def reference_parts() -> dict[str, Any]:
+    """The references of :data:`EARLIER_PARTS`, under the names the notebook gives them."""
+    from tfedu import attention as tfa
+    from tfedu.checks import nb07_transformer_block as nb07
+
+    return {"MultiHeadAttention": tfa.MultiHeadAttention, "FFN": nb07.reference_ffn,
+            "layer_norm": nb07.reference_layer_norm, "pre_norm_block": nb07.reference_pre_norm_block}
+
+
+def vit_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A tfedu ``ViT``'s weights as exercise 11.2 takes them: its state dict, detached, with the patch embedding's
+    weight in a convolution's shape (d_model, channels, P, P) whether the model embeds by convolution or by a
+    linear map of its patches (``LinearPatchEmbedding``)."""
+    weights = {name: value.detach().clone() for name, value in model.state_dict().items()}
+    conv = weights["patch_embed.proj.weight"]
+    if conv.dim() == 2:
+        weights["patch_embed.proj.weight"] = conv.reshape(conv.shape[0], model.cfg.in_channels, *model.cfg.patch_size)
+    return weights
+
+
+def _ln(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def vit_variant(images: torch.Tensor, weights: dict, patch_size: int, n_heads: int, n_layers: int, eps: float,
+                mistake: str | None = None) -> torch.Tensor:
+    """The ViT's logits (float64) with these weights, or with one of the known mistakes (:data:`VIT_MISTAKES`)."""
+    W = {name: torch.as_tensor(value).detach().double() for name, value in weights.items()}
+    images = torch.as_tensor(images).detach().double()
+    P, d = int(patch_size), W["cls_token"].shape[-1]
+    patches = _grid_cut(images, P, ("w", "h") if mistake == "columns" else ("h", "w"), ("c", "p1", "p2"))
+    conv = W["patch_embed.proj.weight"]  # d_model channels P P
+    flat = {"weight (p1 p2 c)": lambda: conv.permute(0, 2, 3, 1).reshape(d, -1).T,
+            "weight reshaped": lambda: conv.reshape(-1, d)}.get(mistake, lambda: conv.reshape(d, -1).T)()
+    tokens = patches @ flat + W["patch_embed.proj.bias"]  # batch n_patches d_model
+    batch, n = tokens.shape[:2]
+    cls, pos = W["cls_token"].expand(batch, 1, d), W["pos_embed"]
+    resid = {
+        "no pos": lambda: torch.cat([cls, tokens], 1),
+        "pos before cls": lambda: torch.cat([cls, tokens + pos[:, 1:]], 1),
+        "pos before cls, first rows": lambda: torch.cat([cls, tokens + pos[:, :n]], 1),
+        "cls last": lambda: torch.cat([tokens, cls], 1) + pos, "cls last, read last": lambda: torch.cat([tokens, cls], 1) + pos,
+        "no cls": lambda: tokens + pos[:, 1:], "no cls, first rows": lambda: tokens + pos[:, :n],
+        "no cls, mean": lambda: tokens + pos[:, 1:],
+    }.get(mistake, lambda: torch.cat([cls, tokens], 1) + pos)()
+    used_eps = {"eps 1e-5": 1e-5, "eps 1e-12": 1e-12}.get(mistake, eps)
+    T = resid.shape[1]
+    for i in range(n_layers):
+        w = {name: W[f"blocks.{i}.{name}"] for name in VIT_BLOCK_NAMES}
+
+        def attn(x: torch.Tensor) -> torch.Tensor:
+            q, k, v = ((x @ w[f"attn.{m}.weight"].T + w[f"attn.{m}.bias"]).unflatten(-1, (n_heads, -1)).transpose(1, 2)
+                       for m in ("W_Q", "W_K", "W_V"))
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+            if mistake == "causal":
+                scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+            z = (scores.softmax(-1) @ v).transpose(1, 2).flatten(2)
+            return z @ w["attn.W_O.weight"].T + w["attn.W_O.bias"]
+
+        def mlp(x: torch.Tensor) -> torch.Tensor:
+            h = x @ w["mlp.W_in.weight"].T + w["mlp.W_in.bias"]
+            h = {"tanh": lambda: F.gelu(h, approximate="tanh"), "relu": lambda: torch.relu(h)}.get(mistake, lambda: F.gelu(h))()
+            return h @ w["mlp.W_out.weight"].T + w["mlp.W_out.bias"]
+
+        def ln1(x: torch.Tensor) -> torch.Tensor:
+            return _ln(x, w["ln1.weight"], w["ln1.bias"], used_eps)
+
+        def ln2(x: torch.Tensor) -> torch.Tensor:
+            return _ln(x, w["ln2.weight"], w["ln2.bias"], used_eps)
+
+        if mistake == "post-norm":
+            resid = ln1(resid + attn(resid))
+            resid = ln2(resid + mlp(resid))
+        else:
+            resid = resid + attn(ln1(resid))
+            resid = resid + mlp(ln2(resid))
+
+    def final(x: torch.Tensor) -> torch.Tensor:
+        return x if mistake == "no final norm" else _ln(x, W["ln_final.weight"], W["ln_final.bias"], used_eps)
+
+    state = {"mean of patches": lambda: final(resid[:, 1:].mean(1)),
+             "mean of patches, normed first": lambda: final(resid[:, 1:]).mean(1),
+             "mean of all": lambda: final(resid).mean(1), "no cls, mean": lambda: final(resid).mean(1),
+             "cls last, read last": lambda: final(resid[:, -1])}.get(mistake, lambda: final(resid[:, 0]))()
+    return state @ W["head.weight"].T + W["head.bias"]
+
+
+def reference_vit_forward(images: torch.Tensor, weights: dict, patch_size: int, n_heads: int, n_layers: int,
+                          eps: float) -> torch.Tensor:
+    """Exercise 11.2's answer: the logits (batch, n_classes) of the ViT with these weights (tfedu's names), in the
+    images' dtype; equal to transformers' ViTForImageClassification with the same weights (checked)."""
+    return vit_variant(images, weights, patch_size, n_heads, n_layers, eps).to(images.dtype)
+
+
+HINT_VIT_CALL = (
+    "vit_forward(images, weights, patch_size, n_heads, n_layers, eps): images (batch, channels, height, width), "
+    "weights a dict of tensors under a tfedu ViT's names (its state dict), patch_size an int P, n_heads, n_layers "
+    "and eps numbers; return the logits (batch, n_classes)"
+)
+HINT_VIT_NOT_TENSOR = "vit_forward should return the logits as a torch.Tensor (batch, n_classes), got {got}"
+HINT_VIT_EVERY_TOKEN = (
+    "your vit_forward returns {got}: logits for every token. The ViT classifies the image from one vector, the class "
+    "token's final state (row 0 of the sequence, after the final LayerNorm): return (batch, n_classes) = {want}"
+)
+HINT_VIT_SHAPE = "vit_forward on {what} returned shape {got}, expected (batch, n_classes) = {want}"
+HINT_VIT_NAN = "your logits on {what} hold NaN or inf"
+HINT_VIT_COLUMNS = (
+    "your patch tokens go down the columns of the patch grid first: the ViT reads the grid row by row, like text "
+    "(exercise 11.1's order), and its position embeddings were learned for that order. Cut the patches with your "
+    "patchify as it is"
+)
+HINT_VIT_WEIGHT_ORDER = (
+    "your patch embedding flattens the convolution's weight (d_model, channels, P, P) with the channel last, while "
+    "your patches are flattened channel first: each weight then meets the wrong pixel. Flatten the weight in its "
+    "own order, channel, then rows, then columns, the order of exercise 11.1's patches"
+)
+HINT_VIT_WEIGHT_RESHAPED = (
+    "you reshaped the convolution's weight (d_model, channels, P, P) straight to (channels * P * P, d_model): a "
+    "reshape keeps the memory order, so that is not the weight's transpose, and every output feature mixes pieces "
+    "of several filters. Flatten each filter to a row, (d_model, channels * P * P), then transpose that matrix"
+)
+HINT_VIT_NO_CLS = (
+    "your sequence has no class token: put the learned vector cls_token (1, 1, d_model) in front of the patch "
+    "tokens, one copy per image, so the sequence holds 1 + n_patches tokens; then add pos_embed, whose "
+    "1 + n_patches rows cover it, and read the head from that token's final state (Dosovitskiy et al.'s eq. 1 and 4)"
+)
+HINT_VIT_CLS_LAST = (
+    "your class token comes after the patches: it goes in front, at position 0 (BERT's [CLS]), so that row 0 of "
+    "pos_embed is added to it and the head reads row 0. Put it first, then the patches in grid order"
+)
+HINT_VIT_POS_BEFORE_CLS = (
+    "you added the positions to the patch tokens before putting the class token in front: the class token then gets "
+    "no position (or the patches get the wrong rows). pos_embed (1, 1 + n_patches, d_model) has one row per token of "
+    "the whole sequence, row 0 for the class token: concatenate first, then add it"
+)
+HINT_VIT_NO_POS = (
+    "your tokens get no position embeddings: add pos_embed to the sequence (class token and patches) before the "
+    "first block. Without them the blocks see a bag of patches: attention without positions cannot tell where a "
+    "patch came from (notebook 06)"
+)
+HINT_VIT_CAUSAL = (
+    "your blocks attend with a causal mask: the ViT is an encoder, every token attends to every token, before and "
+    "after it (the class token, at position 0, would otherwise see only itself). Call the attention without a mask"
+)
+HINT_VIT_TANH = (
+    "your feed-forward layers use the tanh approximation of GELU (GPT-2's): the ViT (and Hugging Face's, "
+    "hidden_act 'gelu') uses the exact GELU, with the error function. Build your FFN with the activation 'gelu'"
+)
+HINT_VIT_RELU = (
+    "your feed-forward layers use ReLU: the ViT's MLP uses the exact GELU (Dosovitskiy et al., section 3.1). Build "
+    "your FFN with the activation 'gelu'"
+)
+HINT_VIT_EPS = (
+    "your LayerNorms do not use the eps you are given ({eps:g}): they add {used:g} to the variance (a layer_norm's "
+    "default, 1e-5?). Hugging Face's ViT uses 1e-12; where the residual stream's variance is small (about 1e-6 in "
+    "one of these cases) the two normalise very differently. Pass eps to every LayerNorm, the final one too"
+)
+HINT_VIT_POST_NORM = (
+    "your blocks normalise after each residual addition (post-norm, the 2017 paper's Add & Norm): the ViT's blocks "
+    "are pre-norm, each sub-layer reads a LayerNorm of the stream and adds its output to the stream unnormalised "
+    "(exercise 7.4's block)"
+)
+HINT_VIT_NO_FINAL = (
+    "your head reads the class token's state without the final LayerNorm: the ViT normalises the last block's "
+    "output (ln_final's weight and bias, with eps) before the classification head (eq. 4)"
+)
+HINT_VIT_MEAN = (
+    "your head reads the mean over the tokens: the ViT classifies from the class token alone, the final state of "
+    "row 0 after the final LayerNorm (eq. 4). Averaging the patch tokens is another design (global average pooling, "
+    "used by some later ViTs), not this model's"
+)
+HINT_VIT_VALUES = (
+    "vit_forward on {what} differs from transformers' ViTForImageClassification with the same weights (largest "
+    "difference {diff:.3g} in logits up to {scale:.3g}). The model: patch tokens (your patches times the flattened "
+    "convolution weight, plus its bias), the class token in front, the positions added, the pre-norm blocks without "
+    "a mask, then the final LayerNorm on the class token's state and the head"
+)
+HINT_VIT_SHORTCUT = (
+    "your vit_forward uses {name}: the exercise is to assemble the model yourself from your parts (your patchify, "
+    "attention, FFN, layer_norm and pre_norm_block), reading the weights from the dict"
+)
+HINT_VIT_MUTATED = "your vit_forward changed the caller's images in place: compute the tokens without writing into them"
+
+VIT_MISTAKES = (  # (mistake, hint): the names of vit_variant
+    ("columns", HINT_VIT_COLUMNS), ("weight (p1 p2 c)", HINT_VIT_WEIGHT_ORDER), ("weight reshaped", HINT_VIT_WEIGHT_RESHAPED),
+    ("no cls", HINT_VIT_NO_CLS), ("no cls, first rows", HINT_VIT_NO_CLS), ("no cls, mean", HINT_VIT_NO_CLS),
+    ("cls last", HINT_VIT_CLS_LAST), ("cls last, read last", HINT_VIT_CLS_LAST),
+    ("pos before cls", HINT_VIT_POS_BEFORE_CLS), ("pos before cls, first rows", HINT_VIT_POS_BEFORE_CLS),
+    ("no pos", HINT_VIT_NO_POS), ("causal", HINT_VIT_CAUSAL), ("tanh", HINT_VIT_TANH), ("relu", HINT_VIT_RELU),
+    ("eps 1e-5", HINT_VIT_EPS), ("eps 1e-12", HINT_VIT_EPS), ("post-norm", HINT_VIT_POST_NORM),
+    ("no final norm", HINT_VIT_NO_FINAL), ("mean of patches", HINT_VIT_MEAN),
+    ("mean of patches, normed first", HINT_VIT_MEAN), ("mean of all", HINT_VIT_MEAN),
+)
+# Logits match within this fraction of their largest size: a float32 forward differs from float64 by about 4e-7 of
+# it, the nearest named mistake (tanh for the exact GELU) by 8e-5 or more on every case below (measured).
+VIT_RTOL = 2e-5
+
+
+def _vit_close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    tol = VIT_RTOL * max(1.0, float(want.abs().max()))
+    return got.shape == want.shape and bool(((got.double() - want.double()).abs() <= tol).all())
+
+
+def describe_vit_case(case: dict) -> str:
+    images = case["images"]
+    shape = tuple(images.shape)
+    small = ", a small residual stream" if case.get("small") else ""
+    return (f"images {shape}, patch_size {case['patch_size']}, {case['n_heads']} heads, {case['n_layers']} "
+            f"layer{'s' if case['n_layers'] > 1 else ''}, eps {case['eps']:g}{small}")
+
+
+def diagnose_vit(got: Any, case: dict, want: torch.Tensor | None = None) -> None:
+    """Raise CheckFailure naming what is wrong with ``got``, the learner's logits on ``case``; shared with the probe.
+
+    ``case``: images, weights (tfedu's names), patch_size, n_heads, n_layers, eps; ``want``: the logits to match
+    (transformers' in the checker), by default :func:`vit_variant`'s."""
+    args = (case["images"], case["weights"], case["patch_size"], case["n_heads"], case["n_layers"], case["eps"])
+    reference = vit_variant(*args)
+    want = reference if want is None else want
+    what = describe_vit_case(case)
+    if isinstance(got, np.ndarray):
+        got = torch.from_numpy(got)
+    expect(isinstance(got, torch.Tensor), HINT_VIT_NOT_TENSOR.format(got=describe(got)))
+    got = got.detach().cpu()
+    if got.shape != want.shape:
+        batch, n_classes = want.shape
+        if got.dim() == 3 and got.shape[0] == batch and got.shape[2] == n_classes:
+            raise CheckFailure(HINT_VIT_EVERY_TOKEN.format(got=tuple(got.shape), want=tuple(want.shape)))
+        raise CheckFailure(HINT_VIT_SHAPE.format(what=what, got=tuple(got.shape), want=tuple(want.shape)))
+    expect(bool(torch.isfinite(got).all()), HINT_VIT_NAN.format(what=what))
+    if _vit_close(got, want):
+        return
+    for mistake, hint in VIT_MISTAKES:
+        if mistake == "eps 1e-12" and case["eps"] == 1e-12:
+            continue
+        wrong = vit_variant(*args, mistake=mistake)
+        if _vit_close(got, wrong) and not _vit_close(wrong, reference):
+            raise CheckFailure(hint.format(eps=case["eps"], used=1e-12 if mistake == "eps 1e-12" else 1e-5))
+    diff = float((got.double() - want.double()).abs().max())
+    raise CheckFailure(HINT_VIT_VALUES.format(what=what, diff=diff, scale=float(want.abs().max())))
+
+
+# The checker's models: transformers' ViTForImageClassification built from these configs (no download), every weight
+# moved off its initialisation; (seed, small, config). small: the embeddings and images scaled by 1e-3, so the first
+# LayerNorm sees a variance near 1e-6, where eps = 1e-5 instead of 1e-12 shows.
+VIT_CASES = (
+    (0, False, dict(image_size=8, patch_size=2, num_channels=1, hidden_size=32, num_hidden_layers=2,
+                    num_attention_heads=4, num_labels=10)),
+    (1, False, dict(image_size=12, patch_size=4, num_channels=3, hidden_size=24, num_hidden_layers=3,
+                    num_attention_heads=2, num_labels=5)),
+    (2, False, dict(image_size=(8, 12), patch_size=4, num_channels=3, hidden_size=16, num_hidden_layers=1,
+                    num_attention_heads=2, num_labels=3)),
+    (3, True, dict(image_size=6, patch_size=3, num_channels=2, hidden_size=16, num_hidden_layers=2,
+                   num_attention_heads=4, num_labels=4)),
+)
+
+
+def hf_vit_case(seed: int, small: bool, config: dict) -> tuple[nn.Module, dict]:
+    """A transformers ViTForImageClassification (float32, random weights, eval mode) and exercise 11.2's inputs for it."""
+    import transformers
+
+    from tfedu.vision import vit_from_hf
+
+    config = {**config, "intermediate_size": 4 * config["hidden_size"]}  # exercise 7.1's FFN is 4 d_model wide
+    with torch.random.fork_rng(devices=[]):  # the learner's random state stays as it was
+        torch.manual_seed(seed)
+        hf = transformers.ViTForImageClassification(transformers.ViTConfig(**config)).eval()
+        with torch.no_grad():
+            for name, p in hf.named_parameters():
+                p.add_(0.3 * torch.randn_like(p))
+                if small and "embeddings" in name:
+                    p.mul_(1e-3)
+        size = config["image_size"]
+        height, width = (size, size) if isinstance(size, int) else size
+        images = torch.randn(3, config["num_channels"], height, width) * (1e-3 if small else 1.0)
+    weights = vit_weights(vit_from_hf(hf))
+    return hf, {"images": images, "weights": weights, "patch_size": config["patch_size"],
+                "n_heads": config["num_attention_heads"], "n_layers": config["num_hidden_layers"],
+                "eps": hf.config.layer_norm_eps, "small": small}
+
+
+# The answer assembles the model from the parts: tfedu's ViT, its blocks and layers, and transformers' ViT are what
+# it rebuilds (the parts of 5.3, 7.1, 7.2, 7.4 and 11.1 are stand-ins in plain torch while it is graded).
+VIT_FORBIDDEN = ("tfedu.vision", "tfedu.layers", "tfedu.model", "transformers.models.vit.modeling_vit")
+VIT_BUILDS = frozenset({"torch.nn.functional.layer_norm", "torch.nn.LayerNorm", "torch.nn.GELU",
+                        "torch.nn.functional.scaled_dot_product_attention"})
+VIT_SHORTCUT_NAMES = ("ViT", "vit_from_hf", "ViTForImageClassification", "ViTModel", "Block", "PatchEmbedding",
+                      "LinearPatchEmbedding")
+
+
+def _refuse_vit_shortcuts(fn: Any) -> None:
+    names = global_names(fn)
+    scope = getattr(fn, "__globals__", {})
+    used = sorted(names & set(VIT_SHORTCUT_NAMES))
+    used += sorted(f"{n} (tfedu.vision)" for n in names if n in scope and n not in used and scope[n] is _vision)
+    used += sorted(f"{n} (transformers)" for n in names if n in scope and n not in used
+                   and getattr(scope[n], "__name__", "").split(".")[0] == "transformers")
+    expect(not used, HINT_VIT_SHORTCUT.format(name=", ".join(used)))
+
+
+@checker("the ViT from your parts")
+def check_vit_forward(vit_forward) -> None:
+    """Check a learner's ``vit_forward(images, weights, patch_size, n_heads, n_layers, eps) -> (batch, n_classes)``.
+
+    On the models of :data:`VIT_CASES`, against transformers' ViTForImageClassification with the same weights
+    (float32 logits, within :data:`VIT_RTOL` of their size), after trying the known mistakes (:data:`VIT_MISTAKES`).
+    tfedu's ViT and Block and transformers' ViT are refused, by name and at run time.
+    """
+    import transformers
+
+    from tfedu import layers
+
+    _refuse_vit_shortcuts(vit_forward)
+    watched = ((_vision.ViT, "forward"), (_vision.ViT, "features"), (_vision.ViT, "embed"), (layers.Block, "forward"),
+               (transformers.ViTForImageClassification, "forward"), (transformers.ViTModel, "forward"))
+    for seed, small, config in VIT_CASES:
+        hf, case = hf_vit_case(seed, small, config)
+        with torch.no_grad():
+            want = hf(pixel_values=case["images"]).logits
+        torch.testing.assert_close(vit_variant(**{k: case[k] for k in ("images", "weights", "patch_size", "n_heads",
+                                                                          "n_layers", "eps")}).float(),
+                                   want, rtol=0, atol=VIT_RTOL * max(1.0, float(want.abs().max())))  # our own guard
+        images = case["images"].clone()
+        with watch_calls(*watched) as called:
+            got = call_learner(vit_forward, images, {k: v.clone() for k, v in case["weights"].items()},
+                               case["patch_size"], case["n_heads"], case["n_layers"], case["eps"], name="vit_forward",
+                               error_hint=HINT_VIT_CALL)
+        expect(not called, HINT_VIT_SHORTCUT.format(name=", ".join(sorted(set(called)))))
+        expect(torch.equal(images, case["images"]), HINT_VIT_MUTATED)
+        diagnose_vit(got, case, want)
+
+
+# The probe: fresh models drawn as plain data (tfedu's names, every weight N(0, 0.3), the norms' gains 1 + N(0, 0.3)),
+# patch sizes 2-4, 1-3 channels, grids of 2-3 patches a side, 1-2 layers; the last case with a small residual stream.
+VIT_PROBE_RUN = HELPERS + """\
+_results = []
+for _case in inputs['cases']:
+    _weights = {_name: torch.from_numpy(_value) for _name, _value in _case['weights'].items()}
+    _results.append(_call(vit_forward, torch.from_numpy(_case['images']), _weights, _case['patch_size'],
+                          _case['n_heads'], _case['n_layers'], _case['eps']))
+outputs = {'returned': [_kind(_r) for _r in _results], 'mutated': _MUTATED, 'logits': [_array(_r) for _r in _results]}
+del _results, _case, _weights
+""" + CLEANUP
+
+
+def make_vit_case(rng: np.random.Generator, small: bool = False) -> dict:
+    """One ViT as plain data: weights under tfedu's names (float32 arrays), images, the config numbers."""
+    P, channels = int(rng.integers(2, 5)), int(rng.choice([1, 3, 2]))
+    rows, cols = int(rng.integers(2, 4)), int(rng.integers(2, 4))
+    n_heads = int(rng.choice([2, 4]))
+    d, n_layers, n_classes = n_heads * int(rng.choice([4, 6])), int(rng.integers(1, 3)), int(rng.integers(3, 8))
+    n = rows * cols
+    shapes = {"cls_token": (1, 1, d), "pos_embed": (1, n + 1, d), "patch_embed.proj.weight": (d, channels, P, P),
+              "patch_embed.proj.bias": (d,)}
+    for i in range(n_layers):
+        for name in VIT_BLOCK_NAMES:
+            kind = name.split(".")[-1]
+            if name.startswith("mlp.W_in"):
+                shape = (4 * d, d) if kind == "weight" else (4 * d,)
+            elif name.startswith("mlp.W_out"):
+                shape = (d, 4 * d) if kind == "weight" else (d,)
+            else:
+                shape = (d, d) if kind == "weight" and name.startswith("attn") else (d,)
+            shapes[f"blocks.{i}.{name}"] = shape
+    shapes.update({"ln_final.weight": (d,), "ln_final.bias": (d,), "head.weight": (n_classes, d), "head.bias": (n_classes,)})
+    weights = {}
+    for name, shape in shapes.items():
+        value = 0.3 * rng.standard_normal(shape)
+        if name.endswith(("ln1.weight", "ln2.weight", "ln_final.weight")):
+            value = value + 1.0  # a LayerNorm's gain starts at 1
+        if small and name.startswith(("cls_token", "pos_embed", "patch_embed")):
+            value = value * 1e-3
+        weights[name] = value.astype(np.float32)
+    images = rng.standard_normal((int(rng.integers(2, 4)), channels, rows * P, cols * P)) * (1e-3 if small else 1.0)
+    return {"images": images.astype(np.float32), "weights": weights, "patch_size": P, "n_heads": n_heads,
+            "n_layers": n_layers, "eps": float(rng.choice([1e-12, 1e-6])) if not small else 1e-12, "small": small}
+
+
+def _vit_probe_inputs(rng: np.random.Generator) -> dict:
+    return {"cases": [make_vit_case(rng), make_vit_case(rng), make_vit_case(rng, small=True)]}
+
+
+def _vit_probe_reference(inputs: dict) -> dict:
+    return {"returned": ["tensor"] * len(inputs["cases"]), "cases": inputs["cases"]}
+
+
+def _compare_vit(outputs: dict, expected: dict) -> str | None:
+    problem = compare_outputs(outputs, {"returned": expected["returned"]}, function="vit_forward")
+    if problem:
+        return problem
+    logits = outputs.get("logits")
+    if not isinstance(logits, list) or len(logits) != len(expected["cases"]):
+        return "vit_forward's hidden test did not run every case"
+    for got, case in zip(logits, expected["cases"]):
+        try:
+            diagnose_vit(_tensor(got) if got is not None else None,
+                         {**case, "images": torch.from_numpy(np.asarray(case["images"]))})
+        except CheckFailure as failure:
+            return str(failure)
+    return None
+
+
+# Exercises 5.3, 7.1, 7.2, 7.4 and 11.1 in plain torch, bound in place of the learner's while 11.2 is graded.
+VIT_STANDINS = '''\
+def patchify(images, patch_size):
+    """Stand-in for exercise 11.1: non-overlapping P x P patches, row by row, each flattened (c p1 p2)."""
+    batch, channels, height, width = images.shape
+    P = patch_size
+    grid = images.reshape(batch, channels, height // P, P, width // P, P).permute(0, 2, 4, 1, 3, 5)
+    return grid.reshape(batch, (height // P) * (width // P), channels * P * P)
+
+
+class MultiHeadAttention(torch.nn.Module):
+    """Stand-in for exercise 5.3: W_Q, W_K, W_V, W_O with biases; forward(x, context=None, mask=None)."""
+
+    def __init__(self, d_model, n_heads):
+        super().__init__()
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.W_Q = torch.nn.Linear(d_model, d_model)
+        self.W_K = torch.nn.Linear(d_model, d_model)
+        self.W_V = torch.nn.Linear(d_model, d_model)
+        self.W_O = torch.nn.Linear(d_model, d_model)
+
+    def forward(self, x, context=None, mask=None):
+        context = x if context is None else context
+        split = lambda t: t.unflatten(-1, (self.n_heads, self.d_head)).transpose(1, 2)
+        q, k, v = split(self.W_Q(x)), split(self.W_K(context)), split(self.W_V(context))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        z = torch.softmax(scores, dim=-1) @ v
+        return self.W_O(z.transpose(1, 2).flatten(2))
+
+
+class FFN(torch.nn.Module):
+    """Stand-in for exercise 7.1: W_out(act(W_in x)), 4 d_model wide with biases, or SwiGLU without."""
+
+    def __init__(self, d_model, activation="gelu", multiple_of=1):
+        super().__init__()
+        self.activation = activation
+        if activation == "swiglu":
+            self.d_mlp = -(-(8 * d_model // 3) // multiple_of) * multiple_of
+            self.W_gate = torch.nn.Linear(d_model, self.d_mlp, bias=False)
+            self.W_in = torch.nn.Linear(d_model, self.d_mlp, bias=False)
+            self.W_out = torch.nn.Linear(self.d_mlp, d_model, bias=False)
+        else:
+            self.d_mlp = 4 * d_model
+            self.W_in = torch.nn.Linear(d_model, self.d_mlp)
+            self.W_out = torch.nn.Linear(self.d_mlp, d_model)
+
+    def forward(self, x):
+        if self.activation == "swiglu":
+            return self.W_out(F.silu(self.W_gate(x)) * self.W_in(x))
+        return self.W_out(F.gelu(self.W_in(x), approximate="tanh" if self.activation == "gelu_tanh" else "none"))
+
+
+def layer_norm(x, weight, bias, eps=1e-5):
+    """Stand-in for exercise 7.2: (x - mean) / sqrt(var + eps) * weight + bias over the last dim."""
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * weight + bias
+
+
+def pre_norm_block(resid, ln1, attn, ln2, mlp):
+    """Stand-in for exercise 7.4: the two pre-norm residual updates."""
+    resid = resid + attn(ln1(resid))
+    return resid + mlp(ln2(resid))
+'''
+
+
+# ----------------------------------------------------------------------------- 11.3 mel_filterbank
 
 HINT_MEL_CALL = (
     "mel_filterbank(n_freqs, n_mels, sample_rate): return a float tensor (n_mels, n_freqs), row m filter m's "
@@ -643,13 +1149,466 @@ def _compare_mel(outputs: dict, expected: dict) -> str | None:
 
 MEL_FORBIDDEN = ("tfedu.audio", "librosa", "torchaudio")
 
+
+# ----------------------------------------------------------------------------- 11.4 the Conformer's convolution module
+
+# The reference's parameters and buffers, by name, for d_model d and kernel k (tfedu.audio.ConformerConvModule's).
+def conv_shapes(d: int, k: int) -> dict[str, tuple[int, ...]]:
+    return {"norm.weight": (d,), "norm.bias": (d,), "pointwise_in.weight": (2 * d, d, 1), "pointwise_in.bias": (2 * d,),
+            "depthwise.weight": (d, 1, k), "depthwise.bias": (d,), "batch_norm.weight": (d,), "batch_norm.bias": (d,),
+            "batch_norm.running_mean": (d,), "batch_norm.running_var": (d,), "batch_norm.num_batches_tracked": (),
+            "pointwise_out.weight": (d, d, 1), "pointwise_out.bias": (d,)}
+
+
+class ReferenceConvModule(_audio.ConformerConvModule):
+    """Exercise 11.4's answer: ``tfedu.audio.ConformerConvModule`` with its residual, ``x + module(x)``
+    (the Conformer block adds the residual itself; the exercise's module includes it)."""
+
+    def __init__(self, d_model: int, kernel_size: int = 15) -> None:
+        super().__init__(d_model, kernel_size=kernel_size)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return x + super().forward(x, mask)
+
+
+def load_conv_weights(module: nn.Module, weights: dict) -> nn.Module:
+    """Load a ``ConformerConvModule``'s weights (its state dict) into ``module``, exercise 11.4's, each reshaped to
+    the module's tensor of that name (a pointwise layer kept as an ``nn.Linear`` takes the kernel-1 convolution's
+    weight without its last axis, as the check does); returns ``module``."""
+    state = module.state_dict()
+    module.load_state_dict({name: torch.as_tensor(weights[name]).reshape(state[name].shape).to(state[name].dtype)
+                            for name in state})
+    return module
+
+
+def conv_variant(x: Any, weights: dict, kernel_size: int, *, training: bool, mistake: str | None = None) -> torch.Tensor:
+    """The convolution module with its residual (float64), or with one of the known mistakes (:data:`CONV_MISTAKES`)."""
+    W = {name: torch.as_tensor(np.asarray(value)).double() for name, value in weights.items()}
+    x = torch.as_tensor(np.asarray(x)).double()
+    batch, T, d = x.shape
+    k = int(kernel_size)
+    h = x if mistake == "no layer norm" else _ln(x, W["norm.weight"], W["norm.bias"], 1e-5)
+    normed = h
+    h = h.reshape(batch, d, T) if mistake in ("reshaped in", "reshaped both") else h.transpose(1, 2)  # batch d T
+    h = F.conv1d(h, W["pointwise_in.weight"], W["pointwise_in.bias"])  # batch 2d T
+    value, gate = h[:, :d], h[:, d:]
+    h = {"no gate": lambda: value, "gate swapped": lambda: gate * torch.sigmoid(value),
+         "gate not squashed": lambda: value * gate}.get(mistake, lambda: value * torch.sigmoid(gate))()
+    left = {"causal": k - 1, "anti-causal": 0}.get(mistake, k // 2)
+    if isinstance(mistake, str) and mistake.startswith("shift "):
+        left = k // 2 + int(mistake.split()[1])
+    h = F.conv1d(F.pad(h, (left, k - 1 - left)), W["depthwise.weight"], W["depthwise.bias"], groups=d)
+
+    def batch_norm(t: torch.Tensor) -> torch.Tensor:
+        batch_stats = training != (mistake == "running statistics in training") or mistake == "batch statistics in eval"
+        return F.batch_norm(t, W["batch_norm.running_mean"].clone(), W["batch_norm.running_var"].clone(),
+                            W["batch_norm.weight"], W["batch_norm.bias"], training=batch_stats, eps=1e-5)
+
+    act = {"relu": torch.relu, "sigmoid": torch.sigmoid, "gelu": F.gelu, "no swish": lambda t: t}.get(mistake, F.silu)
+    if mistake == "no batch norm":
+        h = act(h)
+    elif mistake == "swish before batch norm":
+        h = batch_norm(act(h))
+    else:
+        h = act(batch_norm(h))
+    h = F.conv1d(h, W["pointwise_out.weight"], W["pointwise_out.bias"])  # batch d T
+    out = h.reshape(batch, T, d) if mistake in ("reshaped out", "reshaped both") else h.transpose(1, 2)
+    return {"no residual": lambda: out, "residual from the norm": lambda: normed + out}.get(mistake, lambda: x + out)()
+
+
+# Run in the student's kernel (in the probe's run code) and, for the checker, here: one source.
+CONV_HELPERS = '''\
+def _conv_record(ConvModule, case):
+    """What a learner's ConvModule does on one case, as plain data: its tensors' shapes, the input shape each of its
+    sub-modules received, and its outputs in eval and in training mode with the case's weights loaded."""
+    d, k = int(case["d_model"]), int(case["kernel_size"])
+    try:
+        module = ConvModule(d, k)
+    except NotImplementedError:
+        return {"status": "not done"}
+    except Exception as err:
+        return {"status": "error", "error": type(err).__name__ + ": " + str(err)[:300], "where": "built"}
+    if not isinstance(module, torch.nn.Module):
+        return {"status": "not a module", "got": type(module).__name__}
+    state = module.state_dict()
+    record = {"status": "ok", "shapes": {name: list(value.shape) for name, value in state.items()}}
+    weights = case["weights"]
+    if set(state) != set(weights) or any(state[name].numel() != np.asarray(weights[name]).size for name in state):
+        record["status"] = "shapes"
+        return record
+    module.load_state_dict({name: torch.as_tensor(np.asarray(weights[name])).reshape(state[name].shape).to(state[name].dtype)
+                            for name in state})
+    seen = {}
+
+    def _saw(name):
+        def hook(_module, args):
+            if args and isinstance(args[0], torch.Tensor) and name not in seen:
+                seen[name] = list(args[0].shape)
+        return hook
+
+    hooks = [sub.register_forward_pre_hook(_saw(name)) for name, sub in module.named_children()]
+    try:
+        for mode in ("eval", "train"):
+            module.train(mode == "train")
+            seen.clear()
+            try:
+                out = module(torch.as_tensor(np.asarray(case["x"])).float())
+            except NotImplementedError:
+                return {"status": "not done"}
+            except Exception as err:
+                record.update(status="error", error=type(err).__name__ + ": " + str(err)[:300], where=mode,
+                              seen=dict(seen))
+                return record
+            if out is None:
+                return {"status": "not done"}
+            record[mode] = (out.detach().double().numpy() if isinstance(out, torch.Tensor)
+                            else "a " + type(out).__name__)
+            record["seen_" + mode] = dict(seen)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return record
+
+
+'''
+CONV_CLEANUP = "del _conv_record\n"
+_conv_helpers: dict[str, Any] = {"torch": torch, "np": np}
+exec(compile(CONV_HELPERS, "<conv module probe helpers>", "exec"), _conv_helpers)
+conv_record = _conv_helpers["_conv_record"]
+
+HINT_CONV_NOT_A_MODULE = "ConvModule(d_model, kernel_size) should build an nn.Module, got {got}"
+HINT_CONV_BUILD = "ConvModule({d}, {k}) raised {error}"
+HINT_CONV_NAMES = (
+    "ConvModule({d}, {k})'s parameters and buffers should be those of five sub-modules named norm (LayerNorm over "
+    "d_model), pointwise_in (a kernel-1 Conv1d from d_model to 2 d_model channels), depthwise (a Conv1d with "
+    "kernel_size taps and one filter per channel), batch_norm (BatchNorm1d over d_model) and pointwise_out (a "
+    "kernel-1 Conv1d back to d_model): {expected}; yours are {got}"
+)
+HINT_CONV_DENSE = (
+    "your depthwise convolution's weight is {got}, a full convolution: every output channel reads every input "
+    "channel, d_model times the weights and the compute. The Conformer's is depthwise, one kernel per channel "
+    "(groups = d_model), weight (d_model, 1, kernel_size)"
+)
+HINT_CONV_NO_GLU_WIDTH = (
+    "your first pointwise convolution keeps d_model channels ({got}): it doubles them, to 2 d_model, because the "
+    "GLU after it splits the channels into two halves and gates one with the sigmoid of the other, leaving d_model"
+)
+HINT_CONV_LN_FOR_BN = (
+    "your batch_norm has no running statistics (running_mean, running_var): a LayerNorm in BatchNorm's place? The "
+    "Conformer normalises the depthwise convolution's output with BatchNorm1d over the d_model channels, each "
+    "channel by its mean and variance over the batch and the frames (running averages of them in eval mode)"
+)
+HINT_CONV_KERNEL = (
+    "your depthwise convolution's weight is {got}: it should have kernel_size = {k} taps, (d_model, 1, {k})"
+)
+HINT_CONV_NO_TRANSPOSE = (
+    "your {part} received {got}, (batch, time, channels): Conv1d wants channels first, (batch, channels, time). "
+    "Swap the time and channel axes after the LayerNorm (which works on the last axis) and swap them back at the end"
+)
+HINT_CONV_LN_AXIS = (
+    "your LayerNorm received {got}, (batch, channels, time): it normalises the last axis, which must be the "
+    "d_model channels. Normalise first, on (batch, time, d_model), then move the channels in front for the convolutions"
+)
+HINT_CONV_BN_AXIS = (
+    "your BatchNorm received {got}, (batch, time, channels): BatchNorm1d takes (batch, channels, time) and "
+    "normalises each channel over the batch and the frames. Apply it before moving the channels back last"
+)
+HINT_CONV_GLU_TIME = (
+    "your GLU halves the time axis instead of the channels: after the first pointwise convolution the 2 d_model "
+    "channels are on axis 1, so split and gate over that axis (one half times the sigmoid of the other), leaving "
+    "(batch, d_model, time)"
+)
+HINT_CONV_NO_GLU = (
+    "your depthwise convolution received {got}, all 2 d_model channels of the first pointwise convolution: the GLU "
+    "in between is missing. It splits the channels into two halves and multiplies the first by the sigmoid of the "
+    "second, leaving d_model channels"
+)
+HINT_CONV_LENGTH = (
+    "your depthwise convolution's output has {got} frames for {T} in: with kernel_size = {k} it needs (k - 1) / 2 "
+    "zeros of padding on each side ('same' padding), so every frame keeps its place and the length stays {T}"
+)
+HINT_CONV_ERROR = "ConvModule's forward (in {where} mode, on x of shape {shape}) raised {error}"
+HINT_CONV_NOT_TENSOR = "ConvModule's forward should return a tensor (batch, time, d_model), got {got}"
+HINT_CONV_TRANSPOSED_OUT = (
+    "your module returns {got}, (batch, channels, time): move the channels back last, (batch, time, d_model), "
+    "the layout the block's residual stream has"
+)
+HINT_CONV_SHAPE = "ConvModule's forward on x of shape {shape} returned shape {got}, expected {want}"
+HINT_CONV_NO_RESIDUAL = (
+    "your module returns only the convolution path: the Conformer adds it to the module's input (x + Conv(x), "
+    "Gulati et al.'s eq. 1), and this exercise's module includes that residual"
+)
+HINT_CONV_RESIDUAL_NORMED = (
+    "your residual adds the LayerNorm's output, not the module's input: the skip connection carries x itself, "
+    "unnormalised, around the whole module (pre-norm, as in the Transformer blocks)"
+)
+HINT_CONV_NO_LN = "your module skips the LayerNorm at its start: it normalises x over d_model before the first convolution"
+HINT_CONV_NO_GATE = (
+    "your GLU keeps the first half of the channels without gating it: GLU multiplies that half by the sigmoid of the "
+    "other half (Dauphin et al. 2017)"
+)
+HINT_CONV_GATE_SWAPPED = (
+    "your GLU gates the second half with the sigmoid of the first: it is the other way round, the first half times "
+    "the sigmoid of the second (PyTorch's GLU, and the reference)"
+)
+HINT_CONV_GATE_NOT_SQUASHED = (
+    "your GLU multiplies the two halves directly: the gate is the sigmoid of the second half, a number between 0 "
+    "and 1 for each channel and frame"
+)
+HINT_CONV_SHIFT = (
+    "your depthwise convolution's output is shifted by {s} frame{plural} ({which}): with kernel_size = {k} the "
+    "padding must be (k - 1) / 2 = {half} zeros on each side, so that output frame t is centred on input frame t"
+)
+HINT_CONV_RELU = "your module uses ReLU after the BatchNorm: the Conformer uses Swish, x times sigmoid(x) (SiLU)"
+HINT_CONV_SIGMOID = "your Swish is the sigmoid alone: Swish (SiLU) is x times sigmoid(x)"
+HINT_CONV_GELU = "your module uses GELU after the BatchNorm: the Conformer uses Swish, x times sigmoid(x) (SiLU)"
+HINT_CONV_NO_SWISH = "your module has no activation after the BatchNorm: the Conformer applies Swish, x times sigmoid(x)"
+HINT_CONV_NO_BN = "your module skips the BatchNorm between the depthwise convolution and the Swish"
+HINT_CONV_ORDER = "your module applies Swish before the BatchNorm: the order is depthwise convolution, BatchNorm, then Swish"
+HINT_CONV_RESHAPED = (
+    "you changed between (batch, time, channels) and (batch, channels, time) with a reshape (or view): that keeps "
+    "the memory order and scrambles frames with channels. Swap the two axes with a transpose"
+)
+HINT_CONV_BATCH_STATS_EVAL = (
+    "in eval mode your BatchNorm normalises with the batch's own statistics: at inference it uses the running mean "
+    "and variance it kept during training (nn.BatchNorm1d switches with the module's train and eval modes)"
+)
+HINT_CONV_RUNNING_IN_TRAINING = (
+    "in training mode your BatchNorm normalises with the running statistics: while training it uses the batch's "
+    "mean and variance over the batch and the frames, per channel"
+)
+HINT_CONV_VALUES = (
+    "ConvModule in {mode} mode on x of shape {shape} (kernel_size {k}) differs from the reference (largest "
+    "difference {diff:.3g}): x plus pointwise_out(Swish(BatchNorm(depthwise(GLU(pointwise_in(LayerNorm(x)))))), "
+    "the convolutions on (batch, channels, time)"
+)
+HINT_CONV_SHORTCUT = "your ConvModule uses {name}: build the module from torch's layers yourself"
+
+CONV_MISTAKES = (
+    ("no residual", HINT_CONV_NO_RESIDUAL), ("residual from the norm", HINT_CONV_RESIDUAL_NORMED),
+    ("no layer norm", HINT_CONV_NO_LN), ("no gate", HINT_CONV_NO_GATE), ("gate swapped", HINT_CONV_GATE_SWAPPED),
+    ("gate not squashed", HINT_CONV_GATE_NOT_SQUASHED), ("relu", HINT_CONV_RELU), ("sigmoid", HINT_CONV_SIGMOID),
+    ("gelu", HINT_CONV_GELU), ("no swish", HINT_CONV_NO_SWISH), ("no batch norm", HINT_CONV_NO_BN),
+    ("swish before batch norm", HINT_CONV_ORDER), ("reshaped in", HINT_CONV_RESHAPED),
+    ("reshaped out", HINT_CONV_RESHAPED), ("reshaped both", HINT_CONV_RESHAPED),
+    ("batch statistics in eval", HINT_CONV_BATCH_STATS_EVAL),
+    ("running statistics in training", HINT_CONV_RUNNING_IN_TRAINING),
+)
+CONV_RTOL = 1e-4  # of the output's largest size: a float32 module differs from float64 by about 1e-6 of it
+
+
+def _conv_close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return got.shape == want.shape and bool(((got - want).abs() <= CONV_RTOL * max(1.0, float(want.abs().max()))).all())
+
+
+def _shape_problem(record: dict, case: dict) -> str | None:
+    d, k = int(case["d_model"]), int(case["kernel_size"])
+    expected = {name: list(shape) for name, shape in conv_shapes(d, k).items()}
+    shapes = record["shapes"]
+    if "batch_norm.weight" in shapes and "batch_norm.running_mean" not in shapes:
+        return HINT_CONV_LN_FOR_BN
+    depthwise = shapes.get("depthwise.weight")
+    if depthwise is not None and len(depthwise) == 3 and depthwise[1] == d and depthwise[1] != 1:
+        return HINT_CONV_DENSE.format(got=tuple(depthwise))
+    if depthwise is not None and len(depthwise) == 3 and depthwise[:2] == [d, 1] and depthwise[2] != k:
+        return HINT_CONV_KERNEL.format(got=tuple(depthwise), k=k)
+    pointwise = shapes.get("pointwise_in.weight")
+    if pointwise is not None and pointwise and pointwise[0] == d:
+        return HINT_CONV_NO_GLU_WIDTH.format(got=tuple(pointwise))
+    if set(shapes) != set(expected) or any(math.prod(shapes[n]) != math.prod(expected[n]) for n in expected):
+        text = lambda table: ", ".join(f"{n} {tuple(s)}" for n, s in table.items()) or "none"  # noqa: E731
+        return HINT_CONV_NAMES.format(d=d, k=k, expected=text(expected), got=text(shapes))
+    return None
+
+
+def _seen_problem(seen: dict, case: dict, shapes: dict) -> str | None:
+    """The hint when a sub-module received its input in the wrong layout, from the shapes the pre-hooks saw
+    (a pointwise layer kept as a linear map, weight (out, in), takes channels last: that is right for it)."""
+    batch, T, d = np.asarray(case["x"]).shape
+    across, along = [batch, d, T], [batch, T, d]
+    conv_in, conv_out = (len(shapes.get(f"{n}.weight", [])) == 3 for n in ("pointwise_in", "pointwise_out"))
+    if seen.get("norm") == across:
+        return HINT_CONV_LN_AXIS.format(got=tuple(across))
+    if conv_in and seen.get("pointwise_in") == along:
+        return HINT_CONV_NO_TRANSPOSE.format(part="first pointwise convolution", got=tuple(along))
+    depthwise = seen.get("depthwise")
+    if depthwise is not None and len(depthwise) == 3:
+        if depthwise[1] == 2 * d and depthwise[2] == T:
+            return HINT_CONV_NO_GLU.format(got=tuple(depthwise))
+        if depthwise[1] == 2 * d and depthwise[2] == T // 2:
+            return HINT_CONV_GLU_TIME
+        if depthwise == along:
+            return HINT_CONV_NO_TRANSPOSE.format(part="depthwise convolution", got=tuple(along))
+    if seen.get("batch_norm") == along:
+        return HINT_CONV_BN_AXIS.format(got=tuple(along))
+    for name in ("batch_norm", "pointwise_out"):
+        got = seen.get(name)
+        if got is not None and len(got) == 3 and got[:2] == [batch, d] and got[2] != T:
+            return HINT_CONV_LENGTH.format(got=got[2], T=T, k=int(case["kernel_size"]))
+    if conv_out and seen.get("pointwise_out") == along:
+        return HINT_CONV_NO_TRANSPOSE.format(part="last pointwise convolution", got=tuple(along))
+    return None
+
+
+def diagnose_conv(record: dict, case: dict) -> None:
+    """Raise CheckFailure naming what is wrong with one record of ``_conv_record``; return when it is right."""
+    d, k = int(case["d_model"]), int(case["kernel_size"])
+    if record["status"] == "not done":
+        raise ExerciseNotDone(NOT_DONE_MESSAGE)
+    if record["status"] == "not a module":
+        raise CheckFailure(HINT_CONV_NOT_A_MODULE.format(got=record["got"]))
+    if record["status"] == "error" and record.get("where") == "built":
+        raise CheckFailure(HINT_CONV_BUILD.format(d=d, k=k, error=record["error"]))
+    problem = _shape_problem(record, case)
+    if problem:
+        raise CheckFailure(problem)
+    shape = tuple(np.asarray(case["x"]).shape)
+    if record["status"] == "error":
+        problem = _seen_problem(record.get("seen") or {}, case, record["shapes"])
+        if problem is None and "Halving dimension" in record["error"]:
+            problem = HINT_CONV_GLU_TIME
+        raise CheckFailure(problem or HINT_CONV_ERROR.format(where=record["where"], shape=shape, error=record["error"]))
+    for mode in ("eval", "train"):
+        got = record[mode]
+        problem = _seen_problem(record.get("seen_" + mode) or {}, case, record["shapes"])
+        if not isinstance(got, np.ndarray):
+            expect(problem is None, problem or "")
+            raise CheckFailure(HINT_CONV_NOT_TENSOR.format(got=got))
+        got = torch.from_numpy(np.asarray(got, dtype=np.float64))
+        want = conv_variant(case["x"], case["weights"], k, training=mode == "train")
+        if tuple(got.shape) != tuple(want.shape):
+            expect(problem is None, problem or "")
+            expect(tuple(got.shape) != (shape[0], d, shape[1]), HINT_CONV_TRANSPOSED_OUT.format(got=tuple(got.shape)))
+            raise CheckFailure(HINT_CONV_SHAPE.format(shape=shape, got=tuple(got.shape), want=tuple(want.shape)))
+        if _conv_close(got, want):
+            continue
+        expect(problem is None, problem or "")
+        for mistake, hint in CONV_MISTAKES:
+            wrong = conv_variant(case["x"], case["weights"], k, training=mode == "train", mistake=mistake)
+            if _conv_close(got, wrong) and not _conv_close(wrong, want):
+                raise CheckFailure(hint)
+        for s in [s for s in range(-(k // 2), k // 2 + 1) if s]:
+            wrong = conv_variant(case["x"], case["weights"], k, training=mode == "train", mistake=f"shift {s}")
+            if _conv_close(got, wrong):
+                which = ("causal padding: all k - 1 zeros on the left, each frame sees only the past" if s == k // 2
+                         else "all k - 1 zeros on the right" if s == -(k // 2) else "the padding off centre")
+                raise CheckFailure(HINT_CONV_SHIFT.format(s=abs(s), plural="s" if abs(s) > 1 else "", which=which, k=k,
+                                                          half=k // 2))
+        diff = float((got - want).abs().max())
+        raise CheckFailure(HINT_CONV_VALUES.format(mode=mode, shape=shape, k=k, diff=diff))
+
+
+def make_conv_case(rng: np.random.Generator, d: int, k: int, T: int, batch: int) -> dict:
+    """One case as plain data: the module's weights (float32, the norms' gains near 1, running statistics off their
+    start), and x (batch, T, d)."""
+    weights = {}
+    for name, shape in conv_shapes(d, k).items():
+        if name.endswith("num_batches_tracked"):
+            weights[name] = np.array(10, dtype=np.int64)
+            continue
+        value = 0.5 * rng.standard_normal(shape)
+        if name.endswith(("norm.weight", "running_var")):
+            value = np.exp(0.3 * value) if name.endswith("running_var") else 1.0 + 0.6 * value
+        weights[name] = value.astype(np.float32)
+    x = (1.5 * rng.standard_normal((batch, T, d)) + rng.standard_normal(d)).astype(np.float32)
+    return {"d_model": d, "kernel_size": k, "weights": weights, "x": x}
+
+
+# (d_model, kernel_size, frames, batch): frames differ from d_model and 2 d_model and are even, so a layout slip shows
+# in the shapes a sub-module receives, and a GLU over time halves them.
+CONV_CASES = ((8, 3, 10, 3), (12, 7, 20, 2), (6, 5, 16, 4))
+
+
+def _refuse_conv_shortcuts(cls: Any) -> None:
+    if isinstance(cls, type) and issubclass(cls, _audio.ConformerConvModule):
+        raise CheckFailure(HINT_CONV_SHORTCUT.format(name="tfedu.audio's ConformerConvModule"))
+    for fn in [getattr(cls, name) for name in ("__init__", "forward") if hasattr(cls, name)]:
+        scope = getattr(fn, "__globals__", {})
+        used = [f"{n} ({getattr(scope[n], '__name__', '') if isinstance(scope[n], types.ModuleType) else scope[n].__module__})"
+                for n in globals_from_modules(fn, ["tfedu.audio", "torchaudio", "torchaudio.models"])]
+        names = global_names(fn) - {u.split()[0] for u in used}
+        used += sorted(names & {"ConformerConvModule", "ConformerBlock", "torchaudio"} - set(used))
+        expect(not used, HINT_CONV_SHORTCUT.format(name=", ".join(used)))
+
+
+@checker("the Conformer's convolution module")
+def check_conv_module(ConvModule) -> None:
+    """Check a learner's ``ConvModule(d_model, kernel_size)``, forward (batch, time, d_model) -> the same, residual included.
+
+    Its sub-modules carry tfedu.audio.ConformerConvModule's names, so the reference's weights load into it; then in
+    eval mode (BatchNorm's running statistics) and training mode (the batch's) on :data:`CONV_CASES`, against
+    ``x + ConformerConvModule(x)``, after trying the known mistakes (:data:`CONV_MISTAKES`, shifts, layouts).
+    """
+    if ConvModule is None:
+        raise ExerciseNotDone(NOT_DONE_MESSAGE)
+    _refuse_conv_shortcuts(ConvModule)
+    rng = np.random.default_rng(1104)
+    for d, k, T, batch in CONV_CASES:
+        case = make_conv_case(rng, d, k, T, batch)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            reference = ReferenceConvModule(d, k)
+        reference.load_state_dict({n: torch.from_numpy(np.asarray(v)) for n, v in case["weights"].items()})
+        x = torch.from_numpy(case["x"])
+        with torch.no_grad():  # our own guard: the functional reference is tfedu's module with its residual
+            for training in (False, True):
+                want = reference.train(training)(x).double()
+                torch.testing.assert_close(conv_variant(case["x"], case["weights"], k, training=training), want,
+                                           rtol=0, atol=1e-5 * max(1.0, float(want.abs().max())))
+        with watch_calls((_audio.ConformerConvModule, "forward")) as called:
+            record = conv_record(ConvModule, case)
+        expect(not called, HINT_CONV_SHORTCUT.format(name="tfedu.audio's ConformerConvModule"))
+        diagnose_conv(record, case)
+
+
+CONV_PROBE_RUN = HELPERS + CONV_HELPERS + """\
+outputs = {'records': [_conv_record(ConvModule, _c) for _c in inputs['cases']]}
+""" + CONV_CLEANUP + CLEANUP
+
+
+def _conv_probe_inputs(rng: np.random.Generator) -> dict:
+    cases = []
+    for _ in range(2):
+        d, k = int(rng.integers(4, 11)), int(rng.choice([3, 5, 7]))
+        T = 2 * int(rng.integers(4, 10))
+        while T in (d, 2 * d):
+            T += 2
+        cases.append(make_conv_case(rng, d, k, T, int(rng.integers(2, 5))))
+    return {"cases": cases}
+
+
+def _compare_conv(outputs: dict, expected: dict) -> str | None:
+    records = outputs.get("records") if isinstance(outputs, dict) else None
+    if not isinstance(records, list) or len(records) != len(expected["cases"]):
+        return "ConvModule's hidden test did not run every case"
+    for i, (record, case) in enumerate(zip(records, expected["cases"])):
+        try:
+            diagnose_conv(record, case)
+        except CheckFailure as failure:
+            return f"hidden test {i + 1} (d_model={case['d_model']}, kernel_size={case['kernel_size']}): {failure}"
+    return None
+
+
+CONV_FORBIDDEN = ("tfedu.audio", "torchaudio")
+CONV_BUILDS = frozenset({"torch.nn.Conv1d", "torch.nn.BatchNorm1d", "torch.nn.LayerNorm", "torch.nn.GLU", "torch.nn.SiLU",
+                         "torch.nn.functional.glu", "torch.nn.functional.conv1d", "torch.nn.functional.batch_norm",
+                         "torch.nn.functional.layer_norm"})
+
 PROBES = {
     "check_patchify": Probe(
         exercise="ex_patchify", make_inputs=_patchify_probe_inputs, run=PATCHIFY_PROBE_RUN,
         reference=_patchify_probe_reference, compare=_compare_patchify, forbidden=PATCHIFY_FORBIDDEN),
+    "check_vit_forward": Probe(
+        exercise="ex_vit_forward", make_inputs=_vit_probe_inputs, run=VIT_PROBE_RUN,
+        reference=_vit_probe_reference, compare=_compare_vit, forbidden=VIT_FORBIDDEN,
+        builds=ELEMENTARY | SOFTMAX | ACTIVATIONS | MODULES | EINOPS | VIT_BUILDS, standins=VIT_STANDINS),
     "check_mel_filterbank": Probe(
         exercise="ex_mel_filterbank", make_inputs=_mel_probe_inputs, run=MEL_PROBE_RUN,
         reference=_mel_probe_reference, compare=_compare_mel, forbidden=MEL_FORBIDDEN),
+    "check_conv_module": Probe(
+        exercise="ex_conv_module", make_inputs=_conv_probe_inputs, run=CONV_PROBE_RUN,
+        reference=lambda inputs: {"cases": inputs["cases"]}, compare=_compare_conv, forbidden=CONV_FORBIDDEN,
+        builds=ELEMENTARY | ACTIVATIONS | MODULES | EINOPS | CONV_BUILDS),
 }
 
 
@@ -682,8 +1641,51 @@ HINTS = {
             "    return grid.reshape(batch, ____, ____)  # (batch, n_patches, channels * P * P)\n"
         ),
     ),
-    "ex_mel_filterbank": Hints(
+    "ex_vit_forward": Hints(
         number="11.2",
+        check="check_vit_forward",
+        idea=(
+            "A ViT is notebook 07's encoder with another tokenizer. The tokens: each image's patches (exercise 11.1), "
+            "each times the patch embedding, one linear map shared by every patch, whose weight comes in a "
+            "convolution's shape (d_model, channels, P, P). In front of them one learned class token; added to the "
+            "whole sequence, one learned position vector per token. Then the pre-norm blocks with attention that "
+            "has no mask, so every token sees every token. At the end the final LayerNorm of the class token's state "
+            "alone, and a linear head. The weights are in the dict under a tfedu ViT's names; your parts from "
+            "notebooks 05 and 07 and exercise 11.1 do the computing."
+        ),
+        approach=(
+            "Patch tokens: flatten each filter of the convolution weight to one row, (d_model, channels * P * P), in "
+            "its own order, which is your patches' order; multiply patchify's output by its transpose and add the "
+            "bias. Copy cls_token once per image (expand), put it in front along the sequence axis, then add "
+            "pos_embed. Block i's weights are the names that start with 'blocks.i.': build a MultiHeadAttention and "
+            "an FFN with the activation 'gelu' and load their weights into them (load_state_dict takes a dict "
+            "of the names that follow the prefix); make ln1 and ln2 small functions that call your layer_norm with their weight, bias "
+            "and the eps you are given; hand the four to your pre_norm_block. Last, your layer_norm with ln_final's "
+            "weights on row 0 of the sequence, then the head's weight and bias."
+        ),
+        skeleton=(
+            "def vit_forward(images, weights, patch_size, n_heads, n_layers, eps):\n"
+            "    W = weights\n"
+            "    d_model = ____  # the class token's width\n"
+            "    tokens = ____  # (batch, n_patches, d_model): your patches, the flattened convolution weight, its bias\n"
+            "    cls = ____  # (batch, 1, d_model): the class token, once per image\n"
+            "    resid = ____  # (batch, 1 + n_patches, d_model): the class token first, then the positions added\n"
+            "\n"
+            "    def norm(name):  # LayerNorm with the weights stored under name, as a function of x\n"
+            "        return lambda x: ____\n"
+            "\n"
+            "    def under(prefix):  # the weights whose names start with prefix, named by the rest of their names\n"
+            "        return {____: value for name, value in W.items() if ____}\n"
+            "\n"
+            "    for i in range(n_layers):\n"
+            "        attn, mlp = ____  # your attention and your FFN, for block i\n"
+            "        ____  # load block i's weights into both\n"
+            "        resid = pre_norm_block(resid, ____, attn, ____, mlp)\n"
+            "    return ____  # (batch, n_classes): the head on the normed class token\n"
+        ),
+    ),
+    "ex_mel_filterbank": Hints(
+        number="11.3",
         check="check_mel_filterbank",
         idea=(
             "The filterbank is a matrix: row m says how much of each FFT bin's power goes into mel band m. Each "
@@ -717,6 +1719,44 @@ HINTS = {
             "    rising = ____  # (n_mels, n_freqs): 0 at low, 1 at the centre\n"
             "    falling = ____  # 1 at the centre, 0 at high\n"
             "    return ____  # the smaller slope, never below 0\n"
+        ),
+    ),
+    "ex_conv_module": Hints(
+        number="11.4",
+        check="check_conv_module",
+        idea=(
+            "The convolution module mixes each channel over a few neighbouring frames. It takes and returns "
+            "(batch, time, d_model), like the block around it, but PyTorch's Conv1d wants (batch, channels, time): "
+            "normalise first (a LayerNorm works on the last axis), swap the two axes, convolve, swap them back. The "
+            "two pointwise convolutions (kernel 1) are per-frame linear maps; between the first and the depthwise "
+            "one, a GLU turns 2 d_model channels into d_model by gating one half with the sigmoid of the other. The "
+            "depthwise convolution has one kernel per channel and (k - 1) / 2 zeros of padding on each side, so "
+            "frame t stays centred; then BatchNorm and Swish. The module's input is added back at the end."
+        ),
+        approach=(
+            "In __init__, five sub-modules under the reference's names: norm, a LayerNorm over d_model; "
+            "pointwise_in, a Conv1d from d_model to 2 d_model channels with kernel 1; depthwise, a Conv1d from "
+            "d_model to d_model channels with kernel_size taps, padding kernel_size // 2 and groups d_model; "
+            "batch_norm, a BatchNorm1d over d_model; pointwise_out, a Conv1d back to d_model channels with kernel 1. "
+            "In forward: normalise x, transpose time and channels, the first pointwise convolution, the GLU over "
+            "axis 1 (F.glu takes the axis), the depthwise convolution, the BatchNorm, SiLU, the last pointwise "
+            "convolution, transpose back, and add x."
+        ),
+        skeleton=(
+            "class ConvModule(nn.Module):\n"
+            "    def __init__(self, d_model, kernel_size):\n"
+            "        super().__init__()\n"
+            "        self.norm = ____  # over d_model\n"
+            "        self.pointwise_in = ____  # d_model -> 2 d_model channels, kernel 1\n"
+            "        self.depthwise = ____  # kernel_size taps, one kernel per channel, centred zero padding\n"
+            "        self.batch_norm = ____\n"
+            "        self.pointwise_out = ____  # back to d_model channels, kernel 1\n"
+            "\n"
+            "    def forward(self, x):  # (batch, time, d_model)\n"
+            "        h = ____  # normalised, then (batch, d_model, time)\n"
+            "        h = ____  # the first pointwise convolution, then the GLU over the channels\n"
+            "        h = ____  # depthwise, BatchNorm, Swish\n"
+            "        return ____  # the last pointwise convolution, channels last again, plus the residual\n"
         ),
     ),
 }

@@ -1,6 +1,6 @@
 """Checkers for notebooks/12_moe_and_scaling.ipynb: a mixture of experts' router, top-k gating, the balance loss, the forward.
 
-Three exercises, each checked against tfedu's reference after first trying the known mistakes:
+Four exercises, each checked against a reference after first trying the known mistakes:
 
 - 12.1 ``top_k_gating(router_logits, k) -> (gates, experts)``, both (tokens, k): the softmax over
   the tokens axis (dim 0) instead of the experts axis, the k gates not renormalised when k > 1
@@ -42,12 +42,24 @@ Three exercises, each checked against tfedu's reference after first trying the k
   runs (``names_bound``; the probe's run code does the same), so a slip in 12.1 costs only 12.1. tfedu.moe is
   refused.
 
+- 12.4 ``isoflop_fit(curves, budgets, tokens_per_step) -> (n_opt, loss_min, a, b)``, Hoffmann et al.'s approach 2
+  on training curves (N, steps, losses): each budget's IsoFLOP slice read at D = C / 6N (linear interpolation, models
+  whose curve does not cover D skipped), a least-squares parabola in ln N with its vertex (NaN for fewer than three
+  models or a parabola opening downward), then ln N_opt = a ln C + b (ValueError with fewer than two minima). Named:
+  C = 2ND, steps read as tokens, the parabola in N, the best sampled model for the vertex, curves used past their
+  ends (np.interp's clamping), budgets of two models kept, a downward parabola's vertex kept, the line fitted the
+  wrong way round (about 1 / a), log10 on one axis and ln on the other, b in log10; the inputs changed in place.
+  Compared with :func:`reference_isoflop_fit` on curves from a Chinchilla-like L(N, D) = E + A/N^alpha + B/D^beta
+  with noise (one with a loss spike, one too short for any line); the probe draws fresh laws, sizes and budgets
+  until every mistake shows apart. The reference itself (and tfedu.experiments.scaling) is refused.
+
 A function that returns None is taken for an unfinished exercise (``ExerciseNotDone``), like one
 that still raises NotImplementedError.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +69,7 @@ import torch
 import tfedu.moe as _moe
 from tfedu.checks.building_blocks import EINOPS, ELEMENTARY, SOFTMAX
 from tfedu.checks.core import (
+    NOT_DONE_MESSAGE,
     CheckFailure,
     ExerciseNotDone,
     Hints,
@@ -1462,6 +1475,461 @@ def top_k_gating(router_logits, k):
 """
 
 
+# ----------------------------------------------------------------------------- 12.4 isoflop_fit
+
+HINT_ISO_CALL = (
+    "isoflop_fit(curves, budgets, tokens_per_step): curves a list of (N, steps, losses), N a number, steps and losses "
+    "1-D NumPy arrays of one length; budgets a 1-D array of FLOPs; tokens_per_step an int"
+)
+HINT_ISO_KIND = (
+    "isoflop_fit should return four things, (n_opt, loss_min, a, b): two 1-D arrays with one entry per budget (NaN "
+    "where a budget is skipped) and two floats, got {got}"
+)
+HINT_ISO_LENGTH = (
+    "your {name} has {got} entries for {n} budgets: one entry per budget, in the budgets' order, NaN for a budget "
+    "that gives no minimum"
+)
+HINT_ISO_NOT_NUMBER = "your {name} is {got}: a and b are two plain numbers, the slope and the intercept of the line"
+HINT_ISO_NO_RAISE = (
+    "for {what}, fewer than two budgets give a minimum, so there is no line to fit: isoflop_fit should raise a "
+    "ValueError there, got {got}"
+)
+HINT_ISO_RAISED = "isoflop_fit raised {err} for {what}, where the reference finds minima at {count} budgets"
+HINT_ISO_2ND = (
+    "your n_opt is the reference's for compute C = 2ND, the forward pass alone: training also runs the backward "
+    "pass, twice the forward's work, so a model of N parameters that reads D tokens costs 6ND (for {what})"
+)
+HINT_ISO_STEPS = (
+    "your answer is what one gets by reading D, a number of tokens, against the step counts themselves: each step "
+    "reads tokens_per_step tokens (batch times sequence length), so a curve's point at step s has seen s times "
+    "tokens_per_step tokens (for {what})"
+)
+HINT_ISO_LINEAR_N = (
+    "your n_opt is the vertex of a parabola fitted to loss against N itself: the IsoFLOP profiles are parabolas in "
+    "log N (the sizes are spaced by factors), so fit the loss against the natural log of N and take exp of the "
+    "vertex (for {what})"
+)
+HINT_ISO_ARGMIN = (
+    "your n_opt and loss_min are the size and loss of the best sampled model at each budget: the minimum lies "
+    "between the sampled sizes, at the vertex of the parabola fitted through them, and loss_min is the parabola's "
+    "value there (for {what})"
+)
+HINT_ISO_NO_SKIP = (
+    "your answer uses models whose curve does not reach the D a budget asks of them (more tokens than its last "
+    "point, or fewer than its first): np.interp then returns the curve's end value, which is no measurement. Skip "
+    "such a model at that budget (for {what})"
+)
+HINT_ISO_FEWER = (
+    "your n_opt has a value for budget {i} (C = {C:.3g}), where only {count} of the models' curves reach: a parabola "
+    "needs three points, so that budget gives no minimum (NaN) (for {what})"
+)
+HINT_ISO_DOWNWARD = (
+    "your n_opt has a value for budget {i} (C = {C:.3g}), where the parabola through the points opens downward: its "
+    "vertex is a maximum, not a minimum, so that budget gives no minimum (NaN) (for {what})"
+)
+HINT_ISO_SKIPPED = (
+    "your n_opt is NaN at budget {i} (C = {C:.3g}), where {count} models' curves reach D = C / 6N and the parabola "
+    "through them opens upward: read each model's loss where its curve covers D, first and last points included "
+    "(for {what})"
+)
+HINT_ISO_N_DIFFERS = (
+    "your n_opt at budget {i} (C = {C:.3g}) is {got:.6g}, expected {want:.6g}: read each reaching model's loss at "
+    "D = C / 6N tokens, linearly between the curve's points (as np.interp does), fit a parabola to loss against "
+    "ln N by least squares, and take its vertex (for {what})"
+)
+HINT_ISO_L_DIFFERS = (
+    "your loss_min at budget {i} (C = {C:.3g}) is {got:.6g}, expected {want:.6g}: it is the fitted parabola's value "
+    "at its vertex (for {what})"
+)
+HINT_ISO_INVERTED = (
+    "your a is {got:.4g}, the slope of ln C against ln N_opt (about 1 / a): the law is N_opt = e^b C^a, so fit "
+    "ln N_opt as the y and ln C as the x (for {what})"
+)
+HINT_ISO_MIXED_LOGS = (
+    "your a is {got:.4g}, expected {want:.4g}, off by a factor of {factor:.4g} (ln 10 = 2.303): one axis in log10, "
+    "the other in the natural log. Take the same log of both; the brief asks the natural log (for {what})"
+)
+HINT_ISO_B_LOG10 = (
+    "your a is right but b is {got:.4g}, expected {want:.4g}, off by a factor ln 10: b is the intercept of ln N_opt "
+    "against ln C, with natural logs on both axes (for {what})"
+)
+HINT_ISO_A_DIFFERS = (
+    "your a is {got:.6g}, expected {want:.6g}: fit ln N_opt = a ln C + b by least squares over the budgets that gave "
+    "a minimum (NaN budgets left out) (for {what})"
+)
+HINT_ISO_B_DIFFERS = "your b is {got:.6g}, expected {want:.6g}: the intercept of that same least-squares line (for {what})"
+ISO_BUILDS = frozenset({"numpy.interp", "numpy.polyfit", "numpy.polyval", "numpy.linalg.lstsq", "numpy.linalg.solve",
+                        "numpy.linalg.inv", "numpy.linalg.pinv", "numpy.vander", "numpy.column_stack",
+                        "numpy.polynomial.polynomial.polyfit", "numpy.polynomial.Polynomial",
+                        "numpy.polynomial.Polynomial.fit", "numpy.full", "numpy.nan", "numpy.isnan", "numpy.errstate"})
+ISO_FORBIDDEN = ("tfedu.experiments.scaling", "tfedu.checks")
+ISO_REFERENCES = ("tfedu.checks.nb12_moe_and_scaling", "tfedu.experiments.scaling")
+HINT_ISO_SHORTCUT = (
+    "your isoflop_fit uses the course's own {name}: the fit is the exercise itself, so build it from NumPy ({how})"
+)
+ISO_HOW = "np.interp for the reading, np.polyfit (or a least-squares solve) for the parabolas and the line"
+
+# The mistakes the variant reproduces: n_opt-changing ones first (tried on the whole answer), then those of a and b.
+ISO_MISTAKES = ("2ND", "steps", "parabola in N", "argmin", "no skip", "inverted", "log10 C", "log10 N", "log10 b")
+
+
+def _refuse_iso(fn: Any) -> None:
+    """Fail when ``fn`` is the reference (or tfedu.experiments.scaling's) or its code calls it."""
+    if from_modules(fn, ISO_REFERENCES):
+        raise CheckFailure(HINT_ISO_SHORTCUT.format(name=getattr(fn, "__name__", "function"), how=ISO_HOW))
+    used = globals_from_modules(fn, ISO_REFERENCES)
+    expect(not used, HINT_ISO_SHORTCUT.format(name=", ".join(used), how=ISO_HOW))
+
+
+def isoflop_variant(curves: list, budgets: Any, tokens_per_step: int, mistake: str = "") -> tuple:
+    """Exercise 12.4 done right (``mistake=""``) or with one named ``mistake`` (:data:`ISO_MISTAKES`).
+
+    For each budget C, each model (N, steps, losses) whose tokens (steps x tokens_per_step) cover D = C / 6N gives the
+    loss at D, linearly interpolated; a budget with three such models or more gets a least-squares parabola in ln N,
+    and, if it opens upward, its vertex (n_opt, loss_min); otherwise NaN. Then ln n_opt = a ln C + b by least squares
+    over the budgets with a minimum; fewer than two raise ValueError.
+    """
+    budgets = np.asarray(budgets, dtype=float)
+    flops = 2.0 if mistake == "2ND" else 6.0
+    per_step = 1.0 if mistake == "steps" else float(tokens_per_step)
+    n_opt, loss_min = np.full(len(budgets), np.nan), np.full(len(budgets), np.nan)
+    for i, C in enumerate(budgets):
+        sizes, losses = [], []
+        for N, steps, curve in curves:
+            tokens = np.asarray(steps, dtype=float) * per_step
+            D = C / (flops * float(N))
+            if mistake == "no skip" or tokens[0] <= D <= tokens[-1]:
+                sizes.append(float(N))
+                losses.append(float(np.interp(D, tokens, np.asarray(curve, dtype=float))))
+        if len(sizes) < 3:
+            continue
+        x = np.array(sizes) if mistake == "parabola in N" else np.log(sizes)
+        c2, c1, c0 = np.polyfit(x, losses, 2)
+        if not c2 > 0:
+            continue
+        if mistake == "argmin":
+            best = int(np.argmin(losses))
+            n_opt[i], loss_min[i] = sizes[best], losses[best]
+            continue
+        vertex = -c1 / (2 * c2)
+        n_opt[i] = vertex if mistake == "parabola in N" else np.exp(vertex)
+        loss_min[i] = c0 - c1**2 / (4 * c2)
+    found = np.isfinite(n_opt) & (n_opt > 0)
+    if found.sum() < 2:
+        raise ValueError(f"only {int(found.sum())} budget(s) give a minimum: a line needs two")
+    log_c = np.log10(budgets[found]) if mistake == "log10 C" else np.log(budgets[found])
+    log_n = np.log10(n_opt[found]) if mistake in ("log10 N", "log10 b") else np.log(n_opt[found])
+    if mistake == "log10 b":
+        log_c = np.log10(budgets[found])
+    if mistake == "inverted":
+        a, b = np.polyfit(log_n, log_c, 1)
+    else:
+        a, b = np.polyfit(log_c, log_n, 1)
+    return n_opt, loss_min, float(a), float(b)
+
+
+def reference_isoflop_fit(curves: list, budgets: Any, tokens_per_step: int) -> tuple:
+    """Exercise 12.4's reference: ``(n_opt, loss_min, a, b)``, see :func:`isoflop_variant`."""
+    return isoflop_variant(curves, budgets, tokens_per_step)
+
+
+@dataclass
+class IsoCase:
+    """One input of exercise 12.4: the curves (N, steps, losses), the budgets, tokens per step, and what they are."""
+
+    sizes: list
+    steps: list
+    losses: list
+    budgets: np.ndarray
+    tokens_per_step: int
+    text: str
+
+    @property
+    def curves(self) -> list:
+        return [(n, np.array(s), np.array(l)) for n, s, l in zip(self.sizes, self.steps, self.losses)]
+
+    def counts(self) -> list[int]:
+        """How many models' curves reach each budget."""
+        return [sum(s[0] * self.tokens_per_step <= C / (6 * n) <= s[-1] * self.tokens_per_step
+                    for n, s in zip(self.sizes, self.steps)) for C in self.budgets]
+
+    def upward(self) -> list[bool | None]:
+        """For each budget with three models or more, whether its parabola opens upward (None: fewer than three)."""
+        out = []
+        for C, count in zip(self.budgets, self.counts()):
+            if count < 3:
+                out.append(None)
+                continue
+            xs, ys = [], []
+            for n, s, l in zip(self.sizes, self.steps, self.losses):
+                tokens, D = np.asarray(s, dtype=float) * self.tokens_per_step, C / (6 * n)
+                if tokens[0] <= D <= tokens[-1]:
+                    xs.append(math.log(n))
+                    ys.append(float(np.interp(D, tokens, l)))
+            out.append(bool(np.polyfit(xs, ys, 2)[0] > 0))
+        return out
+
+
+def iso_case(rng: np.random.Generator, *, n_models: int = 6, spike: bool = False, noise: float = 0.004,
+             short_first: bool = True, text: str = "") -> IsoCase:
+    """Curves from a Chinchilla-like L(N, D) = E + A / N^alpha + B / D^beta plus noise, every model run to the top
+    budget (the smallest stopped early when ``short_first``), the lowest budget reached by only two models; with
+    ``spike``, one middle model's curve carries a loss spike over part of its run, so some budgets' parabolas open
+    downward."""
+    from tfedu.experiments.scaling import ParametricLoss
+    alpha, beta = (float(v) for v in rng.uniform(0.25, 0.45, 2))
+    law = ParametricLoss(E=float(rng.uniform(1.5, 2.5)), A=float(rng.uniform(200, 500)),
+                         B=float(rng.uniform(200, 2000)), alpha=alpha, beta=beta)
+    tokens_per_step = int(rng.choice([256, 512, 1024, 2048]))
+    c_lo = 10 ** float(rng.uniform(15, 17))
+    c_hi = c_lo * 10 ** float(rng.uniform(1.3, 1.7))
+    n_lo, n_hi = float(law.optimal(c_lo)[0]), float(law.optimal(c_hi)[0])
+    sizes = [int(round(n)) for n in np.geomspace(n_lo / 3, n_hi * 3, n_models)]
+    first = max(1, int(round(c_lo / (6 * tokens_per_step * math.sqrt(sizes[1] * sizes[2])))))  # two reach c_lo
+    steps, losses = [], []
+    for j, n in enumerate(sizes):
+        reach = c_hi * (0.6 if short_first and j == 0 else 1.05)
+        last = int(math.ceil(reach / (6 * n * tokens_per_step)))
+        every = max(1, (last - first) // 60)
+        s = np.arange(first, last + every, every)
+        curve = law.loss(float(n), s * float(tokens_per_step)) + noise * rng.standard_normal(len(s))
+        if spike and j == n_models // 2:
+            middle = len(s) // 2
+            curve[middle - len(s) // 8: middle + len(s) // 8] += 1.0
+        steps.append(s.astype(np.int64))
+        losses.append(np.asarray(curve, dtype=float))
+    budgets = np.geomspace(c_lo, c_hi, int(rng.integers(8, 13)))
+    what = text or (f"{n_models} models from N = {sizes[0]:,} to {sizes[-1]:,}, {len(budgets)} budgets from "
+                    f"{budgets[0]:.3g} to {budgets[-1]:.3g} FLOPs, {tokens_per_step} tokens per step"
+                    + (", a loss spike in one run" if spike else ""))
+    return IsoCase(sizes, steps, losses, budgets, tokens_per_step, what)
+
+
+def iso_mistakes(case: IsoCase) -> list[tuple[str, Any]]:
+    """Each named mistake and what it returns on ``case`` (the string "raises" when it raises ValueError)."""
+    found = []
+    with np.errstate(all="ignore"):
+        for mistake in ISO_MISTAKES:
+            try:
+                found.append((mistake, isoflop_variant(case.curves, case.budgets, case.tokens_per_step, mistake)))
+            except (ValueError, np.linalg.LinAlgError):
+                found.append((mistake, "raises"))
+    return found
+
+
+def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and bool(np.allclose(a, b, rtol=1e-6, atol=1e-9, equal_nan=True))
+
+
+def _same_number(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) or (math.isnan(a) and math.isnan(b))
+
+
+ISO_N_HINTS = {"2ND": HINT_ISO_2ND, "steps": HINT_ISO_STEPS, "parabola in N": HINT_ISO_LINEAR_N,
+               "argmin": HINT_ISO_ARGMIN, "no skip": HINT_ISO_NO_SKIP}
+
+
+def _as_iso(got: Any, n_budgets: int) -> tuple[np.ndarray, np.ndarray, float, float]:
+    if got is None:
+        raise ExerciseNotDone(HINT_RETURNED_NONE.format(function="isoflop_fit"))
+    if not (isinstance(got, (tuple, list)) and len(got) == 4):
+        raise CheckFailure(HINT_ISO_KIND.format(got=describe(got)))
+    arrays = []
+    for name, value in zip(("n_opt", "loss_min"), got[:2]):
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        try:
+            array = np.asarray(value, dtype=float)
+        except (TypeError, ValueError):
+            raise CheckFailure(HINT_ISO_KIND.format(got=describe(got))) from None
+        expect(array.ndim == 1 and len(array) == n_budgets,
+               HINT_ISO_LENGTH.format(name=name, got=array.size, n=n_budgets))
+        arrays.append(array)
+    numbers = []
+    for name, value in zip(("a", "b"), got[2:]):
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, np.ndarray) and value.size == 1:
+            value = value.item()
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+            raise CheckFailure(HINT_ISO_NOT_NUMBER.format(name=name, got=describe(value)))
+        numbers.append(float(value))
+    return arrays[0], arrays[1], numbers[0], numbers[1]
+
+
+def diagnose_isoflop(got: Any, case: IsoCase, *, error: str | None = None) -> None:
+    """Raise CheckFailure naming what is wrong with the learner's result on ``case`` (``error``: what it raised)."""
+    what = case.text
+    try:
+        want = reference_isoflop_fit(case.curves, case.budgets, case.tokens_per_step)
+    except ValueError:
+        want = "raises"
+    variants = iso_mistakes(case)
+    if want == "raises":
+        if error is None or not error.startswith("ValueError"):
+            raise CheckFailure(HINT_ISO_NO_RAISE.format(what=what, got=error or describe(got)))
+        return
+    if error is not None:
+        for mistake, result in variants:
+            if result == "raises" and mistake in ISO_N_HINTS:
+                raise CheckFailure(ISO_N_HINTS[mistake].format(what=what))
+        count = int(np.isfinite(want[0]).sum())
+        raise CheckFailure(HINT_ISO_RAISED.format(err=error, what=what, count=count) + f" ({HINT_ISO_CALL})")
+    n_opt, loss_min, a, b = _as_iso(got, len(case.budgets))
+    if not (_same_array(n_opt, want[0]) and _same_array(loss_min, want[1])):
+        for mistake, result in variants:
+            if mistake in ISO_N_HINTS and result != "raises" and _same_array(n_opt, result[0]):
+                raise CheckFailure(ISO_N_HINTS[mistake].format(what=what))
+        counts, upward = case.counts(), case.upward()
+        for i, C in enumerate(case.budgets):
+            if np.isfinite(n_opt[i]) and not np.isfinite(want[0][i]):
+                if counts[i] < 3:
+                    raise CheckFailure(HINT_ISO_FEWER.format(i=i + 1, C=C, count=counts[i], what=what))
+                if upward[i] is False:
+                    raise CheckFailure(HINT_ISO_DOWNWARD.format(i=i + 1, C=C, what=what))
+            if not np.isfinite(n_opt[i]) and np.isfinite(want[0][i]):
+                raise CheckFailure(HINT_ISO_SKIPPED.format(i=i + 1, C=C, count=counts[i], what=what))
+        for i, C in enumerate(case.budgets):
+            if not _same_number(n_opt[i], want[0][i]):
+                raise CheckFailure(HINT_ISO_N_DIFFERS.format(i=i + 1, C=C, got=n_opt[i], want=want[0][i], what=what))
+            if not _same_number(loss_min[i], want[1][i]):
+                raise CheckFailure(HINT_ISO_L_DIFFERS.format(i=i + 1, C=C, got=loss_min[i], want=want[1][i], what=what))
+    if not _same_number(a, want[2]):
+        for mistake, result in variants:
+            if result == "raises" or not _same_number(a, result[2]):
+                continue
+            if mistake == "inverted":
+                raise CheckFailure(HINT_ISO_INVERTED.format(got=a, what=what))
+            if mistake in ("log10 C", "log10 N"):
+                raise CheckFailure(HINT_ISO_MIXED_LOGS.format(got=a, want=want[2], factor=a / want[2], what=what))
+        raise CheckFailure(HINT_ISO_A_DIFFERS.format(got=a, want=want[2], what=what))
+    if not _same_number(b, want[3]):
+        if _same_number(b, want[3] / math.log(10)):
+            raise CheckFailure(HINT_ISO_B_LOG10.format(got=b, want=want[3], what=what))
+        raise CheckFailure(HINT_ISO_B_DIFFERS.format(got=b, want=want[3], what=what))
+
+
+def iso_cases() -> list[IsoCase]:
+    """The check's inputs: two clean sweeps, one with a loss spike, and one too short for any line."""
+    cases = [iso_case(np.random.default_rng(seed), spike=spike) for seed, spike in ((0, False), (1, False), (4, True))]
+    short = iso_case(np.random.default_rng(2), n_models=6)
+    short.budgets = short.budgets[:1]  # only two models reach the lowest budget: no minimum anywhere
+    short.text = "budgets that no three models' curves reach (no minimum anywhere)"
+    return cases + [short]
+
+
+def _check_iso_call(fn: Any, case: IsoCase) -> None:
+    curves, budgets = case.curves, case.budgets.copy()
+    before = [(s.copy(), l.copy()) for _, s, l in curves]
+    try:
+        got, error = fn(curves, budgets, case.tokens_per_step), None
+    except NotImplementedError:
+        raise ExerciseNotDone(NOT_DONE_MESSAGE) from None
+    except Exception as err:  # judged below: a ValueError is the answer when no line can be fitted
+        got, error = None, f"{type(err).__name__}: {str(err)[:200]}"
+    changed = not np.array_equal(budgets, case.budgets) or any(
+        not (np.array_equal(s, s0) and np.array_equal(l, l0)) for (_, s, l), (s0, l0) in zip(curves, before))
+    expect(not changed, "your isoflop_fit changed its inputs in place: work on copies")
+    if got is None and error is None:
+        raise ExerciseNotDone(HINT_RETURNED_NONE.format(function="isoflop_fit"))
+    diagnose_isoflop(got, case, error=error)
+
+
+@checker("the compute-optimal fit")
+def check_isoflop_fit(isoflop_fit) -> None:
+    """Check ``isoflop_fit(curves, budgets, tokens_per_step) -> (n_opt, loss_min, a, b)``.
+
+    On :func:`iso_cases` (curves from a Chinchilla-like law with noise; one with a loss spike so that some budgets'
+    parabolas open downward; one where no line can be fitted), against :func:`reference_isoflop_fit`; the known
+    mistakes (:data:`ISO_MISTAKES`, budgets of fewer than three models, downward parabolas) are named.
+    """
+    _refuse_iso(isoflop_fit)
+    for case in iso_cases():
+        _check_iso_call(isoflop_fit, case)
+
+
+ISO_PROBE_RUN = HELPERS + """\
+_results = []
+for _c in inputs['cases']:
+    _curves = [(float(_n), np.array(_s), np.array(_l)) for _n, _s, _l in zip(_c['sizes'], _c['steps'], _c['losses'])]
+    try:
+        _r = isoflop_fit(_curves, np.array(_c['budgets']), int(_c['tokens_per_step']))
+        _e = None
+    except Exception as _err:
+        _r, _e = None, type(_err).__name__ + ': ' + str(_err)[:200]
+    if _e is None and isinstance(_r, (tuple, list)) and len(_r) == 4:
+        _out = []
+        for _v in _r:
+            if isinstance(_v, torch.Tensor):
+                _v = _v.detach().cpu().numpy()
+            try:
+                _out.append(np.asarray(_v, dtype=float))
+            except Exception:
+                _out.append(_kind(_v))
+        _results.append({'result': _out, 'error': None})
+    else:
+        _results.append({'result': None if _r is None else _kind(_r), 'error': _e})
+outputs = {'results': _results}
+del _results, _c, _curves, _r, _e
+""" + CLEANUP
+
+
+def _iso_case_from(c: dict) -> IsoCase:
+    return IsoCase(list(c["sizes"]), [np.asarray(s) for s in c["steps"]], [np.asarray(l) for l in c["losses"]],
+                   np.asarray(c["budgets"], dtype=float), int(c["tokens_per_step"]), str(c["text"]))
+
+
+def isoflop_apart(case: IsoCase) -> bool:
+    """True when every n_opt mistake changes n_opt on ``case`` and each differently, and each a mistake changes a."""
+    try:
+        want = reference_isoflop_fit(case.curves, case.budgets, case.tokens_per_step)
+    except ValueError:
+        return False
+    seen = [want[0]]
+    for mistake, result in iso_mistakes(case):
+        if mistake in ISO_N_HINTS:
+            if result != "raises":
+                if any(_same_array(result[0], other) for other in seen):
+                    return False
+                seen.append(result[0])
+        elif result == "raises" or _same_number(result[2], want[2]) != (mistake == "log10 b"):
+            return False
+    return True
+
+
+def _iso_probe_inputs(rng: np.random.Generator) -> dict:
+    cases = []
+    for spike in (False, True, False):
+        for _ in range(50):
+            case = iso_case(rng, n_models=int(rng.integers(5, 8)), spike=spike, short_first=bool(rng.random() < 0.7),
+                            text=f"hidden test {len(cases) + 1}")
+            upward = case.upward()
+            if isoflop_apart(case) and (not spike or False in upward) and None in upward:
+                break
+        else:
+            raise RuntimeError("no isoflop_fit inputs that tell every mistake apart in 50 draws")
+        cases.append({"sizes": [int(n) for n in case.sizes], "steps": case.steps, "losses": case.losses,
+                      "budgets": case.budgets, "tokens_per_step": case.tokens_per_step, "text": case.text})
+    return {"cases": cases}
+
+
+def _compare_isoflop(outputs: dict, expected: dict) -> str | None:
+    results, cases = outputs.get("results") if isinstance(outputs, dict) else None, expected["cases"]
+    if not (isinstance(results, list) and len(results) == len(cases)):
+        return "isoflop_fit's hidden test did not run every case"
+    for got, c in zip(results, cases):
+        case = _iso_case_from(c)
+        result = got.get("result") if isinstance(got, dict) else None
+        if isinstance(result, list):
+            result = tuple(np.asarray(v) if isinstance(v, np.ndarray) and v.ndim else
+                           (float(v) if isinstance(v, np.ndarray) else v) for v in result)
+        try:
+            diagnose_isoflop(result, case, error=got.get("error") if isinstance(got, dict) else None)
+        except (CheckFailure, ExerciseNotDone) as failure:
+            return str(failure)
+    return None
+
+
 PROBES = {
     "check_top_k_gating": Probe(
         builds=ELEMENTARY | SOFTMAX,
@@ -1474,6 +1942,10 @@ PROBES = {
         builds=ELEMENTARY | SOFTMAX | EINOPS | MF_BUILDS,
         exercise="ex_moe_forward", make_inputs=_mf_probe_inputs, run=MF_PROBE_RUN,
         reference=_mf_probe_reference, compare=_compare_mf, forbidden=FORBIDDEN, standins=MF_STANDINS),
+    "check_isoflop_fit": Probe(
+        builds=ELEMENTARY | ISO_BUILDS,
+        exercise="ex_isoflop_fit", make_inputs=_iso_probe_inputs, run=ISO_PROBE_RUN,
+        reference=lambda inputs: {"cases": inputs["cases"]}, compare=_compare_isoflop, forbidden=ISO_FORBIDDEN),
 }
 
 
@@ -1570,6 +2042,53 @@ HINTS = {
             "        if len(token):\n"
             "            out = out.index_add(0, token, ____)  # gate times the expert's output rows\n"
             "    return out, kept\n"
+        ),
+    ),
+    "ex_isoflop_fit": Hints(
+        number="12.4",
+        check="check_isoflop_fit",
+        idea=(
+            "Hoffmann et al.'s approach 2 in three steps. Slice: a compute budget C fixes N times D, so each model "
+            "of N parameters meets the budget at one point of its own training curve, after D = C / 6N tokens; "
+            "read its loss there, if its curve covers that many tokens. Minimum: the losses of one budget against "
+            "ln N lie on a valley (too small a model on one side, too few tokens on the other), fitted by a "
+            "parabola whose vertex is N_opt and whose value there is the lowest loss; a budget with fewer than three "
+            "points, or whose parabola opens downward, has no minimum. Line: ln N_opt against ln C is straight, and "
+            "its slope is the exponent a."
+        ),
+        approach=(
+            "Start n_opt and loss_min as arrays of NaN, one entry per budget. For each budget C, go over the "
+            "curves: a curve's tokens are its steps times tokens_per_step; D is C divided by 6 N; keep the model "
+            "only if D lies between the first and the last of its tokens, and then its loss at D, interpolated "
+            "linearly (np.interp), with ln N beside it. With three models or more, np.polyfit of degree 2 gives "
+            "(c2, c1, c0) for loss against ln N; when c2 is positive the vertex is at ln N = -c1 / (2 c2), and the "
+            "parabola's value there is c0 - c1^2 / (4 c2). At the end, take the budgets whose n_opt is a number, "
+            "raise ValueError if fewer than two, and fit a straight line (np.polyfit of degree 1) to ln n_opt "
+            "against ln C: its slope is a, its intercept b."
+        ),
+        skeleton=(
+            "def isoflop_fit(curves, budgets, tokens_per_step):\n"
+            "    budgets = ____  # a float array\n"
+            "    n_opt, loss_min = ____  # one NaN per budget each, to be filled in\n"
+            "    for i in ____:\n"
+            "        C = ____  # budget i\n"
+            "        log_n, losses = [], []\n"
+            "        for ____ in curves:  # each model: its N, steps and losses\n"
+            "            tokens = ____  # the tokens each point of the curve has seen\n"
+            "            D = ____  # the tokens this model may read on budget C\n"
+            "            if ____:  # the curve covers D\n"
+            "                log_n.append(____)\n"
+            "                losses.append(____)  # the loss at D, between the curve's points\n"
+            "        if ____:  # enough points for a parabola\n"
+            "            c2, c1, c0 = ____\n"
+            "            if ____:  # a minimum, not a maximum\n"
+            "                n_opt[i] = ____\n"
+            "                loss_min[i] = ____\n"
+            "    found = ____  # the budgets with a minimum\n"
+            "    if ____:\n"
+            "        raise ValueError(____)\n"
+            "    a, b = ____  # the line through (ln C, ln N_opt)\n"
+            "    return ____  # four things: two arrays, two floats\n"
         ),
     ),
 }

@@ -1,6 +1,6 @@
-"""Checkers for notebooks/13_peft.ipynb: LoRA and a bottleneck adapter by hand.
+"""Checkers for notebooks/13_peft.ipynb: LoRA, a bottleneck adapter and prefix attention by hand.
 
-Two exercises, each checked against its tfedu.peft reference after first trying the known mistakes:
+Three exercises, each checked against its tfedu reference after first trying the known mistakes:
 
 - 13.1 ``LoRA(base, r, alpha)``, an ``nn.Module`` wrapping a frozen ``nn.Linear`` ``base``, with ``A``
   (r, d_in) and ``B`` (d_out, r), ``forward(x) = base(x) + (alpha / r) B A x`` and ``merged_weight()``
@@ -26,6 +26,22 @@ Two exercises, each checked against its tfedu.peft reference after first trying 
   missing, up random at the start or only its weight zeroed (the adapted model is no longer the base model at
   step 0), down zero as well (nothing ever learns), weights kept as plain tensors (not registered: no
   optimizer sees them), an output in another dtype than its input, and one SGD step that changes nothing.
+- 13.3 ``prefix_attention(x, attn, prefix_k, prefix_v)``: the causal self-attention of a multi-head layer
+  ``attn`` (``W_Q``, ``W_K``, ``W_V``, ``W_O`` as ``nn.Linear``, ``n_heads``: exercise 5.3's layout) over ``x``
+  (batch, pos, d_model), with learned keys and values ``(n_heads, n_prefix, d_head)`` in front of the tokens':
+  every query reads the whole prefix and the tokens up to its own; the output is (batch, pos, d_model). Equal to
+  ``tfedu.layers.Attention`` with ``prefix`` set (``tfedu.peft.apply_prefix_tuning``'s plain prefix) and the same
+  weights, in float64 and float32, and the gradients reach the prefix. While it is checked and graded a correct
+  ``masked_attention`` stands in for the learner's of exercise 5.2, and says which of its arguments disagree.
+  Named mistakes: the prefix under the causal mask (laid over all n_prefix + pos keys from the first column:
+  query i sees the first i + 1 keys), the mask not extended (one column per token: the shapes disagree), the
+  causal mask missing, the prefix ignored, the prefix before the queries too (the output n_prefix rows longer),
+  the prefix on the keys but not the values (or the reverse), prefix_k prepended to the values, the prefix
+  appended after the tokens (with an end-aligned mask or one built for the front), every head reading the first
+  head's prefix, the heads scrambled by a reshape to (n_prefix, d_model) without moving the head axis, the
+  scale from d_model or none, the output's dtype changed, and no gradient to the prefix. (The course GPT's
+  positions are learned vectors added before the blocks, so attention has no positions to give the prefix.)
+  ``tfedu.peft`` and ``tfedu.layers`` are refused.
 
 A class whose construction raises NotImplementedError, or a forward that returns None, is taken for an
 unfinished exercise (``ExerciseNotDone``).
@@ -33,16 +49,18 @@ unfinished exercise (``ExerciseNotDone``).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 import torch
 
-from tfedu.checks.building_blocks import ACTIVATIONS, ELEMENTARY, MODULES
-from tfedu.checks.core import CheckFailure, ExerciseNotDone, Hints, Probe, checker, expect, global_names
+from tfedu.checks.building_blocks import ACTIVATIONS, EINOPS, ELEMENTARY, MODULES, SOFTMAX
+from tfedu.checks.core import CheckFailure, ExerciseNotDone, Hints, Probe, checker, expect, global_names, names_bound
 from tfedu.checks.probes import CLEANUP, HELPERS
 
 FORBIDDEN = ("tfedu.peft",)
+FORBIDDEN_PREFIX = ("tfedu.peft", "tfedu.layers")  # 13.3: both run a prefix already
 
 # Run in the student's kernel (in the probe's run code) and, for the checker, here: one source.
 LORA_HELPERS = '''\
@@ -554,6 +572,342 @@ def check_adapter(Adapter: Any) -> None:
           "(float32 and float64)")
 
 
+# ----------------------------------------------------------------------------- 13.3: prefix attention
+
+# Run in the student's kernel (in the probe's run code) and, for the checker, here: one source.
+PREFIX_HELPERS = '''\
+class _PrefixLayer(torch.nn.Module):
+    """One attention layer's weights, laid out as exercise 5.3's: W_Q, W_K, W_V, W_O (nn.Linear), n_heads, d_head."""
+
+    def __init__(self, case, dtype):
+        super().__init__()
+        self.d_model, self.n_heads, self.d_head = int(case["d_model"]), int(case["n_heads"]), int(case["d_head"])
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            linear = torch.nn.Linear(self.d_model, self.d_model).to(dtype)
+            with torch.no_grad():
+                linear.weight.copy_(torch.from_numpy(case[name + ".weight"]))
+                linear.bias.copy_(torch.from_numpy(case[name + ".bias"]))
+            linear.requires_grad_(False)
+            self.add_module(name, linear)
+
+    def forward(self, *args, **kwargs):
+        raise RuntimeError("this layer holds only its weights: prefix_attention computes the attention itself, "
+                           "from W_Q, W_K, W_V and W_O")
+
+
+def _prefix_record(prefix_attention, case, dtype_name):
+    """What a learner's prefix_attention does on one case in one dtype, as plain data."""
+    dtype = getattr(torch, dtype_name)
+    layer = _PrefixLayer(case, dtype)
+    x = torch.from_numpy(case["x"]).to(dtype).clone()  # copies: the case's arrays stay as drawn, whatever the answer does
+    keys = torch.from_numpy(case["prefix_k"]).to(dtype).clone().requires_grad_()
+    values = torch.from_numpy(case["prefix_v"]).to(dtype).clone().requires_grad_()
+    try:
+        out = prefix_attention(x, layer, keys, values)
+    except NotImplementedError:
+        return {"status": "not done"}
+    except Exception as err:
+        return {"status": "raised", "error": type(err).__name__ + ": " + str(err)[:300]}
+    if out is None:
+        return {"status": "not done"}
+    if not isinstance(out, torch.Tensor):
+        return {"status": "not a tensor", "got": type(out).__name__}
+    record = {"status": "ok", "shape": list(out.shape), "dtype": str(out.dtype).replace("torch.", ""),
+              "out": out.detach().double().numpy(), "grads": "missing"}
+    if out.requires_grad and tuple(out.shape) == tuple(x.shape) and out.is_floating_point():
+        upstream = torch.from_numpy(case["upstream"]).to(out.dtype)
+        grads = torch.autograd.grad((out * upstream).sum(), [keys, values], allow_unused=True)
+        record["grads"] = ["none" if g is None else g.double().numpy() for g in grads]
+    return record
+
+
+'''
+PREFIX_CLEANUP = "del _PrefixLayer, _prefix_record\n"
+exec(compile(PREFIX_HELPERS, "<prefix probe helpers>", "exec"), _helpers)
+prefix_record = _helpers["_prefix_record"]
+
+# The learner's prefix_attention calls their masked_attention of exercise 5.2 (notebook 05, brought in with
+# tfedu.use_mine). While 13.3 is checked and graded, this stand-in takes its place, so a slip in 5.2 costs 5.2
+# alone; it also says in words which of its arguments disagree, which names two of the prefix's slips.
+# Primitive ops only (no tfedu).
+MASKED_ATTENTION_STANDIN = """\
+def masked_attention(q, k, v, mask):
+    \"\"\"Stand-in for exercise 5.2: softmax(q k^T / sqrt(d_k), -inf where mask is False) v, returning (output, weights).\"\"\"
+    if k.shape[-2] > v.shape[-2]:
+        raise ValueError(f"masked_attention got more keys ({k.shape[-2]}) than values ({v.shape[-2]}): every key needs its value")
+    if k.shape[-2] < v.shape[-2]:
+        raise ValueError(f"masked_attention got more values ({v.shape[-2]}) than keys ({k.shape[-2]}): every value needs its key")
+    if mask.shape[-1] not in (1, k.shape[-2]):
+        raise ValueError(f"masked_attention got a mask with {mask.shape[-1]} key columns for {k.shape[-2]} keys")
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
+"""
+_standin_scope: dict[str, Any] = {"torch": torch, "math": math, "__name__": "tfedu_standins"}
+exec(compile(MASKED_ATTENTION_STANDIN, "<stand-in for exercise 5.2>", "exec"), _standin_scope)
+standin_masked_attention = _standin_scope["masked_attention"]
+
+
+def reference_parts() -> dict[str, Any]:
+    """The earlier notebooks' parts notebook 13 brings in with ``tfedu.use_mine`` (a switch cell, not a solution
+    cell), as references under the names the notebook gives them: what the notebook holds with TFEDU_MY_PARTS off."""
+    from tfedu import attention as tfa
+
+    return {"masked_attention": tfa.scaled_dot_product_attention}
+
+HINT_PF_SHORTCUT = (
+    "your prefix_attention uses {name}: tfedu's attention layers already run a prefix, which is the exercise itself; "
+    "build it from the layer's W_Q, W_K, W_V and W_O and your masked_attention"
+)
+HINT_PF_NOT_A_TENSOR = "prefix_attention should return one tensor (batch, pos, d_model), got {got}"
+HINT_PF_QUERIES = (
+    "your output has {got} positions for {n} tokens and a prefix of {p}: the prefix went in front of the queries "
+    "too. The prefix is only keys and values that every query can read; the queries are the tokens' own, so the "
+    "output keeps one row per token, (batch, pos, d_model)"
+)
+HINT_PF_SHAPE = "your output is {got}, expected {want}: one d_model-vector per token, as the layer's input"
+HINT_PF_DTYPE = "your output is {got} for a {dtype} input: keep the input's dtype (no fixed dtype inside)"
+HINT_PF_VALUES = (
+    "the prefix went in front of the keys but not of the values: masked_attention got more keys than values. "
+    "Prefix tuning learns both, a key that decides how much attention a position gets and a value that says what "
+    "it then contributes; prepend prefix_v to the values as prefix_k to the keys"
+)
+HINT_PF_KEYS = (
+    "the prefix went in front of the values but not of the keys: masked_attention got more values than keys. "
+    "Prepend prefix_k to the keys as prefix_v to the values"
+)
+HINT_PF_MASK = (
+    "the mask was not extended for the prefix: masked_attention got a mask with one column per token, but the "
+    "keys are n_prefix + pos long. The causal mask covers the tokens; in front of it goes one column per prefix "
+    "position, all True, since every query may read the whole prefix"
+)
+HINT_PF_RAISED = (
+    "your prefix_attention raised {error}. The keys and the values each get the prefix in front, n_prefix + pos "
+    "positions along the key axis, for every sequence of the batch (the prefix has no batch axis of its own), "
+    "and the mask needs one column per key"
+)
+HINT_PF_PREFIX_MASKED = (
+    "the causal mask hides the prefix: with it laid over all n_prefix + pos keys from the first column, query i "
+    "sees only the first i + 1 keys, so the first query reads one prefix position and nothing of itself. The "
+    "prefix comes before every token: each query sees all of it, then the tokens up to its own"
+)
+HINT_PF_NO_CAUSAL = (
+    "your tokens see later tokens: the causal mask is missing among the real tokens. Every query sees the whole "
+    "prefix and the tokens up to and including its own, never a later one"
+)
+HINT_PF_IGNORED = (
+    "your output is plain causal attention with no prefix at all: the prefix's keys and values never reach the "
+    "softmax (or the mask hides every prefix column)"
+)
+HINT_PF_AFTER = (
+    "your prefix sits after the tokens: the keys were built as the tokens' followed by the prefix, and the mask "
+    "then lines up with the wrong columns (some queries see later tokens, some lose part of the prefix). "
+    "Prefix tuning puts the learned keys and values in front, before the first token"
+)
+HINT_PF_SHARED = (
+    "every head reads the same prefix, the first head's: the prefix is learned per head, (n_heads, n_prefix, "
+    "d_head), and head h's keys and values get head h's prefix"
+)
+HINT_PF_SCRAMBLED = (
+    "the prefix's heads are scrambled: (n_heads, n_prefix, d_head) was reshaped into (n_prefix, d_model) without "
+    "first moving the head axis behind the positions, so head h reads pieces of other heads' prefixes. Either "
+    "prepend the prefix after the keys are split into heads (its layout is already theirs), or move its axes "
+    "before flattening it"
+)
+HINT_PF_KEYS_AS_VALUES = (
+    "the values' prefix is prefix_k: the learned keys were prepended to the values too. The values get prefix_v"
+)
+HINT_PF_SCALE_D_MODEL = (
+    "the scores are divided by sqrt(d_model): each head compares d_head-wide queries and keys, so the scale is "
+    "1 / sqrt(d_head), the same for the prefix's keys and the tokens'"
+)
+HINT_PF_NO_SCALE = "the scores are not scaled: divide them by sqrt(d_head) (masked_attention does this for you)"
+HINT_PF_FORWARD = (
+    "your output is not the causal attention of the layer with the prefix in front of its keys and values{detail}"
+)
+HINT_PF_NO_GRAD = (
+    "no gradient reaches prefix_k and prefix_v through your output: the prefix is all that prefix tuning trains. "
+    "Do not detach it, copy it into a new tensor or compute under torch.no_grad()"
+)
+HINT_PF_GRAD_WRONG = "the gradient to {which} is not that of the attention with the prefix in front"
+
+PREFIX_DTYPES = ("float64", "float64", "float32")  # the course GPT runs float32; float64 makes the variants exact
+PREFIX_MISTAKES = {  # the named slips the checker recognises by their output, with their hints
+    "prefix masked": HINT_PF_PREFIX_MASKED,
+    "no causal": HINT_PF_NO_CAUSAL,
+    "prefix ignored": HINT_PF_IGNORED,
+    "after, end-aligned mask": HINT_PF_AFTER,
+    "after, front mask": HINT_PF_AFTER,
+    "shared across heads": HINT_PF_SHARED,
+    "heads scrambled": HINT_PF_SCRAMBLED,
+    "keys as values": HINT_PF_KEYS_AS_VALUES,
+    "scale d_model": HINT_PF_SCALE_D_MODEL,
+    "no scale": HINT_PF_NO_SCALE,
+}
+
+
+def prefix_variant(case: dict, mistake: str = "", *, keys: torch.Tensor | None = None,
+                   values: torch.Tensor | None = None) -> torch.Tensor:
+    """The layer's causal self-attention with the case's prefix in front (``mistake=""``) or with one named slip.
+
+    Float64, by hand; ``keys`` and ``values`` (default: the case's prefix) may be leaves that require grad.
+    """
+    x = torch.from_numpy(case["x"]).double()
+    batch, n, d_model = x.shape
+    h, d = int(case["n_heads"]), int(case["d_head"])
+    pk = torch.from_numpy(case["prefix_k"]).double() if keys is None else keys
+    pv = torch.from_numpy(case["prefix_v"]).double() if values is None else values
+    p = pk.shape[1]
+
+    def project(name: str) -> torch.Tensor:  # batch n_heads pos d_head
+        W, b = (torch.from_numpy(case[f"{name}.{k}"]).double() for k in ("weight", "bias"))
+        return (x @ W.T + b).unflatten(-1, (h, d)).transpose(1, 2)
+
+    q, k, v = project("W_Q"), project("W_K"), project("W_V")
+    if mistake == "shared across heads":
+        pk, pv = pk[:1].expand(h, -1, -1), pv[:1].expand(h, -1, -1)
+    elif mistake == "heads scrambled":
+        pk, pv = pk.reshape(p, h, d).transpose(0, 1), pv.reshape(p, h, d).transpose(0, 1)
+    elif mistake == "keys as values":
+        pv = pk
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    front = torch.cat([torch.ones(n, p, dtype=torch.bool), causal], dim=1)  # the prefix's columns, then the tokens'
+    if mistake == "prefix ignored":
+        keys_all, values_all, mask = k, v, causal
+    elif mistake.startswith("after"):
+        keys_all = torch.cat([k, pk.expand(batch, -1, -1, -1)], dim=2)
+        values_all = torch.cat([v, pv.expand(batch, -1, -1, -1)], dim=2)
+        mask = torch.ones(n, n + p, dtype=torch.bool).tril(diagonal=p) if mistake == "after, end-aligned mask" else front
+    else:
+        keys_all = torch.cat([pk.expand(batch, -1, -1, -1), k], dim=2)
+        values_all = torch.cat([pv.expand(batch, -1, -1, -1), v], dim=2)
+        mask = {"prefix masked": torch.ones(n, p + n, dtype=torch.bool).tril(),
+                "no causal": torch.ones(n, p + n, dtype=torch.bool)}.get(mistake, front)
+    scale = {"scale d_model": math.sqrt(d_model), "no scale": 1.0}.get(mistake, math.sqrt(d))
+    scores = (q @ keys_all.transpose(-2, -1) / scale).masked_fill(~mask, float("-inf"))
+    z = torch.softmax(scores, dim=-1) @ values_all  # batch n_heads pos d_head
+    W_O, b_O = (torch.from_numpy(case[f"W_O.{k}"]).double() for k in ("weight", "bias"))
+    return z.transpose(1, 2).flatten(2) @ W_O.T + b_O
+
+
+class _GivenPrefix(torch.nn.Module):
+    """A prefix module (as ``tfedu.peft.Prefix``) that returns given keys and values."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        super().__init__()
+        self.keys, self.values = keys, values
+
+    def forward(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys, self.values
+
+
+def reference_prefix_attention(x: torch.Tensor, attn: Any, prefix_k: torch.Tensor, prefix_v: torch.Tensor) -> torch.Tensor:
+    """What ``tfedu.peft``'s prefix computes: a ``tfedu.layers.Attention`` with ``attn``'s weights and this prefix, causal."""
+    from tfedu.layers import Attention
+
+    layer = Attention(attn.d_model, attn.n_heads, impl="manual").to(x.dtype)
+    layer.load_state_dict({name: p for name, p in attn.state_dict().items() if name.split(".")[0] in
+                           ("W_Q", "W_K", "W_V", "W_O")})
+    layer.prefix = _GivenPrefix(prefix_k, prefix_v)
+    return layer(x, causal=True)
+
+
+def prefix_reference(case: dict) -> dict[str, np.ndarray]:
+    """The reference output (tfedu.layers.Attention with the prefix) and its gradients to the prefix, float64."""
+    layer = _helpers["_PrefixLayer"](case, torch.float64)
+    keys = torch.from_numpy(case["prefix_k"]).double().requires_grad_()
+    values = torch.from_numpy(case["prefix_v"]).double().requires_grad_()
+    out = reference_prefix_attention(torch.from_numpy(case["x"]).double(), layer, keys, values)
+    grads = torch.autograd.grad((out * torch.from_numpy(case["upstream"])).sum(), [keys, values])
+    return {"out": out.detach().numpy(), "grads": [g.numpy() for g in grads]}
+
+
+def diagnose_prefix(record: dict, case: dict, dtype: str, reference: dict | None = None) -> None:
+    """Raise CheckFailure naming what is wrong with one record of ``_prefix_record``; return when it is right."""
+    status = record.get("status")
+    if status == "not done":
+        raise ExerciseNotDone(HINT_NOT_DONE)
+    if status == "raised":
+        error = record["error"]
+        for phrase, hint in (("more keys", HINT_PF_VALUES), ("more values", HINT_PF_KEYS), ("key columns", HINT_PF_MASK)):
+            expect(phrase not in error, hint)
+        raise CheckFailure(HINT_PF_RAISED.format(error=error))
+    if status == "not a tensor":
+        raise CheckFailure(HINT_PF_NOT_A_TENSOR.format(got=record["got"]))
+    batch, n, d_model = case["x"].shape
+    p = case["prefix_k"].shape[1]
+    shape = record["shape"]
+    expect(not (len(shape) == 3 and shape[1] == n + p and shape[1] != n),
+           HINT_PF_QUERIES.format(got=shape[1] if len(shape) == 3 else "?", n=n, p=p))
+    expect(shape == [batch, n, d_model], HINT_PF_SHAPE.format(got=tuple(shape), want=(batch, n, d_model)))
+    expect(record["dtype"] == dtype, HINT_PF_DTYPE.format(got=record["dtype"], dtype=dtype))
+    reference = reference if reference is not None else prefix_reference(case)
+    rtol, atol = _TOL[dtype]
+    out = record["out"]
+    if not _close(out, reference["out"], rtol=rtol, atol=atol):
+        for mistake, hint in PREFIX_MISTAKES.items():
+            expect(not _close(out, prefix_variant(case, mistake).numpy(), rtol=rtol, atol=atol), hint)
+        worst = np.nan_to_num(np.abs(out - reference["out"]), nan=np.inf).max()
+        raise CheckFailure(HINT_PF_FORWARD.format(detail=f" (largest difference {worst:.3g}, in {dtype}, with "
+                                                         f"n_heads={case['n_heads']}, n_prefix={p}, pos={n})"))
+    grads = record["grads"]
+    expect(grads != "missing" and not all(isinstance(g, str) for g in grads), HINT_PF_NO_GRAD)
+    for which, got, want in zip(("prefix_k", "prefix_v"), grads, reference["grads"]):
+        expect(not isinstance(got, str), HINT_PF_NO_GRAD)
+        expect(_close(got, want, rtol=100 * rtol, atol=100 * atol), HINT_PF_GRAD_WRONG.format(which=which))
+
+
+def make_prefix_cases(rng: np.random.Generator) -> list[dict]:
+    """Fresh cases: two or three heads, a prefix of 2 to 4 positions, 3 to 6 tokens, a batch of two."""
+    cases = []
+    for dtype in PREFIX_DTYPES:
+        n_heads, d_head = int(rng.integers(2, 4)), int(rng.integers(2, 5))
+        n, p = int(rng.integers(3, 7)), int(rng.integers(2, 5))
+        d_model = n_heads * d_head
+        case = {"dtype": dtype, "n_heads": n_heads, "d_head": d_head, "d_model": d_model,
+                "x": rng.standard_normal((2, n, d_model)), "upstream": rng.standard_normal((2, n, d_model)),
+                "prefix_k": rng.standard_normal((n_heads, p, d_head)),
+                "prefix_v": rng.standard_normal((n_heads, p, d_head))}
+        for name in ("W_Q", "W_K", "W_V", "W_O"):  # queries and keys of unit size: the softmax is neither flat nor one-hot
+            case[name + ".weight"] = rng.standard_normal((d_model, d_model)) / math.sqrt(d_model)
+            case[name + ".bias"] = 0.1 * rng.standard_normal(d_model)
+        cases.append(case)
+    return cases
+
+
+def _refuse_prefix_shortcut(fn: Any) -> None:
+    import tfedu.layers
+    import tfedu.peft
+
+    if getattr(fn, "__module__", None) in ("tfedu.peft", "tfedu.layers"):
+        raise CheckFailure(HINT_PF_SHORTCUT.format(name=f"{fn.__module__}'s own code"))
+    scope = getattr(fn, "__globals__", {})
+    used = sorted(n for n in global_names(fn) if n in scope and (
+        scope[n] in (tfedu.peft, tfedu.layers) or getattr(scope[n], "__module__", "") in ("tfedu.peft", "tfedu.layers")))
+    expect(not used, HINT_PF_SHORTCUT.format(name=", ".join(used)))
+
+
+@checker("prefix_attention")
+def check_prefix_attention(prefix_attention: Any) -> None:
+    """Check the learner's ``prefix_attention(x, attn, prefix_k, prefix_v)`` (exercise 13.3); see the module docstring.
+
+    While it runs, a correct masked_attention stands in for the learner's (exercise 5.2, from notebook 05).
+    """
+    if prefix_attention is None:
+        raise ExerciseNotDone(HINT_NOT_DONE)
+    if not callable(prefix_attention):
+        raise CheckFailure(f"prefix_attention should be a function, got {type(prefix_attention).__name__}")
+    _refuse_prefix_shortcut(prefix_attention)
+    namespace = getattr(prefix_attention, "__globals__", None)
+    standins = {"masked_attention": standin_masked_attention} if isinstance(namespace, dict) else {}
+    with names_bound(namespace if standins else {}, standins):
+        for case in make_prefix_cases(np.random.default_rng(1303)):
+            diagnose_prefix(prefix_record(prefix_attention, case, case["dtype"]), case, case["dtype"])
+    print("✓ prefix_attention: every query reads the whole prefix and the tokens up to its own, per head, equal to "
+          "tfedu's prefix on tfedu.layers.Attention; the prefix gets its gradients")
+
+
 # ----------------------------------------------------------------------------- the hidden test
 
 LORA_PROBE_RUN = HELPERS + LORA_HELPERS + """\
@@ -606,6 +960,33 @@ def _compare_adapter(outputs: dict, expected: dict) -> str | None:
     return None
 
 
+PREFIX_PROBE_RUN = HELPERS + PREFIX_HELPERS + """\
+outputs = {'records': [_prefix_record(prefix_attention, _c, _c['dtype']) for _c in inputs['cases']]}
+""" + PREFIX_CLEANUP + CLEANUP
+
+
+def _prefix_probe_inputs(rng: np.random.Generator) -> dict:
+    return {"cases": make_prefix_cases(rng)}
+
+
+def _prefix_probe_reference(inputs: dict) -> dict:
+    return {"cases": inputs["cases"], "references": [prefix_reference(case) for case in inputs["cases"]]}
+
+
+def _compare_prefix(outputs: dict, expected: dict) -> str | None:
+    records = outputs.get("records") if isinstance(outputs, dict) else None
+    if not isinstance(records, list) or len(records) != len(expected["cases"]):
+        return "prefix_attention's hidden test did not run every case"
+    for i, (record, case, reference) in enumerate(zip(records, expected["cases"], expected["references"])):
+        try:
+            diagnose_prefix(record, case, case["dtype"], reference)
+        except CheckFailure as failure:
+            sizes = (f"n_heads={case['n_heads']}, d_head={case['d_head']}, n_prefix={case['prefix_k'].shape[1]}, "
+                     f"pos={case['x'].shape[1]}, {case['dtype']}")
+            return f"hidden test {i + 1} ({sizes}): {failure}"
+    return None
+
+
 PROBES = {
     "check_lora": Probe(exercise="ex_lora", make_inputs=_lora_probe_inputs, run=LORA_PROBE_RUN,
                         reference=_lora_probe_reference, compare=_compare_lora, forbidden=FORBIDDEN,
@@ -613,6 +994,9 @@ PROBES = {
     "check_adapter": Probe(exercise="ex_adapter", make_inputs=_adapter_probe_inputs, run=ADAPTER_PROBE_RUN,
                            reference=_lora_probe_reference, compare=_compare_adapter, forbidden=FORBIDDEN,
                            builds=ELEMENTARY | MODULES | ACTIVATIONS | frozenset({"torch.nn.GELU"})),
+    "check_prefix_attention": Probe(exercise="ex_prefix_attention", make_inputs=_prefix_probe_inputs, run=PREFIX_PROBE_RUN,
+                                    reference=_prefix_probe_reference, compare=_compare_prefix, forbidden=FORBIDDEN_PREFIX,
+                                    builds=ELEMENTARY | SOFTMAX | EINOPS | MODULES, standins=MASKED_ATTENTION_STANDIN),
 }
 
 
@@ -684,6 +1068,37 @@ HINTS = {
             "\n"
             "    def forward(self, h):\n"
             "        return ____  # (..., d_model): h plus the bottleneck's output; where does the GELU go?\n"
+        ),
+    ),
+    "ex_prefix_attention": Hints(
+        number="13.3",
+        check="check_prefix_attention",
+        idea=(
+            "Prefix tuning gives every attention layer a few extra key and value vectors per head, learned, that "
+            "sit in front of the tokens' own keys and values. Nothing else changes: the queries are still the "
+            "tokens', one per token, so the output has the input's shape. Every query may read the whole prefix "
+            "(it stands before the first token, so it is never in anyone's future), and the tokens causally, as "
+            "before. The prefix takes a share of each query's attention and adds its values to the mix."
+        ),
+        approach=(
+            "Project x with the layer's W_Q, W_K and W_V and split each into heads, (batch, n_heads, pos, d_head), "
+            "as in exercise 5.3. The prefix is already per head, (n_heads, n_prefix, d_head): give it a batch axis "
+            "of the batch's size and put it in front of the keys, and prefix_v in front of the values, along the "
+            "positions axis, so both are (batch, n_heads, n_prefix + pos, d_head). The mask is (pos, n_prefix + "
+            "pos): n_prefix columns that are all True, then the usual (pos, pos) causal mask. Your masked_attention "
+            "does the scaled scores, the mask and the softmax (q's last axis is d_head). Then merge the heads back "
+            "to (batch, pos, n_heads * d_head), heads outer, and apply W_O."
+        ),
+        skeleton=(
+            "def prefix_attention(x, attn, prefix_k, prefix_v):\n"
+            "    batch, n, _ = x.shape\n"
+            "    n_prefix = ____\n"
+            "    q, k, v = (____ for W in (attn.W_Q, attn.W_K, attn.W_V))  # (batch, n_heads, n, d_head) each\n"
+            "    k = torch.cat([____, k], dim=____)  # the prefix in front, for every sequence\n"
+            "    v = ____\n"
+            "    mask = torch.cat([____, ____], dim=____)  # (n, n_prefix + n)\n"
+            "    z, _ = masked_attention(____)\n"
+            "    return attn.W_O(____)  # (batch, n, d_model), heads outer\n"
         ),
     ),
 }

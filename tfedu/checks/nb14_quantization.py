@@ -1,4 +1,4 @@
-"""Checkers for notebooks/14_quantization.ipynb: the bits of a float, absmax and zero-point quantization by hand.
+"""Checkers for notebooks/14_quantization.ipynb: the bits of a float, absmax and zero-point quantization by hand, GPTQ.
 
 - 14.1 ``float_fields(x, exponent_bits, mantissa_bits) -> (sign, exponent, mantissa)``: the fields of the float
   nearest to the Python float x with e exponent and M mantissa bits, bias 2^(e-1) - 1, rounded to nearest with ties
@@ -38,6 +38,20 @@ from one), plus one case of plain random float64 values, where a zero point left
 probability about 0): every right answer, whatever its order of operations, gives the reference's codes exactly.
 A clamp to [-128, 127] with the right scale is no mistake (max|x| / scale is 127, so -128 is never reached); the
 scale from 2^(b-1), which makes that range necessary, is. ``tfedu.quant`` is refused: the formulas are the exercise.
+
+- 14.4 ``gptq_layer(W, H, quantize_column, damp=0.01) -> Q``: GPTQ's column loop on one layer (Frantar et al. 2022,
+  Algorithm 1, without the lazy blocks): damp H by ``damp * mean(diag H)``, take the upper Cholesky factor U of its
+  inverse, then for each column j left to right quantize it with ``quantize_column(W, j)`` (a :class:`ColumnQuantizer`,
+  the grid tfedu.quant uses, or a fixed one), divide its error by ``U_jj`` and subtract the error times ``U[j, j+1:]``
+  from the columns after it. Compared with :func:`reference_gptq_layer` (equal to ``tfedu.quant.gptq_quantize``) on
+  :data:`GQ_CASES`, float64 and float32, one with a singular H. Named: round-to-nearest (no propagation, or the lower
+  factor, whose row j is zero right of the diagonal), the error not divided by ``U_jj`` or divided by ``U_jj^2``, the
+  Cholesky factor of H or the inverse of H's factor instead of the factor of H^-1, the current column updated again
+  after it was stored, the factor's column (the error spread to the columns already quantized), the sign flipped,
+  no damping (and the singular H's failed factorisation), damping not relative to H's mean diagonal, the rows of
+  the full H^-1 computed once, the columns taken right to left (from the order quantize_column was asked), W or H
+  changed in place. OBQ's update with the inverse of the remaining columns' Hessian recomputed at every step is the
+  same loop in exact arithmetic and passes. tfedu.quant and this module are refused.
 """
 
 from __future__ import annotations
@@ -50,8 +64,8 @@ import numpy as np
 import torch
 
 import tfedu.quant as _quant
-from tfedu.checks.core import (CheckFailure, ExerciseNotDone, Hints, Probe, call_learner, checker, describe, expect,
-                               from_modules, globals_from_modules)
+from tfedu.checks.core import (CheckFailure, ExerciseNotDone, Hints, Probe, call_learner, call_on_copies, checker,
+                               describe, expect, from_modules, globals_from_modules, watch_calls)
 from tfedu.checks.building_blocks import ELEMENTARY
 from tfedu.checks.probes import CLEANUP, HELPERS
 
@@ -885,6 +899,379 @@ def check_zeropoint(zeropoint_quantize, zeropoint_dequantize) -> None:
         assert torch.equal(_quant.zeropoint_quantize(x, bits)[0], q), "the checker disagrees with tfedu.quant"
 
 
+# ----------------------------------------------------------------------------- 14.4 GPTQ's column loop
+
+# The column quantizer gptq_layer is handed: one source, run here (the check, the notebook) and in the learner's
+# kernel (the hidden test), so both sides round on the same grid.
+QC_HELPERS = '''\
+class _ColumnQuantizer:
+    """quantize_column(W, j): column j of the matrix W rounded onto its grid, a (d_out,) tensor of W's dtype.
+
+    A zero-point grid of `bits` bits per row, one for each group of `group_size` columns (None: the whole row), taken
+    from the group's columns of W as they are when the group's first column is asked for (the errors pushed onto
+    them included), exactly as tfedu.quant.gptq_quantize does; or, with `step`, the fixed grid of the multiples of
+    step. `calls` records the columns asked for, in order; `closest` the smallest distance, in steps, of a value
+    rounded from a tie (the checks use inputs where it is not tiny, so float32 and float64 answers round alike).
+    """
+
+    def __init__(self, bits=4, group_size=None, step=None):
+        self.bits, self.group_size, self.step = bits, group_size, step
+        self.calls, self.closest, self._group, self._grid = [], 0.5, None, None
+
+    def __repr__(self):
+        if self.step is not None:
+            return "quantize_column(multiples of " + repr(self.step) + ")"
+        return ("quantize_column(" + str(self.bits) + " bits, "
+                + ("one grid per row" if self.group_size is None else "groups of " + str(self.group_size)) + ")")
+
+    def _round(self, t):
+        self.closest = min(self.closest, float(((t - t.floor()) - 0.5).abs().min()) if t.numel() else 0.5)
+        return t.round()
+
+    def __call__(self, W, j):
+        j = int(j)
+        self.calls.append(j)
+        column = W[:, j].detach()
+        if self.step is not None:
+            return self._round(column / self.step) * self.step
+        size = self.group_size or W.shape[1]
+        group = j // size
+        if j % size == 0 or group != self._group:  # a group's first column: its grid from the columns as they are now
+            units = W[:, group * size : (group + 1) * size].detach().float()
+            levels = 2**self.bits - 1
+            lo, hi = units.amin(dim=1).clamp(max=0), units.amax(dim=1).clamp(min=0)
+            scale = torch.where(hi > lo, (hi - lo) / levels, torch.ones_like(hi))
+            self._group, self._grid = group, (scale, (-lo / scale).round().clamp(0, levels))
+        scale, zero = (t.to(column.dtype) for t in self._grid)
+        q = (self._round(column / scale) + zero).clamp(0, 2**self.bits - 1)
+        return (q - zero) * scale
+
+
+'''
+QC_CLEANUP = "del _ColumnQuantizer\n"
+
+_qc_helpers: dict[str, Any] = {"torch": torch, "__name__": "tfedu_column_quantizer"}
+exec(compile(QC_HELPERS, "<column quantizer>", "exec"), _qc_helpers)
+ColumnQuantizer = _qc_helpers["_ColumnQuantizer"]
+ColumnQuantizer.__name__ = ColumnQuantizer.__qualname__ = "ColumnQuantizer"
+
+HINT_GQ_CALL = ("gptq_layer(W, H, quantize_column, damp): W the weights (d_out, d_in), H the Hessian (d_in, d_in), "
+                "quantize_column a function of (W, j) that gives column j of W rounded onto its grid, damp a float; "
+                "return the quantized weights, a tensor shaped like W")
+HINT_GQ_KIND = "gptq_layer should return the quantized weights, a float tensor of W's shape {want}, got {got}"
+HINT_GQ_MUTATED = ("your gptq_layer changed the caller's `{name}` in place: the caller's weights and Hessian must stay "
+                   "as they were, so work on a copy of W and build the damped Hessian as a new tensor")
+HINT_GQ_SHORTCUT = ("your gptq_layer uses tfedu's own GPTQ ({name}): the column loop is the exercise, so build it "
+                    "from torch operations (a Cholesky factorisation and an inverse are allowed)")
+HINT_GQ_NAN = ("your quantized weights for {what} contain NaN or inf: is the Hessian damped before it is inverted "
+               "and factorised? (A Hessian from fewer inputs than columns is singular without it)")
+HINT_GQ_SINGULAR = (
+    "your gptq_layer raised {err} on {what}: that Hessian comes from {n} inputs for {d} columns, so its rank is at "
+    "most {n} and it is singular, with no inverse and no Cholesky factor. That is what the damping is for: add damp "
+    "times the mean of H's diagonal to every diagonal entry, then invert and factorise"
+)
+HINT_GQ_NO_CALLS = (
+    "your gptq_layer never called the quantize_column it is given: round every column with it, passing your working "
+    "copy of W and the column's index, so that each column lands on the same grid as the reference's"
+)
+HINT_GQ_ORDER = (
+    "your gptq_layer asked quantize_column for the columns {calls} ({what}): GPTQ quantizes each column once, left "
+    "to right, 0, 1, ..., {last}, each asked for with the whole working copy of W and its own index"
+)
+HINT_GQ_REVERSE = (
+    "your gptq_layer took the columns right to left ({calls}): GPTQ goes left to right, and row j of U holds the "
+    "update of the columns to the right of j, those not quantized yet. (Another fixed order works too, with the "
+    "factor of H's rows and columns put in that order; this exercise, like the reference, goes left to right)"
+)
+HINT_GQ_RTN = (
+    "your weights are round-to-nearest ({what}): every column was rounded as it was, and no error reached the "
+    "columns to its right. After quantizing column j, its error divided by U_jj, times row j of U, is subtracted "
+    "from the columns right of j. If your loop subtracts something, look at the factor: a Cholesky routine returns "
+    "the lower factor unless asked for the upper one, and row j of a lower-triangular factor is zero right of the "
+    "diagonal"
+)
+HINT_GQ_NOT_DIVIDED = (
+    "your update spreads the error w_j - q_j itself ({what}): divide it by U_jj, the factor's diagonal entry, first. "
+    "OBQ divides by the inverse Hessian's diagonal entry, U_jj^2, and multiplies by its row, U_jj times U's row: one "
+    "U_jj is left over"
+)
+HINT_GQ_SQUARE = (
+    "your update divides the error by U_jj twice, by U_jj^2 ({what}): that is OBQ's divisor, the inverse Hessian's "
+    "diagonal entry, which goes with the inverse Hessian's row, U_jj times U's row. With U's row, divide once"
+)
+HINT_GQ_CHOL_H = (
+    "your factor is the Cholesky factor of the (damped) H itself ({what}): GPTQ needs the upper Cholesky factor U "
+    "of the inverse, H^-1 = U^T U. Invert the damped H, then factorise the inverse"
+)
+HINT_GQ_INV_FACTOR = (
+    "your factor is the inverse of H's upper Cholesky factor ({what}): it is upper triangular and its product with "
+    "its transpose, in one order, is H^-1, but not U^T U, so it is not the Cholesky factor of H^-1. Invert the "
+    "damped H, then take the upper Cholesky factor of that inverse"
+)
+HINT_GQ_CURRENT = (
+    "your quantized columns are off their grid ({what}): after column j was quantized and stored, the update was "
+    "applied to column j too (its own entry of U's row, U_jj, turns q_j into 2 q_j - w_j). A quantized column is "
+    "final: spread the error only over the columns after j"
+)
+HINT_GQ_EARLIER = (
+    "columns you had already quantized changed afterwards ({what}): the error of column j went to the columns left "
+    "of it (the factor's column j, not its row j?), and none to the right. A quantized column is final; the update "
+    "goes to the columns right of j, with row j of U"
+)
+HINT_GQ_SIGN = (
+    "your update has the wrong sign ({what}): it adds the scaled error times U's row to the later columns, which "
+    "doubles the error they should absorb. Subtract it: the remaining columns move against the error just made"
+)
+HINT_GQ_NO_DAMP = (
+    "your result is GPTQ without damping ({what}): add damp times the mean of H's diagonal to H's diagonal before "
+    "inverting it (damp is an argument; 0.01 is the paper's 1%). Without it a Hessian from few inputs is singular "
+    "or nearly so, and its inverse is dominated by rounding"
+)
+HINT_GQ_DAMP_UNSCALED = (
+    "your damping adds damp itself to H's diagonal ({what}): it is relative, damp times the mean of H's diagonal, so "
+    "that it means the same at every scale of H (the course's H is 2 X X^T / n, a mean; GPTQ's code uses a sum)"
+)
+HINT_GQ_STATIC_ROW = (
+    "you spread the errors with rows of the full inverse H^-1, computed once ({what}): that is OBQ's update for the "
+    "first column only. Once a column is fixed, the inverse Hessian of the columns left changes; OBQ recomputes it, "
+    "and the trailing block of U factors the recomputed one at every step (the derivation above). So use row j of "
+    "the upper Cholesky factor U of H^-1, the error divided by U_jj"
+)
+HINT_GQ_DIFFERS = (
+    "gptq_layer({what}) agrees with the reference on columns 0 to {before} and differs from column {j} on (largest "
+    "difference {diff:.3g}); the reference: quantize column j with quantize_column on the working copy of W, divide "
+    "its error by U_jj, subtract the error times U's row j from the columns right of j (U the upper Cholesky factor "
+    "of the inverse of the damped H)"
+)
+HINT_GQ_DIFFERS_FIRST = (
+    "gptq_layer({what}) differs from the reference from column 0 on (largest difference {diff:.3g}): the first "
+    "column should be quantize_column's rounding of W's first column, unchanged"
+)
+
+# The known mistakes, in the order they are tried (the lower factor's row j is zero right of the diagonal: its
+# result is round-to-nearest's, and HINT_GQ_RTN names both).
+GQ_MISTAKES = ("no propagation", "not divided", "divided by the square", "cholesky of H", "inverse of H's factor",
+               "current again", "factor's column", "sign flipped", "no damping", "damping not scaled",
+               "static inverse row")
+GQ_HINTS = {"no propagation": HINT_GQ_RTN, "not divided": HINT_GQ_NOT_DIVIDED, "divided by the square": HINT_GQ_SQUARE,
+            "cholesky of H": HINT_GQ_CHOL_H, "inverse of H's factor": HINT_GQ_INV_FACTOR,
+            "current again": HINT_GQ_CURRENT, "factor's column": HINT_GQ_EARLIER, "sign flipped": HINT_GQ_SIGN,
+            "no damping": HINT_GQ_NO_DAMP, "damping not scaled": HINT_GQ_DAMP_UNSCALED,
+            "static inverse row": HINT_GQ_STATIC_ROW}
+GQ_FORBIDDEN = (*FORBIDDEN, "tfedu.checks.nb14_quantization")
+# Beyond the elementary operations: what inverting and factorising a symmetric matrix takes.
+LINALG = frozenset({
+    "torch.linalg.cholesky", "torch.linalg.cholesky_ex", "torch.cholesky", "torch.cholesky_inverse",
+    "torch.cholesky_solve", "torch.linalg.inv", "torch.linalg.inv_ex", "torch.inverse", "torch.linalg.solve",
+    "torch.linalg.solve_triangular", "torch.triangular_solve", "torch.linalg.pinv", "torch.linalg.eigh",
+    "numpy.linalg.cholesky", "numpy.linalg.inv", "numpy.linalg.solve", "numpy.linalg.pinv", "numpy.linalg.eigh",
+})
+
+
+def gptq_variant(W: torch.Tensor, H: torch.Tensor, quantize_column: Any, damp: float = 0.01,
+                 mistake: str = "") -> torch.Tensor:
+    """GPTQ's column loop on one layer, right or with one named ``mistake`` (:data:`GQ_MISTAKES`, or "lower factor",
+    "reverse"): the quantized weights, W's shape, in W's dtype (H is cast to it, as tfedu.quant does)."""
+    W = W.detach().clone()
+    d_in = W.shape[1]
+    H = H.detach().to(W.dtype)
+    eye = torch.eye(d_in, dtype=W.dtype)
+    if mistake == "no damping":
+        H_damped = H
+    elif mistake == "damping not scaled":
+        H_damped = H + damp * eye
+    else:
+        H_damped = H + damp * H.diagonal().mean() * eye
+    H_inv = torch.cholesky_inverse(torch.linalg.cholesky(H_damped))
+    if mistake == "cholesky of H":
+        U = torch.linalg.cholesky(H_damped, upper=True)
+    elif mistake == "inverse of H's factor":
+        U = torch.linalg.inv(torch.linalg.cholesky(H_damped, upper=True))
+    else:
+        U = torch.linalg.cholesky(H_inv, upper=True)
+    if mistake == "lower factor":
+        U = U.T
+    Q = torch.zeros_like(W)
+    in_place = mistake in ("current again", "factor's column")  # these keep the quantized columns in W itself
+    for j in reversed(range(d_in)) if mistake == "reverse" else range(d_in):
+        q = quantize_column(W, j)
+        Q[:, j] = q
+        if mistake == "no propagation":
+            continue
+        err = W[:, j] - q
+        if mistake == "static inverse row":
+            W[:, j + 1 :] -= torch.outer(err / H_inv[j, j], H_inv[j, j + 1 :])
+            continue
+        if mistake != "not divided":
+            err = err / U[j, j]
+        if mistake == "divided by the square":
+            err = err / U[j, j]
+        if in_place:
+            W[:, j] = q
+            if mistake == "current again":
+                W[:, j:] -= torch.outer(err, U[j, j:])
+            else:
+                W -= torch.outer(err, U[:, j])
+        elif mistake == "sign flipped":
+            W[:, j + 1 :] += torch.outer(err, U[j, j + 1 :])
+        else:
+            W[:, j + 1 :] -= torch.outer(err, U[j, j + 1 :])
+    return W if in_place else Q
+
+
+def reference_gptq_layer(W: torch.Tensor, H: torch.Tensor, quantize_column: Any, damp: float = 0.01) -> torch.Tensor:
+    """GPTQ (Frantar et al. 2022, Algorithm 1) on one layer, the plain column loop: the quantized weights.
+
+    ``W`` (d_out, d_in), ``H`` (d_in, d_in), ``quantize_column(W, j)`` column j of W on its grid (a
+    :class:`ColumnQuantizer`); damping ``damp * mean(diag H)``. Equal to ``tfedu.quant.gptq_quantize`` (which adds
+    the lazy block updates) with the same grid, when no column of H is zero (tests/test_checks_nb14.py). Built by
+    hand in notebooks/14_quantization.ipynb (exercise 14.4).
+
+    >>> W, H = gptq_case(0, 3, 8, 32)
+    >>> Q = reference_gptq_layer(W, H, ColumnQuantizer(bits=3))
+    >>> bool(torch.equal(Q, _quant.gptq_quantize(W, H, 3).weight))
+    True
+    """
+    return gptq_variant(W, H, quantize_column, damp)
+
+
+def gptq_case(seed: int, d_out: int, d_in: int, n: int, dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weights W (d_out, d_in) and H = 2 X X^T / n from n inputs X whose features are correlated (mixed by a random
+    matrix), as a layer's are; with n < d_in, H is singular."""
+    g = torch.Generator().manual_seed(seed)
+    W = torch.randn(d_out, d_in, generator=g, dtype=torch.float64)
+    mix = torch.eye(d_in, dtype=torch.float64) + torch.randn(d_in, d_in, generator=g, dtype=torch.float64) / d_in**0.5
+    X = mix @ torch.randn(d_in, n, generator=g, dtype=torch.float64)
+    return W.to(dtype), (2 * X @ X.T / n).to(dtype)
+
+
+def _as_weights(got: Any, W: torch.Tensor) -> torch.Tensor:
+    if got is None:
+        raise ExerciseNotDone(HINT_RETURNED_NONE.format(function="gptq_layer"))
+    if isinstance(got, np.ndarray):
+        got = torch.from_numpy(got)
+    if not isinstance(got, torch.Tensor) or not got.is_floating_point() or tuple(got.shape) != tuple(W.shape):
+        raise CheckFailure(HINT_GQ_KIND.format(want=tuple(W.shape), got=describe(got)))
+    return got.detach().cpu().double()
+
+
+def _gq_close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    scale = max(1.0, float(b.abs().max())) if b.numel() else 1.0
+    return bool(torch.isfinite(a).all()) and torch.allclose(a.double(), b.double(), rtol=1e-5, atol=1e-6 * scale)
+
+
+def gq_mistakes(W: torch.Tensor, H: torch.Tensor, quantizer: dict, damp: float) -> list[tuple[str, torch.Tensor]]:
+    """(name, weights) of each known mistake (:data:`GQ_MISTAKES`) whose result differs from the reference's on
+    this input, in order; one that raises (no damping on a singular H) is left out."""
+    want = gptq_variant(W, H, ColumnQuantizer(**quantizer), damp)
+    found = []
+    for mistake in GQ_MISTAKES:
+        try:
+            wrong = gptq_variant(W, H, ColumnQuantizer(**quantizer), damp, mistake)
+        except (RuntimeError, torch.linalg.LinAlgError):
+            continue
+        if not _gq_close(wrong, want):
+            found.append((mistake, wrong.double()))
+    return found
+
+
+def _calls_problem(calls: list[int], d_in: int) -> str | None:
+    """What is wrong with the order in which quantize_column was asked for the columns, or None."""
+    if not calls:
+        return HINT_GQ_NO_CALLS
+    shown = ", ".join(map(str, calls[:6])) + (", ..." if len(calls) > 6 else "")
+    if calls[0] == d_in - 1 and len(calls) > 1 and all(b <= a for a, b in zip(calls, calls[1:])):
+        return HINT_GQ_REVERSE.format(calls=shown)
+    if sorted(set(calls)) != list(range(d_in)) or any(b < a for a, b in zip(calls, calls[1:])):
+        what = ("some columns never" if len(set(calls)) < d_in else "not in order")
+        return HINT_GQ_ORDER.format(calls=shown, what=what, last=d_in - 1)
+    return None
+
+
+def diagnose_gptq(got: Any, calls: list[int], W: torch.Tensor, H: torch.Tensor, quantizer: dict, damp: float, *,
+                  what: str) -> None:
+    """Raise CheckFailure naming what is wrong with ``got``, the learner's ``gptq_layer`` on this input (``calls``:
+    the columns its quantize_column was asked for); shared with the probe."""
+    value = _as_weights(got, W)
+    want = gptq_variant(W, H, ColumnQuantizer(**quantizer), damp).double()
+    if _gq_close(value, want):
+        return
+    problem = _calls_problem(calls, W.shape[1])
+    if problem:
+        raise CheckFailure(problem)
+    expect(bool(torch.isfinite(value).all()), HINT_GQ_NAN.format(what=what))
+    for mistake, wrong in gq_mistakes(W, H, quantizer, damp):
+        if _gq_close(value, wrong):
+            raise CheckFailure(GQ_HINTS[mistake].format(what=what))
+    diff = (value - want).abs()
+    scale = max(1.0, float(want.abs().max()))
+    bad = (diff > 1e-5 * want.abs() + 1e-6 * scale).any(dim=0).nonzero()
+    j = int(bad[0]) if len(bad) else 0
+    if j == 0:
+        raise CheckFailure(HINT_GQ_DIFFERS_FIRST.format(what=what, diff=float(diff.max())))
+    raise CheckFailure(HINT_GQ_DIFFERS.format(what=what, before=j - 1, j=j, diff=float(diff.max())))
+
+
+def gq_text(W: torch.Tensor, n: int, quantizer: dict, damp: float) -> str:
+    """The words a hint uses for one input."""
+    grid = repr(ColumnQuantizer(**quantizer))
+    return (f"W of shape {tuple(W.shape)} {str(W.dtype).removeprefix('torch.')}, H from {n} inputs, {grid}, "
+            f"damp={damp}")
+
+
+# (seed, d_out, d_in, inputs n, the quantizer, damp, dtype): groups of 8 at 3 bits; a fixed grid with more damping;
+# one grid per row at 4 bits in float32; then a singular H (fewer inputs than columns). Chosen so that every named
+# mistake gives its own result on the first case where it shows, and no rounding is near a tie
+# (tests/test_checks_nb14.py checks both).
+GQ_CASES = (
+    (0, 6, 16, 64, {"bits": 3, "group_size": 8}, 0.01, torch.float64),
+    (1, 5, 12, 48, {"step": 0.5}, 0.1, torch.float64),
+    (2, 4, 20, 80, {"bits": 4}, 0.05, torch.float32),
+    (3, 5, 16, 6, {"bits": 3}, 0.01, torch.float64),
+)
+
+
+def _refuse_gptq(fn: Any) -> None:
+    if from_modules(fn, GQ_FORBIDDEN):
+        raise CheckFailure(HINT_GQ_SHORTCUT.format(name=f"you passed {getattr(fn, '__name__', 'an object')}"))
+    used = globals_from_modules(fn, GQ_FORBIDDEN)
+    expect(not used, HINT_GQ_SHORTCUT.format(name=", ".join(used)))
+
+
+def _singular_guard(fn: Any, what: str, n: int, d_in: int) -> Any:
+    """``fn`` with a failed factorisation of a singular H turned into the damping hint."""
+    def call(*args: Any) -> Any:
+        try:
+            return fn(*args)
+        except (torch.linalg.LinAlgError, np.linalg.LinAlgError) as err:
+            if n >= d_in:
+                raise
+            raise CheckFailure(HINT_GQ_SINGULAR.format(err=type(err).__name__, what=what, n=n, d=d_in)) from None
+    return call
+
+
+@checker("GPTQ's column loop")
+def check_gptq_layer(gptq_layer) -> None:
+    """Check a learner's ``gptq_layer(W, H, quantize_column, damp) -> Q``.
+
+    On :data:`GQ_CASES`, against :func:`reference_gptq_layer` (itself equal to ``tfedu.quant.gptq_quantize``): the
+    quantized weights (rtol 1e-5), the columns asked of quantize_column (each once, left to right), W and H left as
+    they were; the known mistakes (:data:`GQ_MISTAKES`) are named, and a failed factorisation of the singular H
+    names the damping. tfedu.quant and this module are refused.
+    """
+    _refuse_gptq(gptq_layer)
+    for seed, d_out, d_in, n, quantizer, damp, dtype in GQ_CASES:
+        W, H = gptq_case(seed, d_out, d_in, n, dtype)
+        what = gq_text(W, n, quantizer, damp)
+        column = ColumnQuantizer(**quantizer)
+        with watch_calls((_quant, "gptq_quantize")) as called:
+            got = call_on_copies(_singular_guard(gptq_layer, what, n, d_in),
+                                 {"W": W, "H": H, "quantize_column": column, "damp": damp}, name="gptq_layer",
+                                 mutated_hint=HINT_GQ_MUTATED, error_hint=HINT_GQ_CALL)
+        expect(not called, HINT_GQ_SHORTCUT.format(name="tfedu.quant.gptq_quantize"))
+        diagnose_gptq(got, column.calls, W, H, quantizer, damp, what=what)
+
+
 # ----------------------------------------------------------------------------- probes
 
 QUANT_PROBE_RUN = HELPERS + """\
@@ -989,6 +1376,99 @@ def _absmax_deq_mistakes(q: torch.Tensor, scale: torch.Tensor) -> list[tuple[str
     return [(HINT_DEQ_DIVIDE, q.double() / scale.double())]
 
 
+# gptq_layer: fresh W and inputs X, three cases (a zero-point grid per group of 8 at 3 or 4 bits, float64; a fixed
+# grid in float32; a singular H, from fewer inputs than columns, one grid per row), drawn again until every known
+# mistake shows apart and no rounding of the reference's is within 1e-4 of a step of a tie; the columns asked of
+# quantize_column come back too (the order names a loop taken backwards).
+GQ_PROBE_RUN = HELPERS + QC_HELPERS + """\
+_results, _calls, _errors = [], [], []
+for _c in inputs['cases']:
+    _q = _ColumnQuantizer(**_c['quantizer'])
+    try:
+        _r = _call(gptq_layer, torch.from_numpy(_c['W']), torch.from_numpy(_c['H']), _q, _c['damp'])
+        _errors.append(None)
+    except Exception as _e:
+        _r = None
+        _errors.append(type(_e).__name__ + ': ' + str(_e)[:200])
+    if isinstance(_r, torch.Tensor) and _r.is_floating_point():
+        _results.append(_r.detach().cpu().double().numpy())
+    elif isinstance(_r, torch.Tensor):
+        _results.append('a tensor of ' + str(_r.dtype).replace('torch.', ''))
+    else:
+        _results.append(None if _r is None else _kind(_r))
+    _calls.append([int(_j) for _j in _q.calls])
+outputs = {'results': _results, 'calls': _calls, 'errors': _errors, 'mutated': _MUTATED}
+del _results, _calls, _errors, _c, _q, _r
+""" + QC_CLEANUP + CLEANUP
+
+
+def gq_mistakes_apart(cases: list[tuple[torch.Tensor, torch.Tensor, dict, float]]) -> bool:
+    """True when every known mistake is named by its own hint: on the first case where it changes the result, no
+    mistake tried before it gives the same result."""
+    named: set[str] = set()
+    for W, H, quantizer, damp in cases:
+        found = gq_mistakes(W, H, quantizer, damp)
+        for i, (name, wrong) in enumerate(found):
+            if name in named:
+                continue
+            named.add(name)
+            if any(_gq_close(wrong, earlier) for _, earlier in found[:i]):
+                return False
+    return named == set(GQ_MISTAKES)
+
+
+def gq_closest(W: torch.Tensor, H: torch.Tensor, quantizer: dict, damp: float) -> float:
+    """The smallest distance from a tie, in steps, of a value the reference rounds on this input."""
+    column = ColumnQuantizer(**quantizer)
+    gptq_variant(W, H, column, damp)
+    return column.closest
+
+
+def _gq_probe_inputs(rng: np.random.Generator) -> dict:
+    for _ in range(50):
+        d_in = int(rng.choice([16, 24]))
+        specs = [(int(rng.integers(4, 8)), d_in, 4 * d_in, {"bits": int(rng.integers(3, 5)), "group_size": 8}, 0.01,
+                  torch.float64),
+                 (int(rng.integers(3, 7)), int(rng.integers(10, 17)), 40, {"step": float(rng.choice([0.25, 0.5]))},
+                  float(rng.choice([0.05, 0.1])), torch.float32),
+                 (int(rng.integers(3, 7)), 16, int(rng.integers(5, 10)), {"bits": 3}, 0.01, torch.float64)]
+        drawn, cases = [], []
+        for d_out, d, n, quantizer, damp, dtype in specs:
+            W, H = gptq_case(int(rng.integers(0, 2**31)), d_out, d, n, dtype)
+            drawn.append((W, H, quantizer, damp))
+            cases.append({"W": W.numpy(), "H": H.numpy(), "n": n, "quantizer": quantizer, "damp": damp})
+        if all(gq_closest(*case) > 1e-4 for case in drawn) and gq_mistakes_apart(drawn):
+            return {"cases": cases}
+    raise RuntimeError("no gptq_layer inputs that tell every mistake apart in 50 draws")
+
+
+def _compare_gptq(outputs: Any, expected: dict) -> str | None:
+    if not isinstance(outputs, dict):
+        return "the hidden test's outputs should be a dict"
+    mutated = outputs.get("mutated") or []
+    if mutated:
+        return HINT_GQ_MUTATED.format(name="H" if 0 not in mutated else "W")
+    cases = expected["cases"]
+    results, calls, errors = (outputs.get(name) for name in ("results", "calls", "errors"))
+    if not all(isinstance(v, list) and len(v) == len(cases) for v in (results, calls, errors)):
+        return "gptq_layer's hidden test did not run every case"
+    for i, (got, asked, error, c) in enumerate(zip(results, calls, errors, cases)):
+        W, H = torch.from_numpy(np.asarray(c["W"])), torch.from_numpy(np.asarray(c["H"]))
+        what = f"hidden test {i + 1}: {gq_text(W, c['n'], c['quantizer'], c['damp'])}"
+        if error:
+            if error.startswith("NotImplementedError"):
+                return HINT_RETURNED_NONE.format(function="gptq_layer")
+            if "LinAlgError" in error.split(":")[0] and c["n"] < W.shape[1]:
+                return HINT_GQ_SINGULAR.format(err=error.split(":")[0], what=what, n=c["n"], d=W.shape[1])
+            return f"gptq_layer raised {error} for {what} ({HINT_GQ_CALL})"
+        try:
+            diagnose_gptq(torch.from_numpy(np.asarray(got)) if isinstance(got, np.ndarray) else got, list(asked), W,
+                          H, c["quantizer"], c["damp"], what=what)
+        except CheckFailure as failure:
+            return str(failure)
+    return None
+
+
 PROBES = {
     "check_float_fields": Probe(
         exercise="ex_float_fields",
@@ -1016,6 +1496,14 @@ PROBES = {
                                           deq_want=lambda q, s, z: (q.double() - z.double()) * s.double(),
                                           deq_mistakes=lambda q, s, z: zeropoint_dequantize_mistakes(q, s.double(), z.double())),
         forbidden=FORBIDDEN),
+    "check_gptq_layer": Probe(
+        exercise="ex_gptq_layer",
+        make_inputs=_gq_probe_inputs,
+        run=GQ_PROBE_RUN,
+        reference=lambda inputs: {"cases": inputs["cases"]},
+        compare=_compare_gptq,
+        forbidden=GQ_FORBIDDEN,
+        builds=ELEMENTARY | LINALG),
 }
 
 
@@ -1116,6 +1604,40 @@ HINTS = {
             "\n"
             "def zeropoint_dequantize(q, scale, zero):\n"
             "    return ____  # in float arithmetic: uint8 wraps below 0\n"
+        ),
+    ),    "ex_gptq_layer": Hints(
+        number="14.4",
+        check="check_gptq_layer",
+        idea=(
+            "GPTQ rounds one column at a time, left to right, and after each one it moves the columns not rounded "
+            "yet, so that the layer's output on the calibration inputs changes as little as possible. OBQ's best "
+            "move for them is the error made on column j, over the inverse Hessian's diagonal entry, times that "
+            "inverse's row; the derivation shows that both come from one matrix computed once, the upper Cholesky "
+            "factor U of the inverse of the damped Hessian: row j of U is the direction, U_jj the divisor. A rounded "
+            "column is final: only the columns after j move. The usual slips: the lower factor (its row j is zero "
+            "right of the diagonal), the factor of H instead of its inverse, the error not divided by U_jj, the "
+            "update's sign, and changing the caller's W."
+        ),
+        approach=(
+            "Work on a copy of W, and keep a tensor of zeros shaped like W for the quantized weights. Damp H in a new "
+            "tensor: add damp times the mean of H's diagonal to its diagonal. Invert the damped H and take the upper "
+            "Cholesky factor U of the inverse (torch.linalg.cholesky has an upper option). Then for each column j "
+            "from 0 to d_in - 1: ask quantize_column for column j of your working copy, and store the result as "
+            "column j of the quantized weights; the error is the working column minus the quantized one, divided by "
+            "U_jj, one number per row of W; subtract the outer product of the error and U's row j, from entry j + 1 "
+            "on, from the working copy's columns j + 1 on. Return the quantized weights."
+        ),
+        skeleton=(
+            "def gptq_layer(W, H, quantize_column, damp=0.01):\n"
+            "    W = ____  # a working copy: the caller's W stays as it was\n"
+            "    H = H + ____ * torch.eye(len(H), dtype=H.dtype)  # damped, relative to H's mean diagonal\n"
+            "    U = ____  # the upper Cholesky factor of the damped H's inverse\n"
+            "    Q = ____  # the quantized weights, filled column by column\n"
+            "    for j in ____:\n"
+            "        Q[:, j] = ____\n"
+            "        err = ____  # column j's error over U's diagonal entry, one number per row\n"
+            "        W[:, ____] -= ____  # spread over the columns not quantized yet\n"
+            "    return Q\n"
         ),
     ),
 }

@@ -1,13 +1,27 @@
-"""Checkers for notebooks/15_interpretability_and_decoding.ipynb: activation patching, the logit lens and constrained
-decoding.
+"""Checkers for notebooks/15_interpretability_and_decoding.ipynb: the induction score, an ablation hook, activation
+patching, the logit lens, direct logit attribution and constrained decoding.
 
-Exercise 15.1, ``patch_head(model, clean_ids, corrupted_ids, layer, head) -> logits``: the corrupted run with one
+Exercise 15.1, ``induction_score(pattern, seq_len) -> scores``: one layer's attention pattern ``(batch, n_heads, pos,
+pos)`` on ``lead`` tokens (a BOS or none) then ``seq_len`` random tokens shown twice; each head's mean attention from
+the second copy's queries to the key ``seq_len - 1`` back (the token after the earlier copy), averaged over the batch:
+``(n_heads,)``. Named: the copy itself (``seq_len`` back), the first copy's queries averaged in, the BOS not accounted
+for, the axes swapped (key as query: 0 on a causal pattern), the heads averaged, the batch not averaged.
+``tfedu.interp`` is refused. See :func:`check_induction_score`.
+
+Exercise 15.2, ``ablate_heads(model, ids, layer, heads, how) -> logits``: the model run with the heads ``heads`` of
+block ``layer`` ablated at ``attn.hook_z``, set to 0 (``how="zero"``) or to their mean over the batch and the positions
+(``how="mean"``). Named: a hook returning None after changing a copy (nothing ablated), every head ablated, the whole
+attention output zeroed (``hook_attn_out``), positions taken for heads, the mean over the heads, over d_head, over the
+batch only or the positions only, the attention pattern mean-ablated instead of the output, zero for mean and mean
+for zero, a hook left on the model. See :func:`check_ablate_heads`.
+
+Exercise 15.3, ``patch_head(model, clean_ids, corrupted_ids, layer, head) -> logits``: the corrupted run with one
 head's output (block ``layer``'s ``attn.hook_z``, head ``head``, every position) taken from the clean run. Named: every
 head patched, the patch run the wrong way, no patch at all, the clean run returned (or everything the later blocks read
 patched), the position axis indexed for the head, the last position alone, a hook left on the model. See
 :func:`check_patch_head`.
 
-Exercise 15.2, ``logit_lens(model, ids) -> lens``: ``unembed(ln_final(resid))`` for the residual stream after the
+Exercise 15.4, ``logit_lens(model, ids) -> lens``: ``unembed(ln_final(resid))`` for the residual stream after the
 embeddings (``blocks.0.hook_resid_pre``) and after each block (``blocks.<i>.hook_resid_post``), stacked on a first
 axis, ``(n_layers + 1, batch, pos, d_vocab)``; the last row is the model's logits bit for bit. Checked on small
 pre-norm GPTs with random norm scales (LayerNorm and RMSNorm). Named: no final norm, the embedding row missing, each
@@ -15,7 +29,14 @@ block's input read instead of its output, the last row normed twice, the model's
 layers stacked on the batch axis, probabilities instead of logits, a last row close to the logits but not bit for bit,
 a hook left on the model. ``tfedu.interp`` is refused. See :func:`check_logit_lens`.
 
-Exercise 15.3, ``constrained_probs(logits, allowed) -> probs``: the next-token distribution restricted to the
+Exercise 15.5, ``logit_attribution(model, ids, pos, token) -> parts``: the logit of ``token`` at ``pos`` split into
+what each part wrote to the final stream (``embed``, ``pos_embed``, ``L<l>H<h>``, ``L<l> attn bias``, ``L<l> MLP``,
+``ln_final bias``), the final norm's scale frozen at its value on the final stream; the parts add up to the logit.
+Named: each part run through the final norm on its own, each part divided by its own scale, LayerNorm's centring
+left out, no scale, no norm weight, the norm's bias added to every part, W_O's per-head slices cut from its rows or
+interleaved, the MLP parts read from hook_resid_post. ``tfedu.interp`` is refused. See :func:`check_logit_attribution`.
+
+Exercise 15.6, ``constrained_probs(logits, allowed) -> probs``: the next-token distribution restricted to the
 allowed tokens. ``logits`` is a float tensor ``(..., d_vocab)``, ``allowed`` a bool tensor of the same shape with at
 least one True per row; the answer sets every forbidden logit to -inf and then takes the softmax over the last
 dimension, so a forbidden token gets probability exactly 0 and each row sums to 1.
@@ -36,6 +57,16 @@ Named mistakes, each built from the same inputs and compared with the learner's 
 
 A large negative finite fill (-1e9, ``torch.finfo(dtype).min``) gives the same probabilities on these inputs
 and passes. ``tfedu.constrained`` and ``tfedu.generate`` are refused: the masking is the exercise.
+
+Exercise 15.7, ``utf8_prefix_ok(data) -> bool``: whether bytes can still become valid UTF-8 (valid UTF-8, then at most
+the beginning of one more character that the table of RFC 3629 / the Unicode Standard's table 3-7 allows), the
+automaton behind notebook 01's promise of a UTF-8 constraint. Checked on fixed boundary inputs and random byte strings
+weighted toward the table's edges, with all their prefixes; the shortest input where the answer is wrong names the
+mistake, with the input in hex: an overlong form accepted (E0 80..9F, F0 80..8F), a surrogate (ED A0..BF), a code
+point above U+10FFFF (F4 90..BF), C0/C1 or F5..FF accepted, a stray continuation byte accepted, an unfinished
+character followed by ASCII or by a lead byte (a continuation test on the top bit only), an unfinished last
+character rejected, a lead byte counted with the wrong length. Python's decoder (``.decode``, ``codecs``,
+``str(data, encoding)``) and ``tfedu.constrained`` are refused. See :func:`check_utf8_prefix_ok`.
 """
 
 from __future__ import annotations
@@ -256,7 +287,650 @@ def check_constrained_probs(constrained_probs) -> None:
                    HINT_FORBIDDEN_MASS.format(mass=float(got.detach().masked_fill(allowed, 0).abs().max()), what=what))
 
 
-# ----------------------------------------------------------------------------- 15.1 patch_head
+# ----------------------------------------------------------------------------- 15.1 induction_score
+
+IS_FORBIDDEN = ("tfedu.interp",)
+HINT_IS_SHORTCUT = ("your induction_score uses {name}: reading the score off the pattern is the exercise, so index "
+                    "the pattern yourself")
+HINT_IS_CALL = (
+    "induction_score(pattern, seq_len): one layer's attention pattern, a float tensor (batch, n_heads, query_pos, "
+    "key_pos), for sequences of pos = lead + 2 * seq_len tokens (lead: the tokens before the first copy, 1 for a "
+    "BOS, else 0); return one score per head, a float tensor (n_heads,)"
+)
+HINT_IS_SHAPE = "induction_score should return one score per head, a float tensor of shape {want}, got {got}"
+HINT_IS_HEADS_MEAN = ("you averaged over the heads too ({got}): the score is one number per head, (n_heads,), "
+                      "averaged over the batch and the queries of the second copy only")
+HINT_IS_NO_BATCH_MEAN = ("you returned a score per sequence and head, {got}: average over the batch as well, so that "
+                         "there is one number per head, (n_heads,)")
+HINT_IS_COPY = (
+    "you scored the attention to the earlier copy of the current token itself, seq_len positions back: an induction "
+    "head attends to the token just *after* that earlier copy, seq_len - 1 positions back, the token it then predicts"
+)
+HINT_IS_ALL_QUERIES = (
+    "you averaged over every query that has a key seq_len - 1 positions back, queries of the first copy included: "
+    "only a query in the second copy has an earlier occurrence of its token to look up, so the score averages over "
+    "those seq_len queries alone"
+)
+HINT_IS_NO_LEAD = (
+    "your query and key positions ignore the tokens before the first copy: with a BOS at position 0 the first copy "
+    "starts at position 1 and the second at 1 + seq_len, so every position moves by lead = pos - 2 * seq_len"
+)
+HINT_IS_TRANSPOSED = (
+    "your scores are 0 on a causal pattern: you read the entry with the key as the query (the axes swapped). The "
+    "pattern is (batch, n_heads, query_pos, key_pos), and a query never attends to a later key, so that entry is 0"
+)
+HINT_IS_DIFFERS = "your scores differ from the reference in {what}: largest difference {err:.3g}"
+
+IS_MISTAKES = {"copy": HINT_IS_COPY, "all-queries": HINT_IS_ALL_QUERIES, "no-lead": HINT_IS_NO_LEAD,
+               "transposed": HINT_IS_TRANSPOSED}
+
+
+def _induction_variant(pattern: torch.Tensor, seq_len: int, mistake: str | None = None) -> torch.Tensor:
+    """Each head's induction score on ``pattern`` (batch, n_heads, pos, pos), right or with one known mistake."""
+    n_pos = pattern.shape[-1]
+    lead = 0 if mistake == "no-lead" else n_pos - 2 * seq_len
+    query = torch.arange(lead + seq_len, lead + 2 * seq_len)  # the second copy
+    if mistake == "all-queries":
+        query = torch.arange(seq_len - 1, n_pos)  # every query with a key seq_len - 1 back
+    key = query - (seq_len if mistake == "copy" else seq_len - 1)
+    read = pattern.transpose(-1, -2) if mistake == "transposed" else pattern
+    return read[..., query, key].double().mean(-1).mean(0)  # n_heads
+
+
+def reference_induction_score(pattern: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The exercise's answer: (n_heads,), float32."""
+    return _induction_variant(pattern, seq_len).float()
+
+
+def score_pattern(seed: int, batch: int, n_heads: int, seq_len: int, lead: int) -> torch.Tensor:
+    """A random causal pattern (batch, n_heads, pos, pos), each head leaning a random amount towards the induction
+    key, so that every named mistake gives other numbers."""
+    g = torch.Generator().manual_seed(seed)
+    n_pos = lead + 2 * seq_len
+    scores = torch.randn(batch, n_heads, n_pos, n_pos, generator=g)
+    query = torch.arange(lead + seq_len, n_pos)
+    scores[:, :, query, query - seq_len + 1] += 3 * torch.rand(n_heads, 1, generator=g)
+    visible = torch.ones(n_pos, n_pos, dtype=torch.bool).tril()
+    return scores.masked_fill(~visible, float("-inf")).softmax(-1)
+
+
+def _induction_problem(got: Any, pattern: torch.Tensor, seq_len: int, what: str) -> str | None:
+    want = _induction_variant(pattern, seq_len)
+    if not (isinstance(got, torch.Tensor) and got.is_floating_point()):
+        return HINT_IS_SHAPE.format(want=tuple(want.shape), got=describe(got))
+    got = got.detach().double()
+    close = lambda a, b: a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5)
+    if got.shape != want.shape:
+        if got.numel() == 1 or tuple(got.shape) == tuple(pattern.shape[:1]):  # one number, or one per sequence
+            return HINT_IS_HEADS_MEAN.format(got=f"shape {tuple(got.shape)}")
+        if tuple(got.shape) == tuple(pattern.shape[:2]):
+            return HINT_IS_NO_BATCH_MEAN.format(got=f"shape {tuple(got.shape)}")
+        return HINT_IS_SHAPE.format(want=tuple(want.shape), got=describe(got))
+    if close(got, want):
+        return None
+    for mistake, hint in IS_MISTAKES.items():
+        wrong = _induction_variant(pattern, seq_len, mistake)
+        if close(got, wrong) and not close(wrong, want):
+            return hint
+    return HINT_IS_DIFFERS.format(what=what, err=float((got - want).abs().max()))
+
+
+IS_CASES = ((0, 3, 4, 6, 1), (1, 2, 2, 9, 0), (2, 4, 3, 5, 1))  # (seed, batch, n_heads, seq_len, lead)
+
+
+@checker("the induction score: attention to the token after the earlier copy")
+def check_induction_score(induction_score) -> None:
+    """Check ``induction_score(pattern, seq_len)`` on random causal patterns with and without a BOS in front: one
+    score per head, the mean over the batch and the second copy's queries of the attention on the key seq_len - 1
+    back. Named: see the module docstring."""
+    _refuse_shortcuts(induction_score, IS_FORBIDDEN, HINT_IS_SHORTCUT)
+    for seed, batch, n_heads, seq_len, lead in IS_CASES:
+        pattern = score_pattern(seed, batch, n_heads, seq_len, lead)
+        what = (f"induction_score(pattern, seq_len={seq_len}) with pattern {tuple(pattern.shape)} "
+                f"({'a BOS, then ' if lead else ''}{seq_len} random tokens shown twice)")
+        given = pattern.clone()
+        got = call_learner(induction_score, given, seq_len, name="induction_score", error_hint=HINT_IS_CALL)
+        expect(torch.equal(given, pattern), "induction_score changed the pattern in place: read it, do not write it")
+        problem = _induction_problem(got, pattern, seq_len, what)
+        if problem:
+            raise CheckFailure(problem)
+
+
+IS_PROBE_RUN = HELPERS + """\
+_fn = globals().get('induction_score')
+_results = []
+for _c in inputs['cases']:
+    if _fn is None:
+        _results.append({'returned': 'undefined', 'scores': None, 'error': None})
+        continue
+    try:
+        _r = _call(_fn, torch.from_numpy(_c['pattern']), _c['seq_len'])
+        _results.append({'returned': _kind(_r), 'scores': _array(_r), 'error': None})
+    except Exception as _e:
+        _results.append({'returned': None, 'scores': None, 'error': type(_e).__name__ + ': ' + str(_e)[:200]})
+outputs = {'results': _results, 'mutated': _MUTATED}
+del _fn, _results, _c
+""" + CLEANUP
+
+
+def _is_probe_inputs(rng: np.random.Generator) -> dict:
+    cases_ = []
+    for lead in (1, 0, int(rng.integers(0, 3))):
+        pattern = score_pattern(int(rng.integers(0, 2**31)), int(rng.integers(1, 5)), int(rng.integers(2, 6)),
+                                int(rng.integers(4, 12)), lead)
+        cases_.append({"pattern": pattern.numpy(), "seq_len": (pattern.shape[-1] - lead) // 2})
+    return {"cases": cases_}
+
+
+def _compare_is(outputs: Any, expected: dict) -> str | None:
+    if not isinstance(outputs, dict) or not isinstance(outputs.get("results"), list):
+        return "the hidden test's outputs should be a dict with the results"
+    if outputs.get("mutated"):
+        return "induction_score changed the pattern in place: read it, do not write it"
+    for i, (got, case) in enumerate(zip(outputs["results"], expected["inputs"]["cases"])):
+        if got.get("returned") == "undefined":
+            return "induction_score is not defined: run the exercise's cell"
+        if got.get("error"):
+            return f"induction_score raised {got['error']} ({HINT_IS_CALL})"
+        scores = got.get("scores")
+        if isinstance(scores, np.ndarray) and scores.dtype.kind == "f":
+            scores = torch.from_numpy(scores)
+        else:
+            scores = got.get("returned")
+        problem = _induction_problem(scores, torch.from_numpy(case["pattern"]), case["seq_len"], f"hidden test {i + 1}")
+        if problem:
+            return problem
+    return None
+
+
+# ----------------------------------------------------------------------------- 15.2 ablate_heads
+
+HINT_AB_CALL = (
+    "ablate_heads(model, ids, layer, heads, how): a tfedu GPT, (batch, pos) token ids, a block index, a list of head "
+    "indices and how = 'zero' or 'mean'; the heads' outputs sit at blocks.<layer>.attn.hook_z, (batch, pos, n_heads, "
+    "d_head) (in model.hooks, write the dots as __)"
+)
+HINT_AB_SHAPE = "ablate_heads should return the ablated run's logits, a float tensor {want}, got {got}"
+HINT_AB_NONE_BACK = (
+    "your logits are the model's own, nothing ablated: either no hook was attached while the model ran, or the hook "
+    "changed a copy and returned None (a hook that returns None leaves the activation as it was; return the new tensor)"
+)
+HINT_AB_ALL_HEADS = (
+    "every head of block {layer} was ablated: the hook's tensor holds all of the block's heads side by side, (batch, "
+    "pos, n_heads, d_head); change only the heads asked for, {heads}, and leave the others as they are"
+)
+HINT_AB_ATTN_OUT = (
+    "you zeroed the block's whole attention output (hook_attn_out, after W_O has mixed the heads and added its bias): "
+    "that removes every head of the block and the bias. One head's own output is at attn.hook_z, before W_O"
+)
+HINT_AB_POSITION = (
+    "you ablated positions {heads} rather than heads {heads}: the hook's tensor is (batch, pos, n_heads, d_head), so "
+    "a head is picked on the third axis, at every position"
+)
+HINT_AB_MEAN_HEADS = (
+    "your mean ablation averaged over the heads axis, mixing the heads' outputs: each ablated head gets its *own* "
+    "mean output, averaged over the batch and the positions (axes 0 and 1), one d_head vector per head"
+)
+HINT_AB_MEAN_D_HEAD = (
+    "your mean ablation averaged over d_head, the last axis: that gives one number per position instead of the "
+    "head's mean output vector. Average over the batch and the positions (axes 0 and 1), keeping d_head"
+)
+HINT_AB_MEAN_BATCH = (
+    "your mean ablation averaged over the batch only, so each position keeps its own mean: average over the batch "
+    "and the positions (axes 0 and 1), one d_head vector per head for the whole run"
+)
+HINT_AB_MEAN_POS = (
+    "your mean ablation averaged over the positions only, so each sequence keeps its own mean: average over the "
+    "batch and the positions (axes 0 and 1), one d_head vector per head for the whole run"
+)
+HINT_AB_PATTERN = (
+    "you mean-ablated the heads' attention pattern (hook_pattern), not their output: the head then still reads the "
+    "current tokens' values through the averaged weights. Mean ablation replaces the head's output, at attn.hook_z, "
+    "by its mean over the batch and the positions"
+)
+HINT_AB_ZERO_FOR_MEAN = ("with how='mean' you zeroed the heads: mean ablation replaces each head's output by its mean "
+                         "over the batch and the positions, not by 0")
+HINT_AB_MEAN_FOR_ZERO = ("with how='zero' you replaced the heads' outputs by their mean: zero ablation sets them to 0")
+HINT_AB_LEAK = (
+    "a hook was still attached to the model after ablate_heads returned, so every later run of the model stays "
+    "ablated: attach it for one run only (model.hooks is a context manager) or remove its handle before returning"
+)
+HINT_AB_DIFFERS = "your ablated logits differ from the reference in {what}: largest difference {err:.3g}"
+
+AB_MISTAKES = {"none-back": HINT_AB_NONE_BACK, "all-heads": HINT_AB_ALL_HEADS, "attn-out": HINT_AB_ATTN_OUT,
+               "position-axis": HINT_AB_POSITION, "mean-heads": HINT_AB_MEAN_HEADS,
+               "mean-d-head": HINT_AB_MEAN_D_HEAD, "mean-batch": HINT_AB_MEAN_BATCH, "mean-pos": HINT_AB_MEAN_POS,
+               "pattern": HINT_AB_PATTERN, "zero-for-mean": HINT_AB_ZERO_FOR_MEAN,
+               "mean-for-zero": HINT_AB_MEAN_FOR_ZERO}
+_MEAN_AXES = {"mean-heads": (0, 1, 2), "mean-d-head": (0, 1, 3), "mean-batch": (0,), "mean-pos": (1,)}
+
+
+def _ablate_variant(model: GPT, ids: torch.Tensor, layer: int, heads: Any, how: str = "zero",
+                    mistake: str | None = None) -> torch.Tensor | None:
+    """The logits with heads ``heads`` of block ``layer`` ablated (``how``: zero or mean), right or with one known
+    mistake; None when the mistake does not apply to ``how``."""
+    heads = list(heads)
+    if mistake in (*_MEAN_AXES, "pattern") and how != "mean" or mistake == "position-axis" and how != "zero":
+        return None
+    if mistake == "zero-for-mean" and how != "mean" or mistake == "mean-for-zero" and how != "zero":
+        return None
+    with torch.no_grad():
+        if mistake == "none-back":
+            return model(ids)
+        if mistake == "attn-out":
+            with model.hooks(**{f"blocks__{layer}__hook_attn_out": torch.zeros_like}):
+                return model(ids)
+        if mistake == "pattern":  # the weights averaged over the batch and the queries, the values left alone
+            if model.cfg.attention != "manual":
+                return None
+
+            def average(pattern: torch.Tensor) -> torch.Tensor:  # batch n_heads query_pos key_pos
+                pattern = pattern.clone()
+                picked = pattern[:, heads]
+                pattern[:, heads] = picked.mean((0, 2), keepdim=True).expand_as(picked)
+                return pattern
+
+            with model.hooks(**{f"blocks__{layer}__attn__hook_pattern": average}):
+                return model(ids)
+        use_mean = (how == "mean") != (mistake in ("zero-for-mean", "mean-for-zero"))
+
+        def ablate(z: torch.Tensor) -> torch.Tensor:  # batch pos n_heads d_head
+            z = z.clone()
+            if mistake == "position-axis":
+                z[:, heads] = 0.0
+                return z
+            which = slice(None) if mistake == "all-heads" else heads
+            if use_mean:
+                picked = z[:, :, which]
+                z[:, :, which] = picked.mean(_MEAN_AXES.get(mistake, (0, 1)), keepdim=True).expand_as(picked)
+            else:
+                z[:, :, which] = 0.0
+            return z
+
+        with model.hooks(**{f"blocks__{layer}__attn__hook_z": ablate}):
+            return model(ids)
+
+
+def reference_ablate_heads(model: GPT, ids: torch.Tensor, layer: int, heads: Any, how: str = "zero") -> torch.Tensor:
+    """The exercise's answer: the logits (batch, pos, d_vocab) with the heads' hook_z outputs zeroed or mean-ablated."""
+    return _ablate_variant(model, ids, layer, heads, how)
+
+
+def _ablate_problem(got: Any, model: GPT, ids: torch.Tensor, layer: int, heads: Any, how: str,
+                    what: str) -> str | None:
+    want = reference_ablate_heads(model, ids, layer, heads, how)
+    if not (isinstance(got, torch.Tensor) and got.is_floating_point() and got.shape == want.shape):
+        return HINT_AB_SHAPE.format(want=tuple(want.shape), got=describe(got))
+    got = got.detach().float()
+    close = lambda a, b: torch.allclose(a, b, rtol=1e-4, atol=1e-4)
+    if close(got, want):
+        return None
+    for mistake, hint in AB_MISTAKES.items():
+        wrong = _ablate_variant(model, ids, layer, heads, how, mistake)
+        if wrong is not None and close(got, wrong) and not close(wrong, want):
+            return hint.format(layer=layer, heads=list(heads))
+    return HINT_AB_DIFFERS.format(what=what, err=float((got - want).abs().max()))
+
+
+def ablation_model(seed: int, *, d_vocab: int = 40, positional: str = "rope") -> GPT:
+    """``patch_model`` with random biases (a GPT starts with them at 0, and then zeroing the whole attention output
+    would be zeroing every head)."""
+    model = patch_model(seed, d_vocab=d_vocab, positional=positional)
+    _random_biases(model, torch.Generator().manual_seed(seed))
+    return model
+
+
+def _random_biases(model: GPT, g: torch.Generator) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.copy_(torch.randn(param.shape, generator=g) * 0.3)
+
+
+AB_CASES = ((0, 1, [2], "zero", "rope"), (1, 0, [0, 3], "mean", "learned"), (2, 2, [1], "mean", "rope"),
+            (3, 0, [1, 2], "zero", "learned"))  # (seed, layer, heads, how, positional)
+
+
+@checker("an ablation hook: zero or mean ablation of chosen heads")
+def check_ablate_heads(ablate_heads) -> None:
+    """Check ``ablate_heads(model, ids, layer, heads, how)`` on small random GPTs: the logits with the heads' hook_z
+    outputs set to 0 (how='zero') or to their mean over the batch and the positions (how='mean'), and no hook left on
+    the model afterwards. Named: see the module docstring."""
+    for seed, layer, heads, how, positional in AB_CASES:
+        model = ablation_model(seed, positional=positional)
+        ids = torch.randint(0, model.cfg.d_vocab, (3, 10), generator=torch.Generator().manual_seed(seed))
+        what = (f"ablate_heads(model, ids, layer={layer}, heads={heads}, how={how!r}) on a 3-block GPT of 4 heads "
+                f"with ids of shape {tuple(ids.shape)}")
+        got = call_learner(ablate_heads, model, ids.clone(), layer, list(heads), how, name="ablate_heads",
+                           error_hint=HINT_AB_CALL)
+        if _hooks_left(model):
+            raise CheckFailure(HINT_AB_LEAK)
+        problem = _ablate_problem(got, model, ids, layer, heads, how, what)
+        if problem:
+            raise CheckFailure(problem)
+
+
+AB_PROBE_RUN = HELPERS + GPT_FROM_INPUTS + """\
+_results = []
+for _c in inputs['cases']:
+    try:
+        _r = _call(ablate_heads, _model, torch.from_numpy(inputs['ids']), _c['layer'], list(_c['heads']), _c['how'])
+        _error = None
+    except Exception as _e:
+        _r, _error = None, type(_e).__name__ + ': ' + str(_e)[:200]
+    _left = any(_m._forward_hooks or _m._forward_pre_hooks for _m in _model.modules())
+    _results.append({'returned': _kind(_r), 'logits': _array(_r), 'error': _error, 'left': _left})
+    if _left:
+        break
+outputs = {'results': _results, 'mutated': _MUTATED}
+del _results, _c, _r, _error, _left
+""" + GPT_CLEANUP + CLEANUP
+
+
+def _ab_probe_inputs(rng: np.random.Generator) -> dict:
+    """A fresh small GPT, ids, and a zero and a mean ablation whose named mistakes all differ from the answer."""
+    for _ in range(100):
+        config = {"d_vocab": int(rng.integers(30, 70)), "n_ctx": 32, "d_model": 32, "n_layers": 3, "n_heads": 4,
+                  "init_std": 0.5, "tied_embeddings": False, "positional": str(rng.choice(["rope", "learned"]))}
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(rng.integers(0, 2**31)))
+            model = GPT(ModelConfig(**config))
+        _random_biases(model, torch.Generator().manual_seed(int(rng.integers(0, 2**31))))
+        weights = {name: value.numpy() for name, value in model.state_dict().items()}
+        ids = rng.integers(0, config["d_vocab"], (int(rng.integers(2, 4)), int(rng.integers(8, 15)))).astype(np.int64)
+        cases_ = []
+        for how in ("zero", "mean"):
+            n = int(rng.integers(1, 3)) if how == "zero" else int(rng.integers(2, 4))  # the heads' mean: two or more
+            cases_.append({"layer": int(rng.integers(0, 3)), "how": how,
+                           "heads": sorted(int(h) for h in rng.choice(4, n, replace=False))})
+        inputs = {"config": config, "weights": weights, "ids": ids, "cases": cases_}
+        model = gpt_from_inputs(inputs)
+        ok = True
+        for case in cases_:
+            args = (model, torch.from_numpy(ids), case["layer"], case["heads"], case["how"])
+            outs = [reference_ablate_heads(*args)]
+            outs += [v for m in AB_MISTAKES if (v := _ablate_variant(*args, m)) is not None]
+            ok &= all(not torch.allclose(a, b, rtol=1e-4, atol=1e-4) for i, a in enumerate(outs) for b in outs[i + 1:])
+        if ok:
+            return inputs
+    raise RuntimeError("no ablation case whose named mistakes all differ from the answer")
+
+
+def _compare_ab(outputs: Any, expected: dict) -> str | None:
+    if not isinstance(outputs, dict) or not isinstance(outputs.get("results"), list):
+        return "the hidden test's outputs should be a dict with the results"
+    inputs = expected["inputs"]
+    model, ids = gpt_from_inputs(inputs), torch.from_numpy(inputs["ids"])
+    for i, (got, case) in enumerate(zip(outputs["results"], inputs["cases"])):
+        if got.get("error"):
+            return f"ablate_heads raised {got['error']} ({HINT_AB_CALL})"
+        if got.get("left"):
+            return HINT_AB_LEAK
+        logits = got.get("logits")
+        if isinstance(logits, np.ndarray) and logits.dtype.kind == "f":
+            logits = torch.from_numpy(logits)
+        else:
+            logits = got.get("returned")
+        problem = _ablate_problem(logits, model, ids, case["layer"], case["heads"], case["how"], f"hidden test {i + 1}")
+        if problem:
+            return problem
+    if len(outputs["results"]) != len(inputs["cases"]):
+        return "ablate_heads's hidden test did not run every case"
+    return None
+
+
+# ----------------------------------------------------------------------------- 15.5 logit_attribution
+
+LA_FORBIDDEN = ("tfedu.interp",)
+HINT_LA_SHORTCUT = ("your logit_attribution uses {name}: splitting the logit is the exercise, so build it from the "
+                    "model's cache, its W_O, ln_final and unembedding")
+HINT_LA_CALL = (
+    "logit_attribution(model, ids, pos, token): a pre-norm tfedu GPT, token ids of shape (1, n_pos), a position and a "
+    "token id; return a dict from each part's label ('embed', 'pos_embed', 'L0H0', ..., 'L0 attn bias', 'L0 MLP', "
+    "'ln_final bias') to a float. A head's z is d_head numbers, not d_model: it reaches the stream through its own "
+    "d_head columns of W_O.weight"
+)
+HINT_LA_TYPE = "logit_attribution should return a dict from label to float, got {got}"
+HINT_LA_KEYS = ("your labels are not the parts of this model ({model}): {detail}. The parts are 'embed', 'pos_embed' "
+                "(learned positions only), 'L<l>H<h>' for every head, 'L<l> attn bias' (when W_O has a bias), "
+                "'L<l> MLP' (when the blocks have MLPs) and 'ln_final bias' (a LayerNorm with a bias)")
+HINT_LA_VALUE = "the value of {key!r} should be a float (or a 0-d tensor), got {got}"
+HINT_LA_OWN_NORM = (
+    "you ran each part through the final norm on its own: the norm's scale (and, for LayerNorm, its mean and bias) "
+    "belongs to the whole residual stream, so a part normed alone gets another scale and the parts no longer add up "
+    "to the logit. Compute the scale once, on the final stream at this position, and divide every part by it"
+)
+HINT_LA_OWN_SCALE = (
+    "you divided each part by its own scale (its own standard deviation or RMS): the scale is the final stream's, "
+    "computed once at this position, and the same divisor for every part; otherwise the parts do not add up"
+)
+HINT_LA_NO_CENTRE = (
+    "you left out LayerNorm's centring: LayerNorm subtracts the stream's mean before scaling, and since the mean is "
+    "linear, each part's share of it comes off that part. Subtract each part's mean over d_model (or, the same, use "
+    "the read-out direction minus its own mean)"
+)
+HINT_LA_NO_SCALE = ("you did not divide by the final norm's scale: with the scale frozen at its value on the final "
+                    "stream, every part is divided by it (the read-out is then linear)")
+HINT_LA_NO_WEIGHT = ("you left out the final norm's weight: after centring and scaling, LayerNorm (and RMSNorm) "
+                     "multiply by ln_final.weight, elementwise, before the unembedding")
+HINT_LA_BIAS_EVERYWHERE = (
+    "you added the final norm's bias read-out to every part: it is one constant of the read-out, added once, as its "
+    "own part 'ln_final bias', not once per part"
+)
+HINT_LA_WO_ROWS = (
+    "your heads' slices of W_O are cut along the wrong axis: W_O.weight is (d_model, n_heads * d_head), the heads' "
+    "columns side by side, so head h's slice is the columns h * d_head to (h + 1) * d_head (transpose it to map "
+    "d_head to d_model)"
+)
+HINT_LA_WO_ORDER = (
+    "your heads' slices of W_O are interleaved: the n_heads * d_head columns hold head 0's d_head columns first, then "
+    "head 1's, and so on, so split them as (n_heads, d_head), not (d_head, n_heads)"
+)
+HINT_LA_RESID = (
+    "your MLP parts read the stream after each block (hook_resid_post), which holds everything written so far, not "
+    "what the MLP alone wrote: read each MLP's own output (hook_mlp_out)"
+)
+HINT_LA_NOT_SUM = ("your parts sum to {total:.5g} but the model's logit is {logit:.5g} in {what}: the parts of the "
+                   "frozen read-out add up to the logit exactly (to float rounding)")
+HINT_LA_DIFFERS = "your part {key!r} is {got:.5g}, the reference's {want:.5g}, in {what}"
+
+LA_MISTAKES = {"own-norm": HINT_LA_OWN_NORM, "own-scale": HINT_LA_OWN_SCALE, "no-centre": HINT_LA_NO_CENTRE,
+               "no-scale": HINT_LA_NO_SCALE, "no-weight": HINT_LA_NO_WEIGHT, "bias-everywhere": HINT_LA_BIAS_EVERYWHERE,
+               "wo-rows": HINT_LA_WO_ROWS, "wo-order": HINT_LA_WO_ORDER, "resid-post": HINT_LA_RESID}
+
+
+def _attribution_variant(model: GPT, ids: torch.Tensor, pos: int, token: int,
+                         mistake: str | None = None) -> dict[str, float] | None:
+    """The logit of ``token`` at ``pos`` (row 0 of ``ids``) split into its parts, right or with one known mistake;
+    None when the mistake does not apply to this model."""
+    from tfedu.layers import LayerNorm
+
+    norm, n_layers = model.ln_final, len(model.blocks)
+    is_layer_norm = isinstance(norm, LayerNorm)
+    if (mistake == "no-centre" and not is_layer_norm or mistake == "resid-post" and not model.cfg.has_mlp
+            or mistake == "bias-everywhere" and getattr(norm, "bias", None) is None):
+        return None
+    with torch.no_grad():
+        _, cache = model.run_with_cache(ids)
+        at = (0, pos)
+        u = model.unembed.weight[token]  # d_model: the token's column of W_U
+        centre = is_layer_norm and mistake != "no-centre"
+
+        def scale_of(x: torch.Tensor) -> torch.Tensor:
+            x = x - x.mean() if is_layer_norm else x
+            return torch.sqrt(x.pow(2).mean() + norm.eps)
+
+        final_scale = scale_of(cache[f"blocks.{n_layers - 1}.hook_resid_post"][at])
+        bias = norm.bias @ u if getattr(norm, "bias", None) is not None else None
+
+        def read(x: torch.Tensor) -> torch.Tensor:
+            if mistake == "own-norm":
+                return norm(x) @ u
+            x = x - x.mean() if centre else x
+            scale = scale_of(x) if mistake == "own-scale" else 1.0 if mistake == "no-scale" else final_scale
+            weight = 1.0 if mistake == "no-weight" else norm.weight
+            value = (x / scale * weight) @ u
+            return value + bias if mistake == "bias-everywhere" else value
+
+        parts = {"embed": read(cache["hook_embed"][at])}
+        if model.pos_embed is not None:
+            parts["pos_embed"] = read(cache["hook_pos_embed"][pos])
+        for i, block in enumerate(model.blocks):
+            attn = block.attn
+            z = cache[f"blocks.{i}.attn.hook_z"][at]  # n_heads d_head
+            w_o = attn.W_O.weight  # d_model, n_heads * d_head
+            if mistake == "wo-rows":
+                per_head = w_o.unflatten(0, (attn.n_heads, attn.d_head))  # rows, not columns
+            elif mistake == "wo-order":
+                per_head = w_o.T.unflatten(0, (attn.d_head, attn.n_heads)).transpose(0, 1)
+            else:
+                per_head = w_o.T.unflatten(0, (attn.n_heads, attn.d_head))  # n_heads d_head d_model
+            for h in range(attn.n_heads):
+                parts[f"L{i}H{h}"] = read(z[h] @ per_head[h])
+            if attn.W_O.bias is not None:
+                parts[f"L{i} attn bias"] = read(attn.W_O.bias)
+            if model.cfg.has_mlp:
+                name = "hook_resid_post" if mistake == "resid-post" else "hook_mlp_out"
+                parts[f"L{i} MLP"] = read(cache[f"blocks.{i}.{name}"][at])
+        if bias is not None:
+            parts["ln_final bias"] = bias
+    return {label: float(value) for label, value in parts.items()}
+
+
+def reference_logit_attribution(model: GPT, ids: torch.Tensor, pos: int, token: int) -> dict[str, float]:
+    """The exercise's answer: label -> float, summing to ``model(ids)[0, pos, token]`` to float rounding."""
+    return _attribution_variant(model, ids, pos, token)
+
+
+def attribution_model(seed: int, *, norm: str = "layer", positional: str = "learned", d_mlp: int | None = None,
+                      bias: bool = True) -> GPT:
+    """A small pre-norm GPT with random norm scales and biases (see ``lens_model``), MLPs or not."""
+    cfg = ModelConfig(d_vocab=45, n_ctx=32, d_model=32, n_layers=2, n_heads=4, init_std=0.5, tied_embeddings=False,
+                      positional=positional, norm=norm, bias=bias, **({} if d_mlp is None else {"d_mlp": d_mlp}))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = GPT(cfg).eval()
+        _scramble_norms(model, torch.Generator().manual_seed(seed))
+    return model
+
+
+def _attribution_problem(got: Any, model: GPT, ids: torch.Tensor, pos: int, token: int, what: str) -> str | None:
+    want = reference_logit_attribution(model, ids, pos, token)
+    if not isinstance(got, dict):
+        return HINT_LA_TYPE.format(got=describe(got))
+    parts = {}
+    for key, value in got.items():
+        try:
+            parts[str(key)] = float(value)
+        except (TypeError, ValueError, RuntimeError):
+            return HINT_LA_VALUE.format(key=key, got=describe(value))
+    if set(parts) != set(want):
+        missing, extra = sorted(set(want) - set(parts)), sorted(set(parts) - set(want))
+        detail = "; ".join([f"missing {missing}"] * bool(missing) + [f"not parts {extra}"] * bool(extra))
+        return HINT_LA_KEYS.format(model=what, detail=detail)
+    close = lambda a, b: all(abs(a[k] - b[k]) <= 1e-4 + 1e-4 * abs(b[k]) for k in b)
+    if close(parts, want):
+        return None
+    for mistake, hint in LA_MISTAKES.items():
+        wrong = _attribution_variant(model, ids, pos, token, mistake)
+        if wrong is not None and set(wrong) == set(want) and close(parts, wrong) and not close(wrong, want):
+            return hint
+    with torch.no_grad():
+        logit = float(model(ids)[0, pos, token])
+    total = sum(parts.values())
+    if abs(total - logit) > 1e-3 * max(1.0, abs(logit)):
+        return HINT_LA_NOT_SUM.format(total=total, logit=logit, what=what)
+    key = max(want, key=lambda k: abs(parts[k] - want[k]))
+    return HINT_LA_DIFFERS.format(key=key, got=parts[key], want=want[key], what=what)
+
+
+LA_CASES = (  # (seed, norm, positional, d_mlp, bias, n_pos, pos)
+    (0, "layer", "learned", None, True, 9, 6),
+    (1, "rms", "rope", None, False, 7, 3),
+    (2, "layer", "rope", 0, True, 8, 7),  # attention only, like the induction GPT
+)
+
+
+@checker("direct logit attribution: one logit split into what each part wrote")
+def check_logit_attribution(logit_attribution) -> None:
+    """Check ``logit_attribution(model, ids, pos, token)`` on small random pre-norm GPTs (LayerNorm with biases and
+    learned positions, RMSNorm with RoPE and no biases, attention only): every part to 1e-4, the parts adding up to
+    the logit. Named: see the module docstring."""
+    _refuse_shortcuts(logit_attribution, LA_FORBIDDEN, HINT_LA_SHORTCUT)
+    for seed, norm, positional, d_mlp, bias, n_pos, pos in LA_CASES:
+        model = attribution_model(seed, norm=norm, positional=positional, d_mlp=d_mlp, bias=bias)
+        ids = torch.randint(0, model.cfg.d_vocab, (1, n_pos), generator=torch.Generator().manual_seed(seed))
+        token = int(torch.randint(0, model.cfg.d_vocab, (), generator=torch.Generator().manual_seed(seed + 10)))
+        what = (f"logit_attribution(model, ids, pos={pos}, token={token}) on a 2-block GPT "
+                f"({'LayerNorm' if norm == 'layer' else 'RMSNorm'}, {positional} positions, "
+                f"{'attention only' if d_mlp == 0 else 'with MLPs'}, {'with' if bias else 'no'} biases)")
+        got = call_learner(logit_attribution, model, ids.clone(), pos, token, name="logit_attribution",
+                           error_hint=HINT_LA_CALL)
+        if _hooks_left(model):
+            raise CheckFailure("a hook was still attached to the model after logit_attribution returned: remove it")
+        problem = _attribution_problem(got, model, ids, pos, token, what)
+        if problem:
+            raise CheckFailure(problem)
+
+
+LA_PROBE_RUN = HELPERS + GPT_FROM_INPUTS + """\
+try:
+    _r = _call(logit_attribution, _model, torch.from_numpy(inputs['ids']), inputs['pos'], inputs['token'])
+    _error = None
+except Exception as _e:
+    _r, _error = None, type(_e).__name__ + ': ' + str(_e)[:200]
+_parts = None
+if isinstance(_r, dict):
+    _parts = {}
+    for _k, _v in _r.items():
+        try:
+            _parts[str(_k)] = float(_v)
+        except Exception:
+            _parts[str(_k)] = 'not a number: ' + type(_v).__name__
+outputs = {'returned': _kind(_r), 'parts': _parts, 'error': _error,
+           'left': any(_m._forward_hooks or _m._forward_pre_hooks for _m in _model.modules()), 'mutated': _MUTATED}
+del _r, _error, _parts
+""" + GPT_CLEANUP + CLEANUP
+
+
+def _la_probe_inputs(rng: np.random.Generator) -> dict:
+    """A fresh small pre-norm GPT (random norm, positions, biases, MLPs or not, norm scales), one sequence, a
+    position and a token."""
+    config = {"d_vocab": int(rng.integers(30, 70)), "n_ctx": 32, "d_model": 32, "n_layers": int(rng.integers(1, 4)),
+              "n_heads": 4, "init_std": 0.5, "tied_embeddings": bool(rng.integers(0, 2)),
+              "positional": str(rng.choice(["rope", "learned"])), "norm": str(rng.choice(["layer", "rms"])),
+              "bias": bool(rng.integers(0, 2))}
+    if rng.integers(0, 3) == 0:
+        config["d_mlp"] = 0
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(rng.integers(0, 2**31)))
+        model = GPT(ModelConfig(**config))
+    _scramble_norms(model, torch.Generator().manual_seed(int(rng.integers(0, 2**31))))
+    n_pos = int(rng.integers(4, 16))
+    return {"config": config, "weights": {name: value.numpy() for name, value in model.state_dict().items()},
+            "ids": rng.integers(0, config["d_vocab"], (1, n_pos)).astype(np.int64),
+            "pos": int(rng.integers(0, n_pos)), "token": int(rng.integers(0, config["d_vocab"]))}
+
+
+def _compare_la(outputs: Any, expected: dict) -> str | None:
+    if not isinstance(outputs, dict):
+        return "the hidden test's outputs should be a dict"
+    if outputs.get("error"):
+        return f"logit_attribution raised {outputs['error']} ({HINT_LA_CALL})"
+    if outputs.get("left"):
+        return "a hook was still attached to the model after logit_attribution returned: remove it"
+    inputs = expected["inputs"]
+    got = outputs.get("parts")
+    if got is None:
+        return HINT_LA_TYPE.format(got=outputs.get("returned"))
+    for key, value in got.items():
+        if isinstance(value, str):
+            return HINT_LA_VALUE.format(key=key, got=value.removeprefix("not a number: "))
+    return _attribution_problem(got, gpt_from_inputs(inputs), torch.from_numpy(inputs["ids"]), inputs["pos"],
+                                inputs["token"], "the hidden test")
+
+
+# ----------------------------------------------------------------------------- 15.3 patch_head
 
 HINT_PT_ALL_HEADS = (
     "every head of block {layer} was patched: the hook's tensor holds all of the block's heads side by side, (batch, "
@@ -441,7 +1115,7 @@ def _compare_pt(outputs: dict, expected: dict) -> str | None:
     return _patch_problem(got, model, clean, corrupted, inputs["layer"], inputs["head"], "the hidden test")
 
 
-# ----------------------------------------------------------------------------- 15.2 logit_lens
+# ----------------------------------------------------------------------------- 15.4 logit_lens
 
 LL_FORBIDDEN = ("tfedu.interp",)
 HINT_LL_SHORTCUT = ("your logit_lens uses {name}: reading the stream after every block is the exercise, so build it "
@@ -711,7 +1385,358 @@ def _compare(outputs: Any, expected: dict) -> str | None:
     return None
 
 
+# ----------------------------------------------------------------------------- 15.7 utf8_prefix_ok
+
+U8_NAME = "utf8_prefix_ok"
+U8_FORBIDDEN = ("tfedu.constrained", "codecs", "encodings")
+HINT_U8_CALL = "utf8_prefix_ok(data): data is a bytes object (each item an int 0..255); return True or False"
+HINT_U8_SHORTCUT = ("your utf8_prefix_ok uses {name}: reading UTF-8 byte by byte is the exercise, so build it from the "
+                    "table, without tfedu.constrained or Python's codecs")
+HINT_U8_DECODER = (
+    "your utf8_prefix_ok uses {what}, Python's own UTF-8 decoder: deciding which bytes are UTF-8 is what this "
+    "exercise builds (the check compares with the table, and the decoder even lags there: it accepts ED A0, the "
+    "first two bytes of a surrogate, until a third byte comes). Walk the bytes yourself"
+)
+HINT_U8_NONE = "your utf8_prefix_ok returned None on the bytes {data}: this exercise is not done yet, or the function has no `return`"
+HINT_U8_KIND = "utf8_prefix_ok should return True or False, got {got} on the bytes {data}"
+HINT_U8_OVERLONG = (
+    "utf8_prefix_ok({literal}) returned True, but {lead} followed by {byte} can only become an overlong form: {why}, "
+    "and a code point has exactly one encoding, the shortest. After E0 the second byte must be A0..BF; after F0, 90..BF"
+)
+OVERLONG_WHY = {0xE0: "E0 80..9F xx would spell U+0000..U+07FF in three bytes, which one or two bytes already spell",
+                0xF0: "F0 80..8F xx xx would spell U+0000..U+FFFF in four bytes, which three or fewer already spell"}
+HINT_U8_SURROGATE = (
+    "utf8_prefix_ok({literal}) returned True, but ED followed by {byte} (A0..BF) can only become U+D800..U+DFFF, the "
+    "surrogates: they are not characters (UTF-16 uses them in pairs) and UTF-8 has no form for them. After ED the "
+    "second byte must be 80..9F"
+)
+HINT_U8_ABOVE = (
+    "utf8_prefix_ok({literal}) returned True, but F4 followed by {byte} (90..BF) can only become a code point above "
+    "U+10FFFF, the last one Unicode has. After F4 the second byte must be 80..8F"
+)
+HINT_U8_C0C1 = (
+    "utf8_prefix_ok({literal}) returned True, but {byte} never occurs in UTF-8: C0 and C1 could only start overlong "
+    "two-byte forms of U+0000..U+007F, which one byte spells. Two-byte sequences start with C2..DF"
+)
+HINT_U8_F5FF = (
+    "utf8_prefix_ok({literal}) returned True, but {byte} never occurs in UTF-8: F5..F7 would start code points above "
+    "U+10FFFF, and F8..FF start nothing at all (the five- and six-byte forms were dropped in 2003). Four-byte "
+    "sequences start with F0..F4"
+)
+HINT_U8_STRAY = (
+    "utf8_prefix_ok({literal}) returned True, but byte {pos} ({byte}) is a continuation byte (80..BF, 10xxxxxx) "
+    "with no character to continue: {where}. A continuation byte is valid only where its lead byte still needs one"
+)
+HINT_U8_LENGTH = (
+    "utf8_prefix_ok({literal}) returned {got}: the lead byte {lead} starts a character of {n} bytes ({k} continuation "
+    "byte{s}), and yours counted {counted}. The lead byte's high bits give the length: 0xxxxxxx one byte, 110xxxxx "
+    "two, 1110xxxx three, 11110xxx four"
+)
+HINT_U8_RESTART = (
+    "utf8_prefix_ok({literal}) returned True, but the character that {lead} starts is unfinished when {byte} comes: "
+    "it still needed {missing} continuation byte{s}, and no later byte can finish it. Only the last character may "
+    "be unfinished"
+)
+HINT_U8_LOOSE = (
+    "utf8_prefix_ok({literal}) returned True, but byte {pos} ({byte}) is not a continuation byte, which the "
+    "character that {lead} starts needed there: continuation bytes are 10xxxxxx (80..BF), and {byte} is 11xxxxxx, "
+    "{what}. Testing only the top bit lets it through; the top two bits (or the range) tell them apart"
+)
+HINT_U8_INCOMPLETE = (
+    "utf8_prefix_ok({literal}) returned False, but these bytes can still become valid UTF-8: they end inside a "
+    "character ({lead} needs {missing} more continuation byte{s}), and {completion} would finish it as {char}. The "
+    "question is whether more bytes could make the data valid, so an unfinished last character is fine as long as "
+    "its bytes so far fit the table"
+)
+HINT_U8_REJECTS = (
+    "utf8_prefix_ok({literal}) returned False, but {what}. Compare each of its bytes with the table's row for its "
+    "character"
+)
+
+# The table, as the reference reads it: lead byte ranges -> (continuation bytes, the second byte's range).
+U8_TABLE = ((0x00, 0x7F, 0, None), (0xC2, 0xDF, 1, (0x80, 0xBF)), (0xE0, 0xE0, 2, (0xA0, 0xBF)),
+            (0xE1, 0xEC, 2, (0x80, 0xBF)), (0xED, 0xED, 2, (0x80, 0x9F)), (0xEE, 0xEF, 2, (0x80, 0xBF)),
+            (0xF0, 0xF0, 3, (0x90, 0xBF)), (0xF1, 0xF3, 3, (0x80, 0xBF)), (0xF4, 0xF4, 3, (0x80, 0x8F)))
+
+
+def _u8_lead(byte: int) -> tuple[int, tuple[int, int]] | None:
+    for first, last, missing, second in U8_TABLE:
+        if first <= byte <= last:
+            return missing, second or (0x80, 0xBF)
+    return None
+
+
+def u8_walk(data: bytes) -> tuple[int | None, int, int, int]:
+    """Read ``data`` with the table: (where it fails or None, continuation bytes still missing there or at the end,
+    where the last character starts, the lead byte of the last (or failing) character; -1 when none)."""
+    missing, lo, hi, start = 0, 0x80, 0xBF, -1
+    for i, byte in enumerate(data):
+        if missing:
+            if not lo <= byte <= hi:
+                return i, missing, start, data[start]
+            missing, lo, hi = missing - 1, 0x80, 0xBF
+            continue
+        lead = _u8_lead(byte)
+        if lead is None:
+            return i, 0, start, data[start] if start >= 0 else -1
+        start, (missing, (lo, hi)) = i, lead
+    return None, missing, start, data[start] if start >= 0 else -1
+
+
+def reference_utf8_prefix_ok(data: bytes) -> bool:
+    """The exercise's answer: valid UTF-8, then at most the beginning of one more character that the table allows."""
+    return u8_walk(bytes(data))[0] is None
+
+
+def _hex(data: bytes) -> str:
+    return data.hex(" ").upper() if data else "(no bytes)"
+
+
+def _completion(data: bytes) -> bytes:
+    """``data`` (a valid prefix) finished with the smallest continuation bytes the table allows."""
+    failure, missing, start, lead = u8_walk(data)
+    assert failure is None
+    out = bytearray(data)
+    for _ in range(missing):
+        position = len(out) - start
+        lo = _u8_lead(lead)[1][0] if position == 1 else 0x80
+        out.append(lo)
+    return bytes(out)
+
+
+U8_TABLE_BYTES = (0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF, 0xE0, 0xE1, 0xEC,
+                  0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xF7, 0xF8, 0xFE, 0xFF)
+U8_CODE_POINTS = (0x41, 0x7F, 0x80, 0xE9, 0x7FF, 0x800, 0xFFF, 0x1000, 0x20AC, 0xCFFF, 0xD000, 0xD7FF, 0xE000,
+                  0xFFFF, 0x10000, 0x1F600, 0x3FFFF, 0x40000, 0xFFFFF, 0x100000, 0x10FFFF)
+
+
+def u8_cases() -> list[bytes]:
+    """Fixed inputs, one or more per row of the table and per mistake (the closure adds their prefixes)."""
+    text = [chr(c).encode() for c in U8_CODE_POINTS] + ["Grüße, 世界 😀".encode(), "é".encode() + b"a", b""]
+    wrong = ["e0 80 80", "e0 9f bf", "f0 80 80 80", "f0 8f bf bf", "ed a0 80", "ed bf bf", "f4 90 80 80",
+             "f4 bf bf bf", "c0 80", "c1 bf", "f5 80 80 80", "f7 bf", "f8 88", "fe", "ff", "80", "bf", "41 80",
+             "c3 a9 80", "e2 82 ac bf", "f0 9f 98 80 80", "c3 41", "e2 82 41", "f0 9f 98 41", "e2 41", "c3 c3",
+             "e2 82 e2 82 ac", "f0 9f f0", "c3 ff", "61 e0 a0"]
+    return text + [bytes.fromhex(h) for h in wrong]
+
+
+def u8_random_cases(rng: np.random.Generator, n: int) -> list[bytes]:
+    """Random byte strings of 1 to 9 bytes, weighted toward the table's boundaries: whole characters at the ends of
+    the ranges, bytes at the ends of the ranges, unfinished characters."""
+    out = []
+    for _ in range(n):
+        data = bytearray()
+        for _ in range(int(rng.integers(1, 5))):
+            kind = rng.random()
+            if kind < 0.2:  # a lead whose second byte the table narrows, then any continuation byte
+                data += bytes([int(rng.choice([0xE0, 0xED, 0xF0, 0xF4])), int(rng.integers(0x80, 0xC0))])
+            elif kind < 0.45:
+                code = int(rng.choice(U8_CODE_POINTS)) if rng.random() < 0.5 else int(rng.integers(0, 0x110000))
+                if 0xD800 <= code <= 0xDFFF:
+                    code -= 0x800
+                piece = chr(code).encode()
+                data += piece if rng.random() < 0.6 else piece[:int(rng.integers(1, len(piece) + 1))]
+            elif kind < 0.85:
+                data.append(int(rng.choice(U8_TABLE_BYTES)))
+            else:
+                data.append(int(rng.integers(0, 256)))
+        out.append(bytes(data[:9]))
+    return out
+
+
+def u8_closure(cases: list[bytes]) -> list[bytes]:
+    """The cases, every prefix of each, and each valid unfinished prefix finished: shortest first, so the first
+    disagreement is where a mistake shows first."""
+    found = set()
+    for data in cases:
+        for k in range(len(data) + 1):
+            found.add(data[:k])
+            if reference_utf8_prefix_ok(data[:k]):
+                found.add(_completion(data[:k]))
+    return sorted(found, key=lambda d: (len(d), d))
+
+
+def _decoder_used(source: str) -> str | None:
+    """Where ``source`` reaches Python's decoder: ``.decode``, codecs or encodings, ``str(data, encoding)``."""
+    import ast
+
+    try:
+        tree = ast.parse(textwrap.dedent(source))
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in ("decode", "getincrementaldecoder", "getdecoder", "utf_8_decode"):
+            return f"`.{node.attr}`"
+        if isinstance(node, ast.Name) and node.id in ("codecs", "encodings"):
+            return f"`{node.id}`"
+        if isinstance(node, ast.Constant) and node.value in ("decode", "codecs", "encodings"):
+            return f"the name {node.value!r}"
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "str" \
+                and (len(node.args) >= 2 or any(k.arg in ("encoding", "errors") for k in node.keywords)):
+            return "`str` with an encoding"
+    return None
+
+
+def _u8_lead_length(lead: int) -> int:
+    return 1 + _u8_lead(lead)[0]
+
+
+def u8_problem(answers: dict[bytes, bool]) -> str | None:
+    """What is wrong with a learner's answers (bytes -> bool, the closure of some cases), or None when all are right.
+
+    The shortest input where the answer differs from the reference is named, with the row of the table it breaks.
+    A lead byte accepted where a continuation byte was needed is named as a new character started too early rather
+    than as a top-bit test when the answers also accept an ASCII byte there (a top-bit test never does)."""
+    wrong = [data for data in sorted(answers, key=lambda d: (len(d), d))
+             if answers[data] != reference_utf8_prefix_ok(data)]
+    if not wrong:
+        return None
+    kind, message = _u8_diagnose(wrong[0], answers)
+    if kind == "loose":
+        restarts = [found for found in (_u8_diagnose(data, answers) for data in wrong) if found[0] == "restart"]
+        if restarts:
+            return restarts[0][1]
+    return message
+
+
+def _u8_diagnose(data: bytes, answers: dict[bytes, bool]) -> tuple[str, str]:
+    """(the named mistake, its message) behind the learner's wrong answer on ``data``."""
+    literal = repr(data)
+    if answers[data]:  # an input that can never become UTF-8 was accepted
+        at, missing, start, lead = u8_walk(data)
+        byte = data[at]
+        fields = dict(literal=literal, byte=f"{byte:02X}", pos=at, lead=f"{lead:02X}" if lead >= 0 else "",
+                      missing=missing, s="" if missing == 1 else "s")
+        if missing == 0:  # between characters
+            if 0x80 <= byte <= 0xBF:
+                if start >= 0 and lead >= 0xC2:  # right after a complete multi-byte character
+                    return "length", _u8_length(literal, True, lead, f"a longer one, taking byte {at} ({byte:02X}) "
+                                                "as part of it")
+                where = "it starts the data" if at == 0 else "the character before it is complete"
+                return "stray", HINT_U8_STRAY.format(**fields, where=where)
+            return "bad lead", (HINT_U8_C0C1 if byte in (0xC0, 0xC1) else HINT_U8_F5FF).format(**fields)
+        if 0x80 <= byte <= 0xBF:  # a continuation byte outside the narrow second-byte range
+            if lead in (0xE0, 0xF0):
+                return "overlong", HINT_U8_OVERLONG.format(**fields, why=OVERLONG_WHY[lead])
+            return "narrow", (HINT_U8_SURROGATE if lead == 0xED else HINT_U8_ABOVE).format(**fields)
+        if byte < 0x80:
+            return "restart", HINT_U8_RESTART.format(**fields)
+        what = "a lead byte" if _u8_lead(byte) else "a byte that never occurs in UTF-8"
+        return "loose", HINT_U8_LOOSE.format(**fields, what=what)
+    # a valid beginning was rejected
+    _, missing, start, lead = u8_walk(data)
+    before = data[:-1]
+    prev_lead = u8_walk(before)[3]
+    if start == len(data) - 1 and prev_lead >= 0xC2 and answers.get(before):  # still waiting after a finished character
+        return "length", _u8_length(literal, False, prev_lead, f"a longer one, still waiting for continuation bytes "
+                                    f"when {data[-1]:02X} came")
+    if missing:
+        finished = _completion(data)
+        char = f"U+{ord(finished[start:].decode('utf-8')):04X}"
+        if answers.get(finished):
+            return "incomplete", HINT_U8_INCOMPLETE.format(literal=literal, lead=f"{lead:02X}", missing=missing,
+                                                           s="" if missing == 1 else "s", completion=_hex(finished),
+                                                           char=char)
+        return "rejects", HINT_U8_REJECTS.format(literal=literal, what=f"they begin {_hex(finished)}, the UTF-8 of {char}")
+    if lead >= 0xC2 and answers.get(before):  # the character's last continuation byte looked stray
+        return "length", _u8_length(literal, False, lead, f"a shorter one, so its last byte ({data[-1]:02X}) looked stray")
+    text = data.decode("utf-8")
+    return "rejects", HINT_U8_REJECTS.format(literal=literal, what=f"these bytes are valid UTF-8, the text {text!r}")
+
+
+def _u8_length(literal: str, got: bool, lead: int, counted: str) -> str:
+    n = _u8_lead_length(lead)
+    return HINT_U8_LENGTH.format(literal=literal, got=got, lead=f"{lead:02X}", n=n, k=n - 1, s="" if n == 2 else "s",
+                                 counted=counted)
+
+
+def _u8_answer(result: Any, data: bytes) -> bool:
+    from tfedu.checks.core import ExerciseNotDone
+
+    if result is None:
+        raise ExerciseNotDone(HINT_U8_NONE.format(data=_hex(data)))
+    if not isinstance(result, (bool, np.bool_)):
+        raise CheckFailure(HINT_U8_KIND.format(got=describe(result), data=_hex(data)))
+    return bool(result)
+
+
+@checker("UTF-8 prefixes: bytes that can still become valid UTF-8")
+def check_utf8_prefix_ok(utf8_prefix_ok) -> None:
+    """Check ``utf8_prefix_ok(data) -> bool`` on :func:`u8_cases` and 300 random byte strings (fixed seed), with all
+    their prefixes: the shortest input where it differs from the table names the mistake. Python's decoder
+    (``.decode``, ``codecs``, ``str(data, encoding)``) and ``tfedu.constrained`` are refused."""
+    _refuse_shortcuts(utf8_prefix_ok, U8_FORBIDDEN, HINT_U8_SHORTCUT)
+    try:
+        source = inspect.getsource(utf8_prefix_ok)
+    except (OSError, TypeError):
+        source = ""
+    used = _decoder_used(source)
+    expect(used is None, HINT_U8_DECODER.format(what=used))
+    answers = {}
+    for data in u8_closure(u8_cases() + u8_random_cases(np.random.default_rng(15_7), 300)):
+        result = call_learner(utf8_prefix_ok, data, name=U8_NAME, error_hint=HINT_U8_CALL)
+        answers[data] = _u8_answer(result, data)
+    problem = u8_problem(answers)
+    expect(problem is None, problem or "")
+
+
+U8_PROBE_RUN = HELPERS + """\
+import inspect as _inspect
+_fn = globals().get('utf8_prefix_ok')
+_results = []
+for _h in inputs['cases'] if _fn is not None else []:
+    try:
+        _r = _fn(bytes.fromhex(_h))
+        _r = bool(_r) if isinstance(_r, bool) or type(_r).__name__ == 'bool_' else 'NoneType' if _r is None else _kind(_r)
+    except Exception as _e:
+        _r = 'raised ' + type(_e).__name__ + ': ' + str(_e)[:200]
+    _results.append(_r)
+try:
+    _source = _inspect.getsource(_fn)[:20000] if _fn is not None else ''
+except (OSError, TypeError):
+    _source = ''
+outputs = {'defined': _fn is not None, 'results': _results, 'source': _source}
+del _inspect, _fn, _results, _source
+""" + CLEANUP
+
+
+def _u8_probe_inputs(rng: np.random.Generator) -> dict:
+    """Fresh random byte strings weighted toward the table's boundaries, with their prefixes and completions."""
+    return {"cases": [data.hex() for data in u8_closure(u8_cases() + u8_random_cases(rng, 150))]}
+
+
+def _compare_u8(outputs: Any, expected: dict) -> str | None:
+    if not isinstance(outputs, dict) or not isinstance(outputs.get("results"), list):
+        return "the hidden test's outputs should be a dict with the results"
+    if not outputs.get("defined"):
+        return "utf8_prefix_ok is not defined: run the exercise's cell"
+    used = _decoder_used(outputs.get("source") or "")
+    if used:
+        return HINT_U8_DECODER.format(what=used)
+    cases = expected["cases"]
+    if len(outputs["results"]) != len(cases):
+        return "utf8_prefix_ok's hidden test did not run every case"
+    answers = {}
+    for h, got in zip(cases, outputs["results"]):
+        data = bytes.fromhex(h)
+        if isinstance(got, str):
+            if got.startswith("raised "):
+                return f"hidden test: utf8_prefix_ok({data!r}) {got} ({HINT_U8_CALL})"
+            return HINT_U8_NONE.format(data=_hex(data)) if got == "NoneType" else \
+                HINT_U8_KIND.format(got=got, data=_hex(data))
+        answers[data] = bool(got)
+    problem = u8_problem(answers)
+    return f"hidden test: {problem}" if problem else None
+
+
 PROBES = {
+    "check_induction_score": Probe(
+        exercise="ex_induction_score", make_inputs=_is_probe_inputs, run=IS_PROBE_RUN,
+        reference=lambda inputs: {"inputs": inputs}, compare=_compare_is, forbidden=IS_FORBIDDEN, builds=None),
+    "check_ablate_heads": Probe(
+        exercise="ex_ablate_heads", make_inputs=_ab_probe_inputs, run=AB_PROBE_RUN,
+        reference=lambda inputs: {"inputs": inputs}, compare=_compare_ab,
+        builds=None),  # the model's own hooks: an exercise in their API
     "check_patch_head": Probe(
         exercise="ex_patch_head", make_inputs=_pt_probe_inputs, run=PT_PROBE_RUN, reference=_pt_probe_reference,
         compare=_compare_pt, builds=None),  # the model's own hooks and cache: an exercise in their API
@@ -719,6 +1744,10 @@ PROBES = {
         exercise="ex_logit_lens", make_inputs=_ll_probe_inputs, run=LL_PROBE_RUN,
         reference=lambda inputs: {"returned": ["tensor"], "inputs": inputs}, compare=_compare_ll,
         forbidden=LL_FORBIDDEN, builds=None),  # the model's hook points and modules: an exercise in their API
+    "check_logit_attribution": Probe(
+        exercise="ex_logit_attribution", make_inputs=_la_probe_inputs, run=LA_PROBE_RUN,
+        reference=lambda inputs: {"inputs": inputs}, compare=_compare_la, forbidden=LA_FORBIDDEN,
+        builds=None),  # the model's cache, W_O, norm and unembedding: an exercise in their API
     "check_constrained_probs": Probe(
         exercise="ex_constrained_probs",
         make_inputs=_probe_inputs,
@@ -726,12 +1755,71 @@ PROBES = {
         reference=lambda inputs: {"cases": inputs["cases"]},
         compare=_compare,
         forbidden=FORBIDDEN),
+    "check_utf8_prefix_ok": Probe(
+        exercise="ex_utf8_prefix_ok", make_inputs=_u8_probe_inputs, run=U8_PROBE_RUN,
+        reference=lambda inputs: {"cases": inputs["cases"]}, compare=_compare_u8, forbidden=U8_FORBIDDEN),
 }
 
 
 HINTS = {
-    "ex_patch_head": Hints(
+    "ex_induction_score": Hints(
         number="15.1",
+        check="check_induction_score",
+        idea=(
+            "On a random sequence shown twice, a query in the second copy holds a token seen once before. An induction "
+            "head looks up that earlier occurrence and attends to the token that came *after* it, the one it then "
+            "predicts. In the pattern that key sits seq_len - 1 positions before the query, on one diagonal below the "
+            "main one. The score is the attention on that key, averaged over the queries of the second copy (only "
+            "they have an earlier occurrence) and over the batch: one number per head."
+        ),
+        approach=(
+            "The pattern is (batch, n_heads, query_pos, key_pos). Work out lead, the tokens before the first copy, "
+            "from pos = lead + 2 * seq_len. The second copy's queries are the positions lead + seq_len up to pos - 1; "
+            "for each, the key is seq_len - 1 positions earlier. Pick those (query, key) entries for every batch row "
+            "and head, with two index tensors on the last two axes, or with the diagonal at offset -(seq_len - 1) "
+            "and a slice of it. Average over the queries, then over the batch: (n_heads,)."
+        ),
+        skeleton=(
+            "def induction_score(pattern, seq_len):\n"
+            "    lead = ____  # the tokens before the first copy\n"
+            "    query = torch.arange(____, ____)  # the second copy's positions\n"
+            "    key = ____  # for each query: the position after the earlier copy of its token\n"
+            "    return pattern[..., ____, ____].mean(____).mean(____)  # (n_heads,)\n"
+        ),
+    ),
+    "ex_ablate_heads": Hints(
+        number="15.2",
+        check="check_ablate_heads",
+        idea=(
+            "To see what some heads do, run the model without them. Each head's output passes through the "
+            "attention's hook_z, (batch, pos, n_heads, d_head), before W_O mixes the heads, so a hook there can "
+            "replace the chosen heads' slices and leave the others alone. Zero ablation puts 0 there; mean ablation "
+            "puts each chosen head's average output on this input, one d_head vector per head averaged over the "
+            "batch and the positions, so the head still writes its typical vector but nothing that depends on the "
+            "tokens. The hook is attached for this one run and removed afterwards."
+        ),
+        approach=(
+            "Name the hook point: blocks, the layer, attn, hook_z (dots written as __ for model.hooks). Write a "
+            "function of the hook's tensor that copies it, then sets the slice of the chosen heads on the third "
+            "axis (all batches, all positions): to 0, or, with how='mean', to that slice's mean over axes 0 and 1 "
+            "(keepdim, so it broadcasts back). It must return the new tensor: a hook that returns None leaves the "
+            "activation as it was. Under torch.no_grad, inside model.hooks with that function, run the model on the "
+            "ids and return its logits."
+        ),
+        skeleton=(
+            "def ablate_heads(model, ids, layer, heads, how=\"zero\"):\n"
+            "    def ablate(z):  # (batch, pos, n_heads, d_head)\n"
+            "        z = ____  # a copy\n"
+            "        picked = z[____]  # the chosen heads, every batch row and position\n"
+            "        z[____] = 0.0 if how == \"zero\" else ____  # the mean over the batch and the positions\n"
+            "        return ____\n"
+            "\n"
+            "    with torch.no_grad(), model.hooks(____):\n"
+            "        return ____\n"
+        ),
+    ),
+    "ex_patch_head": Hints(
+        number="15.3",
         check="check_patch_head",
         idea=(
             "Two runs of the same model. The clean run, on the input where the behaviour works, is only there to "
@@ -765,7 +1853,7 @@ HINTS = {
         ),
     ),
     "ex_logit_lens": Hints(
-        number="15.2",
+        number="15.4",
         check="check_logit_lens",
         idea=(
             "The model reads its residual stream once, at the end: the final norm, then the unembedding, gives the "
@@ -790,8 +1878,45 @@ HINTS = {
             "        return ____  # (n_layers + 1, batch, pos, d_vocab)\n"
         ),
     ),
+    "ex_logit_attribution": Hints(
+        number="15.5",
+        check="check_logit_attribution",
+        idea=(
+            "The final stream at a position is a sum of what each part wrote: the token embedding, the position "
+            "embedding, every head's output through its own slice of W_O, each W_O bias and each MLP's output. The "
+            "final norm is not linear, but its scale is one number for the whole stream: frozen at its value on the "
+            "final stream, the norm (centre, divide by that scale, multiply by the weight, add the bias) followed by "
+            "the token's column of W_U is linear plus a constant. So each part's logit is that read-out without the "
+            "bias, and the bias read-out is one more part, counted once; the parts add up to the logit."
+        ),
+        approach=(
+            "Under torch.no_grad, run_with_cache on the ids, and take everything at row 0, position pos. The scale: "
+            "from the last block's hook_resid_post, the square root of (its mean square after subtracting its mean, "
+            "for LayerNorm; its mean square, for RMSNorm) plus ln_final.eps. A part x (d_model) reads out as x, "
+            "minus its own mean for LayerNorm, divided by that scale, times ln_final.weight, dotted with "
+            "model.unembed.weight[token]. The parts: hook_embed, hook_pos_embed (learned positions; indexed by "
+            "position alone), for each block each head's z (hook_z, (n_heads, d_head)) times its columns of "
+            "W_O.weight, transposed, the W_O bias, hook_mlp_out; and ln_final.bias dotted with the token's column."
+        ),
+        skeleton=(
+            "def logit_attribution(model, ids, pos, token):\n"
+            "    with torch.no_grad():\n"
+            "        _, cache = ____\n"
+            "        u, norm = ____, model.ln_final  # the token's column of W_U (d_model,)\n"
+            "        final = cache[____][0, pos]  # the stream the model reads\n"
+            "        scale = ____  # once, on `final`: LayerNorm centres first, RMSNorm does not\n"
+            "\n"
+            "        def read(x):  # one part's logit, with the scale frozen\n"
+            "            return float(____)\n"
+            "\n"
+            "        parts = {\"embed\": read(____)}\n"
+            "        ...  # 'pos_embed', then per block 'L<l>H<h>', 'L<l> attn bias', 'L<l> MLP'\n"
+            "        ...  # and 'ln_final bias', once\n"
+            "        return parts\n"
+        ),
+    ),
     "ex_constrained_probs": Hints(
-        number="15.3",
+        number="15.6",
         check="check_constrained_probs",
         idea=(
             "The answer is the model's next-token distribution restricted to the allowed tokens: a forbidden token "
@@ -813,6 +1938,46 @@ HINTS = {
             "def constrained_probs(logits, allowed):\n"
             "    masked = logits.masked_fill(____, ____)  # a new tensor: which entries, and what makes exp give 0?\n"
             "    return ____  # (..., d_vocab): each row a distribution over its allowed tokens\n"
+        ),
+    ),
+    "ex_utf8_prefix_ok": Hints(
+        number="15.7",
+        check="check_utf8_prefix_ok",
+        idea=(
+            "Read the bytes from left to right and carry one small piece of state from byte to byte: how many "
+            "continuation bytes the current character still needs, and the range the next byte must lie in. Between "
+            "characters a byte is a lead: the table's first column says whether it stands alone (ASCII), announces "
+            "one, two or three continuation bytes, or can never start a character at all. Inside a character the "
+            "next byte must fall in the range, or no later byte can repair it. Four leads (E0, ED, F0, F4) narrow "
+            "the range of the byte right after them; every other continuation byte may be 80..BF. When the bytes "
+            "run out, an unfinished character is fine: more bytes could still finish it."
+        ),
+        approach=(
+            "Start with nothing missing. For each byte: if a continuation byte is missing, answer False when the "
+            "byte lies outside the current range, otherwise count one fewer missing and widen the range back to "
+            "80..BF. If nothing is missing, look the byte up among the leads: 00..7F needs nothing more; C2..DF "
+            "needs one; E0..EF two, with the next range A0..BF after E0 and 80..9F after ED; F0..F4 three, with "
+            "90..BF after F0 and 80..8F after F4; any other byte answers False. If the loop ends, answer True."
+        ),
+        skeleton=(
+            "def utf8_prefix_ok(data):\n"
+            "    need, low, high = ____  # nothing missing yet; the range of the next continuation byte\n"
+            "    for b in data:\n"
+            "        if need > 0:\n"
+            "            if ____:  # outside the range: no later byte can repair it\n"
+            "                return False\n"
+            "            need, low, high = ____\n"
+            "        elif ____:  # ASCII: a whole character\n"
+            "            pass\n"
+            "        elif ____:  # a two-byte lead\n"
+            "            need = ____\n"
+            "        elif ____:  # a three-byte lead (E0 and ED narrow the next byte's range)\n"
+            "            need, low, high = ____\n"
+            "        elif ____:  # a four-byte lead (F0 and F4 narrow it)\n"
+            "            need, low, high = ____\n"
+            "        else:\n"
+            "            return ____\n"
+            "    return ____  # an unfinished last character can still be finished\n"
         ),
     ),
 }

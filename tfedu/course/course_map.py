@@ -90,11 +90,13 @@ CHAPTERS: tuple[Chapter, ...] = (
     )),
     Chapter("11", "beyond_text", "Beyond text: images, sound and the same blocks", (
         "an image as a sequence of patches, cut by hand, and the patch embedding two ways (conv with "
-        "kernel = stride = P, and unfold + linear), equal bit for bit; a ViT (equal to transformers' "
-        "ViTForImageClassification) trained on digits; a CNN against a ViT on growing training sets; the "
-        "deck's \"ViT: no inductive bias\" measured; mean attention distance per head; a log-mel "
-        "spectrogram with a mel filterbank by hand (equal to librosa's); a spectrogram transformer on "
-        "synthetic audio; the Conformer block, its half steps, and its convolution's shift equivariance"
+        "kernel = stride = P, and unfold + linear), equal bit for bit; the ViT assembled by hand from the "
+        "learner's own patches, attention, FFN, norm and pre-norm block, equal logit for logit to transformers' "
+        "ViTForImageClassification, and run on the ViT trained on digits; a CNN against a ViT on growing "
+        "training sets; the deck's \"ViT: no inductive bias\" measured; mean attention distance per head; a "
+        "log-mel spectrogram with a mel filterbank by hand (equal to librosa's); a spectrogram transformer on "
+        "synthetic audio; the Conformer block, its half steps, and its convolution module written by hand, "
+        "its shift equivariance measured on the learner's module"
     )),
     Chapter("12", "moe_and_scaling", "Mixture of experts and scaling laws", (
         "a mixture of experts in the course GPT (`ModelConfig(n_experts=E, top_k=k, capacity_factor=c)`): "
@@ -104,13 +106,17 @@ CHAPTERS: tuple[Chapter, ...] = (
         "vs sort-and-gather dispatch, equal, timed; the MoE layer's forward pass with capacity written by hand "
         "(route, queue, drop, combine by gate); five GPTs trained on the same bytes and a power law fitted, "
         "and the exponent moved by the learning rate; the compute frontier; C = 6ND, PF-days, Kaplan vs "
-        "Chinchilla allocations and what separates them"
+        "Chinchilla allocations and what separates them; IsoFLOP profiles from five models trained to equal "
+        "compute, each budget's parabola in log N and its minimum, and N_opt proportional to C^a fitted by hand "
+        "(and how poorly a CPU sweep determines a: bootstrap and leave-one-model-out)"
     )),
     Chapter("13", "peft", "Parameter-efficient fine-tuning", (
         "the course GPT fine-tuned to Python source code (a new style, measured) by full fine-tuning, "
         "LoRA (W_Q, W_V; the MLP; equal budgets), adapters, prefix tuning (a learned prefix on "
         "`tfedu.layers.Attention`) and prompt tuning, in one table of trainable fraction, held-out loss, "
-        "time and training memory; LoRA by hand (B = 0, alpha / r, no activation), merged into plain "
+        "time and training memory, the methods ranked over three seeds with paired gaps (and the pair that "
+        "does not separate); prefix attention by hand on the learner's own masked attention, training the "
+        "table's prefix row; LoRA by hand (B = 0, alpha / r, no activation), merged into plain "
         "layers with identical logits; a bottleneck adapter by hand (up-projection zero, the model unchanged "
         "at the start); a rank sweep over three seeds with the scale tied to r and held fixed; the deck's \"15%\" and \"W_Q and W_V\" checked against "
         "Hu et al.; `tfedu.peft` tested against Hugging Face peft"
@@ -118,20 +124,26 @@ CHAPTERS: tuple[Chapter, ...] = (
     Chapter("14", "quantization", "Quantization", (
         "the bits of a float by hand (sign, exponent, mantissa; float32, bfloat16, float16, float8 e4m3, "
         "rounding to nearest even, subnormals), equal to torch's; absmax and zero-point quantization by hand; one outlier against per-tensor, per-row and "
-        "per-group scales; int4 packed two per byte, memory as bytes stored; GPTQ by hand on one layer "
-        "(the Cholesky update derived, against round-to-nearest); the course GPT at 32/16/8/4 bits, perplexity "
+        "per-group scales; int4 packed two per byte, memory as bytes stored; GPTQ's column loop written by "
+        "hand (quantize a column, spread its error with the upper Cholesky factor of the inverse Hessian), "
+        "equal to tfedu.quant's on a layer of the course GPT, the Cholesky update derived and checked against "
+        "OBQ, against round-to-nearest; the course GPT at 32/16/8/4 bits, perplexity "
         "and bytes, RTN vs GPTQ; the deck's \"~4.5 bits\" and \"<5% for 1B+\" checked against Frantar et al."
     )),
     Chapter("15", "interpretability_and_decoding", "Looking inside, and steering the output", (
         "attention maps of the course GPT per head and averaged over the last layer (and what the average "
-        "hides); previous-token and induction scores on a repeated random sequence against chance (the "
-        "course GPT has neither previous-token nor induction heads, measured; a two-layer attention-only "
-        "model trained on repeating sequences has both, and ablating either layer undoes the copying); "
+        "hides); previous-token and induction scores on a repeated random sequence against chance, the "
+        "induction score written by hand (the course GPT has neither previous-token nor induction heads, "
+        "measured; a two-layer attention-only model trained on repeating sequences has both); an ablation "
+        "hook written by hand, zero and mean ablation at hook_z (ablating either layer undoes the copying; "
+        "mean ablation of the induction heads lands on the first copy's loss, zeroing overshoots); "
         "activation patching written by hand, one head's clean output in a corrupted run (each induction head "
-        "restores part of the copying, the previous-token head alone makes it worse); the logit lens written by hand, its last row equal to the logits bit for bit; direct logit attribution that adds "
-        "up to the logit; constrained decoding by hand (-inf before the softmax), a regex constraint over "
+        "restores part of the copying, the previous-token head alone makes it worse); the logit lens written by hand, its last row equal to the logits bit for bit; direct logit attribution "
+        "written by hand, the final norm's scale frozen, its parts adding up to the logit; constrained decoding by hand (-inf before the softmax), a regex constraint over "
         "the vocabulary's byte trie (`tfedu.constrained`, a logits processor for `tfedu.generate`), JSON "
-        "valid in 100 of 100 samples, its cost per token"
+        "valid in 100 of 100 samples, its cost per token; only bytes that can still become UTF-8 (the "
+        "automaton read off RFC 3629's table, written by hand), so a byte-level model sampled hot never writes "
+        "invalid UTF-8"
     )),
 )
 
