@@ -196,7 +196,62 @@ def _byte_trie(vocab: dict[int, bytes], specials: set[int]) -> tuple[list[int], 
     return trie
 
 
-class RegexConstraint:
+class _ByteProcessor:
+    """What the byte-level logits processors share: the tokenizer's byte vocabulary and special tokens checked, the
+    prompt length (taken from the first call unless given), finished rows padded with the end token, and the call."""
+
+    def _setup(self, tokenizer: Tokenizer, eos_token_id: int | None, prompt_len: int | None, *,
+               eos_required: bool) -> tuple[dict[int, bytes], set[int]]:
+        vocab = getattr(tokenizer, "vocab", None)
+        if not isinstance(vocab, dict):
+            raise TypeError(f"tokenizer must be a tfedu Tokenizer (with .vocab: id -> bytes), got {type(tokenizer).__name__}")
+        specials = set(getattr(tokenizer, "special_tokens", {}).values())
+        if eos_token_id is not None or eos_required:
+            if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int) or eos_token_id < 0:
+                either = "" if eos_required else "None or "
+                raise ValueError(f"eos_token_id must be {either}a token id (int >= 0), got {eos_token_id!r}")
+            if eos_token_id in vocab and eos_token_id not in specials:
+                raise ValueError(f"eos_token_id {eos_token_id} is the ordinary token {vocab[eos_token_id]!r}; "
+                                 "give the id of a special end-of-text token")
+        if prompt_len is not None:
+            _check_count("prompt_len", prompt_len, least=0)
+        self.tokenizer, self.eos_token_id = tokenizer, eos_token_id
+        self.prompt_len, self._fixed_prompt_len = prompt_len, prompt_len is not None
+        self.d_vocab_needed = max(max(vocab) if vocab else 0, eos_token_id if eos_token_id is not None else 0) + 1
+        return vocab, specials
+
+    def reset(self) -> None:
+        """Forget the prompt length (taken again from the next call), keep the cache."""
+        if not self._fixed_prompt_len:
+            self.prompt_len = None
+
+    def _row_mask(self, generated_ids: list[int]) -> Tensor:
+        """The bool mask over the first ``d_vocab_needed`` ids that may follow a row's generated tokens."""
+        raise NotImplementedError
+
+    def __call__(self, ids: Int[Tensor, "batch pos"], logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch d_vocab"]:
+        if not isinstance(ids, Tensor) or ids.dim() != 2 or not isinstance(logits, Tensor) or logits.dim() != 2 \
+                or logits.shape[0] != ids.shape[0]:
+            raise ValueError("a logits processor takes ids (batch, pos) and logits (batch, d_vocab) with the same batch, "
+                             f"got {tuple(getattr(ids, 'shape', ()))} and {tuple(getattr(logits, 'shape', ()))}")
+        if logits.shape[1] < self.d_vocab_needed:
+            raise ValueError(f"logits have d_vocab={logits.shape[1]}, but the tokenizer and eos_token_id use ids up to "
+                             f"{self.d_vocab_needed - 1}")
+        if self.prompt_len is None:
+            self.prompt_len = ids.shape[1]  # the first call sees the prompt alone
+        if ids.shape[1] < self.prompt_len:
+            raise ValueError(f"ids have {ids.shape[1]} positions, fewer than the prompt's {self.prompt_len}: "
+                             "call reset() before generating from another prompt")
+        allowed = torch.zeros(logits.shape, dtype=torch.bool)
+        for row, generated_ids in enumerate(ids[:, self.prompt_len:].tolist()):
+            if self.eos_token_id is not None and self.eos_token_id in generated_ids:
+                allowed[row, self.eos_token_id] = True  # a finished row only pads
+                continue
+            allowed[row, :self.d_vocab_needed] = self._row_mask(generated_ids)
+        return mask_logits(logits, allowed.to(logits.device))
+
+
+class RegexConstraint(_ByteProcessor):
     """A logits processor that keeps the generated text (after the prompt) inside ``pattern``.
 
     Call it as ``constraint(ids, logits)`` (``generate(..., logits_processors=[constraint])``): for
@@ -224,31 +279,14 @@ class RegexConstraint:
             self.regex = regex.compile(pattern)
         except regex.error as error:
             raise ValueError(f"pattern {pattern!r} is not a valid regular expression: {error}") from None
-        vocab = getattr(tokenizer, "vocab", None)
-        if not isinstance(vocab, dict):
-            raise TypeError(f"tokenizer must be a tfedu Tokenizer (with .vocab: id -> bytes), got {type(tokenizer).__name__}")
-        specials = set(getattr(tokenizer, "special_tokens", {}).values())
-        if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int) or eos_token_id < 0:
-            raise ValueError(f"eos_token_id must be a token id (int >= 0), got {eos_token_id!r}")
-        if eos_token_id in vocab and eos_token_id not in specials:
-            raise ValueError(f"eos_token_id {eos_token_id} is the ordinary token {vocab[eos_token_id]!r}; "
-                             "give the id of a special end-of-text token")
-        if prompt_len is not None:
-            _check_count("prompt_len", prompt_len, least=0)
-        self.pattern, self.tokenizer, self.eos_token_id = pattern, tokenizer, eos_token_id
-        self.prompt_len, self._fixed_prompt_len = prompt_len, prompt_len is not None
-        self.d_vocab_needed = max(max(vocab) if vocab else 0, eos_token_id) + 1
+        vocab, specials = self._setup(tokenizer, eos_token_id, prompt_len, eos_required=True)
+        self.pattern = pattern
         self._atoms = _character_atoms(pattern)  # None: try every completion of an unfinished character
         self._representatives_of: dict[range, list[int]] = {}
         self._trie = _byte_trie(vocab, specials)
         self._cache: dict[bytes, list[int]] = {}
         self.regex_calls = 0  # how many partial matches were run: the work the cache saves
         self.allowed_ids(b"")  # an empty language fails here, before any generation
-
-    def reset(self) -> None:
-        """Forget the prompt length (taken again from the next call), keep the cache."""
-        if not self._fixed_prompt_len:
-            self.prompt_len = None
 
     def clear_cache(self) -> None:
         """Forget every allowed set computed so far (to time a cold start)."""
@@ -318,28 +356,10 @@ class RegexConstraint:
     def _message(self, generated: bytes, problem: str) -> str:
         return f"pattern {self.pattern!r}: the text generated so far {generated.decode('utf-8', 'replace')!r} {problem}"
 
-    # -- the logits processor --------------------------------------------------------------------
-
-    def __call__(self, ids: Int[Tensor, "batch pos"], logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch d_vocab"]:
-        if not isinstance(ids, Tensor) or ids.dim() != 2 or not isinstance(logits, Tensor) or logits.dim() != 2 \
-                or logits.shape[0] != ids.shape[0]:
-            raise ValueError("a logits processor takes ids (batch, pos) and logits (batch, d_vocab) with the same batch, "
-                             f"got {tuple(getattr(ids, 'shape', ()))} and {tuple(getattr(logits, 'shape', ()))}")
-        if logits.shape[1] < self.d_vocab_needed:
-            raise ValueError(f"logits have d_vocab={logits.shape[1]}, but the tokenizer and eos_token_id use ids up to "
-                             f"{self.d_vocab_needed - 1}")
-        if self.prompt_len is None:
-            self.prompt_len = ids.shape[1]  # the first call sees the prompt alone
-        if ids.shape[1] < self.prompt_len:
-            raise ValueError(f"ids have {ids.shape[1]} positions, fewer than the prompt's {self.prompt_len}: "
-                             "call reset() before generating from another prompt")
-        allowed = torch.zeros(logits.shape, dtype=torch.bool)
-        for row, generated_ids in enumerate(ids[:, self.prompt_len:].tolist()):
-            if self.eos_token_id in generated_ids:
-                allowed[row, self.eos_token_id] = True  # a finished row only pads
-                continue
-            allowed[row, self.allowed_ids(self.tokenizer.decode_bytes(generated_ids))] = True
-        return mask_logits(logits, allowed.to(logits.device))
+    def _row_mask(self, generated_ids: list[int]) -> Tensor:
+        mask = torch.zeros(self.d_vocab_needed, dtype=torch.bool)
+        mask[self.allowed_ids(self.tokenizer.decode_bytes(generated_ids))] = True
+        return mask
 
 
 # ----------------------------------------------------------------------------- UTF-8 prefixes
@@ -447,7 +467,7 @@ def _last_character(data: bytes) -> bytes:
     return data[-4:]  # no start within 4 bytes: not valid, and the predicate will say so
 
 
-class UTF8Constraint:
+class UTF8Constraint(_ByteProcessor):
     """A logits processor that keeps the generated bytes (after the prompt) the beginning of valid UTF-8.
 
     A byte-level model can write any byte after any other; a lone continuation byte, a surrogate or an overlong form
@@ -480,32 +500,14 @@ class UTF8Constraint:
 
     def __init__(self, tokenizer: Tokenizer, *, eos_token_id: int | None = None, prompt_len: int | None = None,
                  prefix_ok=None):
-        vocab = getattr(tokenizer, "vocab", None)
-        if not isinstance(vocab, dict):
-            raise TypeError(f"tokenizer must be a tfedu Tokenizer (with .vocab: id -> bytes), got {type(tokenizer).__name__}")
-        specials = set(getattr(tokenizer, "special_tokens", {}).values())
-        if eos_token_id is not None:
-            if isinstance(eos_token_id, bool) or not isinstance(eos_token_id, int) or eos_token_id < 0:
-                raise ValueError(f"eos_token_id must be None or a token id (int >= 0), got {eos_token_id!r}")
-            if eos_token_id in vocab and eos_token_id not in specials:
-                raise ValueError(f"eos_token_id {eos_token_id} is the ordinary token {vocab[eos_token_id]!r}; "
-                                 "give the id of a special end-of-text token")
         if prefix_ok is not None and not callable(prefix_ok):
             raise TypeError(f"prefix_ok must be None or a function bytes -> bool, got {type(prefix_ok).__name__}")
-        if prompt_len is not None:
-            _check_count("prompt_len", prompt_len, least=0)
-        self.tokenizer, self.eos_token_id, self.prefix_ok = tokenizer, eos_token_id, prefix_ok
-        self.prompt_len, self._fixed_prompt_len = prompt_len, prompt_len is not None
-        self.d_vocab_needed = max(max(vocab) if vocab else 0, eos_token_id if eos_token_id is not None else 0) + 1
+        vocab, specials = self._setup(tokenizer, eos_token_id, prompt_len, eos_required=False)
+        self.prefix_ok = prefix_ok
         self._trie = _byte_trie(vocab, specials)
         self._masks: dict = {}  # automaton state (or, with prefix_ok, last character) -> bool mask over the ids
         self._after: dict[int, dict[int, int]] = {}  # automaton state -> {allowed id: the state after its bytes}
         self.walks = 0  # how many trie walks were made: the work the cache saves
-
-    def reset(self) -> None:
-        """Forget the prompt length (taken again from the next call), keep the cached masks."""
-        if not self._fixed_prompt_len:
-            self.prompt_len = None
 
     # -- the allowed sets ------------------------------------------------------------------------
 
@@ -582,29 +584,6 @@ class UTF8Constraint:
                 raise self._not_utf8(self.tokenizer.decode_bytes(generated_ids))
             state = nxt
         return self._state_mask(state)
-
-    # -- the logits processor --------------------------------------------------------------------
-
-    def __call__(self, ids: Int[Tensor, "batch pos"], logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch d_vocab"]:
-        if not isinstance(ids, Tensor) or ids.dim() != 2 or not isinstance(logits, Tensor) or logits.dim() != 2 \
-                or logits.shape[0] != ids.shape[0]:
-            raise ValueError("a logits processor takes ids (batch, pos) and logits (batch, d_vocab) with the same batch, "
-                             f"got {tuple(getattr(ids, 'shape', ()))} and {tuple(getattr(logits, 'shape', ()))}")
-        if logits.shape[1] < self.d_vocab_needed:
-            raise ValueError(f"logits have d_vocab={logits.shape[1]}, but the tokenizer and eos_token_id use ids up to "
-                             f"{self.d_vocab_needed - 1}")
-        if self.prompt_len is None:
-            self.prompt_len = ids.shape[1]  # the first call sees the prompt alone
-        if ids.shape[1] < self.prompt_len:
-            raise ValueError(f"ids have {ids.shape[1]} positions, fewer than the prompt's {self.prompt_len}: "
-                             "call reset() before generating from another prompt")
-        allowed = torch.zeros(logits.shape, dtype=torch.bool)
-        for row, generated_ids in enumerate(ids[:, self.prompt_len:].tolist()):
-            if self.eos_token_id is not None and self.eos_token_id in generated_ids:
-                allowed[row, self.eos_token_id] = True  # a finished row only pads
-                continue
-            allowed[row, :self.d_vocab_needed] = self._row_mask(generated_ids)
-        return mask_logits(logits, allowed.to(logits.device))
 
 
 # ----------------------------------------------------------------------------- conveniences
