@@ -213,11 +213,12 @@ def test_mlp_is_linear_act_linear(activation, act):
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_mlp_shapes_and_defaults(activation, typechecked):
     mlp = MLP(D_MODEL, activation=activation)
-    expected = swiglu_hidden(D_MODEL) if activation == "swiglu" else 4 * D_MODEL
+    gated = activation in ("swiglu", "geglu")  # a third matrix W_gate (Shazeer 2020)
+    expected = swiglu_hidden(D_MODEL) if gated else 4 * D_MODEL
     assert mlp.d_mlp == expected
     assert tuple(mlp.W_in.weight.shape) == (expected, D_MODEL)
     assert tuple(mlp.W_out.weight.shape) == (D_MODEL, expected)
-    assert hasattr(mlp, "W_gate") == (activation == "swiglu")
+    assert hasattr(mlp, "W_gate") == gated
     out = typechecked(mlp.forward)(_x(2, 5, D_MODEL))
     assert out.shape == (2, 5, D_MODEL)
     linears = [m for m in MLP(D_MODEL, activation=activation, bias=False).modules() if isinstance(m, torch.nn.Linear)]

@@ -13,7 +13,8 @@ import torch  # noqa: F401  (the doctests use it)
 import torch.nn.functional as F
 from torch import Tensor
 
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
+GATED = ("swiglu", "geglu")  # the gated ones: a third matrix W_gate (Shazeer 2020)
 
 
 def swiglu_hidden(d_model: int, multiple_of: int = 1) -> int:
@@ -54,6 +55,9 @@ def activate(pre: Tensor, activation: str, gate: Tensor | None = None) -> Tensor
     if activation == "swiglu":
         # Shazeer 2020 eq. 6: FFN_SwiGLU(x) = (Swish(x W) ⊗ x V) W_2, Swish_1 = SiLU.
         return F.silu(gate) * pre
+    if activation == "geglu":
+        # Shazeer 2020 eq. 5 with GELU's tanh approximation, as Gemma (HF's gelu_pytorch_tanh) uses it.
+        return F.gelu(gate, approximate="tanh") * pre
     if activation == "relu":
         return F.relu(pre)
     if activation == "gelu":

@@ -28,10 +28,12 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from tfedu.activations import ACTIVATIONS, swiglu_hidden
+from tfedu.activations import ACTIVATIONS, GATED, swiglu_hidden
+from tfedu.positional import rope_frequencies
 
 POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "none")
-NORMS = ("layer", "rms")
+NORMS = ("layer", "rms", "gemma_rms")
+LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names for global and local layers
 NORM_POSITIONS = ("pre", "post")
 ATTENTION_IMPLS = ("manual", "sdpa", "flash", "triton")
 ROPE_LAYOUTS = ("interleaved", "half")
@@ -80,6 +82,20 @@ class ModelConfig:
     capacity_factor: float | None = None  # None: no token dropped; c: an expert takes ceil(c k tokens / E) in training
     balance_loss_coef: float = 0.01  # weight of Switch's load-balancing loss (Fedus et al. 2022: 1e-2)
     z_loss_coef: float = 0.001  # weight of the router z-loss (Zoph et al. 2022: 1e-3)
+    # What separates Llama 3, Qwen3 and Gemma 2/3 from GPT-2 (notebooks/16); every one is off by default.
+    qk_norm: bool = False  # RMSNorm (cfg.norm) over d_head on each query and key head, before RoPE (Qwen3, Gemma 3)
+    sliding_window: int | None = None  # a local layer's query sees this many keys, itself included (Mistral, Gemma)
+    layer_types: tuple[str, ...] | None = None  # per layer "full_attention" | "sliding_attention" (transformers'
+    #   names); None: every layer local when sliding_window is set, else every layer global
+    rope_local_base: float | None = None  # RoPE base of the local layers (Gemma 3: 10,000); None: rope_base
+    # RoPE scaling for longer contexts, transformers' rope_parameters dict ({"rope_type": "yarn", "factor": 4.0, ...};
+    #   tfedu.positional.rope_frequencies); None: plain RoPE. Not on local layers that use rope_local_base (Gemma 3)
+    rope_scaling: dict | None = field(default=None, hash=False)
+    attn_logit_softcap: float | None = None  # scores -> cap * tanh(scores / cap) before the mask (Gemma 2: 50)
+    final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap) (Gemma 2: 30)
+    scale_embeddings: bool = False  # token embeddings times sqrt(d_model) (Gemma)
+    sandwich_norm: bool = False  # also a norm on each sub-layer's output before the residual add (Gemma 2/3)
+    query_pre_attn_scalar: float | None = None  # scores scaled by this ** -0.5 instead of d_head ** -0.5 (Gemma)
     _explicit: frozenset = field(default=frozenset(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -101,6 +117,7 @@ class ModelConfig:
         if not isinstance(self.rope_base, (int, float)) or not (self.rope_base > 1 and math.isfinite(self.rope_base)):
             raise ValueError(f"ModelConfig.rope_base must be a finite number > 1, got {self.rope_base!r}")
         self._check_experts()
+        self._check_modern()
         explicit = frozenset(name for name in _DERIVED if getattr(self, name) is not None)
         object.__setattr__(self, "_explicit", explicit)
         if self.d_head is None:
@@ -112,7 +129,7 @@ class ModelConfig:
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         if self.d_mlp is None:
-            hidden = swiglu_hidden(self.d_model) if self.activation == "swiglu" else 4 * self.d_model
+            hidden = swiglu_hidden(self.d_model) if self.activation in GATED else 4 * self.d_model
             object.__setattr__(self, "d_mlp", hidden)
         for name in ("d_head", "n_kv_heads"):
             _positive_int(name, getattr(self, name))
@@ -130,6 +147,19 @@ class ModelConfig:
             raise ValueError(f"RoPE rotates pairs of dimensions: d_head={self.d_head} must be even")
         if self.positional == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions pair sin and cos: d_model={self.d_model} must be even")
+        self._check_rope_scaling()
+
+    def _check_rope_scaling(self) -> None:
+        if self.rope_scaling is None:
+            return
+        if self.positional != "rope":
+            raise ValueError(f"ModelConfig.rope_scaling scales RoPE's frequencies, but positional={self.positional!r}: "
+                             "set positional='rope' or rope_scaling=None")
+        try:  # computing the frequencies once checks the dict against d_head and rope_base too
+            rope_frequencies(self.d_head, self.rope_base, self.rope_scaling)
+        except ValueError as error:
+            raise ValueError(f"ModelConfig.rope_scaling: {error}") from None
+        object.__setattr__(self, "rope_scaling", dict(self.rope_scaling))  # a copy: the caller's dict may change later
 
     def _check_experts(self) -> None:
         for name in ("balance_loss_coef", "z_loss_coef"):
@@ -149,6 +179,45 @@ class ModelConfig:
         c = self.capacity_factor
         if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 < c < math.inf):
             raise ValueError(f"ModelConfig.capacity_factor must be a positive number or None (no dropping), got {c!r}")
+
+    def _check_modern(self) -> None:
+        for name in ("qk_norm", "scale_embeddings", "sandwich_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"ModelConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        if self.sliding_window is not None:
+            _positive_int("sliding_window", self.sliding_window)
+        for name in ("rope_local_base", "attn_logit_softcap", "final_logit_softcap", "query_pre_attn_scalar"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value < math.inf):
+                raise ValueError(f"ModelConfig.{name} must be a positive number or None (off), got {value!r}")
+        if self.rope_local_base is not None and (not self.rope_local_base > 1 or self.positional != "rope"):
+            raise ValueError(f"ModelConfig.rope_local_base is the local layers' RoPE base: it needs positional='rope' "
+                             f"and a number > 1, got {self.rope_local_base!r} with positional={self.positional!r}")
+        if self.layer_types is not None:
+            if isinstance(self.layer_types, list):  # config.json and transformers give lists
+                object.__setattr__(self, "layer_types", tuple(self.layer_types))
+            if not isinstance(self.layer_types, tuple) or len(self.layer_types) != self.n_layers \
+                    or any(kind not in LAYER_TYPES for kind in self.layer_types):
+                raise ValueError(f"ModelConfig.layer_types must hold one of {LAYER_TYPES} per layer "
+                                 f"(n_layers={self.n_layers}), got {self.layer_types!r}")
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError("layer_types names sliding_attention layers but sliding_window is None: "
+                                 "give the window (keys each local query sees)")
+        if self.activation == "geglu" and self.n_experts is not None:
+            raise ValueError("the experts of tfedu.moe gate with SwiGLU only: activation='geglu' needs n_experts=None")
+
+    def is_local(self, layer: int) -> bool:
+        """Whether block ``layer`` attends within ``sliding_window`` (True) or to every earlier key (False).
+
+        >>> cfg = ModelConfig(d_model=64, n_heads=4, n_layers=2, sliding_window=8,
+        ...                   layer_types=("sliding_attention", "full_attention"))
+        >>> cfg.is_local(0), cfg.is_local(1), ModelConfig().is_local(0)
+        (True, False, False)
+        """
+        if self.sliding_window is None:
+            return False
+        return self.layer_types is None or self.layer_types[layer] == "sliding_attention"
 
     def as_dict(self) -> dict:
         """The fields as given, for JSON: derived ones (d_head, n_kv_heads, d_mlp) only if they were given.
@@ -218,6 +287,29 @@ PRESETS: dict[str, ModelConfig] = {
                             tied_embeddings=False),
     # Small enough to train in seconds on a laptop CPU: the notebooks' default.
     "tiny": ModelConfig(d_vocab=256, n_ctx=64, d_model=64, n_layers=2, n_heads=4),
+    # Today's small open models (notebooks/16). Every number is the released config.json's (hidden_size, layers,
+    # heads, kv heads, head_dim, intermediate_size, vocab_size, tie_word_embeddings, rope_theta, rms_norm_eps,
+    # max_position_embeddings, sliding_window, layer_types); tests/test_presets.py counts their parameters.
+    # meta-llama/Llama-3.2-1B config.json (Meta 2024): 1,235,814,400 parameters, "1.24B" on the model page.
+    "llama-3.2-1b": ModelConfig(d_vocab=128256, n_ctx=131072, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8,
+                                d_head=64, d_mlp=8192, positional="rope", rope_base=500000.0, norm="rms",
+                                norm_eps=1e-5, activation="swiglu", bias=False, tied_embeddings=True,
+                                rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}),
+    # Qwen/Qwen3-0.6B config.json (Yang et al. 2025, table 1): 596,049,920 parameters, 440,467,456 without the
+    # (tied) embedding: the model card's "0.6B" and "0.44B non-embedding".
+    "qwen3-0.6b": ModelConfig(d_vocab=151936, n_ctx=40960, d_model=1024, n_layers=28, n_heads=16, n_kv_heads=8,
+                              d_head=128, d_mlp=3072, positional="rope", rope_base=1_000_000.0, norm="rms",
+                              norm_eps=1e-6, activation="swiglu", bias=False, tied_embeddings=True, qk_norm=True),
+    # google/gemma-3-270m config.json (Team Gemma 2025): 268,098,176 parameters, Google's "270M" (170M of them
+    # the embedding, 100M the blocks). Five local layers (window 512, RoPE base 10,000) to one global (1,000,000).
+    "gemma-3-270m": ModelConfig(d_vocab=262144, n_ctx=32768, d_model=640, n_layers=18, n_heads=4, n_kv_heads=1,
+                                d_head=256, d_mlp=2048, positional="rope", rope_base=1_000_000.0,
+                                rope_local_base=10_000.0, norm="gemma_rms", norm_eps=1e-6, activation="geglu",
+                                bias=False, tied_embeddings=True, qk_norm=True, sandwich_norm=True,
+                                scale_embeddings=True, query_pre_attn_scalar=256, sliding_window=512,
+                                layer_types=tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                                                  for i in range(18))),
 }
 
 

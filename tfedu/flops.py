@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tfedu.activations import GATED
 from tfedu.config import ModelConfig
 
 SOFTMAX_OPS_PER_SCORE = 5  # max, subtract, exp, add to the sum, divide: one of each per score
@@ -215,7 +216,7 @@ def _mlp_params(cfg: ModelConfig) -> int:
     """W_in and W_out, plus W_gate for SwiGLU (Shazeer 2020, sec. 2: three matrices)."""
     if not cfg.has_mlp:
         return 0  # attention-only blocks
-    n_in = 2 if cfg.activation == "swiglu" else 1
+    n_in = 2 if cfg.activation in GATED else 1
     return n_in * _linear_params(cfg, cfg.d_model, cfg.d_mlp) + _linear_params(cfg, cfg.d_mlp, cfg.d_model)
 
 
@@ -300,7 +301,8 @@ def param_count(cfg: ModelConfig, kind: str = "gpt") -> ParamCount:
         attention=stacks * cfg.n_layers * _attention_params(cfg),
         cross_attention=decoder_blocks * _attention_params(cfg),
         mlp=mlp,
-        norms=(stacks * cfg.n_layers * (1 + cfg.has_mlp) + decoder_blocks + final_norms) * _norm_params(cfg),
+        norms=(stacks * cfg.n_layers * (1 + cfg.has_mlp) * (1 + cfg.sandwich_norm) + decoder_blocks + final_norms)
+        * _norm_params(cfg) + (stacks * cfg.n_layers + decoder_blocks) * 2 * cfg.d_head * cfg.qk_norm,  # (QK-norm: d_head each)
         unembedding=0 if cfg.tied_embeddings else table,
         router=stacks * cfg.n_layers * cfg.d_model * cfg.n_experts if cfg.n_experts else 0,
         mlp_inactive=mlp * (n_experts - cfg.top_k) // n_experts,
@@ -338,7 +340,7 @@ def deck_param_count(cfg: ModelConfig) -> int:
     """
     cfg = _config(cfg)
     d_q, d_kv = cfg.n_heads * cfg.d_head, cfg.n_kv_heads * cfg.d_head
-    n_mlp = 3 if cfg.activation == "swiglu" else 2
+    n_mlp = 3 if cfg.activation in GATED else 2
     per_layer = cfg.d_model * (2 * d_q + 2 * d_kv) + n_mlp * cfg.d_model * cfg.d_mlp
     return cfg.n_layers * per_layer + 2 * cfg.d_vocab * cfg.d_model
 
@@ -411,7 +413,7 @@ def flops_per_token(cfg: ModelConfig, n_ctx_used: int) -> FlopsPerToken:
     # One token is one row: its query meets n_ctx_used keys in every head (Kaplan et al. 2020, table 1).
     q_and_o = linear_flops(1, cfg.d_model, d_q) + linear_flops(1, d_q, cfg.d_model)
     k_and_v = 2 * linear_flops(1, cfg.d_model, d_kv)  # n_kv_heads wide: grouped-query attention saves here
-    n_mlp_in = 2 if cfg.activation == "swiglu" else 1  # SwiGLU's W_gate reads the input beside W_in
+    n_mlp_in = 2 if cfg.activation in GATED else 1  # SwiGLU's W_gate reads the input beside W_in
     mlp = n_mlp_in * linear_flops(1, cfg.d_model, cfg.d_mlp) + linear_flops(1, cfg.d_mlp, cfg.d_model) if cfg.has_mlp else 0
     return FlopsPerToken(
         embedding=0,

@@ -19,7 +19,9 @@ positions. Fewer key/value heads (grouped-query attention, Ainslie et al. 2023; 
 - ``LayerKVCache``: one layer's keys and values, preallocated ``(batch, n_kv_heads, capacity, d_head)``
   in the model's dtype and device, and how many positions are filled; ``append`` writes new ones
   and returns everything held.
-- ``KVCache``: one ``LayerKVCache`` per block (``KVCache.for_model``); ``model(ids, kv_cache=cache)``
+- ``RingKVCache``: a local (sliding-window) layer's cache, a ring of ``sliding_window - 1`` slots: the
+  newest keys overwrite the oldest, so its memory stays the same however long the sequence grows.
+- ``KVCache``: one ``LayerKVCache`` (or ``RingKVCache``) per block (``KVCache.for_model``); ``model(ids, kv_cache=cache)``
   appends the new tokens to every layer. ``reorder`` picks rows (beam search), ``reset`` empties it.
 - ``kv_cache_bytes``: the formula above, to set against ``KVCache.nbytes``.
 - ``decode_step``: one step of cached attention written out in full (the exercise of notebook 10), and
@@ -33,7 +35,7 @@ the context to the last n_ctx tokens and computes them again): past the first bl
 and value came from hidden states that attended to the tokens a crop drops, and learned or sinusoidal
 position vectors would all have to shift. (RoPE alone would not forbid sliding, since its scores depend
 only on offsets; models trained with sliding-window attention keep a rolling cache, e.g. Mistral 7B,
-Jiang et al. 2023, sec. 2.) Overflowing it is an error; ``tfedu.generate.generate`` starts again from
+Jiang et al. 2023, sec. 2: that is ``RingKVCache``, for their local layers.) Overflowing it is an error; ``tfedu.generate.generate`` starts again from
 the last n_ctx tokens instead.
 
 >>> from tfedu.config import preset
@@ -81,7 +83,12 @@ def kv_cache_bytes(cfg: ModelConfig, n_tokens: int, batch: int = 1, dtype: torch
     if not isinstance(dtype, torch.dtype):
         raise TypeError(f"dtype must be a torch.dtype (torch.float32, torch.bfloat16, ...), got {dtype!r}")
     bytes_per_number = torch.empty((), dtype=dtype).element_size()
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.d_head * bytes_per_number * n_tokens * batch
+    # A local layer keeps at most sliding_window - 1 positions (RingKVCache), a global one all of them. (getattr: the
+    # checkers pass any object with the shape fields.)
+    window = getattr(cfg, "sliding_window", None)
+    held = sum(min(n_tokens, window - 1) if window is not None and cfg.is_local(layer) else n_tokens
+               for layer in range(cfg.n_layers))
+    return 2 * cfg.n_kv_heads * cfg.d_head * bytes_per_number * held * batch
 
 
 class LayerKVCache:
@@ -162,6 +169,90 @@ class LayerKVCache:
         self.length = 0
 
 
+class RingKVCache:
+    """A local layer's keys and values: a ring of ``window - 1`` slots ``(batch, n_kv_heads, window - 1, d_head)``.
+
+    In sliding-window attention a query sees itself and the ``window - 1`` positions before it
+    (``tfedu.layers.sliding_window_mask``; Jiang et al. 2023, sec. 2, Mistral's "rolling buffer cache"), so
+    a new token never needs anything older than the last ``window - 1`` keys: position p lives in slot
+    ``p % (window - 1)`` and overwrites the key that fell out of every future window. ``append(k, v)``
+    returns the kept keys oldest first followed by the new ones (at most ``window - 1 + new_pos``), so the
+    caller's mask columns line up with them; the attention applies the window mask when more than
+    ``window`` keys come back (a prompt of several tokens). ``length`` counts every position seen;
+    ``capacity`` is the positions the model may run in all (its ``n_ctx``), not the slots.
+
+    >>> ring = RingKVCache(batch=1, n_kv_heads=1, window=3, d_head=1, capacity=16)
+    >>> for p in range(5):
+    ...     keys, _ = ring.append(torch.full((1, 1, 1, 1), float(p)), torch.zeros(1, 1, 1, 1))
+    >>> keys.flatten().tolist(), ring.length, ring.slots  # position 4 sees 2, 3 and itself
+    ([2.0, 3.0, 4.0], 5, 2)
+    """
+
+    def __init__(self, batch: int, n_kv_heads: int, window: int, d_head: int, *, capacity: int,
+                 d_value: int | None = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
+        for name, value in (("batch", batch), ("n_kv_heads", n_kv_heads), ("window", window), ("d_head", d_head),
+                            ("capacity", capacity)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        d_value = d_head if d_value is None else d_value
+        self.window = window
+        self.keys = torch.zeros(batch, n_kv_heads, window - 1, d_head, dtype=dtype, device=device)
+        self.values = torch.zeros(batch, n_kv_heads, window - 1, d_value, dtype=dtype, device=device)
+        self._capacity = capacity
+        self.length = 0
+
+    @property
+    def slots(self) -> int:
+        """Positions the ring keeps: ``window - 1`` (a new query adds its own key)."""
+        return self.keys.shape[2]
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the ring's slots, whatever ``length`` is."""
+        return self.keys.nbytes + self.values.nbytes
+
+    def _held(self) -> Tensor:
+        """The slots of the kept positions, oldest first."""
+        held = min(self.length, self.slots)
+        return torch.arange(self.length - held, self.length, device=self.keys.device) % max(self.slots, 1)
+
+    def append(
+        self, k: Float[Tensor, "batch n_kv_heads new_pos d_head"], v: Float[Tensor, "batch n_kv_heads new_pos d_value"]
+    ) -> tuple[Float[Tensor, "batch n_kv_heads key_pos d_head"], Float[Tensor, "batch n_kv_heads key_pos d_value"]]:
+        """The kept keys and values (oldest first) then ``k``, ``v``; the newest ``window - 1`` go into the ring."""
+        batch, n_kv_heads, _, d_head = self.keys.shape
+        if k.dim() != 4 or k.shape[:2] != (batch, n_kv_heads) or k.shape[3] != d_head or v.shape[:3] != k.shape[:3] \
+                or v.shape[3] != self.values.shape[3]:
+            raise ValueError(
+                f"the cache holds keys and values as (batch, n_kv_heads, pos, d_head) = ({batch}, {n_kv_heads}, pos, "
+                f"{d_head}); got k {tuple(k.shape)} and v {tuple(v.shape)} (split the heads first, heads before positions)"
+            )
+        held = self._held()
+        keys = torch.cat([self.keys[:, :, held], k], dim=2)  # batch n_kv_heads held+new_pos d_head
+        values = torch.cat([self.values[:, :, held], v], dim=2)
+        n_new, n_write = k.shape[2], min(k.shape[2], self.slots)
+        if n_write:
+            slots = torch.arange(self.length + n_new - n_write, self.length + n_new, device=k.device) % self.slots
+            self.keys[:, :, slots] = k[:, :, n_new - n_write:]
+            self.values[:, :, slots] = v[:, :, n_new - n_write:]
+        self.length += n_new
+        return keys, values
+
+    def reorder(self, rows: Int[Tensor, "batch"]) -> None:
+        """Keep, in row i, what row ``rows[i]`` held (beam search follows each beam's parent)."""
+        self.keys[:] = self.keys[rows]
+        self.values[:] = self.values[rows]
+
+    def reset(self) -> None:
+        """Forget every position (the memory stays allocated)."""
+        self.length = 0
+
+
 class KVCache:
     """A model's KV cache: one ``LayerKVCache`` per block, all filled to the same ``length``.
 
@@ -180,8 +271,9 @@ class KVCache:
 
     def __init__(self, layers: Sequence[LayerKVCache]) -> None:
         layers = list(layers)
-        if not layers or not all(isinstance(layer, LayerKVCache) for layer in layers):
-            raise TypeError("a KVCache is made of LayerKVCache objects, one per block: use KVCache.for_model(model, batch)")
+        if not layers or not all(isinstance(layer, (LayerKVCache, RingKVCache)) for layer in layers):
+            raise TypeError("a KVCache is made of LayerKVCache (or RingKVCache) objects, one per block: "
+                            "use KVCache.for_model(model, batch)")
         shapes = {(layer.keys.shape[0], layer.capacity) for layer in layers}
         if len(shapes) != 1:
             raise ValueError(f"every layer's cache needs the same (batch, capacity), got {sorted(shapes)}")
@@ -222,7 +314,7 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by every layer's keys and values (preallocated: the whole capacity)."""
+        """Bytes held by every layer's keys and values (preallocated: the whole capacity; a ring: its slots)."""
         return sum(layer.nbytes for layer in self.layers)
 
     def check_room(self, n_new: int, n_ctx: int) -> int:
@@ -298,9 +390,13 @@ def _by_hand_supported(model: nn.Module) -> None:
         unsupported.append("positional='alibi'")
     if cfg.n_kv_heads != cfg.n_heads:
         unsupported.append(f"n_kv_heads={cfg.n_kv_heads} (grouped heads)")
+    for name in ("qk_norm", "sliding_window", "rope_local_base", "attn_logit_softcap", "final_logit_softcap",
+                 "scale_embeddings", "sandwich_norm", "query_pre_attn_scalar"):
+        if getattr(cfg, name) not in (None, False):
+            unsupported.append(f"{name}={getattr(cfg, name)!r}")
     if unsupported:
-        raise ValueError("greedy_by_hand writes out a pre-norm model with one key/value head per query head and "
-                         f"no ALiBi; this one has {', '.join(unsupported)}: use tfedu.generate.generate")
+        raise ValueError("greedy_by_hand writes out a pre-norm GPT-2/Llama-style model with one key/value head per "
+                         f"query head and no ALiBi; this one has {', '.join(unsupported)}: use tfedu.generate.generate")
 
 
 def greedy_by_hand(

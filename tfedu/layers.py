@@ -28,14 +28,14 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from tfedu.activations import ACTIVATIONS, activate, swiglu_hidden
+from tfedu.activations import ACTIVATIONS, GATED, activate, swiglu_hidden
 from tfedu.attention import MultiHeadAttention, attention_weights, causal_mask, combine_masks
 from tfedu.config import ATTENTION_IMPLS, ModelConfig
 from tfedu.flash import flash_attention
 from tfedu.inputs import check_d_model, check_features
-from tfedu.kv_cache import LayerKVCache
+from tfedu.kv_cache import LayerKVCache, RingKVCache
 from tfedu.moe import MoE
-from tfedu.positional import apply_rope
+from tfedu.positional import apply_rope, validate_rope_scaling
 
 
 # ----------------------------------------------------------------------------- checks
@@ -142,16 +142,25 @@ class RMSNorm(nn.Module):
     >>> rms(torch.tensor([[3.0, 4.0]]))  # rms = sqrt((9 + 16) / 2) = 3.5355
     tensor([[0.8485, 1.1314]], grad_fn=<MulBackward0>)
 
+    ``unit_offset=True`` is Gemma's variant (HF ``Gemma3RMSNorm``): the gain is ``1 + weight``, ``weight``
+    starts at zero, and the gain multiplies in float32 *before* the cast back (Gemma's order, not Llama's).
+
+    >>> RMSNorm(2, unit_offset=True).weight
+    Parameter containing:
+    tensor([0., 0.], requires_grad=True)
+
     Built by hand in notebooks/07_transformer_block.ipynb.
     """
 
-    def __init__(self, d_model: int, *, eps: float = 1e-6) -> None:
+    def __init__(self, d_model: int, *, eps: float = 1e-6, unit_offset: bool = False) -> None:
         super().__init__()
         check_d_model(d_model)
         _check_eps(eps)
         self.d_model = d_model
         self.eps = float(eps)
-        self.weight = nn.Parameter(torch.ones(d_model))
+        self.unit_offset = unit_offset
+        # Gemma stores the gain minus one, so that weight decay pulls the gain towards 1, not 0.
+        self.weight = nn.Parameter(torch.zeros(d_model) if unit_offset else torch.ones(d_model))
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         check_features("RMSNorm", x, self.d_model)
@@ -161,11 +170,13 @@ class RMSNorm(nn.Module):
         x32 = x.to(torch.promote_types(in_dtype, torch.float32))
         mean_sq = x32.pow(2).mean(dim=-1, keepdim=True)  # ... 1
         x_hat = x32 * torch.rsqrt(mean_sq + self.eps)  # ... d_model
+        if self.unit_offset:  # Gemma: (x_hat * (1 + w)) in float32, then cast
+            return (x_hat * (1.0 + self.weight.to(x32.dtype))).to(in_dtype)
         # Cast back *before* the gain: the same order as LlamaRMSNorm, so results match bit for bit.
         return self.weight * x_hat.to(in_dtype)
 
     def extra_repr(self) -> str:
-        return f"d_model={self.d_model}, eps={self.eps}"
+        return f"d_model={self.d_model}, eps={self.eps}" + (", unit_offset=True" if self.unit_offset else "")
 
 
 # ----------------------------------------------------------------------------- MLP
@@ -177,8 +188,9 @@ class MLP(nn.Module):
     ``activation`` is one of ``"relu"`` (the original Transformer), ``"gelu"`` (exact, with erf;
     BERT), ``"gelu_tanh"`` (GPT-2's tanh approximation, HF's ``gelu_new``) or ``"swiglu"``
     (Shazeer 2020, Llama): ``W_out(silu(W_gate x) * W_in x)``, a third matrix ``W_gate``
-    whose SiLU output gates ``W_in x`` elementwise. ``d_mlp`` defaults to 4·d_model, or to
-    ``swiglu_hidden(d_model)`` for SwiGLU so that both have about 8·d_model² weights.
+    whose SiLU output gates ``W_in x`` elementwise, or ``"geglu"`` (the same gate through GELU's tanh
+    form: Gemma). ``d_mlp`` defaults to 4·d_model, or to ``swiglu_hidden(d_model)`` for the gated ones
+    so that both have about 8·d_model² weights.
 
     >>> mlp = MLP(8)
     >>> mlp.W_in, mlp.W_out
@@ -197,20 +209,20 @@ class MLP(nn.Module):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; valid ones are {', '.join(map(repr, ACTIVATIONS))}")
         if d_mlp is None:
-            d_mlp = swiglu_hidden(d_model) if activation == "swiglu" else 4 * d_model
+            d_mlp = swiglu_hidden(d_model) if activation in GATED else 4 * d_model
         if isinstance(d_mlp, bool) or not isinstance(d_mlp, int) or d_mlp <= 0:
             raise ValueError(f"d_mlp must be a positive int (or None for the default), got {d_mlp!r}")
         self.d_model = d_model
         self.d_mlp = d_mlp
         self.activation = activation
         self.W_in = nn.Linear(d_model, d_mlp, bias=bias)
-        if activation == "swiglu":
+        if activation in GATED:
             self.W_gate = nn.Linear(d_model, d_mlp, bias=bias)
         self.W_out = nn.Linear(d_mlp, d_model, bias=bias)
 
     def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
         check_features("MLP", x, self.d_model)
-        gate = self.W_gate(x) if self.activation == "swiglu" else None
+        gate = self.W_gate(x) if self.activation in GATED else None
         return self.W_out(activate(self.W_in(x), self.activation, gate))  # ... d_model
 
     def extra_repr(self) -> str:
@@ -220,6 +232,30 @@ class MLP(nn.Module):
 # ----------------------------------------------------------------------------- attention for the model
 
 
+def sliding_window_mask(n_query: int, n_key: int, window: int, *, device: torch.device | str | None = None
+                        ) -> Bool[Tensor, "query_pos key_pos"]:
+    """True where query i may attend key j in causal sliding-window attention: ``0 <= (i + n_key - n_query) - j < window``.
+
+    Each query sees ``window`` keys, itself included: itself and the ``window - 1`` before it. That is the
+    convention of HF transformers (``masking_utils.sliding_window_overlay``: ``kv_idx > q_idx - sliding_window``)
+    and so of Mistral's and Gemma's configs (Jiang et al. 2023, sec. 2; Beltagy et al. 2020 for the idea).
+    Aligned to the end like ``causal_mask``: the queries are the newest ``n_query`` of ``n_key`` positions.
+    Stacking L local layers lets information travel ``L * (window - 1)`` positions.
+
+    >>> sliding_window_mask(4, 4, 2).int()
+    tensor([[1, 0, 0, 0],
+            [1, 1, 0, 0],
+            [0, 1, 1, 0],
+            [0, 0, 1, 1]], dtype=torch.int32)
+
+    Built by hand in notebooks/16_modern_architectures.ipynb.
+    """
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ValueError(f"window must be a positive int (keys each query sees, itself included), got {window!r}")
+    # causal_mask keeps j <= i + offset; triu drops the keys window or more behind: j < i + offset - window + 1.
+    return causal_mask(n_query, n_key, device=device).triu(diagonal=n_key - n_query - window + 1)
+
+
 class Attention(MultiHeadAttention):
     """``tfedu.attention.MultiHeadAttention`` plus what a full model needs.
 
@@ -227,7 +263,9 @@ class Attention(MultiHeadAttention):
       shared by ``n_heads // n_kv_heads`` consecutive query heads (``W_K``, ``W_V`` are
       ``n_kv_heads * d_head`` wide). ``n_kv_heads == n_heads`` is plain multi-head attention.
     - **RoPE** (Su et al. 2021): with ``rope_base`` set, self-attention rotates queries and keys
-      by their positions (``tfedu.positional.apply_rope``); values are never rotated.
+      by their positions (``tfedu.positional.apply_rope``); values are never rotated. ``rope_scaling``
+      (transformers' ``rope_parameters`` dict, ``tfedu.positional.rope_frequencies``) scales the
+      frequencies for contexts longer than the trained one (linear, NTK, Llama 3.1, YaRN).
     - **An additive bias** on the scores (ALiBi's ``-m * distance``), and ``causal=True`` to hide
       later keys (aligned to the end, like ``causal_mask``).
     - ``impl="sdpa"`` runs ``F.scaled_dot_product_attention`` instead of the by-hand softmax:
@@ -269,8 +307,14 @@ class Attention(MultiHeadAttention):
         kv_d_model: int | None = None,
         rope_base: float | None = None,
         rope_layout: str = "half",
+        rope_scaling: dict | None = None,
         impl: str = "manual",
         dropout: float = 0.0,
+        qk_norm: str | None = None,
+        norm_eps: float = 1e-6,
+        sliding_window: int | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> None:
         super().__init__(d_model, n_heads, d_head=d_head, bias=bias, kv_d_model=kv_d_model)
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
@@ -287,6 +331,9 @@ class Attention(MultiHeadAttention):
             self.W_V = nn.Linear(self.kv_d_model, n_kv_heads * self.d_head, bias=bias)
         self.rope_base = rope_base
         self.rope_layout = rope_layout
+        if rope_scaling is not None:
+            validate_rope_scaling(rope_scaling, base=rope_base)
+        self.rope_scaling = rope_scaling
         self.impl = impl
         self.dropout = float(dropout)
         self.prefix: nn.Module | None = None  # learned prefix keys/values (tfedu.peft, notebooks/13)
@@ -294,6 +341,26 @@ class Attention(MultiHeadAttention):
         # in the learner's forward and backward with tfedu.flash.attention_from)
         self.flash_fn: Callable[..., Tensor] | None = None
         self.hook_z = nn.Identity()  # per-head outputs before W_O (tfedu.interp, notebooks/15)
+        self._init_modern(qk_norm, norm_eps, sliding_window, scale, softcap)
+
+    def _init_modern(self, qk_norm: str | None, norm_eps: float, sliding_window: int | None, scale: float | None,
+                     softcap: float | None) -> None:
+        """QK-norm, the sliding window, the score scale and soft-capping (notebooks/16); all off by default."""
+        if qk_norm not in (None, "rms", "gemma_rms"):
+            raise ValueError(f"qk_norm must be None, 'rms' (Qwen3) or 'gemma_rms' (Gemma 3), got {qk_norm!r}")
+        self.qk_norm = qk_norm
+        # One gain per dimension of a head, shared by every head (HF Qwen3's and Gemma 3's q_norm/k_norm).
+        self.q_norm = None if qk_norm is None else RMSNorm(self.d_head, eps=norm_eps, unit_offset=qk_norm == "gemma_rms")
+        self.k_norm = None if qk_norm is None else RMSNorm(self.d_head, eps=norm_eps, unit_offset=qk_norm == "gemma_rms")
+        if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+                                           or sliding_window <= 0):
+            raise ValueError(f"sliding_window must be a positive int (keys each query sees) or None, got {sliding_window!r}")
+        self.sliding_window = sliding_window
+        for name, value in (("scale", scale), ("softcap", softcap)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+                raise ValueError(f"{name} must be a positive number or None, got {value!r}")
+        self.scale = None if scale is None else float(scale)  # None: 1 / sqrt(d_head)
+        self.softcap = None if softcap is None else float(softcap)
 
     def forward(
         self,
@@ -315,15 +382,22 @@ class Attention(MultiHeadAttention):
         q = self.split_heads(self.W_Q(x))  # batch n_heads query_pos d_head
         k = self.split_heads(self.W_K(context), self.n_kv_heads)  # batch n_kv_heads new_pos d_head
         v = self.split_heads(self.W_V(context), self.n_kv_heads)  # batch n_kv_heads new_pos d_head
+        if self.q_norm is not None:
+            # QK-norm before RoPE (HF Qwen3 and Gemma 3): each head's vector normalised over d_head, so no score
+            # can grow past |q_norm.weight| |k_norm.weight| d_head however large W_Q, W_K become (Dehghani et al. 2023).
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rope_base is not None and self_attention:
             if positions is None:
                 positions = torch.arange(start, start + n_query, device=x.device)
-            q = apply_rope(q, positions, base=self.rope_base, layout=self.rope_layout)
-            k = apply_rope(k, positions, base=self.rope_base, layout=self.rope_layout)
+            q = apply_rope(q, positions, base=self.rope_base, layout=self.rope_layout, scaling=self.rope_scaling)
+            k = apply_rope(k, positions, base=self.rope_base, layout=self.rope_layout, scaling=self.rope_scaling)
         if kv_cache is not None:
             # The cache keeps the rotated keys of the n_kv_heads heads; the query sees the cached keys
             # and its own (just appended) exactly once.
             k, v = kv_cache.append(k, v)  # batch n_kv_heads key_pos d_head
+            if mask is not None and mask.shape[-1] > k.shape[2]:
+                # A ring cache (RingKVCache) returns only the newest keys: they are the mask's last columns.
+                mask = mask[..., -k.shape[2]:]
         own_mask = mask  # the caller's: the course's kernels take no mask but the causal one
         if self.prefix is not None and self_attention:
             k, v, mask = self._with_prefix(k, v, mask, bias)
@@ -334,18 +408,52 @@ class Attention(MultiHeadAttention):
             v = v.repeat_interleave(self.n_heads // self.n_kv_heads, dim=1)
         if causal and n_query > 1:  # (a single query is the newest position: every key is visible to it)
             mask = combine_masks(mask, causal_mask(n_query, n_key, device=x.device))
+        windowed = self._window_applies(causal, n_key, self_attention)
+        if windowed:
+            mask = combine_masks(mask, sliding_window_mask(n_query, n_key, self.sliding_window, device=x.device))
         dropout = self.dropout if self.training else 0.0
+        plain = not windowed and self.scale is None and self.softcap is None
         if self.impl in ("flash", "triton") and bias is None and own_mask is None and self.prefix is None \
-                and n_query == n_key:  # training and prefill; a cached decoding step (one query) runs on SDPA
+                and n_query == n_key and plain:  # training and prefill; a cached decoding step (one query) runs on SDPA
             z = self._kernel(q, k, v, causal=causal and n_query > 1)
-        elif self.impl in ("sdpa", "flash", "triton"):
-            z = self._fused(q, k, v, mask, bias, causal and mask is not None and n_query == n_key, dropout)
+        elif self.impl in ("sdpa", "flash", "triton") and self.softcap is None:
+            z = self._fused(q, k, v, mask, bias, causal and mask is not None and n_query == n_key and not windowed,
+                            dropout, self.scale)
         else:
-            pattern = self.hook_pattern(attention_weights(q, k, mask, bias=bias))  # batch n_heads query_pos key_pos
+            pattern = self.hook_pattern(self._pattern(q, k, mask, bias))  # batch n_heads query_pos key_pos
             z = F.dropout(pattern, dropout) @ v  # batch n_heads query_pos d_head
         # merge_heads in two steps, so that the hook sees the heads apart (TransformerLens's layout).
         z = self.hook_z(z.transpose(1, 2))  # batch query_pos n_heads d_head
         return self.W_O(z.flatten(2))  # batch query_pos d_model
+
+    def _window_applies(self, causal: bool, n_key: int, self_attention: bool) -> bool:
+        """Whether this call needs the sliding-window mask: a local layer with keys further back than its window."""
+        if self.sliding_window is None or not self_attention:
+            return False
+        if not causal:
+            raise ValueError("sliding-window attention here is a causal decoder's (Mistral, Gemma): call it with "
+                             "causal=True, or build the layer without sliding_window")
+        if self.prefix is not None:
+            raise ValueError("a learned prefix sits outside every window: prefix tuning with sliding_window is not supported")
+        return n_key > self.sliding_window
+
+    def _pattern(self, q: Tensor, k: Tensor, mask: Tensor | None, bias: Tensor | None) -> Tensor:
+        """The attention pattern by hand: ``attention_weights``, or with ``scale`` / ``softcap`` the same steps here.
+
+        Soft-capping (Gemma 2, Team Gemma 2024, sec. 2) bends the scaled scores through ``cap * tanh(s / cap)``
+        before the mask and the softmax, as HF's ``eager_attention_forward`` does; softmax in float32 (at least).
+        """
+        if self.scale is None and self.softcap is None:
+            return attention_weights(q, k, mask, bias=bias)
+        scale = self.d_head ** -0.5 if self.scale is None else self.scale
+        scores = (q @ k.transpose(-2, -1)) * scale  # batch n_heads query_pos key_pos
+        if self.softcap is not None:
+            scores = self.softcap * torch.tanh(scores / self.softcap)
+        if bias is not None:
+            scores = scores + bias
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return scores.to(torch.promote_types(q.dtype, torch.float32)).softmax(dim=-1).to(q.dtype)
 
     def _with_prefix(self, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None
                      ) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -374,49 +482,74 @@ class Attention(MultiHeadAttention):
 
     @staticmethod
     def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, plain_causal: bool,
-               dropout: float) -> Tensor:
+               dropout: float, scale: float | None = None) -> Tensor:
         if bias is None and plain_causal and mask.dim() == 2:
             # Only the causal mask: let the kernel skip the masked half itself.
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout, scale=scale)
         if bias is not None:
             scores_bias = bias.to(q.dtype)
             if mask is not None:
                 scores_bias = scores_bias.masked_fill(~mask, float("-inf"))
             mask = scores_bias
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
 
     def new_kv_cache(self, batch: int, capacity: int, *, dtype: torch.dtype = torch.float32,
-                     device: torch.device | str | None = None) -> LayerKVCache:
-        """An empty cache for this layer: keys and values ``(batch, n_kv_heads, capacity, d_head)``."""
+                     device: torch.device | str | None = None) -> LayerKVCache | RingKVCache:
+        """An empty cache for this layer: keys and values ``(batch, n_kv_heads, capacity, d_head)``.
+
+        A local layer (``sliding_window`` set) gets a ``RingKVCache`` of ``sliding_window - 1`` slots instead: its
+        queries never see further back, so nothing older is kept, however many positions it runs.
+        """
+        if self.sliding_window is not None:
+            return RingKVCache(batch, self.n_kv_heads, self.sliding_window, self.d_head, capacity=capacity,
+                               dtype=dtype, device=device)
         return LayerKVCache(batch, self.n_kv_heads, capacity, self.d_head, dtype=dtype, device=device)
 
     def extra_repr(self) -> str:
         rope = f", rope_base={self.rope_base}, rope_layout={self.rope_layout!r}" if self.rope_base is not None else ""
-        return f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, d_head={self.d_head}, impl={self.impl!r}{rope}"
+        extra = "".join(f", {name}={getattr(self, name)!r}" for name in ("qk_norm", "sliding_window", "scale", "softcap")
+                        if getattr(self, name) is not None)
+        return f"n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, d_head={self.d_head}, impl={self.impl!r}{rope}{extra}"
 
 
 # ----------------------------------------------------------------------------- the block
 
 
 def make_norm(cfg: ModelConfig) -> LayerNorm | RMSNorm:
-    """The norm layer ``cfg.norm`` names, of width d_model."""
-    if cfg.norm == "rms":
-        return RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    """The norm layer ``cfg.norm`` names, of width d_model (``gemma_rms``: RMSNorm with gain 1 + weight)."""
+    if cfg.norm in ("rms", "gemma_rms"):
+        return RMSNorm(cfg.d_model, eps=cfg.norm_eps, unit_offset=cfg.norm == "gemma_rms")
     return LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.bias)
 
 
-def make_attention(cfg: ModelConfig, *, cross: bool = False) -> Attention:
-    """Self-attention (or, with ``cross=True``, cross-attention reading d_model-wide context) for ``cfg``."""
+def make_attention(cfg: ModelConfig, *, cross: bool = False, layer: int = 0) -> Attention:
+    """Self-attention (or, with ``cross=True``, cross-attention reading d_model-wide context) for ``cfg``.
+
+    ``layer`` picks the kind of block ``layer`` (``cfg.is_local``): a local one attends within
+    ``cfg.sliding_window`` and rotates with ``cfg.rope_local_base`` when that is set (Gemma 3).
+    """
+    if cfg.qk_norm and cfg.norm == "layer":
+        raise ValueError("qk_norm normalises each head with RMSNorm (Qwen3, Gemma 3): set norm='rms' or 'gemma_rms'")
+    local = cfg.is_local(layer) and not cross
     return Attention(
         cfg.d_model,
         cfg.n_heads,
         n_kv_heads=cfg.n_kv_heads,
         d_head=cfg.d_head,
         bias=cfg.bias,
-        rope_base=cfg.rope_base if cfg.positional == "rope" and not cross else None,
+        # (Gemma 3: local layers keep a short-range base of their own, 10,000)
+        rope_base=None if cfg.positional != "rope" or cross else
+        cfg.rope_local_base if local and cfg.rope_local_base is not None else cfg.rope_base,
         rope_layout=cfg.rope_layout,
+        # (Gemma 3 scales only its global layers: local ones with their own base keep plain RoPE)
+        rope_scaling=None if cross or (local and cfg.rope_local_base is not None) else cfg.rope_scaling,
         impl=cfg.attention,
         dropout=cfg.dropout,
+        qk_norm=cfg.norm if cfg.qk_norm else None,
+        norm_eps=cfg.norm_eps,
+        sliding_window=cfg.sliding_window if local else None,
+        scale=None if cfg.query_pre_attn_scalar is None else cfg.query_pre_attn_scalar ** -0.5,
+        softcap=cfg.attn_logit_softcap,
     )
 
 
@@ -434,6 +567,10 @@ class Block(nn.Module):
 
         resid_mid  = resid_pre + attn(ln1(resid_pre))
         resid_post = resid_mid + mlp(ln2(resid_mid))
+
+    With ``cfg.sandwich_norm`` (Gemma 2/3) each pre-norm sub-layer's output is normalised again before the
+    add, by ``ln1_post`` and ``ln2_post``: ``resid_mid = resid_pre + ln1_post(attn(ln1(resid_pre)))``.
+    ``layer`` (the block's index) says whether its attention is local or global (``cfg.is_local``).
 
     ``norm_position="post"`` (the 2017 paper's "Add & Norm")::
 
@@ -462,12 +599,19 @@ class Block(nn.Module):
     Built by hand in notebooks/07_transformer_block.ipynb.
     """
 
-    def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False) -> None:
+    def __init__(self, cfg: ModelConfig, *, cross_attention: bool = False, layer: int = 0) -> None:
         super().__init__()
         self.cfg = cfg
         self.norm_position = cfg.norm_position
         self.ln1 = make_norm(cfg)
-        self.attn = make_attention(cfg)
+        self.attn = make_attention(cfg, layer=layer)
+        if cfg.sandwich_norm:
+            if cfg.norm_position != "pre" or cross_attention:
+                raise ValueError("sandwich_norm adds a norm after each pre-norm sub-layer (Gemma 2/3): it needs "
+                                 "norm_position='pre' and a decoder without cross-attention")
+            self.ln1_post = make_norm(cfg)  # HF Gemma's post_attention_layernorm
+            if cfg.has_mlp:
+                self.ln2_post = make_norm(cfg)  # HF Gemma's post_feedforward_layernorm
         if cross_attention:
             self.ln_cross = make_norm(cfg)
             self.cross_attn = make_attention(cfg, cross=True)
@@ -485,10 +629,17 @@ class Block(nn.Module):
     def has_cross_attention(self) -> bool:
         return "cross_attn" in self._modules  # (hasattr goes through nn.Module.__getattr__'s AttributeError: slow)
 
-    def _sublayer(self, resid: Tensor, norm: nn.Module, layer: Callable[[Tensor], Tensor], hook: nn.Module) -> Tensor:
-        """One residual sub-layer, pre- or post-norm; ``hook`` sees the sub-layer's output."""
+    def _sublayer(self, resid: Tensor, norm: nn.Module, layer: Callable[[Tensor], Tensor], hook: nn.Module,
+                  post: nn.Module | None = None) -> Tensor:
+        """One residual sub-layer, pre- or post-norm; ``hook`` sees the sub-layer's output.
+
+        ``post`` (sandwich norm, Gemma 2/3) normalises the sub-layer's output before it is added: x + post(F(norm(x))).
+        """
         if self.norm_position == "pre":
-            return resid + hook(dropout(self.drop, layer(norm(resid))))  # x + F(norm(x))
+            out = layer(norm(resid))
+            if post is not None:
+                out = post(out)
+            return resid + hook(dropout(self.drop, out))  # x + F(norm(x))
         return norm(resid + hook(dropout(self.drop, layer(resid))))  # norm(x + F(x))
 
     def forward(
@@ -508,7 +659,8 @@ class Block(nn.Module):
         def self_attention(x: Tensor) -> Tensor:
             return self.attn(x, mask=mask, causal=causal, positions=positions, bias=attn_bias, kv_cache=kv_cache)
 
-        resid = self.hook_resid_mid(self._sublayer(resid, self.ln1, self_attention, self.hook_attn_out))
+        resid = self.hook_resid_mid(self._sublayer(resid, self.ln1, self_attention, self.hook_attn_out,
+                                                   self._modules.get("ln1_post")))
         if self.has_cross_attention:
             if context is None:
                 raise ValueError("this block has cross-attention: pass context=(the encoder's output)")
@@ -523,4 +675,5 @@ class Block(nn.Module):
             raise ValueError("this block has no cross-attention; build it with cross_attention=True to read context")
         if not self.cfg.has_mlp:
             return self.hook_resid_post(resid)
-        return self.hook_resid_post(self._sublayer(resid, self.ln2, self.mlp, self.hook_mlp_out))
+        return self.hook_resid_post(self._sublayer(resid, self.ln2, self.mlp, self.hook_mlp_out,
+                                                   self._modules.get("ln2_post")))

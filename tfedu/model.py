@@ -95,6 +95,20 @@ def _check_positions(positions: object, ids: Tensor, cfg: ModelConfig) -> None:
             raise ValueError(f"positions must lie in 0..{cfg.n_ctx - 1} (n_ctx={cfg.n_ctx}), got values from {low} to {high}")
 
 
+def soft_cap(x: Tensor, cap: float | None) -> Tensor:
+    """``cap * tanh(x / cap)``: x squashed smoothly into (-cap, cap), nearly unchanged where ``|x| << cap``; ``x`` if None.
+
+    Gemma 2 caps the final logits at 30 and the attention scores at 50 (Team Gemma 2024, sec. 2; the idea is
+    Bello et al. 2017's), so that no logit can run away during training.
+
+    >>> soft_cap(torch.tensor([0.1, 100.0]), 30.0)
+    tensor([ 0.1000, 29.9237])
+    """
+    if cap is None:
+        return x
+    return cap * torch.tanh(x / cap)
+
+
 def next_token_loss(logits: Float[Tensor, "batch pos d_vocab"], targets: Int[Tensor, "batch pos"]) -> Tensor:
     """Mean cross-entropy over the positions whose target is not ``IGNORE_INDEX`` (in float32)."""
     # .long(): cross_entropy takes only int64 class indices, but int32 ids are fine everywhere else.
@@ -192,7 +206,12 @@ class Transformer(nn.Module):
         check_ids(ids, self.cfg, name, cached=start)
         _check_positions(positions, ids, self.cfg)
         embed, hook = embed or self.embed, hook or self.hook_embed
-        resid = hook(embed(ids) * self.embed_scale)  # batch pos d_model
+        scale = self.embed_scale
+        if self.cfg.scale_embeddings:
+            # Gemma: sqrt(d_model) rounded to the weights' dtype first, as HF's Gemma3TextScaledWordEmbedding does
+            # (in bfloat16, sqrt(640) = 25.298 becomes 25.25).
+            scale = torch.tensor(math.sqrt(self.cfg.d_model), dtype=embed.weight.dtype, device=embed.weight.device)
+        resid = hook(embed(ids) * scale)  # batch pos d_model
         if self.pos_embed is not None:
             if positions is None:
                 positions = torch.arange(start, start + ids.shape[1], device=ids.device)
@@ -324,7 +343,7 @@ class LanguageModel(Transformer):
         super().__init__(cfg)
         if not isinstance(getattr(self, "causal", None), bool):
             raise TypeError("use GPT or Encoder (LanguageModel leaves the mask, causal or not, to its subclasses)")
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, layer=i) for i in range(cfg.n_layers))
         # Pre-norm leaves the stream un-normalised after the last block, so one more norm goes
         # before the unembedding; post-norm blocks already end in a norm.
         self.ln_final = make_norm(cfg) if cfg.norm_position == "pre" else nn.Identity()
@@ -344,7 +363,7 @@ class LanguageModel(Transformer):
         _check_padding(padding_mask, ids, "padding_mask", cached=start)
         resid = self.run_blocks(self.blocks, resid, causal=self.causal, padding_mask=padding_mask, kv_cache=kv_cache,
                                 positions=positions)
-        logits = self.unembed(self.ln_final(resid))  # batch pos d_vocab
+        logits = soft_cap(self.unembed(self.ln_final(resid)), self.cfg.final_logit_softcap)  # batch pos d_vocab
         if targets is None:
             return logits
         _check_targets(targets, ids, self.cfg)
@@ -453,8 +472,8 @@ class EncoderDecoder(Transformer):
         if not cfg.tied_embeddings:
             self.tgt_embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
         self.hook_tgt_embed = nn.Identity()  # the target's token embeddings (hook_embed sees the source's)
-        self.encoder_blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.decoder_blocks = nn.ModuleList(Block(cfg, cross_attention=True) for _ in range(cfg.n_layers))
+        self.encoder_blocks = nn.ModuleList(Block(cfg, layer=i) for i in range(cfg.n_layers))
+        self.decoder_blocks = nn.ModuleList(Block(cfg, cross_attention=True, layer=i) for i in range(cfg.n_layers))
         pre = cfg.norm_position == "pre"
         self.encoder_ln_final = make_norm(cfg) if pre else nn.Identity()
         self.decoder_ln_final = make_norm(cfg) if pre else nn.Identity()
