@@ -47,6 +47,8 @@ def gating(router_logits, k, mistake=""):
         gates = torch.tensor(gates.tolist(), dtype=router_logits.dtype)
     if mistake == "float experts":
         experts = experts.float()
+    if mistake == "int32 experts":
+        experts = experts.int()
     if mistake == "lists":
         return gates.tolist(), experts.tolist()
     if mistake == "swapped":
@@ -80,13 +82,19 @@ def gating_softmax_over_kept(router_logits, k):
     return F.softmax(logits, dim=-1), experts
 
 
-def gating_by_argsort_any_order(router_logits, k):
-    """Stable softmax by hand, argsort, and the k picks handed back in increasing expert id: any order passes."""
+def gating_by_argsort_any_order(router_logits, k, dtype=torch.int64):
+    """Stable softmax by hand, argsort, and the k picks handed back in increasing expert id: out of order."""
     shifted = router_logits - router_logits.amax(dim=-1, keepdim=True)
     probs = shifted.exp() / shifted.exp().sum(dim=-1, keepdim=True)
-    experts = probs.argsort(dim=-1, descending=True)[:, :k].sort(dim=-1).values.to(torch.int32)
+    experts = probs.argsort(dim=-1, descending=True)[:, :k].sort(dim=-1).values.to(dtype)
     gates = probs.gather(-1, experts.long())
     return gates / gates.sum(dim=-1, keepdim=True) if k > 1 else gates, experts
+
+
+def gating_unsorted(router_logits, k):
+    """torch.topk(..., sorted=False): on CPU out of order for k = 3; the brief asks for the largest gate first."""
+    gates, experts = torch.softmax(router_logits, dim=-1).topk(k, dim=-1, sorted=False)
+    return (gates / gates.sum(dim=-1, keepdim=True) if k > 1 else gates), experts
 
 
 def gating_einops(router_logits, k):
@@ -96,8 +104,17 @@ def gating_einops(router_logits, k):
     return (gates / total if k > 1 else gates), experts
 
 
+def gating_by_argsort(router_logits, k):
+    """Stable softmax by hand and a descending argsort: the largest gate first, as asked."""
+    shifted = router_logits - router_logits.amax(dim=-1, keepdim=True)
+    probs = shifted.exp() / shifted.exp().sum(dim=-1, keepdim=True)
+    experts = probs.argsort(dim=-1, descending=True)[:, :k]
+    gates = probs.gather(-1, experts)
+    return gates / gates.sum(dim=-1, keepdim=True) if k > 1 else gates, experts
+
+
 RIGHT_GATING = {"by hand": gating, "softmax over the top-k logits": gating_top_k_logits_softmax,
-                "argsort, any order, int32": gating_by_argsort_any_order, "einops": gating_einops}
+                "argsort": gating_by_argsort, "einops": gating_einops}
 
 GATING_MISTAKES = {  # name: (wrong top_k_gating, a phrase its hint must contain)
     "softmax dim 0": (lambda x, k: gating(x, k, "softmax dim 0"), "normalised over the tokens axis"),
@@ -118,6 +135,10 @@ GATING_MISTAKES = {  # name: (wrong top_k_gating, a phrase its hint must contain
     "in place": (gating_in_place, "changed the caller's `router_logits` in place"),
     "lists": (lambda x, k: gating(x, k, "lists"), "should return two torch tensors"),
     "float experts": (lambda x, k: gating(x, k, "float experts"), "int64 expected"),
+    "int32 experts": (lambda x, k: gating(x, k, "int32 experts"), "the brief asks for int64 (torch.long)"),
+    "argsort, int32": (lambda x, k: gating_by_argsort_any_order(x, k, torch.int32), "the brief asks for int64"),
+    "increasing expert id": (gating_by_argsort_any_order, "but not in order"),
+    "topk unsorted": (gating_unsorted, "but not in order"),
     "swapped": (lambda x, k: gating(x, k, "swapped"), "you returned (experts, gates)"),
     "float32 gates": (lambda x, k: gating(x, k, "float32 gates"), "keep the logits' dtype"),
     "one tensor": (lambda x, k: gating(x, k)[0], "should return a pair (gates, experts)"),
@@ -599,7 +620,12 @@ def isoflop_learner(curves, budgets, tokens_per_step, mistake=""):
             D = C / ((2 if mistake == "2ND" else 6) * N)
             if mistake == "no skip" or tokens[0] <= D <= tokens[-1]:
                 points.append((N, np.interp(D, tokens, losses)))
-        if len(points) < (2 if mistake == "two points" else 3):
+        if mistake == "best of two" and len(points) == 2:  # two models: take the better one
+            better = min(points, key=lambda point: point[1])
+            n_opt.append(better[0])
+            loss_min.append(better[1])
+            continue
+        if len(points) < (2 if mistake in ("two points", "two kept") else 3):
             n_opt.append(np.nan)
             loss_min.append(np.nan)
             continue
@@ -614,6 +640,9 @@ def isoflop_learner(curves, budgets, tokens_per_step, mistake=""):
         elif mistake == "argmin":
             n_opt.append(sizes[losses.argmin()])
             loss_min.append(losses.min())
+        elif mistake == "in range" and not x.min() <= -c1 / (2 * c2) <= x.max():  # an extrapolated vertex dropped
+            n_opt.append(np.nan)
+            loss_min.append(np.nan)
         else:
             vertex = -c1 / (2 * c2)
             n_opt.append(vertex if mistake == "parabola in N" else np.exp(vertex))
@@ -669,16 +698,49 @@ def isoflop_polynomial(curves, budgets, tokens_per_step):
     return n_opt, loss_min, torch.tensor(a), torch.tensor(b)
 
 
-RIGHT_ISOFLOP = {"polyfit": isoflop_learner, "lstsq": isoflop_lstsq, "Polynomial.fit": isoflop_polynomial}
+def isoflop_continue(curves, budgets, tokens_per_step, fewest=3):
+    """The learner's shape of it, skipping a budget with `continue` below ``fewest`` models (2: the slip that keeps
+    budgets of two models, where np.polyfit only warns)."""
+    budgets = np.asarray(budgets, dtype=float)
+    n_opt, loss_min = np.full(len(budgets), np.nan), np.full(len(budgets), np.nan)
+    for i, C in enumerate(budgets):
+        ns, ls = [], []
+        for N, steps, curve in curves:
+            tokens = steps * tokens_per_step
+            D = C / (6 * N)
+            if tokens[0] <= D <= tokens[-1]:
+                ns.append(N)
+                ls.append(np.interp(D, tokens, curve))
+        if len(ns) < fewest:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # np.polyfit's RankWarning for two points
+            c2, c1, c0 = np.polyfit(np.log(ns), ls, 2)
+        if c2 > 0:
+            n_opt[i] = np.exp(-c1 / (2 * c2))
+            loss_min[i] = c0 - c1**2 / (4 * c2)
+    ok = np.isfinite(n_opt)
+    if ok.sum() < 2:
+        raise ValueError("fewer than two minima")
+    a, b = np.polyfit(np.log(budgets[ok]), np.log(n_opt[ok]), 1)
+    return n_opt, loss_min, a, b
+
+
+RIGHT_ISOFLOP = {"polyfit": isoflop_learner, "lstsq": isoflop_lstsq, "Polynomial.fit": isoflop_polynomial,
+                 "continue below three": isoflop_continue}
 ISOFLOP_MISTAKES = {
     "2ND": "C = 2ND", "steps": "against the step counts themselves", "parabola in N": "loss against N itself",
     "argmin": "best sampled model", "no skip": "whose curve does not reach", "two points": "a parabola needs three",
+    "two kept": "a parabola needs three", "best of two": "a parabola needs three",
+    "in range": "lies outside the sizes that reach that budget", "continue below two": "a parabola needs three",
     "downward": "opens downward", "inverted": "slope of ln C against ln N_opt", "log10 C": "one axis in log10",
     "log10 N": "one axis in log10", "log10 b": "off by a factor ln 10",
 }
 
 
 def isoflop_with(mistake):
+    if mistake == "continue below two":
+        return lambda curves, budgets, tokens_per_step: isoflop_continue(curves, budgets, tokens_per_step, fewest=2)
     return lambda curves, budgets, tokens_per_step: isoflop_learner(curves, budgets, tokens_per_step, mistake)
 
 
@@ -721,6 +783,13 @@ def test_the_isoflop_cases_tell_the_mistakes_apart_and_recover_the_true_exponent
     assert all(nb12.isoflop_apart(case) for case in cases[:3])
     assert all(None in case.upward() for case in cases[:3])  # a budget of two models in each
     assert False in cases[2].upward()  # the loss spike turns one profile upside down
+    assert cases[0].two_kept() and cases[1].extrapolated()  # a two-model parabola opening upward; a vertex outside
+    for case in cases[:2]:  # keeping the two-model budgets changes n_opt there, and a
+        if case.two_kept():
+            wrong, want = (nb12.isoflop_variant(case.curves, case.budgets, case.tokens_per_step, mistake)
+                           for mistake in ("two kept", ""))
+            assert np.isfinite(wrong[0][case.two_kept()]).all() and np.isnan(want[0][case.two_kept()]).all()
+            assert not math.isclose(wrong[2], want[2], rel_tol=1e-6)
     for seed in range(4):  # without noise the fitted exponent is the law's beta / (alpha + beta)
         case = nb12.iso_case(np.random.default_rng(seed), noise=0.0)
         alpha, beta = np.random.default_rng(seed).uniform(0.25, 0.45, 2)
@@ -742,6 +811,27 @@ def test_isoflop_probe_names_each_mistake(name):
     for seed in range(2):
         feedback = verdict(ISO_PROBE, {"isoflop_fit": isoflop_with(name), "np": np}, seed)
         assert feedback is not None and ISOFLOP_MISTAKES[name] in feedback, (seed, feedback)
+
+
+def test_isoflop_probe_inputs_keep_two_model_budgets_and_extrapolated_vertices():
+    for seed in range(4):
+        cases = [nb12._iso_case_from(c) for c in ISO_PROBE.make_inputs(np.random.default_rng(seed))["cases"]]
+        assert all(case.two_kept() for case in cases) and cases[-1].extrapolated(), seed
+
+
+def test_isoflop_slices_are_the_references_slices():
+    """The notebook's plot draws nb12.isoflop_slices: its parabolas' vertices are the reference's minima."""
+    case = nb12.iso_cases()[1]
+    n_opt, loss_min, _, _ = nb12.reference_isoflop_fit(case.curves, case.budgets, case.tokens_per_step)
+    slices = nb12.isoflop_slices(case.curves, case.budgets, case.tokens_per_step)
+    assert [len(sizes) for sizes, _, _ in slices] == case.counts()
+    for (sizes, losses, parabola), n, l in zip(slices, n_opt, loss_min):
+        assert len(sizes) == len(losses)
+        if parabola is None:
+            assert len(sizes) < 3 and math.isnan(n)
+        elif parabola[0] > 0:
+            assert math.isclose(math.exp(-parabola[1] / (2 * parabola[0])), n, rel_tol=1e-12)
+            assert math.isclose(np.polyval(parabola, math.log(n)), l, rel_tol=1e-9)
 
 
 def test_isoflop_probe_inputs_are_plain_data():

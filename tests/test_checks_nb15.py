@@ -121,10 +121,21 @@ def half(logits, allowed):
     return logits.masked_fill(~allowed, float("-inf")).softmax(dim=-1).half()
 
 
+def float_first(logits, allowed):
+    """The learner's: float32 before the softmax, so a float64 caller gets float32 back."""
+    return logits.float().masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+
+
+def double_first(logits, allowed):
+    return logits.double().masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+
+
 MISTAKE_FUNCTIONS = {
     "a NumPy array (torch.multinomial would fail)": (numpy_answer, "float torch tensor"),
     "(~allowed) * -inf added": (times_inf, "0 * -inf"),
     "half precision": (half, "keep the logits' dtype"),
+    "float32 before the softmax": (float_first, "typed like the logits"),
+    "float64 before the softmax": (double_first, "typed like the logits"),
     "shift by the allowed max, mask after exp": (shift_then_mask, "or after exponentiating"),
     "index assignment in place": (index_assign, "in place"),
     "exp over the sum without the max shift": (no_max_shift, "overflows float32"),
@@ -190,6 +201,12 @@ def test_probe_passes_the_reference_and_names_mistakes():
             assert feedback is not None and fragment in feedback, (seed, mistake, feedback)
         feedback = verdict(probe, {"constrained_probs": no_max_shift}, seed)  # issue 37: it scored full marks
         assert feedback is not None and "overflows float32" in feedback, (seed, feedback)
+        for fn in (float_first, double_first, half):
+            feedback = verdict(probe, {"constrained_probs": fn}, seed)
+            named = feedback is not None and ("keep their dtype" in feedback or "keep the logits' dtype" in feedback)
+            assert named, (seed, fn.__name__, feedback)
+        for fn in RIGHT.values():
+            assert verdict(probe, {"constrained_probs": fn}, seed) is None, (seed, fn.__name__)
     assert "not defined" in verdict(probe, {}, 0)
 
 
@@ -226,7 +243,26 @@ def patch_another_way():
     return namespace["patch_head"]
 
 
+PATCH_NONE_BACK = """
+def patch_head(model, clean_ids, corrupted_ids, layer, head):
+    name = f"blocks.{layer}.attn.hook_z"
+    with torch.no_grad():
+        _, cache = model.run_with_cache(clean_ids)
+        clean_z = cache[name]
+
+        def patch(z):
+            z = z.clone()
+            z[:, :, head] = clean_z[:, :, head]
+            # no return: the patched copy is thrown away
+
+        with model.hooks(**{name.replace(".", "__"): patch}):
+            return model(corrupted_ids)
+"""
+
+
 def patch_mistake(mistake):
+    if mistake == "none-back":
+        return _exec(PATCH_NONE_BACK, "patch_head")
     if mistake == "leak":
         def leaky(model, clean_ids, corrupted_ids, layer, head):
             right = patch_another_way()(model, clean_ids, corrupted_ids, layer, head)
@@ -238,7 +274,8 @@ def patch_mistake(mistake):
 
 PATCH_MISTAKES = [("all-heads", "every head of block"), ("reversed", "the patch went the wrong way"),
                   ("no-patch", "unpatched"), ("clean", "the clean run's"), ("position-axis", "rather than head"),
-                  ("last-position", "only the last position"), ("leak", "still attached")]
+                  ("last-position", "only the last position"), ("leak", "still attached"),
+                  ("none-back", "returned None"), ("none-back", "no hook was attached")]
 
 
 def test_patch_head_passes_the_reference_and_another_way(capsys):
@@ -395,7 +432,11 @@ def induction_score(pattern, seq_len):
     query = torch.arange(lead + seq_len, n_pos if MISTAKE != "no-lead" else 2 * seq_len)
     if MISTAKE == "all-queries":
         query = torch.arange(seq_len - 1, n_pos)
+    if MISTAKE == "extra-query":  # one query too many: the first copy's last token included
+        query = torch.arange(lead + seq_len - 1, n_pos)
     key = query - seq_len if MISTAKE == "copy" else query - seq_len + 1
+    if MISTAKE == "key-further":  # one further back than the copy
+        key = query - (seq_len + 1)
     if MISTAKE == "transposed":
         picked = pattern[..., key, query]
     else:
@@ -416,6 +457,7 @@ def _exec(source, name, **names):
 
 
 INDUCTION_MISTAKES = [("copy", "the earlier copy of the current token itself"), ("all-queries", "first copy included"),
+                      ("key-further", "seq_len + 1 positions back"), ("extra-query", "seq_len + 1 queries"),
                       ("no-lead", "ignore the tokens before the first copy"), ("transposed", "axes swapped"),
                       ("heads-mean", "averaged over the heads"), ("no-batch-mean", "average over the batch")]
 
@@ -498,9 +540,37 @@ def ablate_heads(model, ids, layer, heads, how="zero"):
 """
 
 
+ABLATE_MEAN_POOLED = """
+def ablate_heads(model, ids, layer, heads, how="zero"):
+    \"\"\"Mean ablation with the mean taken over AXES of the whole hook tensor (every head of the block).\"\"\"
+    def ablate(z):
+        z = z.clone()
+        z[:, :, heads] = 0.0 if how == "zero" else z.mean(dim=AXES)
+        return z
+
+    with torch.no_grad(), model.hooks(**{f"blocks__{layer}__attn__hook_z": ablate}):
+        return model(ids)
+"""
+
+ABLATE_MEAN_SCALAR = """
+def ablate_heads(model, ids, layer, heads, how="zero"):
+    def ablate(z):
+        z = z.clone()
+        z[:, :, heads] = 0.0 if how == "zero" else z[:, :, heads].mean()
+        return z
+
+    with torch.no_grad(), model.hooks(**{f"blocks__{layer}__attn__hook_z": ablate}):
+        return model(ids)
+"""
+
+
 def ablate_mistake(mistake):
     if mistake == "none-back":
         return _exec(ABLATE_NONE_BACK, "ablate_heads")
+    if mistake == "learner-mean-all-heads":
+        return _exec(ABLATE_MEAN_POOLED, "ablate_heads", AXES=(0, 1, 2))
+    if mistake == "learner-mean-all":
+        return _exec(ABLATE_MEAN_SCALAR, "ablate_heads")
     if mistake == "leak":
         def leaky(model, ids, layer, heads, how="zero"):
             right = nb15.reference_ablate_heads(model, ids, layer, heads, how)
@@ -521,6 +591,8 @@ ABLATE_MISTAKES = [("none-back", "returned None"), ("all-heads", "every head of 
                    ("mean-batch", "over the batch only"), ("mean-pos", "over the positions only"),
                    ("pattern", "attention pattern (hook_pattern)"), ("zero-for-mean", "you zeroed the heads"),
                    ("mean-for-zero", "by their mean"),
+                   ("mean-all-heads", "the heads together"), ("learner-mean-all-heads", "the heads together"),
+                   ("mean-all", "by one number"), ("learner-mean-all", "by one number"),
                    ("leak", "still attached")]
 
 
@@ -600,7 +672,12 @@ def logit_attribution(model, ids, pos, token):
             x = x - x.mean() if is_layer_norm else x
             return (x.pow(2).mean() + norm.eps).sqrt()
 
-        final_scale = scale_of(cache[f"blocks.{len(model.blocks) - 1}.hook_resid_post"][0, pos])
+        final = cache[f"blocks.{len(model.blocks) - 1}.hook_resid_post"][0, pos]
+        final_scale = scale_of(final)
+        if MISTAKE == "std":  # the learner's slip: s = x.std()
+            final_scale = final.std()
+        if MISTAKE == "std-eps":
+            final_scale = (final.var() + norm.eps).sqrt()
         bias = norm.bias @ u if getattr(norm, "bias", None) is not None else None
 
         def read(x):
@@ -655,7 +732,8 @@ def test_the_attribution_variants_are_the_checkers():
 ATTRIBUTION_MISTAKES = [("own-norm", "through the final norm on its own"), ("own-scale", "by its own scale"),
                         ("no-centre", "centring"), ("no-scale", "did not divide by the final norm's scale"),
                         ("no-weight", "final norm's weight"), ("bias-everywhere", "to every part"),
-                        ("wo-rows", "wrong axis"), ("wo-order", "interleaved"), ("resid-post", "hook_resid_post")]
+                        ("wo-rows", "wrong axis"), ("wo-order", "interleaved"), ("resid-post", "hook_resid_post"),
+                        ("std", "Bessel's correction"), ("std-eps", "Bessel's correction")]
 
 
 def test_logit_attribution_passes_the_reference_and_another_way(capsys):

@@ -13,8 +13,9 @@ Four exercises, each checked against a reference after first trying the known mi
   without subtracting the row max (NaN or inf for logits around 1000), the logits changed in
   place, outputs that are no tensors, float experts (int64 expected), the pair returned as
   (experts, gates), gates in another dtype than the logits. Any order of the k (expert, gate)
-  pairs within a row passes (rows are compared sorted by expert id), as do int32 experts and a
-  softmax over the k kept logits for k > 1 (equal to renormalising). Compared with
+  pairs within a row is named once everything else is right: the brief asks for the largest gate first,
+  the order exercise 12.3 queues choices in; int32 experts are named too; a softmax over the k kept logits for
+  k > 1 (equal to renormalising) passes. Compared with
   ``tfedu.moe.top_k_gating`` on 1 to 9 tokens, 4 and 8 experts, k = 1, 2, 3, float32 and float64,
   logits at least 0.25 apart (no ties), some around +-1000; then the gradient of a random weighting
   of the gates with respect to the logits. ``tfedu.moe`` is refused: the gating is the exercise
@@ -60,6 +61,7 @@ that still raises NotImplementedError.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,6 +209,12 @@ HINT_EXPERTS_DTYPE = (
     "your experts are {dtype}: expert ids pick each token's experts (and index their weights), so they must be "
     "integers. torch.topk's indices are int64: return those (int64 expected), not a float copy"
 )
+HINT_EXPERTS_INT64 = (
+    "your experts are {dtype}: the brief asks for int64 (torch.long) expert ids, PyTorch's index type. one_hot "
+    "refuses any other (\"only applicable to index tensor of type LongTensor\"), gather and index_select accept "
+    "int32 only in recent PyTorch versions, and the MoE layers later in this notebook route with your function: "
+    "keep the int64 indices that topk or argsort give you rather than converting them"
+)
 HINT_GATES_NOT_FLOAT = "your gates are {dtype}: gates are probabilities, a float tensor in the logits' dtype"
 HINT_SQUEEZED = (
     "your {name} are of shape {got} for k = 1: keep the k axis, (tokens, 1) = {want}. The layer treats every k alike, "
@@ -326,6 +334,14 @@ def gating_mistakes(logits: torch.Tensor, k: int) -> list[tuple[str, torch.Tenso
     return mistakes
 
 
+HINT_ORDER = (
+    "your k picks are the right experts with the right gates, but not in order in {what}: token {t} gets experts "
+    "{got}, expected {want}, largest gate first. The brief asks for that order because exercise 12.3 queues each "
+    "token's first choice (its largest gate) before any second choice, so the order decides which tokens a full "
+    "expert drops"
+)
+
+
 def by_expert(gates: torch.Tensor, experts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's (gate, expert) pairs sorted by expert id: any order of a token's k picks compares equal."""
     order = experts.argsort(dim=-1)
@@ -431,6 +447,12 @@ def diagnose_gating(got: Any, logits: torch.Tensor, k: int, weights: torch.Tenso
         raise CheckFailure(HINT_GATES_DIFFER.format(what=what, t=t, got=_row(g[t]), want=_row(wg[t])))
     _judge_gate_grad(grad, logits, k, weights)
     expect(gates.dtype == logits.dtype, HINT_GATES_DTYPE.format(got=gates.dtype, want=logits.dtype))
+    expect(experts.dtype == torch.int64, HINT_EXPERTS_INT64.format(dtype=experts.dtype))
+    in_order = experts.detach().long().cpu()
+    out_of_order = (in_order != want_experts.cpu()).any(dim=-1).nonzero()
+    if len(out_of_order):
+        t = int(out_of_order[0])
+        raise CheckFailure(HINT_ORDER.format(what=what, t=t, got=_row(in_order[t]), want=_row(want_experts[t])))
 
 
 def expected_gate_grad(logits: torch.Tensor, k: int, weights: torch.Tensor) -> torch.Tensor:
@@ -506,7 +528,7 @@ def check_top_k_gating(top_k_gating) -> None:
 
     On :data:`GATING_CASES`, against the rule written out in float64 (itself checked against
     ``tfedu.moe.top_k_gating``), after trying the known mistakes (:func:`gating_mistakes`); a token's k
-    picks may come in any order. Each case also backpropagates a random weighting of the gates and
+    picks compare in any order first, and their order (largest gate first) is asked last. Each case also backpropagates a random weighting of the gates and
     compares the gradient on the logits. tfedu.moe is refused.
     """
     _refuse_moe(top_k_gating, "top_k_gating", "the gating", GATING_HOW)
@@ -1521,7 +1543,9 @@ HINT_ISO_NO_SKIP = (
 )
 HINT_ISO_FEWER = (
     "your n_opt has a value for budget {i} (C = {C:.3g}), where only {count} of the models' curves reach: a parabola "
-    "needs three points, so that budget gives no minimum (NaN) (for {what})"
+    "needs three points, so that budget gives no minimum (NaN). Through two points np.polyfit of degree 2 only "
+    "warns (a RankWarning) and returns one of the many parabolas that pass through them, whose vertex means "
+    "nothing (for {what})"
 )
 HINT_ISO_DOWNWARD = (
     "your n_opt has a value for budget {i} (C = {C:.3g}), where the parabola through the points opens downward: its "
@@ -1531,6 +1555,12 @@ HINT_ISO_SKIPPED = (
     "your n_opt is NaN at budget {i} (C = {C:.3g}), where {count} models' curves reach D = C / 6N and the parabola "
     "through them opens upward: read each model's loss where its curve covers D, first and last points included "
     "(for {what})"
+)
+HINT_ISO_IN_RANGE = (
+    "your n_opt is NaN at budget {i} (C = {C:.3g}), where the parabola opens upward and its vertex, N_opt = {want:.4g}, "
+    "lies outside the sizes that reach that budget ({lo:,.0f} to {hi:,.0f} parameters): the brief does not drop "
+    "such a vertex. A minimum a little beyond the sampled sizes, extrapolated by the parabola, is kept; only a "
+    "budget with fewer than three models, or whose parabola opens downward, gets NaN (for {what})"
 )
 HINT_ISO_N_DIFFERS = (
     "your n_opt at budget {i} (C = {C:.3g}) is {got:.6g}, expected {want:.6g}: read each reaching model's loss at "
@@ -1581,8 +1611,49 @@ def _refuse_iso(fn: Any) -> None:
     expect(not used, HINT_ISO_SHORTCUT.format(name=", ".join(used), how=ISO_HOW))
 
 
+def iso_slice(curves: list, C: float, tokens_per_step: float, *, flops: float = 6.0,
+              everyone: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Budget ``C``'s IsoFLOP slice: the sizes N of the models whose curve covers D = C / (flops N) tokens (first and
+    last points included; every model when ``everyone``) and their losses at D, read linearly between the points."""
+    sizes, losses = [], []
+    for N, steps, curve in curves:
+        tokens = np.asarray(steps, dtype=float) * float(tokens_per_step)
+        D = C / (flops * float(N))
+        if everyone or tokens[0] <= D <= tokens[-1]:
+            sizes.append(float(N))
+            losses.append(float(np.interp(D, tokens, np.asarray(curve, dtype=float))))
+    return np.array(sizes), np.array(losses)
+
+
+def iso_parabola(x: np.ndarray, losses: np.ndarray) -> np.ndarray | None:
+    """The least-squares parabola (c2, c1, c0) of ``losses`` against ``x``; None for fewer than three points."""
+    if len(x) < 3:
+        return None
+    return np.polyfit(x, losses, 2)
+
+
+def iso_line(budgets: np.ndarray, n_opt: np.ndarray) -> tuple[float, float]:
+    """(a, b) of the least-squares line ln n_opt = a ln C + b over the budgets with a minimum (NaN left out)."""
+    found = np.isfinite(n_opt) & (n_opt > 0)
+    if found.sum() < 2:
+        raise ValueError(f"only {int(found.sum())} budget(s) give a minimum: a line needs two")
+    a, b = np.polyfit(np.log(budgets[found]), np.log(n_opt[found]), 1)
+    return float(a), float(b)
+
+
+def isoflop_slices(curves: list, budgets: Any, tokens_per_step: int) -> list[tuple]:
+    """For the notebook's plot: per budget, the slice's (sizes, losses) and its parabola in ln N, (c2, c1, c0), or
+    None when fewer than three models reach the budget. The same code as :func:`reference_isoflop_fit`'s."""
+    out = []
+    for C in np.asarray(budgets, dtype=float):
+        sizes, losses = iso_slice(curves, C, tokens_per_step)
+        out.append((sizes, losses, iso_parabola(np.log(sizes), losses)))
+    return out
+
+
 def isoflop_variant(curves: list, budgets: Any, tokens_per_step: int, mistake: str = "") -> tuple:
-    """Exercise 12.4 done right (``mistake=""``) or with one named ``mistake`` (:data:`ISO_MISTAKES`).
+    """Exercise 12.4 done right (``mistake=""``) or with one named ``mistake`` (:data:`ISO_MISTAKES`, or "two kept":
+    budgets of two models fitted too, "in range": NaN where the vertex lies outside the slice's sizes).
 
     For each budget C, each model (N, steps, losses) whose tokens (steps x tokens_per_step) cover D = C / 6N gives the
     loss at D, linearly interpolated; a budget with three such models or more gets a least-squares parabola in ln N,
@@ -1594,17 +1665,17 @@ def isoflop_variant(curves: list, budgets: Any, tokens_per_step: int, mistake: s
     per_step = 1.0 if mistake == "steps" else float(tokens_per_step)
     n_opt, loss_min = np.full(len(budgets), np.nan), np.full(len(budgets), np.nan)
     for i, C in enumerate(budgets):
-        sizes, losses = [], []
-        for N, steps, curve in curves:
-            tokens = np.asarray(steps, dtype=float) * per_step
-            D = C / (flops * float(N))
-            if mistake == "no skip" or tokens[0] <= D <= tokens[-1]:
-                sizes.append(float(N))
-                losses.append(float(np.interp(D, tokens, np.asarray(curve, dtype=float))))
-        if len(sizes) < 3:
+        sizes, losses = iso_slice(curves, C, per_step, flops=flops, everyone=mistake == "no skip")
+        x = sizes if mistake == "parabola in N" else np.log(sizes)
+        if mistake == "two kept" and len(x) == 2:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # np.polyfit's RankWarning: two points, three coefficients
+                fit = np.polyfit(x, losses, 2)
+        else:
+            fit = iso_parabola(x, losses)
+        if fit is None:
             continue
-        x = np.array(sizes) if mistake == "parabola in N" else np.log(sizes)
-        c2, c1, c0 = np.polyfit(x, losses, 2)
+        c2, c1, c0 = fit
         if not c2 > 0:
             continue
         if mistake == "argmin":
@@ -1612,8 +1683,12 @@ def isoflop_variant(curves: list, budgets: Any, tokens_per_step: int, mistake: s
             n_opt[i], loss_min[i] = sizes[best], losses[best]
             continue
         vertex = -c1 / (2 * c2)
+        if mistake == "in range" and not x.min() <= vertex <= x.max():
+            continue
         n_opt[i] = vertex if mistake == "parabola in N" else np.exp(vertex)
         loss_min[i] = c0 - c1**2 / (4 * c2)
+    if mistake not in ("inverted", "log10 C", "log10 N", "log10 b"):
+        return (n_opt, loss_min, *iso_line(budgets, n_opt))
     found = np.isfinite(n_opt) & (n_opt > 0)
     if found.sum() < 2:
         raise ValueError(f"only {int(found.sum())} budget(s) give a minimum: a line needs two")
@@ -1650,32 +1725,39 @@ class IsoCase:
 
     def counts(self) -> list[int]:
         """How many models' curves reach each budget."""
-        return [sum(s[0] * self.tokens_per_step <= C / (6 * n) <= s[-1] * self.tokens_per_step
-                    for n, s in zip(self.sizes, self.steps)) for C in self.budgets]
+        return [len(iso_slice(self.curves, C, self.tokens_per_step)[0]) for C in self.budgets]
 
     def upward(self) -> list[bool | None]:
         """For each budget with three models or more, whether its parabola opens upward (None: fewer than three)."""
         out = []
-        for C, count in zip(self.budgets, self.counts()):
-            if count < 3:
-                out.append(None)
-                continue
-            xs, ys = [], []
-            for n, s, l in zip(self.sizes, self.steps, self.losses):
-                tokens, D = np.asarray(s, dtype=float) * self.tokens_per_step, C / (6 * n)
-                if tokens[0] <= D <= tokens[-1]:
-                    xs.append(math.log(n))
-                    ys.append(float(np.interp(D, tokens, l)))
-            out.append(bool(np.polyfit(xs, ys, 2)[0] > 0))
+        for sizes, _, fit in isoflop_slices(self.curves, self.budgets, self.tokens_per_step):
+            out.append(None if fit is None else bool(fit[0] > 0))
+        return out
+
+    def two_kept(self) -> list[int]:
+        """The budgets of exactly two models where fitting a parabola anyway (np.polyfit only warns) gives a finite
+        n_opt: the answer that keeps budgets of two models differs there."""
+        kept = isoflop_variant(self.curves, self.budgets, self.tokens_per_step, "two kept")[0]
+        return [i for i, count in enumerate(self.counts()) if count == 2 and np.isfinite(kept[i])]
+
+    def extrapolated(self) -> list[int]:
+        """The budgets whose minimum lies outside the sizes that reach them (the vertex is extrapolated, and kept)."""
+        out = []
+        for i, (sizes, _, fit) in enumerate(isoflop_slices(self.curves, self.budgets, self.tokens_per_step)):
+            if fit is not None and fit[0] > 0:
+                vertex = -fit[1] / (2 * fit[0])
+                if not math.log(sizes.min()) <= vertex <= math.log(sizes.max()):
+                    out.append(i)
         return out
 
 
 def iso_case(rng: np.random.Generator, *, n_models: int = 6, spike: bool = False, noise: float = 0.004,
-             short_first: bool = True, text: str = "") -> IsoCase:
+             short_first: bool = True, two_top: bool = False, text: str = "") -> IsoCase:
     """Curves from a Chinchilla-like L(N, D) = E + A / N^alpha + B / D^beta plus noise, every model run to the top
     budget (the smallest stopped early when ``short_first``), the lowest budget reached by only two models; with
     ``spike``, one middle model's curve carries a loss spike over part of its run, so some budgets' parabolas open
-    downward."""
+    downward; with ``two_top``, one budget more above the others, 1.3 times the last, that only the two largest
+    models reach (their losses rise with N there, so a parabola forced through the two opens upward)."""
     from tfedu.experiments.scaling import ParametricLoss
     alpha, beta = (float(v) for v in rng.uniform(0.25, 0.45, 2))
     law = ParametricLoss(E=float(rng.uniform(1.5, 2.5)), A=float(rng.uniform(200, 500)),
@@ -1689,6 +1771,8 @@ def iso_case(rng: np.random.Generator, *, n_models: int = 6, spike: bool = False
     steps, losses = [], []
     for j, n in enumerate(sizes):
         reach = c_hi * (0.6 if short_first and j == 0 else 1.05)
+        if two_top and j >= n_models - 2:
+            reach = c_hi * 1.3 * 1.05
         last = int(math.ceil(reach / (6 * n * tokens_per_step)))
         every = max(1, (last - first) // 60)
         s = np.arange(first, last + every, every)
@@ -1699,9 +1783,12 @@ def iso_case(rng: np.random.Generator, *, n_models: int = 6, spike: bool = False
         steps.append(s.astype(np.int64))
         losses.append(np.asarray(curve, dtype=float))
     budgets = np.geomspace(c_lo, c_hi, int(rng.integers(8, 13)))
+    if two_top:
+        budgets = np.append(budgets, c_hi * 1.3)
     what = text or (f"{n_models} models from N = {sizes[0]:,} to {sizes[-1]:,}, {len(budgets)} budgets from "
                     f"{budgets[0]:.3g} to {budgets[-1]:.3g} FLOPs, {tokens_per_step} tokens per step"
-                    + (", a loss spike in one run" if spike else ""))
+                    + (", a loss spike in one run" if spike else "")
+                    + (", the top budget reached by the two largest models only" if two_top else ""))
     return IsoCase(sizes, steps, losses, budgets, tokens_per_step, what)
 
 
@@ -1788,6 +1875,10 @@ def diagnose_isoflop(got: Any, case: IsoCase, *, error: str | None = None) -> No
                 if upward[i] is False:
                     raise CheckFailure(HINT_ISO_DOWNWARD.format(i=i + 1, C=C, what=what))
             if not np.isfinite(n_opt[i]) and np.isfinite(want[0][i]):
+                if i in case.extrapolated():
+                    sizes = iso_slice(case.curves, C, case.tokens_per_step)[0]
+                    raise CheckFailure(HINT_ISO_IN_RANGE.format(i=i + 1, C=C, want=want[0][i], lo=sizes.min(),
+                                                                hi=sizes.max(), what=what))
                 raise CheckFailure(HINT_ISO_SKIPPED.format(i=i + 1, C=C, count=counts[i], what=what))
         for i, C in enumerate(case.budgets):
             if not _same_number(n_opt[i], want[0][i]):
@@ -1810,8 +1901,10 @@ def diagnose_isoflop(got: Any, case: IsoCase, *, error: str | None = None) -> No
 
 
 def iso_cases() -> list[IsoCase]:
-    """The check's inputs: two clean sweeps, one with a loss spike, and one too short for any line."""
-    cases = [iso_case(np.random.default_rng(seed), spike=spike) for seed, spike in ((0, False), (1, False), (4, True))]
+    """The check's inputs: two clean sweeps (with a top budget of two models whose forced parabola opens upward, one
+    with a vertex outside its slice's sizes), one with a loss spike, and one too short for any line."""
+    cases = [iso_case(np.random.default_rng(seed), spike=spike, two_top=two_top)
+             for seed, spike, two_top in ((0, False, True), (1, False, True), (4, True, False))]
     short = iso_case(np.random.default_rng(2), n_models=6)
     short.budgets = short.budgets[:1]  # only two models reach the lowest budget: no minimum anywhere
     short.text = "budgets that no three models' curves reach (no minimum anywhere)"
@@ -1841,7 +1934,8 @@ def check_isoflop_fit(isoflop_fit) -> None:
 
     On :func:`iso_cases` (curves from a Chinchilla-like law with noise; one with a loss spike so that some budgets'
     parabolas open downward; one where no line can be fitted), against :func:`reference_isoflop_fit`; the known
-    mistakes (:data:`ISO_MISTAKES`, budgets of fewer than three models, downward parabolas) are named.
+    mistakes (:data:`ISO_MISTAKES`, budgets of fewer than three models, downward parabolas, an extrapolated vertex
+    dropped) are named.
     """
     _refuse_iso(isoflop_fit)
     for case in iso_cases():
@@ -1899,12 +1993,13 @@ def isoflop_apart(case: IsoCase) -> bool:
 
 def _iso_probe_inputs(rng: np.random.Generator) -> dict:
     cases = []
-    for spike in (False, True, False):
+    for spike, outside in ((False, False), (True, False), (False, True)):
         for _ in range(50):
             case = iso_case(rng, n_models=int(rng.integers(5, 8)), spike=spike, short_first=bool(rng.random() < 0.7),
-                            text=f"hidden test {len(cases) + 1}")
+                            two_top=True, text=f"hidden test {len(cases) + 1}")
             upward = case.upward()
-            if isoflop_apart(case) and (not spike or False in upward) and None in upward:
+            if (isoflop_apart(case) and (not spike or False in upward) and None in upward and case.two_kept()
+                    and (not outside or case.extrapolated())):
                 break
         else:
             raise RuntimeError("no isoflop_fit inputs that tell every mistake apart in 50 draws")

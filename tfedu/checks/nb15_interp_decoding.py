@@ -4,21 +4,24 @@ patching, the logit lens, direct logit attribution and constrained decoding.
 Exercise 15.1, ``induction_score(pattern, seq_len) -> scores``: one layer's attention pattern ``(batch, n_heads, pos,
 pos)`` on ``lead`` tokens (a BOS or none) then ``seq_len`` random tokens shown twice; each head's mean attention from
 the second copy's queries to the key ``seq_len - 1`` back (the token after the earlier copy), averaged over the batch:
-``(n_heads,)``. Named: the copy itself (``seq_len`` back), the first copy's queries averaged in, the BOS not accounted
-for, the axes swapped (key as query: 0 on a causal pattern), the heads averaged, the batch not averaged.
-``tfedu.interp`` is refused. See :func:`check_induction_score`.
+``(n_heads,)``. Named: the copy itself (``seq_len`` back), the key one further back (``seq_len + 1``), the first copy's
+queries averaged in, one extra query (the first copy's last token), the BOS not accounted for, the axes swapped (key as
+query: 0 on a causal pattern), the heads averaged, the batch not averaged. ``tfedu.interp`` is refused. See
+:func:`check_induction_score`.
 
 Exercise 15.2, ``ablate_heads(model, ids, layer, heads, how) -> logits``: the model run with the heads ``heads`` of
 block ``layer`` ablated at ``attn.hook_z``, set to 0 (``how="zero"``) or to their mean over the batch and the positions
 (``how="mean"``). Named: a hook returning None after changing a copy (nothing ablated), every head ablated, the whole
-attention output zeroed (``hook_attn_out``), positions taken for heads, the mean over the heads, over d_head, over the
-batch only or the positions only, the attention pattern mean-ablated instead of the output, zero for mean and mean
-for zero, a hook left on the model. See :func:`check_ablate_heads`.
+attention output zeroed (``hook_attn_out``), positions taken for heads, the mean over the heads, over the batch,
+positions and every head of the block together, over every axis (one number), over d_head, over the batch only or the
+positions only, the attention pattern mean-ablated instead of the output, zero for mean and mean for zero, a hook
+left on the model. See :func:`check_ablate_heads`.
 
-Exercise 15.3, ``patch_head(model, clean_ids, corrupted_ids, layer, head) -> logits``: the corrupted run with one
-head's output (block ``layer``'s ``attn.hook_z``, head ``head``, every position) taken from the clean run. Named: every
-head patched, the patch run the wrong way, no patch at all, the clean run returned (or everything the later blocks read
-patched), the position axis indexed for the head, the last position alone, a hook left on the model. See
+Exercise 15.3, ``patch_head(model, clean_ids, corrupted_ids, layer, head) -> logits``: the corrupted run with one head's
+output (block ``layer``'s ``attn.hook_z``, head ``head``, every position) taken from the clean run. Named: every head
+patched, the patch run the wrong way, no patch at all (no hook attached, or a hook that returned None after changing a
+copy: the two give the same logits, so the message names both), the clean run returned (or everything the later blocks
+read patched), the position axis indexed for the head, the last position alone, a hook left on the model. See
 :func:`check_patch_head`.
 
 Exercise 15.4, ``logit_lens(model, ids) -> lens``: ``unembed(ln_final(resid))`` for the residual stream after the
@@ -29,12 +32,14 @@ block's input read instead of its output, the last row normed twice, the model's
 layers stacked on the batch axis, probabilities instead of logits, a last row close to the logits but not bit for bit,
 a hook left on the model. ``tfedu.interp`` is refused. See :func:`check_logit_lens`.
 
-Exercise 15.5, ``logit_attribution(model, ids, pos, token) -> parts``: the logit of ``token`` at ``pos`` split into
-what each part wrote to the final stream (``embed``, ``pos_embed``, ``L<l>H<h>``, ``L<l> attn bias``, ``L<l> MLP``,
+Exercise 15.5, ``logit_attribution(model, ids, pos, token) -> parts``: the logit of ``token`` at ``pos`` split into what
+each part wrote to the final stream (``embed``, ``pos_embed``, ``L<l>H<h>``, ``L<l> attn bias``, ``L<l> MLP``,
 ``ln_final bias``), the final norm's scale frozen at its value on the final stream; the parts add up to the logit.
-Named: each part run through the final norm on its own, each part divided by its own scale, LayerNorm's centring
-left out, no scale, no norm weight, the norm's bias added to every part, W_O's per-head slices cut from its rows or
-interleaved, the MLP parts read from hook_resid_post. ``tfedu.interp`` is refused. See :func:`check_logit_attribution`.
+Named: each part run through the final norm on its own, each part divided by its own scale, the scale frozen at torch's
+std of the final stream (centred, Bessel's d_model - 1, no eps: wrong for LayerNorm and RMSNorm alike), LayerNorm's
+centring left out, no scale, no norm weight, the norm's bias added to every part, W_O's per-head slices cut from its
+rows or interleaved, the MLP parts read from hook_resid_post. ``tfedu.interp`` is refused. See
+:func:`check_logit_attribution`.
 
 Exercise 15.6, ``constrained_probs(logits, allowed) -> probs``: the next-token distribution restricted to the
 allowed tokens. ``logits`` is a float tensor ``(..., d_vocab)``, ``allowed`` a bool tensor of the same shape with at
@@ -53,7 +58,9 @@ Named mistakes, each built from the same inputs and compared with the learner's 
 - masking with 0 instead of -inf (``masked_fill(~allowed, 0)``, or ``logits * allowed``): a logit of 0 still has
   probability e^0 / Z;
 - the mask inverted (the forbidden tokens kept), no mask at all, the softmax over the wrong dimension, returning
-  the masked logits without the softmax, and changing ``logits`` in place (``masked_fill_``).
+  the masked logits without the softmax, and changing ``logits`` in place (``masked_fill_``);
+- a result not typed like the logits: half precision, or a conversion before the softmax (float32 back for float64
+  logits, or float64 for float32); the probe records the dtype the learner returned.
 
 A large negative finite fill (-1e9, ``torch.finfo(dtype).min``) gives the same probabilities on these inputs
 and passes. ``tfedu.constrained`` and ``tfedu.generate`` are refused: the masking is the exercise.
@@ -98,6 +105,13 @@ HINT_TIMES_INF = ("you added (~allowed) * -inf: at the allowed tokens that is 0 
                   "becomes NaN. Set the forbidden entries instead (masked_fill or torch.where)")
 HINT_HALF = ("your probabilities are {dtype}, the logits {want}: keep the logits' dtype (a half-precision softmax is "
              "off by about 1e-4)")
+HINT_DTYPE = (
+    "your probabilities are {dtype}, the logits {want}: the result is typed like the logits, so keep their dtype and "
+    "do not convert before (or after) the softmax{why}"
+)
+DTYPE_WHY = {True: (": a float64 caller asked for float64's precision, which a float32 softmax throws away (float32 "
+                    "keeps about 7 significant digits, float64 about 16)"),
+             False: ": the softmax runs in the logits' own dtype"}
 HINT_SHAPE = "your probabilities have shape {got}, expected the shape of logits, {want}"
 HINT_AFTER_NO_RENORM = (
     "you masked after the softmax and did not renormalise: each row now sums to the probability the model gave "
@@ -212,15 +226,21 @@ def cases() -> list[tuple[str, torch.Tensor, torch.Tensor]]:
 # ----------------------------------------------------------------------------- diagnosis
 
 
-def diagnose(got: Any, logits: torch.Tensor, allowed: torch.Tensor, *, what: str) -> None:
-    """Raise a ``CheckFailure`` naming the mistake when ``got`` is not softmax over the allowed tokens."""
+def diagnose(got: Any, logits: torch.Tensor, allowed: torch.Tensor, *, what: str,
+             dtype: torch.dtype | None = None) -> None:
+    """Raise a ``CheckFailure`` naming the mistake when ``got`` is not softmax over the allowed tokens. ``dtype``: the
+    dtype the learner returned, when ``got`` is a converted copy (the probe's), else ``got.dtype``."""
     if got is None:
         raise CheckFailure(HINT_NONE)
     if not isinstance(got, torch.Tensor) or not got.is_floating_point():  # a NumPy array too: torch.multinomial needs a tensor
         raise CheckFailure(HINT_TYPE.format(got=describe(got)))
     expect(tuple(got.shape) == tuple(logits.shape), HINT_SHAPE.format(got=tuple(got.shape), want=tuple(logits.shape)))
-    if got.dtype in (torch.float16, torch.bfloat16) and logits.dtype not in (torch.float16, torch.bfloat16):
-        raise CheckFailure(HINT_HALF.format(dtype=got.dtype, want=logits.dtype))
+    dtype = got.dtype if dtype is None else dtype
+    if dtype in (torch.float16, torch.bfloat16) and logits.dtype not in (torch.float16, torch.bfloat16):
+        raise CheckFailure(HINT_HALF.format(dtype=dtype, want=logits.dtype))
+    if dtype != logits.dtype:
+        lost = logits.dtype == torch.float64
+        raise CheckFailure(HINT_DTYPE.format(dtype=dtype, want=logits.dtype, why=DTYPE_WHY[lost]))
     got = got.detach().double()
     want = expected_probs(logits, allowed)
     if got.isneginf().any() or (got.isfinite().all() and (got < 0).any() and got.isneginf().sum() == 0
@@ -311,6 +331,16 @@ HINT_IS_ALL_QUERIES = (
     "only a query in the second copy has an earlier occurrence of its token to look up, so the score averages over "
     "those seq_len queries alone"
 )
+HINT_IS_KEY_FURTHER = (
+    "you scored the key seq_len + 1 positions back, one before the earlier copy of the current token: an induction "
+    "head attends to the token just *after* that earlier copy, seq_len - 1 positions back (the copy itself is seq_len "
+    "back, so the key is one position later than the copy, not one earlier)"
+)
+HINT_IS_EXTRA_QUERY = (
+    "you averaged over seq_len + 1 queries: your first query is the last token of the first copy, one position before "
+    "the second copy starts. That token has not occurred before, so it has nothing to look up; the second copy's "
+    "queries are the seq_len positions from lead + seq_len to the end"
+)
 HINT_IS_NO_LEAD = (
     "your query and key positions ignore the tokens before the first copy: with a BOS at position 0 the first copy "
     "starts at position 1 and the second at 1 + seq_len, so every position moves by lead = pos - 2 * seq_len"
@@ -321,8 +351,8 @@ HINT_IS_TRANSPOSED = (
 )
 HINT_IS_DIFFERS = "your scores differ from the reference in {what}: largest difference {err:.3g}"
 
-IS_MISTAKES = {"copy": HINT_IS_COPY, "all-queries": HINT_IS_ALL_QUERIES, "no-lead": HINT_IS_NO_LEAD,
-               "transposed": HINT_IS_TRANSPOSED}
+IS_MISTAKES = {"copy": HINT_IS_COPY, "key-further": HINT_IS_KEY_FURTHER, "all-queries": HINT_IS_ALL_QUERIES,
+               "extra-query": HINT_IS_EXTRA_QUERY, "no-lead": HINT_IS_NO_LEAD, "transposed": HINT_IS_TRANSPOSED}
 
 
 def _induction_variant(pattern: torch.Tensor, seq_len: int, mistake: str | None = None) -> torch.Tensor:
@@ -332,7 +362,10 @@ def _induction_variant(pattern: torch.Tensor, seq_len: int, mistake: str | None 
     query = torch.arange(lead + seq_len, lead + 2 * seq_len)  # the second copy
     if mistake == "all-queries":
         query = torch.arange(seq_len - 1, n_pos)  # every query with a key seq_len - 1 back
-    key = query - (seq_len if mistake == "copy" else seq_len - 1)
+    if mistake == "extra-query":
+        query = torch.arange(lead + seq_len - 1, lead + 2 * seq_len)  # the first copy's last query too
+    back = {"copy": seq_len, "key-further": seq_len + 1}.get(mistake, seq_len - 1)
+    key = query - back  # with no lead, seq_len + 1 back wraps to the last key at the first query, as a learner's does
     read = pattern.transpose(-1, -2) if mistake == "transposed" else pattern
     return read[..., query, key].double().mean(-1).mean(0)  # n_heads
 
@@ -471,6 +504,16 @@ HINT_AB_MEAN_HEADS = (
     "your mean ablation averaged over the heads axis, mixing the heads' outputs: each ablated head gets its *own* "
     "mean output, averaged over the batch and the positions (axes 0 and 1), one d_head vector per head"
 )
+HINT_AB_MEAN_ALL_HEADS = (
+    "your mean ablation averaged over the batch, the positions and the heads together, every head of block {layer} "
+    "pooled into one d_head vector: each ablated head gets its *own* mean output, averaged over the batch and the "
+    "positions only (axes 0 and 1), taken from that head's slice alone"
+)
+HINT_AB_MEAN_ALL = (
+    "your mean ablation replaced the heads' outputs by one number, the mean over every axis (batch, positions, "
+    "heads and d_head): each ablated head gets its own mean output *vector*, averaged over the batch and the "
+    "positions only (axes 0 and 1), keeping d_head"
+)
 HINT_AB_MEAN_D_HEAD = (
     "your mean ablation averaged over d_head, the last axis: that gives one number per position instead of the "
     "head's mean output vector. Average over the batch and the positions (axes 0 and 1), keeping d_head"
@@ -499,10 +542,12 @@ HINT_AB_DIFFERS = "your ablated logits differ from the reference in {what}: larg
 
 AB_MISTAKES = {"none-back": HINT_AB_NONE_BACK, "all-heads": HINT_AB_ALL_HEADS, "attn-out": HINT_AB_ATTN_OUT,
                "position-axis": HINT_AB_POSITION, "mean-heads": HINT_AB_MEAN_HEADS,
+               "mean-all-heads": HINT_AB_MEAN_ALL_HEADS, "mean-all": HINT_AB_MEAN_ALL,
                "mean-d-head": HINT_AB_MEAN_D_HEAD, "mean-batch": HINT_AB_MEAN_BATCH, "mean-pos": HINT_AB_MEAN_POS,
                "pattern": HINT_AB_PATTERN, "zero-for-mean": HINT_AB_ZERO_FOR_MEAN,
                "mean-for-zero": HINT_AB_MEAN_FOR_ZERO}
-_MEAN_AXES = {"mean-heads": (0, 1, 2), "mean-d-head": (0, 1, 3), "mean-batch": (0,), "mean-pos": (1,)}
+_MEAN_AXES = {"mean-heads": (0, 1, 2), "mean-all-heads": (0, 1, 2), "mean-all": (0, 1, 2, 3),
+              "mean-d-head": (0, 1, 3), "mean-batch": (0,), "mean-pos": (1,)}
 
 
 def _ablate_variant(model: GPT, ids: torch.Tensor, layer: int, heads: Any, how: str = "zero",
@@ -542,7 +587,8 @@ def _ablate_variant(model: GPT, ids: torch.Tensor, layer: int, heads: Any, how: 
             which = slice(None) if mistake == "all-heads" else heads
             if use_mean:
                 picked = z[:, :, which]
-                z[:, :, which] = picked.mean(_MEAN_AXES.get(mistake, (0, 1)), keepdim=True).expand_as(picked)
+                pooled = z if mistake == "mean-all-heads" else picked  # every head of the block, not only `heads`
+                z[:, :, which] = pooled.mean(_MEAN_AXES.get(mistake, (0, 1)), keepdim=True).expand_as(picked)
             else:
                 z[:, :, which] = 0.0
             return z
@@ -709,6 +755,16 @@ HINT_LA_NO_CENTRE = (
     "linear, each part's share of it comes off that part. Subtract each part's mean over d_model (or, the same, use "
     "the read-out direction minus its own mean)"
 )
+HINT_LA_STD = (
+    "you froze the scale at the final stream's standard deviation as torch's std computes it: {detail}. The scale "
+    "is the square root of ({what}) plus ln_final.eps"
+)
+LA_STD_LAYER = ("it divides the sum of squares by d_model - 1 (Bessel's correction, for estimating a population from "
+                "a sample), while LayerNorm divides by d_model, and it leaves out eps")
+LA_STD_RMS = ("it subtracts the stream's mean, which RMSNorm never does, divides by d_model - 1 (Bessel's "
+              "correction) where RMSNorm divides by d_model, and leaves out eps")
+LA_STD_WHAT = {True: "the mean square of the stream after subtracting its mean, over d_model",
+               False: "the mean square of the stream itself, uncentred, over d_model"}
 HINT_LA_NO_SCALE = ("you did not divide by the final norm's scale: with the scale frozen at its value on the final "
                     "stream, every part is divided by it (the read-out is then linear)")
 HINT_LA_NO_WEIGHT = ("you left out the final norm's weight: after centring and scaling, LayerNorm (and RMSNorm) "
@@ -735,7 +791,8 @@ HINT_LA_NOT_SUM = ("your parts sum to {total:.5g} but the model's logit is {logi
 HINT_LA_DIFFERS = "your part {key!r} is {got:.5g}, the reference's {want:.5g}, in {what}"
 
 LA_MISTAKES = {"own-norm": HINT_LA_OWN_NORM, "own-scale": HINT_LA_OWN_SCALE, "no-centre": HINT_LA_NO_CENTRE,
-               "no-scale": HINT_LA_NO_SCALE, "no-weight": HINT_LA_NO_WEIGHT, "bias-everywhere": HINT_LA_BIAS_EVERYWHERE,
+               "std": HINT_LA_STD, "std-eps": HINT_LA_STD, "no-scale": HINT_LA_NO_SCALE, "no-weight": HINT_LA_NO_WEIGHT,
+               "bias-everywhere": HINT_LA_BIAS_EVERYWHERE,
                "wo-rows": HINT_LA_WO_ROWS, "wo-order": HINT_LA_WO_ORDER, "resid-post": HINT_LA_RESID}
 
 
@@ -760,7 +817,12 @@ def _attribution_variant(model: GPT, ids: torch.Tensor, pos: int, token: int,
             x = x - x.mean() if is_layer_norm else x
             return torch.sqrt(x.pow(2).mean() + norm.eps)
 
-        final_scale = scale_of(cache[f"blocks.{n_layers - 1}.hook_resid_post"][at])
+        final = cache[f"blocks.{n_layers - 1}.hook_resid_post"][at]
+        final_scale = scale_of(final)
+        if mistake == "std":  # torch's std: centred, Bessel's correction (d_model - 1), no eps
+            final_scale = final.std()
+        elif mistake == "std-eps":
+            final_scale = torch.sqrt(final.var() + norm.eps)
         bias = norm.bias @ u if getattr(norm, "bias", None) is not None else None
 
         def read(x: torch.Tensor) -> torch.Tensor:
@@ -834,6 +896,11 @@ def _attribution_problem(got: Any, model: GPT, ids: torch.Tensor, pos: int, toke
     for mistake, hint in LA_MISTAKES.items():
         wrong = _attribution_variant(model, ids, pos, token, mistake)
         if wrong is not None and set(wrong) == set(want) and close(parts, wrong) and not close(wrong, want):
+            if hint is HINT_LA_STD:
+                from tfedu.layers import LayerNorm
+
+                layer_norm = isinstance(model.ln_final, LayerNorm)
+                return hint.format(detail=LA_STD_LAYER if layer_norm else LA_STD_RMS, what=LA_STD_WHAT[layer_norm])
             return hint
     with torch.no_grad():
         logit = float(model(ids)[0, pos, token])
@@ -942,8 +1009,9 @@ HINT_PT_REVERSED = (
     "clean behaviour that head alone brings back"
 )
 HINT_PT_NO_PATCH = (
-    "your logits are the corrupted run's, unpatched: no hook was attached while the corrupted input ran (attach it, "
-    "then run the model on the corrupted input while it is attached)"
+    "your logits are the corrupted run's, unpatched: either no hook was attached while the corrupted input ran "
+    "(attach it, then run the model on the corrupted input while it is attached), or the hook changed a copy and "
+    "returned None (a hook that returns None leaves the activation as it was; return the patched tensor)"
 )
 HINT_PT_CLEAN = (
     "your logits are the clean run's: either the corrupted input never ran with the patch, or the patch replaced "
@@ -1331,16 +1399,18 @@ def _compare_ll(outputs: dict, expected: dict) -> str | None:
 
 PROBE_RUN = HELPERS + """\
 _fn = globals().get('constrained_probs')
-_results = []
+_results, _dtypes = [], []
 for _c in inputs['cases']:
     if _fn is None:
         _results.append('undefined')
+        _dtypes.append(None)
         continue
     _r = _call(_fn, torch.from_numpy(_c['logits']), torch.from_numpy(_c['allowed']))
     _results.append(_r.detach().cpu().double().numpy() if isinstance(_r, torch.Tensor) and _r.is_floating_point()
                     else _kind(_r) if _r is not None else 'NoneType')
-outputs = {'results': _results, 'mutated': _MUTATED}
-del _fn, _results, _c
+    _dtypes.append(str(_r.dtype).removeprefix('torch.') if isinstance(_r, torch.Tensor) else None)
+outputs = {'results': _results, 'dtypes': _dtypes, 'mutated': _MUTATED}
+del _fn, _results, _dtypes, _c
 """ + CLEANUP
 
 
@@ -1377,7 +1447,11 @@ def _compare(outputs: Any, expected: dict) -> str | None:
         if isinstance(got, str):
             return HINT_NONE if got == "NoneType" else HINT_TYPE.format(got=got)
         try:
-            diagnose(torch.from_numpy(np.array(got)), logits, allowed, what=what)
+            dtypes = outputs.get("dtypes")
+            dtype = dtypes[i] if isinstance(dtypes, list) and i < len(dtypes) else None
+            dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else None
+            dtype = dtype if isinstance(dtype, torch.dtype) else logits.dtype  # unknown: the values decide
+            diagnose(torch.from_numpy(np.array(got)), logits, allowed, what=what, dtype=dtype)
             if not bool((torch.from_numpy(np.array(got)).masked_select(~allowed) == 0).all()):
                 return HINT_FORBIDDEN_MASS.format(mass=float(np.abs(np.where(case["allowed"], 0, got)).max()), what=what)
         except CheckFailure as failure:
