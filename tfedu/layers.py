@@ -389,8 +389,11 @@ class Attention(MultiHeadAttention):
         if self.rope_base is not None and self_attention:
             if positions is None:
                 positions = torch.arange(start, start + n_query, device=x.device)
-            q = apply_rope(q, positions, base=self.rope_base, layout=self.rope_layout, scaling=self.rope_scaling)
-            k = apply_rope(k, positions, base=self.rope_base, layout=self.rope_layout, scaling=self.rope_scaling)
+            # scaling= only when set: a learner's apply_rope (notebook 06, carried in by tfedu.use_mine) has no such
+            # argument, and plain RoPE must keep running through it
+            scaled = {} if self.rope_scaling is None else {"scaling": self.rope_scaling}
+            q = apply_rope(q, positions, base=self.rope_base, layout=self.rope_layout, **scaled)
+            k = apply_rope(k, positions, base=self.rope_base, layout=self.rope_layout, **scaled)
         if kv_cache is not None:
             # The cache keeps the rotated keys of the n_kv_heads heads; the query sees the cached keys
             # and its own (just appended) exactly once.
