@@ -21,7 +21,7 @@ END = "<!-- end of the course map -->"
 
 @dataclass(frozen=True)
 class Chapter:
-    number: str  # "00".."15": the file name's prefix and the order
+    number: str  # "00".."16": the file name's prefix and the order
     name: str  # the rest of the file name: notebooks/{number}_{name}.ipynb
     title: str  # the header's title, after "# NN · "
     builds: str  # what the learner builds, one line of markdown
@@ -144,6 +144,18 @@ CHAPTERS: tuple[Chapter, ...] = (
         "valid in 100 of 100 samples, its cost per token; only bytes that can still become UTF-8 (the "
         "automaton read off RFC 3629's table, written by hand), so a byte-level model sampled hot never writes "
         "invalid UTF-8"
+    )),
+    Chapter("16", "modern_architectures", "From GPT-2 to today's open models", (
+        "GPT-2, Llama 3.2 1B, Qwen3 0.6B and Gemma 3 270M side by side, generated from their published configs "
+        "(norm, gated MLP, RoPE base and scaling, grouped heads, window pattern, tying, vocabulary), parameter "
+        "counts equal to the published ones; a toy `tfedu` GPT of each family equal to `transformers`' "
+        "LlamaForCausalLM, Qwen3ForCausalLM and Gemma3ForCausalLM (logits within 1e-5, greedy tokens with the "
+        "KV cache); QK-norm written by hand (per head over d_head, before RoPE), and the attention-logit growth "
+        "it prevents at a high learning rate, three seeds; the sliding-window mask written by hand, keys "
+        "attended per query; the ring-buffer KV cache update written by hand (the uncached model's tokens), and "
+        "Gemma 3's 5:1 local/global cache measured against all-global in bytes and tokens/s; Llama 3.1's RoPE "
+        "scaling written by hand, and linear, dynamic NTK, Llama 3.1 and YaRN scaling read at 2x and 4x the "
+        "trained length, three seeds; deck 002's \"usually 30k - 120k\" vocabulary checked"
     )),
 )
 
