@@ -58,6 +58,17 @@ def qk_norm(q, k, v, q_gain, k_gain, rope, eps=1e-6, mistake=""):
         return rope(normed(q, q_gain)), rope(normed(k, k_gain)), rope(v)
     if mistake == "detached":
         return rope(normed(q, q_gain.detach())), rope(normed(k, k_gain.detach())), v
+    if mistake == "l2":
+        return rope(torch.nn.functional.normalize(q, dim=-1) * q_gain), rope(torch.nn.functional.normalize(k, dim=-1) * k_gain), v
+    if mistake == "sum":
+        def summed(x, gain):
+            return x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + eps) * gain
+        return rope(summed(q, q_gain)), rope(summed(k, k_gain)), v
+    if mistake == "no k gain":
+        return rope(normed(q, q_gain)), rope(_rms(k, eps)), v
+    if mistake == "mul_":
+        q.mul_(torch.rsqrt(q.pow(2).mean(-1, keepdim=True) + eps))
+        return rope(q * q_gain), rope(normed(k, k_gain)), v
     if mistake == "in place":
         q /= torch.sqrt(q.pow(2).mean(-1, keepdim=True) + eps)
         return rope(q * q_gain), rope(normed(k, k_gain)), v
@@ -90,6 +101,9 @@ QK_MISTAKES = {
     "swapped": "gains are swapped",
     "values": "normalised the values",
     "values rotated": "rotated the values",
+    "l2": "length 1",
+    "sum": "length 1",
+    "no k gain": "keys lack their gain",
 }
 
 
@@ -107,7 +121,9 @@ def test_qk_norm_check_names_each_mistake(mistake):
 
 def test_qk_norm_check_refuses_shortcuts_and_names_other_slips():
     assert "tfedu" in failure_of(nb16.check_qk_norm, by_library)
-    assert "in-place" in failure_of(nb16.check_qk_norm, lambda *args: qk_norm(*args, mistake="in place"))
+    for slip in ("in place", "mul_"):
+        message = failure_of(nb16.check_qk_norm, lambda *args, m=slip: qk_norm(*args, mistake=m))
+        assert "nothing may be written into q or k" in message and "leaf Variable" not in message, message
     assert "gradient" in failure_of(nb16.check_qk_norm, lambda *args: qk_norm(*args, mistake="detached"))
     assert "tuple (q, k, v)" in failure_of(nb16.check_qk_norm, lambda *args: qk_norm(*args, mistake="pair"))
     with pytest.raises(ExerciseNotDone):
@@ -124,8 +140,9 @@ def test_qk_norm_probe_passes_right_answers_and_names_mistakes():
         for seed in (0, 1):
             message = verdict(probe, {"qk_norm": lambda *args, m=mistake: qk_norm(*args, mistake=m)}, seed)
             assert message is not None and words in message, (mistake, seed, message)
-    in_place = verdict(probe, {"qk_norm": lambda *args: qk_norm(*args, mistake="in place")}, 0)
-    assert in_place is not None and "in place" in in_place
+    for slip in ("in place", "mul_"):
+        in_place = verdict(probe, {"qk_norm": lambda *args, m=slip: qk_norm(*args, mistake=m)}, 0)
+        assert in_place is not None and "nothing may be written into q or k" in in_place
 
 
 # ----------------------------------------------------------------------------- 16.2 the sliding-window mask
@@ -274,6 +291,79 @@ def test_ring_check_names_other_slips():
     assert "tuple (keys, values)" in failure_of(nb16.check_ring_append, lambda *args: ring_append(*args, mistake="keys only"))
     with pytest.raises(ExerciseNotDone):
         nb16.check_ring_append(not_done)
+
+
+def ring_append_keys_in_values(ring_k, ring_v, length, k, v):
+    """A learner's slip: the keys written into the value ring (their exact code)."""
+    slots, new = ring_k.shape[2], k.shape[2]
+    held = min(length, slots)
+    kept = torch.arange(length - held, length) % slots
+    keys = torch.cat([ring_k[:, :, kept], k], dim=2)
+    values = torch.cat([ring_v[:, :, kept], v], dim=2)
+    n_write = min(new, slots)
+    idx = torch.arange(length + new - n_write, length + new) % slots
+    ring_k[:, :, idx] = k[:, :, new - n_write:]
+    ring_v[:, :, idx] = k[:, :, new - n_write:]
+    return keys, values
+
+
+def test_ring_names_the_keys_written_into_the_value_ring():
+    message = failure_of(nb16.check_ring_append, ring_append_keys_in_values)
+    assert "keys into the value ring" in message, message
+    probe = nb16.PROBES["check_ring_append"]
+    for seed in (0, 1):
+        message = verdict(probe, {"ring_append": ring_append_keys_in_values}, seed)
+        assert message is not None and "keys into the value ring" in message, (seed, message)
+
+
+def ring_append_repeated_slots(ring_k, ring_v, length, k, v):
+    """A learner's answer that writes every new position in one indexed assignment: repeated slots when new > slots."""
+    slots, new = ring_k.shape[2], k.shape[2]
+    held = min(length, slots)
+    kept = torch.arange(length - held, length) % slots
+    keys = torch.cat([ring_k[:, :, kept], k], dim=2)
+    values = torch.cat([ring_v[:, :, kept], v], dim=2)
+    idx = torch.arange(length, length + new) % slots
+    ring_k[:, :, idx] = k
+    ring_v[:, :, idx] = v
+    return keys, values
+
+
+def ring_append_index_copy(ring_k, ring_v, length, k, v):
+    """The same undefined write with index_copy_."""
+    slots, new = ring_k.shape[2], k.shape[2]
+    keys, values = ring_append(ring_k.clone(), ring_v.clone(), length, k, v)
+    idx = torch.arange(length, length + new) % slots
+    ring_k.index_copy_(2, idx, k)
+    ring_v.index_copy_(2, idx, v)
+    return keys, values
+
+
+def test_ring_names_writes_that_repeat_a_slot():
+    for fn in (ring_append_repeated_slots, ring_append_index_copy):
+        message = failure_of(nb16.check_ring_append, fn)
+        assert "same slot" in message and "does not define" in message, message
+        probe = nb16.PROBES["check_ring_append"]
+        for seed in (0, 1):
+            message = verdict(probe, {"ring_append": fn}, seed)
+            assert message is not None and "same slot" in message, (seed, message)
+
+
+def test_ring_messages_name_the_ring_and_never_two_equal_lists():
+    def wrong_values(ring_k, ring_v, length, k, v):
+        keys, values = ring_append(ring_k, ring_v, length, k, v)
+        ring_v.mul_(2)
+        return keys, values
+
+    def wrong_keys(ring_k, ring_v, length, k, v):
+        keys, values = ring_append(ring_k, ring_v, length, k, v)
+        ring_k[..., 1:] *= 2
+        return keys, values
+
+    message = failure_of(nb16.check_ring_append, wrong_values)
+    assert "value ring" in message and "expected" not in message, message
+    message = failure_of(nb16.check_ring_append, wrong_keys)
+    assert "key ring" in message and "expected" not in message, message
 
 
 def test_ring_probe_passes_right_answers_and_names_mistakes():

@@ -8,7 +8,8 @@ gain of shape ``(d_head,)`` shared by every head (``q_gain`` for the queries, ``
 rotated by ``rope`` (a function of a ``(..., pos, d_head)`` tensor); the values pass unchanged. Named: the norm over
 the whole d_model (every head of a position together), over the positions, after RoPE, on the values too (or the
 values rotated), LayerNorm (the mean subtracted), no gain, the gain inside the norm, the gains swapped, eps outside
-the square root, no RoPE. ``tfedu.layers`` and ``tfedu.attention`` are refused. See :func:`check_qk_norm`.
+the square root, no RoPE, an L2 norm (F.normalize or the sum of squares), the key gain missing, a write into q or k
+in place. ``tfedu.layers`` and ``tfedu.attention`` are refused. See :func:`check_qk_norm`.
 
 Exercise 16.2, ``sliding_window_mask(n_query, n_key, window) -> mask``: a bool ``(n_query, n_key)`` tensor, True where
 query i may attend key j: the queries are the newest ``n_query`` of ``n_key`` positions (aligned to the end, as the
@@ -24,7 +25,9 @@ Exercise 16.3, ``ring_append(ring_k, ring_v, length, k, v) -> (keys, values)``: 
 new positions into the ring in place. Checked over sequences of calls (a prompt, single tokens past several wraps,
 chunks longer than the ring, one slot); the keys carry their position in channel 0, so a failure names the positions
 returned and expected. Named: the wrong slot, the kept keys in slot order, written before read (one key short), only
-the ring returned, nothing written. ``tfedu.kv_cache`` and ``tfedu.layers`` are refused. See :func:`check_ring_append`.
+the ring returned, nothing written, the keys written into the value ring (and which ring is wrong otherwise), and one
+indexed write that repeats a slot when more new positions than slots arrive (undefined in PyTorch; seen through
+:class:`WatchedRing`). ``tfedu.kv_cache`` and ``tfedu.layers`` are refused. See :func:`check_ring_append`.
 
 Exercise 16.4, ``llama3_frequencies(d_head, base, scaling) -> inv_freq``: Llama 3.1's RoPE scaling (transformers'
 ``"llama3"``): pairs with a wavelength below ``L / high_freq_factor`` kept, above ``L / low_freq_factor`` divided by
@@ -86,6 +89,13 @@ HINT_QK_EPS_OUTSIDE = ("eps is outside the square root: with small vectors and e
                        "of the course (and of transformers) divides by sqrt(mean(x^2) + eps)")
 HINT_QK_NO_ROPE = "the queries and keys were not rotated: after the norm and the gain, apply rope to each of them"
 HINT_QK_CHANGED_V = "your v differs from the v passed in (largest change {err:.3g} in {what}): return v unchanged"
+HINT_QK_IN_PLACE = ("qk_norm wrote into its input (an in-place operation such as mul_, /= or *= on q or k): nothing "
+                    "may be written into q or k, which the caller still owns and which carry gradients. Build new "
+                    "tensors: q divided by its root mean square gives a new tensor")
+HINT_QK_L2 = ("your head vectors have length 1 before the gain: that is an L2 norm (F.normalize, or the root of the "
+              "*sum* of the squares). RMSNorm divides by the root of the *mean* of the squares over d_head, so a "
+              "normalised head vector has length sqrt(d_head), not 1")
+HINT_QK_NO_K_GAIN = "the keys lack their gain: multiply each normalised key vector by k_gain, as the queries by q_gain"
 HINT_QK_DIFFERS = "your {name} differs from QK-norm then RoPE in {what}: largest error {err:.3g}"
 HINT_QK_NAN = "your {name} contains NaN or inf in {what}, which has rows of zeros: eps inside the square root keeps them finite"
 
@@ -98,6 +108,10 @@ def reference_qk_norm(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_gain:
                       rope: Any, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """QK-norm (per head, over d_head, one gain shared by the heads), then RoPE on q and k; v unchanged."""
     return rope(rms(q, eps) * q_gain), rope(rms(k, eps) * k_gain), v
+
+
+def _l2(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x / torch.sqrt(x.pow(2).sum(dim=-1, keepdim=True) + eps)
 
 
 def _over_d_model(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -127,6 +141,10 @@ def qk_mistakes(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qg: torch.Ten
         (HINT_QK_GAINS_SWAPPED, (rope(rms(q, eps) * kg), rope(rms(k, eps) * qg), v)),
         (HINT_QK_EPS_OUTSIDE.format(eps=eps), (rope(eps_outside(q) * qg), rope(eps_outside(k) * kg), v)),
         (HINT_QK_NO_ROPE, (rms(q, eps) * qg, rms(k, eps) * kg, v)),
+        (HINT_QK_L2, (rope(_l2(q, eps) * qg), rope(_l2(k, eps) * kg), v)),
+        (HINT_QK_L2, (rope(torch.nn.functional.normalize(q, dim=-1) * qg),
+                      rope(torch.nn.functional.normalize(k, dim=-1) * kg), v)),
+        (HINT_QK_NO_K_GAIN, (rope(rms(q, eps) * qg), rope(rms(k, eps)), v)),
     ]
 
 
@@ -209,8 +227,13 @@ def check_qk_norm(qk_norm) -> None:
     _refuse(qk_norm, QK_FORBIDDEN, "qk_norm", "the norm")
     for what, t, rope, eps in qk_cases():
         copies = {name: x.clone().requires_grad_(True) for name, x in t.items()}
-        got = call_learner(qk_norm, copies["q"], copies["k"], copies["v"], copies["q_gain"], copies["k_gain"], rope,
-                           eps, name="qk_norm", error_hint=HINT_QK_CALL)
+        try:
+            got = call_learner(qk_norm, copies["q"], copies["k"], copies["v"], copies["q_gain"], copies["k_gain"], rope,
+                               eps, name="qk_norm", error_hint=HINT_QK_CALL)
+        except CheckFailure as failure:
+            if "in-place operation" in str(failure):
+                raise CheckFailure(HINT_QK_IN_PLACE) from None
+            raise
         for name, x in t.items():
             expect(torch.equal(copies[name].detach(), x), f"qk_norm changed its argument {name} in place: build new tensors")
         diagnose_qk(got, t["q"], t["k"], t["v"], t["q_gain"], t["k_gain"], rope, eps, what=what)
@@ -259,7 +282,7 @@ def _compare_qk(outputs: Any, expected: dict) -> str | None:
         return "qk_norm's hidden test did not run every case"
     for i, (got, c) in enumerate(zip(outputs["results"], expected["cases"])):
         if got == "changed its inputs in place":
-            return f"hidden test {i + 1}: qk_norm changed its inputs in place: build new tensors"
+            return f"hidden test {i + 1}: " + HINT_QK_IN_PLACE
         if isinstance(got, str):
             return HINT_QK_RETURN.format(got=got)
         t = {name: torch.from_numpy(np.array(c[name])) for name in ("q", "k", "v", "q_gain", "k_gain")}
@@ -417,9 +440,53 @@ HINT_RING_DIFFERS = ("after {length} positions and {new} new ones (a ring of {sl
                      "positions {got}, expected {want}")
 HINT_RING_VALUES = ("your keys are right but your values differ after {length} positions and {new} new ones: the values "
                     "are kept and returned exactly as the keys are")
-HINT_RING_STATE = ("the ring after {length} positions and {new} new ones holds positions {got} in its slots 0.., "
-                   "expected {want}: the newest min(new, slots) positions, position p in slot p mod slots, the "
-                   "rest as before")
+HINT_RING_STATE = ("the key ring (ring_k) after {length} positions and {new} new ones holds positions {got} in its "
+                   "slots 0.., expected {want}: the newest min(new, slots) positions, position p in slot p mod slots, "
+                   "the rest as before")
+HINT_RING_STATE_VALUES = ("the key ring (ring_k) is wrong after {length} positions and {new} new ones: its slots hold "
+                          "the right positions but not those positions' keys. Write each new key itself, the newest "
+                          "min(new, slots) of them, position p in slot p mod slots")
+HINT_RING_KEYS_IN_VALUES = ("you wrote the keys into the value ring: after {length} positions and {new} new ones ring_v "
+                            "holds the new keys. ring_k gets the new keys, ring_v the new values")
+HINT_RING_VALUE_RING = ("the key ring is right but the value ring (ring_v) is wrong after {length} positions and {new} "
+                        "new ones: write the newest min(new, slots) values into the same slots as their keys, "
+                        "position p in slot p mod slots, the rest as before")
+
+HINT_RING_REPEATED = ("after {length} positions and {new} new ones (a ring of {slots} slots) one indexed write sent "
+                      "several positions to the same slot: PyTorch does not define which of repeated index writes "
+                      "wins (this CPU keeps the last, a GPU need not). Write only the newest min(new, slots) positions, "
+                      "whose slots all differ")
+
+
+class WatchedRing(torch.Tensor):
+    """A ring that notes an indexed write (``ring[..., idx] = x``, ``index_put_``, ``index_copy_``) whose one index
+    tensor repeats a slot: an undefined result in PyTorch, which the CPU happens to resolve as the last write."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        index = None
+        if func is torch.Tensor.__setitem__ and len(args) >= 2:
+            index = args[1]
+        elif func in (torch.Tensor.index_put_, torch.Tensor.index_put) and len(args) >= 2 \
+                and not kwargs.get("accumulate", args[3] if len(args) > 3 else False):
+            index = args[1]
+        elif func in (torch.Tensor.index_copy_, torch.Tensor.index_copy) and len(args) >= 3:
+            index = args[2]
+        if index is not None and isinstance(args[0], WatchedRing) and _repeats(index):
+            args[0].repeated_write = True
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+
+
+def _repeats(index: Any) -> bool:
+    """Whether an index with a single tensor (or list) of integers names one slot twice."""
+    parts = index if isinstance(index, tuple) else (index,)
+    tensors = [torch.as_tensor(x) for x in parts if isinstance(x, (torch.Tensor, list))]
+    if len(tensors) != 1 or tensors[0].dtype == torch.bool or tensors[0].is_floating_point():
+        return False
+    flat = tensors[0].detach().reshape(-1).cpu()
+    return flat.numel() != flat.unique().numel()
 
 
 def reference_ring_append(ring_k: torch.Tensor, ring_v: torch.Tensor, length: int, k: torch.Tensor,
@@ -454,6 +521,7 @@ def reference_ring_append(ring_k: torch.Tensor, ring_v: torch.Tensor, length: in
     return keys, values
 
 
+REPEATED = "a write that repeats a slot"
 RING_MISTAKES = {"slot plus one": HINT_RING_SLOT, "ring order": HINT_RING_ORDER, "write first": HINT_RING_WRITE_FIRST,
                  "ring only": HINT_RING_ONLY, "no write": HINT_RING_NO_WRITE}
 
@@ -474,13 +542,16 @@ def ring_trace(fn: Any, slots: int, calls: list[tuple[torch.Tensor, torch.Tensor
     """Each call's (keys, values, ring_k, ring_v) for ``fn`` run over ``calls`` from an empty ring (zeros); a learner's
     return that is not two tensors is kept as is, and the trace stops there."""
     batch, heads, _, d_head = calls[0][0].shape
-    ring_k, ring_v = torch.zeros(batch, heads, slots, d_head), torch.zeros(batch, heads, slots, d_head)
+    ring_k, ring_v = (torch.zeros(batch, heads, slots, d_head).as_subclass(WatchedRing) for _ in range(2))
     trace, length = [], 0
     for k, v in calls:
         if learner:
             got = call_learner(fn, ring_k, ring_v, length, k.clone(), v.clone(), name="ring_append", error_hint=HINT_RING_CALL)
         else:
             got = fn(ring_k, ring_v, length, k.clone(), v.clone())
+        if getattr(ring_k, "repeated_write", False) or getattr(ring_v, "repeated_write", False):
+            trace.append(REPEATED)
+            return trace
         if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
             trace.append(got)
             return trace
@@ -507,6 +578,8 @@ def diagnose_ring(got: list[Any], slots: int, calls: list[tuple[torch.Tensor, to
         g = got[step]
         new = k.shape[2]
         held = min(length, slots)
+        if isinstance(g, str) and g == REPEATED:
+            raise CheckFailure(HINT_RING_REPEATED.format(length=length, new=new, slots=slots))
         if not isinstance(g, tuple):
             raise CheckFailure(HINT_RING_RETURN.format(got=describe(g)))
         if not _same(g, w):
@@ -521,7 +594,14 @@ def diagnose_ring(got: list[Any], slots: int, calls: list[tuple[torch.Tensor, to
                                                             want=_positions(w[0])))
             if not torch.allclose(g[1], w[1], atol=1e-6):
                 raise CheckFailure(HINT_RING_VALUES.format(length=length, new=new))
-            raise CheckFailure(HINT_RING_STATE.format(length=length, new=new, got=_positions(g[2]), want=_positions(w[2])))
+            if not torch.allclose(g[2], w[2], atol=1e-6):
+                got_pos, want_pos = _positions(g[2]), _positions(w[2])
+                if got_pos != want_pos:
+                    raise CheckFailure(HINT_RING_STATE.format(length=length, new=new, got=got_pos, want=want_pos))
+                raise CheckFailure(HINT_RING_STATE_VALUES.format(length=length, new=new))
+            if torch.allclose(g[3], w[2], atol=1e-6):
+                raise CheckFailure(HINT_RING_KEYS_IN_VALUES.format(length=length, new=new))
+            raise CheckFailure(HINT_RING_VALUE_RING.format(length=length, new=new))
         length += new
 
 
@@ -544,13 +624,17 @@ def check_ring_append(ring_append) -> None:
 
 
 RING_PROBE_RUN = HELPERS + """\
+from tfedu.checks.nb16_modern_architectures import REPEATED as _REPEATED, WatchedRing as _WatchedRing
 _results = []
 for _c in inputs['cases']:
-    _rk = torch.zeros(_c['shape']); _rv = torch.zeros(_c['shape'])
+    _rk = torch.zeros(_c['shape']).as_subclass(_WatchedRing); _rv = torch.zeros(_c['shape']).as_subclass(_WatchedRing)
     _length, _trace = 0, []
     for _k, _v in zip(_c['k'], _c['v']):
         _k, _v = torch.from_numpy(np.array(_k)), torch.from_numpy(np.array(_v))
         _r = ring_append(_rk, _rv, _length, _k.clone(), _v.clone())
+        if getattr(_rk, 'repeated_write', False) or getattr(_rv, 'repeated_write', False):
+            _trace.append(_REPEATED)
+            break
         if not (isinstance(_r, (tuple, list)) and len(_r) == 2 and all(isinstance(_x, torch.Tensor) for _x in _r)):
             _trace.append(_kind(_r))
             break
@@ -558,7 +642,7 @@ for _c in inputs['cases']:
         _length += _k.shape[2]
     _results.append(_trace)
 outputs = {'results': _results}
-del _results, _c, _rk, _rv, _length, _trace, _k, _v, _r
+del _results, _c, _rk, _rv, _length, _trace, _k, _v, _r, _REPEATED, _WatchedRing
 """ + CLEANUP
 
 
