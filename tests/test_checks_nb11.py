@@ -1,6 +1,7 @@
 """Checker and probe of notebook 11: each passes the reference and right alternatives, and names realistic mistakes."""
 
 import einops
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -622,10 +623,12 @@ def tfedu_audio_module(case):
 
 
 def test_conv_reference_equals_torchaudios_conformer_convolution_module():
-    torchaudio = pytest.importorskip("torchaudio")
+    # An oracle for machines that have it: torchaudio has no release for the pinned torch 2.13 (its last is 2.11),
+    # so CI skips this; tests/test_audio.py checks the reference's structure and its shift equivariance.
+    torchaudio = pytest.importorskip("torchaudio", reason="torchaudio has no release for torch 2.13")
     from torchaudio.models.conformer import _ConvolutionModule
 
-    rng = __import__("numpy").random.default_rng(1)
+    rng = np.random.default_rng(1)
     case = nb11.make_conv_case(rng, 8, 5, 12, 3)
     theirs = _ConvolutionModule(8, 8, 5).eval()
     ours = tfedu_audio_module(case).eval()

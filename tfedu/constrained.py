@@ -32,6 +32,7 @@ Built by hand in notebooks/15_interpretability_and_decoding.ipynb (exercise 15.7
 
 from __future__ import annotations
 
+import abc
 import codecs
 import time
 from collections.abc import Sequence
@@ -196,7 +197,7 @@ def _byte_trie(vocab: dict[int, bytes], specials: set[int]) -> tuple[list[int], 
     return trie
 
 
-class _ByteProcessor:
+class _ByteProcessor(abc.ABC):
     """What the byte-level logits processors share: the tokenizer's byte vocabulary and special tokens checked, the
     prompt length (taken from the first call unless given), finished rows padded with the end token, and the call."""
 
@@ -225,9 +226,9 @@ class _ByteProcessor:
         if not self._fixed_prompt_len:
             self.prompt_len = None
 
+    @abc.abstractmethod
     def _row_mask(self, generated_ids: list[int]) -> Tensor:
         """The bool mask over the first ``d_vocab_needed`` ids that may follow a row's generated tokens."""
-        raise NotImplementedError
 
     def __call__(self, ids: Int[Tensor, "batch pos"], logits: Float[Tensor, "batch d_vocab"]) -> Float[Tensor, "batch d_vocab"]:
         if not isinstance(ids, Tensor) or ids.dim() != 2 or not isinstance(logits, Tensor) or logits.dim() != 2 \
