@@ -54,9 +54,12 @@ def cache_dir() -> Path:
 
 
 def shipped_folder(name: str) -> Path:
-    """``data/NAME`` in a checkout; ``tfedu/shipped/NAME`` in an installed wheel (Colab), where pyproject puts it."""
-    checkout = Path(__file__).resolve().parent.parent / "data" / name
-    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "shipped" / name
+    """``data/NAME`` in a checkout; ``tfedu/shipped/NAME`` in an installed wheel (Colab), where pyproject puts it.
+
+    A checkout is known by its ``data/`` folder, so a preset run there for the first time writes ``data/NAME``.
+    """
+    data = Path(__file__).resolve().parent.parent / "data"
+    return data / name if (data / "README.md").is_file() else Path(__file__).resolve().parent / "shipped" / name
 
 
 # The shipped texts: file in data/corpus -> SHA-256 of its uncompressed JSON (written once, from Python 3.11.7).

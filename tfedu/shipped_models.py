@@ -30,6 +30,7 @@ class Shipped:
 SHIPPED = {
     "course-gpt": Shipped("tfedu-course-gpt 1", extra_files=("tokenizer.txt",)),
     "induction-gpt": Shipped("tfedu-induction-gpt 1", rebuild=" (about two and a half minutes on one CPU thread)"),
+    "course-chat": Shipped("tfedu-course-chat 1", extra_files=("tokenizer.txt",), rebuild=" (about 14 minutes on one CPU thread)"),
 }
 
 

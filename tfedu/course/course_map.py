@@ -21,7 +21,7 @@ END = "<!-- end of the course map -->"
 
 @dataclass(frozen=True)
 class Chapter:
-    number: str  # "00".."16": the file name's prefix and the order
+    number: str  # "00".."17": the file name's prefix and the order
     name: str  # the rest of the file name: notebooks/{number}_{name}.ipynb
     title: str  # the header's title, after "# NN · "
     builds: str  # what the learner builds, one line of markdown
@@ -156,6 +156,17 @@ CHAPTERS: tuple[Chapter, ...] = (
         "Gemma 3's 5:1 local/global cache measured against all-global in bytes and tokens/s; Llama 3.1's RoPE "
         "scaling written by hand, and linear, dynamic NTK, Llama 3.1 and YaRN scaling read at 2x and 4x the "
         "trained length, three seeds; deck 002's \"usually 30k - 120k\" vocabulary checked"
+    )),
+    Chapter("17", "post_training", "After pretraining: instruction tuning, DPO and GRPO", (
+        "verifiable instruction tasks (arithmetic, reversing and sorting a word, answering from a sentence, JSON), "
+        "split by a hash of the prompt; a chat template with role markers as four new special tokens, the "
+        "embedding grown by their mean; instruction tuning's loss on the answer tokens written by hand, "
+        "reproducing the shipped chat model's first steps, held-out accuracy before and after and against the "
+        "number of examples (three seeds); the DPO loss written by hand (equal to trl's), pairs made by the "
+        "verifier, accuracy and KL to the SFT model against beta; GRPO's group-relative advantages and clipped, "
+        "KL-penalised loss written by hand (equal to trl's), the reward over training and the held-out pass rate "
+        "(three seeds); Chen et al.'s unbiased pass@k written by hand, before and after GRPO; multiple-choice "
+        "scoring by log-likelihood, the whole answer against its first token"
     )),
 )
 
