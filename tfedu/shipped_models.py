@@ -18,6 +18,7 @@ from pathlib import Path
 from tfedu.config import ModelConfig
 from tfedu.data import shipped_folder, write_atomically
 from tfedu.model import GPT
+from tfedu.tokenizer import Tokenizer
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,21 @@ SHIPPED = {
 }
 
 
-def save_shipped(model: GPT, out_dir: str | os.PathLike, config: dict, files: Mapping[str, object] = {}) -> Path:
+def save_shipped(model: GPT, out_dir: str | os.PathLike, config: dict, files: Mapping[str, object] = {}, *,
+                 log: dict | None = None, tokenizer: Tokenizer | None = None) -> Path:
     """Write a shipped model's folder: ``model.safetensors``, ``config.json`` (``config``) and ``files``.
 
-    ``files`` maps a file name to a function that writes it at a given path. Every file goes through a
-    temporary name and a rename (``tfedu.data.write_atomically``).
+    ``files`` maps a file name to a function that writes it at a given path; ``log`` is written as
+    ``train_log.json`` and ``tokenizer`` as ``tokenizer.txt``. Every file goes through a temporary name
+    and a rename (``tfedu.data.write_atomically``).
     """
     from safetensors.torch import save_file
+
+    files = dict(files)
+    if log is not None:
+        files["train_log.json"] = lambda p: p.write_text(json.dumps(log) + "\n")
+    if tokenizer is not None:
+        files["tokenizer.txt"] = tokenizer.save
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,3 +91,14 @@ def load_shipped(name: str, path: str | os.PathLike | None = None) -> tuple[GPT,
         state["unembed.weight"] = state["embed.weight"]
     model.load_state_dict(state)
     return model.eval(), config
+
+
+def load_shipped_with_tokenizer(name: str, path: str | os.PathLike | None = None) -> tuple[GPT, Tokenizer]:
+    """The shipped model ``name`` (eval mode) and the tokenizer saved beside it."""
+    model, _ = load_shipped(name, path)
+    return model, Tokenizer.load(Path(path if path is not None else shipped_folder(name)) / "tokenizer.txt")
+
+
+def load_shipped_log(name: str, path: str | os.PathLike | None = None) -> dict:
+    """The ``train_log.json`` of the shipped model ``name``."""
+    return json.loads((Path(path if path is not None else shipped_folder(name)) / "train_log.json").read_text())

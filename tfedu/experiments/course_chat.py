@@ -13,7 +13,6 @@ held-out accuracy before and after, the sweep over the number of examples and th
 from __future__ import annotations
 
 import copy
-import json
 import os
 import platform
 import time
@@ -24,7 +23,7 @@ import torch
 from tfedu.experiments import course_gpt
 from tfedu.model import GPT
 from tfedu.post_training import Example, add_chat_tokens, make_tasks, split_tasks
-from tfedu.shipped_models import SHIPPED, load_shipped, save_shipped, shipped_folder
+from tfedu.shipped_models import SHIPPED, load_shipped_log, load_shipped_with_tokenizer, save_shipped, shipped_folder
 from tfedu.tokenizer import Tokenizer
 from tfedu.tuning import (Pair, dpo_loss, dpo_train, group_advantages, grow_vocab, grpo_loss, grpo_train,
                           kl_to_reference, preference_pairs, sample_counts, sft_loss, sft_train, task_accuracy)
@@ -157,18 +156,14 @@ def build(out_dir: str | os.PathLike = FOLDER, *, progress: bool = True) -> dict
 def save(model: GPT, tok: Tokenizer, out_dir: str | os.PathLike, log: dict) -> Path:
     config = {"format": FORMAT, "model": model.cfg.as_dict(), "tasks": {"seed": TASK_SEED, "n": N_TASKS,
               "held_out": N_HELD_OUT}, "sft": SFT, "sweep": SWEEP, "dpo": DPO, "grpo": GRPO, "pass": PASS}
-    return save_shipped(model, out_dir, config, {
-        "tokenizer.txt": tok.save,
-        "train_log.json": lambda p: p.write_text(json.dumps(log) + "\n"),
-    })
+    return save_shipped(model, out_dir, config, log=log, tokenizer=tok)
 
 
 def load(path: str | os.PathLike = FOLDER) -> tuple[GPT, Tokenizer]:
     """The shipped chat model (eval mode) and its tokenizer, from ``path``."""
-    model, _ = load_shipped(NAME, path)
-    return model, Tokenizer.load(Path(path) / "tokenizer.txt")
+    return load_shipped_with_tokenizer(NAME, path)
 
 
 def load_log(path: str | os.PathLike = FOLDER) -> dict:
     """The shipped log: SFT's losses and accuracies, the sweep over examples, the DPO and GRPO runs."""
-    return json.loads((Path(path) / "train_log.json").read_text())
+    return load_shipped_log(NAME, path)

@@ -14,7 +14,6 @@ loss and learning rate, every evaluation, how long it took and on what).
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from tfedu.shipped_models import SHIPPED, load_shipped, save_shipped, shipped_folder
+from tfedu.shipped_models import SHIPPED, load_shipped_log, load_shipped_with_tokenizer, save_shipped, shipped_folder
 from tfedu.config import ModelConfig
 from tfedu.data import END_OF_TEXT, TokenDataset, load_pydoc_text, pydoc_documents
 from tfedu.model import GPT
@@ -108,18 +107,14 @@ def save(model: GPT, tok: Tokenizer, out_dir: str | os.PathLike, log: dict) -> P
     """Write the four files, each through a temporary name and a rename."""
     config = {"format": FORMAT, "model": model.cfg.as_dict(), "train": asdict(TRAIN_CONFIG),
               "vocab_size": VOCAB_SIZE, "val_fraction": VAL_FRACTION}
-    return save_shipped(model, out_dir, config, {
-        "tokenizer.txt": tok.save,
-        "train_log.json": lambda p: p.write_text(json.dumps(log) + "\n"),
-    })
+    return save_shipped(model, out_dir, config, log=log, tokenizer=tok)
 
 
 def load(path: str | os.PathLike = FOLDER) -> tuple[GPT, Tokenizer]:
     """The shipped course GPT (in eval mode) and its tokenizer, from ``path``."""
-    model, _ = load_shipped(NAME, path)
-    return model, Tokenizer.load(Path(path) / "tokenizer.txt")
+    return load_shipped_with_tokenizer(NAME, path)
 
 
 def load_log(path: str | os.PathLike = FOLDER) -> dict:
     """The shipped training log: every step's loss and learning rate, every evaluation, time and machine."""
-    return json.loads((Path(path) / "train_log.json").read_text())
+    return load_shipped_log(NAME, path)

@@ -22,7 +22,6 @@ log, and the heads of the shipped weights.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -34,7 +33,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from tfedu.shipped_models import SHIPPED, load_shipped, save_shipped, shipped_folder
+from tfedu.shipped_models import SHIPPED, load_shipped, load_shipped_log, save_shipped, shipped_folder
 from tfedu.config import ModelConfig
 from tfedu.model import GPT, next_token_loss
 from tfedu.train import TrainConfig, learning_rate, param_groups
@@ -142,7 +141,7 @@ def save(model: GPT, out_dir: str | os.PathLike, log: dict) -> Path:
     """Write the three files, each through a temporary name and a rename."""
     config = {"format": FORMAT, "model": model.cfg.as_dict(), "train": asdict(TRAIN_CONFIG), "bos": BOS,
               "periods": list(PERIODS), "max_prefix": MAX_PREFIX}
-    return save_shipped(model, out_dir, config, {"train_log.json": lambda p: p.write_text(json.dumps(log) + "\n")})
+    return save_shipped(model, out_dir, config, log=log)
 
 
 def load(path: str | os.PathLike = FOLDER) -> GPT:
@@ -152,4 +151,4 @@ def load(path: str | os.PathLike = FOLDER) -> GPT:
 
 def load_log(path: str | os.PathLike = FOLDER) -> dict:
     """The shipped training log: every step's loss and learning rate, time and machine."""
-    return json.loads((Path(path) / "train_log.json").read_text())
+    return load_shipped_log(NAME, path)
