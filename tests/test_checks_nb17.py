@@ -49,12 +49,18 @@ def sft_loss(logits, ids, mask, mistake=""):
     log_probs = F.log_softmax(logits, dim=-1)
     if mistake == "no shift":
         return -log_probs.gather(-1, ids[..., None])[..., 0][mask].mean()
+    if mistake == "backward":
+        return -log_probs[:, 1:].gather(-1, ids[:, :-1, None])[..., 0][mask[:, 1:]].mean()
     picked = log_probs[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
     target = mask[:, 1:]
     if mistake == "wrong way":
         return -picked[mask[:, :-1]].mean()
     if mistake == "every":
         return -picked.mean()
+    if mistake == "zeroed mean":
+        return -(picked * target.float()).mean()
+    if mistake == "both masks":
+        return -picked[mask[:, :-1] & mask[:, 1:]].mean()
     if mistake == "ids":
         return -picked[ids[:, 1:] != 0].mean()
     if mistake == "inverted":
@@ -89,6 +95,9 @@ SFT_MISTAKES = {
     "no shift": "the *next* token",
     "wrong way": "mask is not shifted with them",
     "every": "padding included",
+    "zeroed mean": "still count in the denominator",
+    "backward": "shifted the wrong way",
+    "both masks": "whose input is an answer token too",
     "ids": "every real token",
     "inverted": "mask leaves out",
     "per sequence": "averaged over each sequence's answer tokens first",
@@ -145,6 +154,14 @@ def dpo_loss(pc, pr, rc, rr, beta, mistake=""):
         return -(beta * F.logsigmoid(margin)).mean()
     if mistake == "naive":
         return -torch.log(torch.sigmoid(beta * margin)).mean()
+    if mistake == "log1p exp":
+        return torch.log1p(torch.exp(-beta * margin)).mean()
+    if mistake == "no minus":
+        return F.logsigmoid(beta * margin).mean()
+    if mistake == "beta chosen only":
+        return -F.logsigmoid(beta * (pc - rc) - (pr - rr)).mean()
+    if mistake == "beta rejected only":
+        return -F.logsigmoid((pc - rc) - beta * (pr - rr)).mean()
     if mistake == "sum":
         return -F.logsigmoid(beta * margin).sum()
     if mistake == "per pair":
@@ -168,7 +185,11 @@ DPO_MISTAKES = {
     "probs": "used probabilities",
     "no beta": "beta is missing",
     "beta outside": "beta multiplies the log-sigmoid",
-    "naive": "log of a sigmoid underflows",
+    "naive": "underflows to 0 and its log",
+    "log1p exp": "overflows to inf just the same",
+    "no minus": "your loss is negative",
+    "beta chosen only": "beta scales one answer's log-ratio",
+    "beta rejected only": "beta scales one answer's log-ratio",
     "sum": "summed the loss over the pairs",
     "per pair": "one loss per pair",
     "item": "Python number",
@@ -217,6 +238,12 @@ def group_advantages(rewards, mistake=""):
         return (rewards - mean) / (std + 1e-6)
     if mistake == "max":
         return rewards - rewards.amax(1, keepdim=True)
+    if mistake == "floor":
+        return (rewards - mean) / std.clamp_min(1e-4)
+    if mistake == "nan patched":
+        return torch.nan_to_num((rewards - mean) / std)
+    if mistake == "where std 0":
+        return torch.where(std == 0, torch.zeros_like(rewards), (rewards - mean) / std)
     if mistake == "flat":
         return ((rewards - mean) / (std + eps)).reshape(-1)
     if mistake == "variance":
@@ -242,6 +269,9 @@ ADV_MISTAKES = {
     "eps 1e-8": "eps = 1e-08",
     "eps 1e-6": "eps = 1e-06",
     "max": "best reward",
+    "floor": "std floored at",
+    "nan patched": "patching NaNs",
+    "where std 0": "patching NaNs",
     "flat": "keep the rewards' shape",
     "variance": "divided by the variance",
 }
@@ -276,6 +306,12 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_eps=0.2, beta=0.0
         ratio = logp - logp_old
     elif mistake == "to ref":
         ratio = torch.exp(logp - logp_ref)
+    elif mistake == "inverted":
+        ratio = torch.exp(logp_old - logp)
+    if mistake in ("hard-coded", "hard-coded eps"):
+        clip_eps = 0.2
+    if mistake in ("hard-coded", "hard-coded beta"):
+        beta = 0.04
     A = advantages[:, None] if mistake != "broadcast" else advantages
     clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * A
     surrogate = torch.minimum(ratio * A, clipped)
@@ -287,6 +323,8 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_eps=0.2, beta=0.0
         surrogate = ratio * A
     elif mistake == "clip adv":
         surrogate = torch.minimum(ratio * A, ratio * A.clamp(1 - clip_eps, 1 + clip_eps))
+    elif mistake == "clip product":
+        surrogate = torch.minimum(ratio * A, (ratio * A).clamp(1 - clip_eps, 1 + clip_eps))
     d = logp_ref - logp
     kl = torch.exp(d) - d - 1
     if mistake == "k1":
@@ -313,6 +351,8 @@ def grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_eps=0.2, beta=0.0
         return (per_token * m).sum() / m.sum()
     if mistake == "sum":
         return (per_token * m).sum(-1).mean()
+    if mistake == "padding":
+        return (per_token.sum(-1) / m.sum(-1)).mean()
     if mistake == "per row":
         return (per_token * m).sum(-1) / m.sum(-1)
     if mistake == "detached":
@@ -340,6 +380,12 @@ GRPO_MISTAKES = {
     "clipped only": "clipped term alone",
     "no clip": "not clipped",
     "clip adv": "clipped the advantages",
+    "clip product": "clipped the product",
+    "inverted": "upside down",
+    "hard-coded": "clip_eps = 0.2 and beta = 0.04 whatever",
+    "hard-coded eps": "clip_eps = 0.2 whatever",
+    "hard-coded beta": "beta = 0.04 whatever",
+    "padding": "hold arbitrary numbers",
     "k1": "k1 estimator",
     "k3 swapped": "two models swapped",
     "k2": "k2 estimator",
@@ -394,6 +440,18 @@ def pass_at_k(n, c, k, mistake=""):
         return 1.0 - math.exp(lg(n - c + 1) - lg(n - c - k + 1) - lg(n + 1) + lg(n - k + 1))
     if mistake == "edge zero" and n - c < k:
         return 0.0
+    if mistake == "edge equal":
+        return 1.0 if n - c <= k else 1.0 - math.comb(n - c, k) / math.comb(n, k)
+    if mistake == "no one minus":
+        return 1.0 if n - c < k else math.comb(n - c, k) / math.comb(n, k)
+    if mistake == "no one minus product":
+        return math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+    if mistake == "comb c":
+        return 1.0 - math.comb(c, k) / math.comb(n, k)
+    if mistake == "int division":
+        return 1 - math.comb(n - c, k) // math.comb(n, k)
+    if mistake == "int division product":
+        return 1.0 if n - c < k else 1.0 - math.prod(1 - k // i for i in range(n - c + 1, n + 1))
     lo, hi, num = n - c + 1, n + 1, k
     if mistake == "swapped":
         lo = n - k + 1
@@ -430,6 +488,12 @@ PK_MISTAKES = {
     "swapped": "k and c are swapped",
     "off by one": "one index too many or too few",
     "one short": "one index too many or too few",
+    "edge equal": "with exactly k wrong answers an all-wrong draw is still possible",
+    "no one minus": "chance that all k drawn answers are wrong",
+    "no one minus product": "chance that all k drawn answers are wrong",
+    "comb c": "among the c right answers",
+    "int division": "integer division",
+    "int division product": "integer division",
 }
 
 
@@ -446,6 +510,10 @@ def test_pass_at_k_check_and_probe_name_each_mistake(mistake):
 
 def test_pass_at_k_closed_form_and_library():
     assert pass_at_k_comb(4, 2, 2) == pytest.approx(5 / 6)
+    assert nb17.reference_pass_at_k(16, 15, 1) == pytest.approx(0.9375) and nb17.reference_pass_at_k(6, 0, 6) == 0
+    for seed in range(4):  # the probe holds n - c == k, with and without right answers
+        cases = nb17.PROBES["check_pass_at_k"].make_inputs(np.random.default_rng(seed))["cases"]
+        assert any(n - c == k and c > 0 for n, c, k in cases) and any(n - c == k and c == 0 for n, c, k in cases)
     assert "tfedu" in failure_of(nb17.check_pass_at_k, lambda n, c, k: library.pass_at_k(n, c, k))
     assert "return a Python float" in failure_of(nb17.check_pass_at_k, lambda n, c, k: torch.tensor(0.5))
     with pytest.raises(ExerciseNotDone):

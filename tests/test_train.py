@@ -2,7 +2,6 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -184,21 +183,17 @@ DDP_SCRIPT = textwrap.dedent("""
 """)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_under_torchrun_match_one_process_with_the_same_global_batch(tmp_path):
     script = tmp_path / "run.py"
     script.write_text(DDP_SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one, two = tmp_path / "one.json", tmp_path / "two.json"
     subprocess.run([sys.executable, str(script), str(one)], check=True, env=env, timeout=300)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-                    f"--master_port={free_port()}", str(script), str(two)], check=True, env=env, timeout=300,
-                   capture_output=True)
+    # --standalone: torchrun's rendezvous binds port 0 itself, so no port can be taken between choosing and
+    # binding it (a port found free by the test and closed again raced with other workers' kernels).
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(script), str(two)], env=env, timeout=300, capture_output=True, text=True)
+    assert run.returncode == 0, f"torchrun failed ({run.returncode}):\n{run.stderr[-3000:]}"
     a, b = json.loads(one.read_text()), json.loads(two.read_text())
     assert (a["world"], b["world"]) == (1, 2)
     torch.testing.assert_close(torch.tensor(b["losses"]), torch.tensor(a["losses"]), rtol=1e-4, atol=1e-5)

@@ -3,32 +3,38 @@ and the unbiased pass@k.
 
 Exercise 17.1, ``sft_loss(logits, ids, mask) -> loss``: the mean next-token cross-entropy over the answer tokens of
 the whole batch; ``mask[b, t]`` marks token ``ids[b, t]`` as an answer token, which the prediction at t - 1 scores.
-Named: no shift, the mask shifted the wrong way, every position scored, every real token (``ids != 0``), the mask
-inverted, the mean per sequence then over sequences, a sum, a softmax then a log (inf or NaN at logits of 1e3 and
-1e4), a Python number, a per-sequence or per-token result, no gradient. See :func:`check_sft_loss`.
+Named: no shift, the mask not shifted with the targets, the shift the wrong way (position t + 1 scored on token t),
+the two masks combined, every position scored, the masked losses averaged over every position, every real token
+(``ids != 0``), the mask inverted, the mean per sequence then over sequences, a sum, a softmax then a log (inf or
+NaN at logits of 1e3 and 1e4), a Python number, a per-sequence or per-token result, no gradient. See
+:func:`check_sft_loss`.
 
-Exercise 17.2, ``dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta) -> loss``: Rafailov et
-al. (2023), eq. 7, averaged over the pairs. Named: no reference, chosen and rejected swapped, the reference added,
-no beta, beta outside the log-sigmoid, a log of a sigmoid (inf at margins of -1000), probabilities for
-log-probabilities, a sum over pairs, the per-pair losses returned, no gradient. See :func:`check_dpo_loss`.
+Exercise 17.2, ``dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta) -> loss``: Rafailov et al.
+(2023), eq. 7, averaged over the pairs. Named: no reference, chosen and rejected swapped, the reference added, no
+beta, beta on one side only, beta outside the log-sigmoid, the outer minus missing, a log of a sigmoid or a log of
+one plus an exponential (inf at a margin of -1500), probabilities for log-probabilities, a sum over pairs, the
+per-pair losses returned, no gradient. See :func:`check_dpo_loss`.
 
 Exercise 17.3, ``group_advantages(rewards) -> advantages``: per row (one prompt's group), the reward minus the
 group's mean over the group's unbiased std plus ``GROUP_STD_EPS = 1e-4`` (trl's). Named: the whole batch's
 statistics, the wrong axis, no division (Dr. GRPO's variant), the biased std, no eps (NaN on a constant group), eps
-inside the square root, another eps, the variance, the max for the mean, a flattened result. See
-:func:`check_group_advantages`.
+inside the square root, another eps, the std floored at eps, NaNs patched afterwards (no eps), the variance, the max
+for the mean, a flattened result. See :func:`check_group_advantages`.
 
 Exercise 17.4, ``grpo_loss(logp, logp_old, logp_ref, advantages, mask, clip_eps=0.2, beta=0.04) -> loss``: PPO's
 clipped surrogate per token with the k3 KL to the reference, averaged over each answer's tokens then over the
-answers. Named: max for min, the clipped term alone, no clipping, the ratio as a quotient or a difference of
-log-probabilities, the ratio to the reference, the k1 or k2 estimator, k3 with the two models swapped, no beta, the
-KL subtracted, the loss's sign, no KL, the padding counted, the token mean over the batch (DAPO's aggregation),
-the sums per answer, the advantages along the positions or clipped, no gradient. See :func:`check_grpo_loss`.
+answers. Named: max for min, the clipped term alone, no clipping, the product ratio * A clipped, the ratio as a
+quotient or a difference of log-probabilities, the ratio inverted, the ratio to the reference, clip_eps or beta
+hard-coded, the k1 or k2 estimator, k3 with the two models swapped, no beta, the KL subtracted, the loss's sign, no
+KL, the padding counted (in the mean, or summed with the mask's count), the token mean over the batch (DAPO's
+aggregation), the sums per answer, the advantages along the positions or clipped, no gradient. See
+:func:`check_grpo_loss`.
 
 Exercise 17.5, ``pass_at_k(n, c, k) -> float``: Chen et al. (2021)'s unbiased estimator ``1 - C(n - c, k) / C(n,
 k)``. Named: the plug-in ``1 - (1 - c/n)^k``, c / n, k and c swapped in the product, an off-by-one range, the case
-n - c < k (must be 1), overflow or NaN at n = 200 and 1000, not a number. An exact ``math.comb`` answer is right.
-See :func:`check_pass_at_k`.
+n - c < k (must be 1), 1 returned at n - c == k too, the "1 -" forgotten, C(c, k) for C(n - c, k), integer division,
+overflow or NaN at n = 200 and 1000, not a number. An exact ``math.comb`` answer is right. See
+:func:`check_pass_at_k`.
 
 ``tfedu.tuning`` (the reference library) is refused by every check.
 """
@@ -143,6 +149,21 @@ HINT_SFT_WRONG_WAY = (
 )
 HINT_SFT_EVERY = ("you scored every position, padding included: the loss of instruction tuning counts only the "
                   "answer tokens (the mask), not the prompt, the role markers or the padding after the answer")
+HINT_SFT_ZEROED_MEAN = (
+    "you multiplied the token losses by the mask and then averaged over every position: the zeros you put on the "
+    "prompt and the padding still count in the denominator, so the loss is divided by batch times (pos - 1) instead "
+    "of by the number of answer tokens. Average over the answer tokens only"
+)
+HINT_SFT_BACKWARD = (
+    "you shifted the wrong way: you scored the output at position t + 1 against the token at t, as if the model "
+    "predicted the token before. The output at position t predicts the token at t + 1: the logits lose their last "
+    "position, the ids and the mask their first"
+)
+HINT_SFT_BOTH_MASKS = (
+    "you kept only the targets whose input is an answer token too (the two masks combined): that drops each "
+    "answer's first token, which is predicted from the last token before the answer. The mask of the targets alone "
+    "says which predictions count"
+)
 HINT_SFT_REAL_TOKENS = (
     "you scored every real token (every id that is not padding), the prompt included: that is pretraining's loss on "
     "a chat. Instruction tuning puts its loss on the answer tokens only, the ones the mask marks"
@@ -212,11 +233,16 @@ def sft_mistakes(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) ->
     target = mask[:, 1:]
     real = ids[:, 1:] != 0
     counts = target.sum(-1).clamp(min=1)
+    back = logp_all[:, 1:].gather(-1, ids[:, :-1, None])[..., 0]  # batch pos-1: position t + 1 scored on token t
     return [
         (HINT_SFT_NO_SHIFT, -same[mask].mean()),
         (HINT_SFT_NO_SHIFT, -same[:, :-1][mask[:, 1:]].mean()),
         (HINT_SFT_WRONG_WAY, -nxt[mask[:, :-1]].mean()),
         (HINT_SFT_EVERY, -nxt.mean()),
+        (HINT_SFT_ZEROED_MEAN, -(nxt * target).mean()),
+        (HINT_SFT_BACKWARD, -back[mask[:, :-1]].mean()),
+        (HINT_SFT_BACKWARD, -back[target].mean()),
+        (HINT_SFT_BOTH_MASKS, -nxt[target & mask[:, :-1]].mean()),
         (HINT_SFT_REAL_TOKENS, -nxt[real].mean()),
         (HINT_SFT_INVERTED, -nxt[~target].mean()),
         (HINT_SFT_INVERTED, -nxt[~target & real].mean()),
@@ -384,9 +410,18 @@ HINT_DPO_BETA_OUTSIDE = ("beta multiplies the log-sigmoid instead of its argumen
                          "so it goes inside, on the margin")
 HINT_DPO_UNSTABLE = (
     "your loss is {value} on pairs one of which has a scaled margin of about -1500, where the right loss is finite "
-    "(that pair's is about 1500): the log of a sigmoid underflows to log(0) = -inf. F.logsigmoid (or minus "
-    "F.softplus of minus the margin) computes the same thing without forming the sigmoid"
+    "(that pair's is about 1500): the sigmoid of -1500 underflows to 0 and its log to log(0) = -inf, and written "
+    "as the log of one plus an exponential, exp of +1500 overflows to inf just the same. Use a form that never "
+    "exponentiates a large positive number: PyTorch's log-sigmoid (F.logsigmoid), or softplus (F.softplus) of "
+    "minus the margin, computes the same value and stays finite"
 )
+HINT_DPO_NO_MINUS = (
+    "your loss is negative: you averaged the log-sigmoid itself, the log-likelihood of the preferences, which "
+    "training should raise. The loss is *minus* the log-sigmoid (it is at least 0, and falls as the chosen "
+    "answer's reward pulls ahead)"
+)
+HINT_DPO_BETA_ONE_SIDE = ("beta scales one answer's log-ratio but not the other's: each answer's implicit reward "
+                          "is beta times its log-ratio, so beta multiplies the whole margin")
 HINT_DPO_PROBS = ("you used probabilities (the exponentials of the log-probabilities) in the margin: the implicit "
                   "reward is made of log-probabilities, beta times the log of the ratio policy / reference")
 HINT_DPO_SUM = "you summed the loss over the pairs: DPO's loss is their mean, which does not grow with the batch size"
@@ -443,6 +478,9 @@ def dpo_mistakes(pc, pr, rc, rr, beta) -> list[tuple[str, torch.Tensor]]:
         (HINT_DPO_PROBS, loss((pc.exp() - rc.exp()) - (pr.exp() - rr.exp()))),
         (HINT_DPO_PROBS, loss(pc.exp() / rc.exp() - pr.exp() / rr.exp())),
         (HINT_DPO_SUM, -F.logsigmoid(beta * margin).sum()),
+        (HINT_DPO_NO_MINUS, F.logsigmoid(beta * margin).mean()),
+        (HINT_DPO_BETA_ONE_SIDE, loss(beta * (pc - rc) - (pr - rr), 1.0)),
+        (HINT_DPO_BETA_ONE_SIDE, loss((pc - rc) - beta * (pr - rr), 1.0)),
     ]
 
 
@@ -568,6 +606,16 @@ HINT_ADV_OTHER_EPS = (
     "your advantages match the formula with eps = {other:g}: this exercise takes trl's eps = {eps:g}, added to the "
     "std. It hardly matters with rewards of 0 and 1, but it does with rewards that differ by about 0.01, as here"
 )
+HINT_ADV_FLOOR = (
+    "your advantages match the std floored at {eps:g} (the std raised to {eps:g} where it is smaller) instead of "
+    "the std plus {eps:g}: add eps to the std; a floor is another formula, and it differs on a group whose std is "
+    "about 1e-5, as here"
+)
+HINT_ADV_NAN_PATCHED = (
+    "your advantages match the reward minus the mean over the std alone, with the constant groups set to 0 "
+    "afterwards (the NaNs patched, or a floor too small to matter): add eps = {eps:g} to the std; patching NaNs "
+    "afterwards is another formula, and it differs on a group whose std is about 1e-5, as here"
+)
 HINT_ADV_VARIANCE = "you divided by the variance: divide by the standard deviation (its square root) plus eps"
 HINT_ADV_MAX = ("you subtracted the group's best reward, not its mean: then no answer gets a positive advantage. "
                 "The baseline is the group's mean reward")
@@ -580,7 +628,8 @@ def reference_group_advantages(rewards: torch.Tensor) -> torch.Tensor:
 
 def adv_case(rng: np.random.Generator, n_prompts: int, group: int, *, binary: bool = True,
              constant_rows: bool = True) -> np.ndarray:
-    """Rewards: 0/1 (with a row all right and a row all wrong) or spread by about 0.01 (the last row constant)."""
+    """Rewards: 0/1 (with a row all right and a row all wrong) or spread by about 0.01 (the row before the last
+    spread by about 1e-5, the last row constant)."""
     if binary:
         r = (rng.random((n_prompts, group)) < rng.uniform(0.2, 0.8, (n_prompts, 1))).astype(np.float32)
         for row in range(n_prompts):  # every row has both kinds (the std is not 0), but for the two set below
@@ -592,13 +641,15 @@ def adv_case(rng: np.random.Generator, n_prompts: int, group: int, *, binary: bo
         return r
     # near 0 (a small shaping reward, say), where float32 keeps the differences exact to about 1e-9
     r = (0.01 * rng.standard_normal((n_prompts, group))).astype(np.float32)
+    if n_prompts >= 3:  # a group whose std (about 1e-5) is below eps: a floor or NaNs patched later show there
+        r[-2] = (1e-5 * rng.standard_normal(group)).astype(np.float32)
     r[-1] = 2.0 ** -6  # a constant group here too (a power of 2: its mean is exact, its std exactly 0)
     return r
 
 
 def adv_cases() -> list[tuple[str, np.ndarray]]:
     return [
-        ("3 prompts, groups of 5, rewards spread by about 0.01 (the last group constant)",
+        ("3 prompts, groups of 5, rewards spread by about 0.01, 1e-5 and 0 (the last group constant)",
          adv_case(np.random.default_rng(21), 3, 5, binary=False)),
         ("4 prompts, groups of 6, rewards 0 or 1 (one group all right, one all wrong)",
          adv_case(np.random.default_rng(20), 4, 6)),
@@ -612,12 +663,15 @@ def adv_mistakes(r: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
     mean, std = r.mean(1, keepdim=True), r.std(1, keepdim=True)
     eps = GROUP_STD_EPS
     group = r.shape[1]
+    patched = torch.where(std > 0, (r - mean) / std.clamp(min=1e-300), torch.zeros_like(r))
     out = [
         (HINT_ADV_BATCH, (r - r.mean()) / (r.std() + eps)),
         (HINT_ADV_BATCH, (r - mean) / (r.std() + eps)),
         (HINT_ADV_BATCH, (r - r.mean()) / (std + eps)),
         (HINT_ADV_AXIS, (r - r.mean(0, keepdim=True)) / (r.std(0, keepdim=True) + eps)),
         (HINT_ADV_NO_STD.format(eps=eps), r - mean),
+        (HINT_ADV_FLOOR.format(eps=eps), (r - mean) / std.clamp(min=eps)),
+        (HINT_ADV_NAN_PATCHED.format(eps=eps), patched),
         (HINT_ADV_BIASED.format(group=group, factor=math.sqrt(group / (group - 1))),
          (r - mean) / (r.std(1, keepdim=True, unbiased=False) + eps)),
         *[(HINT_ADV_OTHER_EPS.format(other=other, eps=eps), (r - mean) / (std + other))
@@ -687,7 +741,7 @@ del _results, _c, _r
 
 def _adv_probe_inputs(rng: np.random.Generator) -> dict:
     return {"cases": [  # the small spread first: it tells the eps values apart
-        adv_case(rng, int(rng.integers(2, 5)), int(rng.integers(3, 8)), binary=False),
+        adv_case(rng, int(rng.integers(3, 5)), int(rng.integers(3, 8)), binary=False),
         adv_case(rng, int(rng.integers(3, 7)), int(rng.integers(3, 9))),
         adv_case(rng, int(rng.integers(3, 6)), 2),
     ]}
@@ -757,6 +811,24 @@ HINT_GRPO_BROADCAST = ("the advantages were spread along the positions, not the 
                        "every token of answer b, so give it a positions axis, shape (batch, 1)")
 HINT_GRPO_CLIP_ADV = ("you clipped the advantages: the clip range applies to the probability ratio, "
                       "clip(ratio, 1 - eps, 1 + eps); the advantage multiplies it unchanged")
+HINT_GRPO_PADDING_COUNTED = (
+    "the positions the mask leaves out (the prompt, the padding) hold arbitrary numbers, and your loss counts them: "
+    "you divided by each answer's number of tokens but summed the token losses over every position. Zero the "
+    "positions the mask leaves out before summing"
+)
+HINT_GRPO_HARD_CODED = (
+    "your loss matches clip_eps = 0.2 and beta = 0.04 whatever the call passes: use the arguments clip_eps and beta "
+    "(the check passes other values, here clip_eps = {eps:g} and beta = {beta:g})"
+)
+HINT_GRPO_HARD_EPS = ("your loss matches clip_eps = 0.2 whatever the call passes: clip with the argument clip_eps "
+                      "(the check passes other values, here {eps:g})")
+HINT_GRPO_HARD_BETA = ("your loss matches beta = 0.04 whatever the call passes: weigh the KL term with the argument "
+                       "beta (the check passes other values, here {beta:g})")
+HINT_GRPO_RATIO_INVERTED = ("your ratio is upside down, the old policy's probability over the current one's: the "
+                            "ratio is pi / pi_old, the exponential of log pi minus log pi_old, and it carries the "
+                            "gradient of the current policy")
+HINT_GRPO_CLIP_PRODUCT = ("you clipped the product of the ratio and the advantage: the clip range applies to the "
+                          "ratio alone, which is then multiplied by the advantage")
 HINT_GRPO_PER_ROW = "grpo_loss returned one number per answer: return their mean, one number"
 HINT_GRPO_DIFFERS = "your loss is {got:.6g} on {what}; GRPO's loss is {want:.6g}"
 
@@ -809,11 +881,12 @@ def grpo_mistakes(logp, old, ref, adv, mask, eps, beta) -> list[tuple[str, torch
     m = mask.double()
     A = adv[:, None]
 
-    def total(ratio=None, surrogate="min", kl="k3", combine="right", aggregate="per answer", A=A):
+    def total(ratio=None, surrogate="min", kl="k3", combine="right", aggregate="per answer", A=A, eps=eps, beta=beta):
         r = torch.exp(lp - old) if ratio is None else ratio
         clipped = r.clamp(1 - eps, 1 + eps) * A
         s = {"min": torch.minimum(r * A, clipped), "max": torch.maximum(r * A, clipped), "clipped": clipped,
-             "none": r * A, "clip adv": torch.minimum(r * A, r * A.clamp(1 - eps, 1 + eps))}[surrogate]
+             "none": r * A, "clip adv": torch.minimum(r * A, r * A.clamp(1 - eps, 1 + eps)),
+             "clip product": torch.minimum(r * A, (r * A).clamp(1 - eps, 1 + eps))}[surrogate]
         d = ref - lp
         k = {"k3": torch.exp(d) - d - 1, "k1": -d, "k1 neg": d, "k2": d ** 2 / 2,
              "k3 swapped": torch.exp(-d) + d - 1}[kl]
@@ -822,7 +895,7 @@ def grpo_mistakes(logp, old, ref, adv, mask, eps, beta) -> list[tuple[str, torch
         if aggregate == "per answer":
             return ((per * m).sum(-1) / m.sum(-1).clamp(min=1)).mean()
         return {"all": per.mean(), "zeroed": (per * m).mean(), "token": (per * m).sum() / m.sum(),
-                "sum": (per * m).sum(-1).mean()}[aggregate]
+                "sum": (per * m).sum(-1).mean(), "padding": (per.sum(-1) / m.sum(-1).clamp(min=1)).mean()}[aggregate]
 
     out = [
         (HINT_GRPO_MAX, total(surrogate="max")),
@@ -833,6 +906,11 @@ def grpo_mistakes(logp, old, ref, adv, mask, eps, beta) -> list[tuple[str, torch
         (HINT_GRPO_RATIO_QUOTIENT, total(ratio=old / lp)),
         (HINT_GRPO_RATIO_DIFF, total(ratio=lp - old)),
         (HINT_GRPO_RATIO_REF, total(ratio=torch.exp(lp - ref))),
+        (HINT_GRPO_RATIO_INVERTED, total(ratio=torch.exp(old - lp))),
+        (HINT_GRPO_CLIP_PRODUCT, total(surrogate="clip product")),
+        (HINT_GRPO_HARD_CODED.format(eps=eps, beta=beta), total(eps=0.2, beta=0.04)),
+        (HINT_GRPO_HARD_EPS.format(eps=eps), total(eps=0.2)),
+        (HINT_GRPO_HARD_BETA.format(beta=beta), total(beta=0.04)),
         (HINT_GRPO_K1, total(kl="k1")),
         (HINT_GRPO_K1, total(kl="k1 neg")),
         (HINT_GRPO_K2, total(kl="k2")),
@@ -846,6 +924,7 @@ def grpo_mistakes(logp, old, ref, adv, mask, eps, beta) -> list[tuple[str, torch
         (HINT_GRPO_ZEROED_MEAN, total(aggregate="zeroed")),
         (HINT_GRPO_TOKEN_MEAN, total(aggregate="token")),
         (HINT_GRPO_SUM, total(aggregate="sum")),
+        (HINT_GRPO_PADDING_COUNTED, total(aggregate="padding")),
     ]
     # only a square batch lets advantages (batch,) broadcast along the positions; elsewhere that raises
     out.append((HINT_GRPO_BROADCAST, total(A=adv[None, :]) if lp.shape[0] == lp.shape[1] else None))
@@ -933,7 +1012,8 @@ def _grpo_probe_inputs(rng: np.random.Generator) -> dict:
 
 
 def _compare_grpo(outputs: Any, expected: dict) -> str | None:
-    values, problem = _judged_probe(outputs, expected, "grpo_loss", "logp", HINT_GRPO_PER_ROW, judge_grpo, raised_hint=HINT_GRPO_CALL)
+    values, problem = _judged_probe(outputs, expected, "grpo_loss", "logp", HINT_GRPO_PER_ROW, judge_grpo,
+                                    raised_hint=HINT_GRPO_CALL)
     if problem:
         return problem
     cases = expected["cases"]
@@ -970,6 +1050,24 @@ HINT_PK_EDGE = (
     "pass_at_k({n}, {c}, {k}) should be exactly 1.0 and your answer {got}: when n - c < k every draw of k answers "
     "includes a right one (there are fewer than k wrong ones), and C(n - c, k) is 0"
 )
+HINT_PK_EDGE_EQUAL = (
+    "pass_at_k({n}, {c}, {k}) should be {want!r} and your answer {got}: with exactly k wrong answers an all-wrong "
+    "draw is still possible (it is the draw of those k), so pass@k is below 1 there. Only when there are *fewer* "
+    "than k wrong answers, n - c < k, is every draw sure to hold a right one"
+)
+HINT_PK_NO_ONE_MINUS = (
+    "your answer is the chance that all k drawn answers are wrong, C(n - c, k) / C(n, k): pass@k is the chance that "
+    "at least one is right, one minus that"
+)
+HINT_PK_COMB_C = (
+    "you counted the draws of k among the c right answers, C(c, k), where the estimator counts the draws of k among "
+    "the n - c wrong ones, C(n - c, k): the draws that miss every right answer"
+)
+HINT_PK_INT_DIVISION = (
+    "you divided with integer division, which rounds the ratio down to a whole number (0 as soon as the numerator "
+    "is smaller): the ratio of the two counts, or k / i in the product, is a fraction between 0 and 1. Use true "
+    "division, which gives a float"
+)
 HINT_PK_OVERFLOW = (
     "pass_at_k({n}, {c}, {k}) {got}: factorials or binomials of n = {n} overflow floats (200! is about 1e375). Keep "
     "the numbers small: a product of c factors each between 0 and 1, or math.comb, which is exact in Python's ints"
@@ -1003,12 +1101,22 @@ def pk_mistakes(n: int, c: int, k: int) -> list[tuple[str, float | None]]:
         (HINT_PK_OFF_BY_ONE, _product(n, c, k, n - c + 2, n + 1, k)),
         (HINT_PK_OFF_BY_ONE, _product(n, c, k, n - c + 2, n + 2, k)),
     ]
-    return slips + [(hint, 1.0 if n - c < k else value) for hint, value in slips]
+    ratio = math.comb(n - c, k) / math.comb(n, k)
+    slips += [
+        (HINT_PK_NO_ONE_MINUS, ratio),
+        (HINT_PK_COMB_C, 1.0 - math.comb(c, k) / math.comb(n, k)),
+        (HINT_PK_INT_DIVISION, float(1 - math.comb(n - c, k) // math.comb(n, k))),
+        (HINT_PK_INT_DIVISION, 1.0 - math.prod(1 - k // i for i in range(n - c + 1, n + 1))),
+    ]
+    want = reference_pass_at_k(n, c, k)
+    edge_equal = [(HINT_PK_EDGE_EQUAL.format(n=n, c=c, k=k, want=want, got=1.0), 1.0 if n - c <= k else want)]
+    return edge_equal + slips + [(hint, 1.0 if n - c < k else value) for hint, value in slips]
 
 
 def pk_cases() -> list[tuple[int, int, int]]:
-    """(n, c, k): small, k = 1, none right, every one right, n - c < k, and n of 200 and 1000."""
+    """(n, c, k): small, k = 1, none right, every one right, n - c < k, n - c == k, and n of 200 and 1000."""
     return [(10, 3, 1), (10, 3, 2), (10, 3, 5), (20, 5, 4), (5, 0, 2), (7, 7, 3), (8, 5, 4), (8, 6, 5), (6, 2, 6),
+            (16, 15, 1), (9, 5, 4), (6, 0, 6),
             (200, 13, 10), (200, 1, 100), (200, 150, 30), (1000, 40, 100), (1000, 995, 10), (200, 0, 100)]
 
 
@@ -1088,6 +1196,11 @@ def _pk_probe_inputs(rng: np.random.Generator) -> dict:
     n = int(rng.integers(5, 30))
     c = int(rng.integers(n // 2, n))
     cases.append([n, c, int(rng.integers(n - c + 1, n + 1))])  # n - c < k
+    n = int(rng.integers(5, 30))
+    k = int(rng.integers(1, n))
+    cases.append([n, n - k, k])  # n - c == k: an all-wrong draw is still possible
+    n = int(rng.integers(2, 20))
+    cases.append([n, 0, n])  # n - c == k with no right answer: exactly 0
     for n in (200, int(rng.integers(500, 1001))):
         cases.append([n, int(rng.integers(1, n // 4)), int(rng.integers(2, n // 2))])
     cases.append([200, int(rng.integers(190, 200)), int(rng.integers(30, 60))])  # n - c < k at n = 200
@@ -1251,7 +1364,8 @@ HINTS = {
         idea=(
             "Of n sampled answers c are right. Draw k of the n without replacement: pass@k is the chance that at "
             "least one is right, 1 minus the chance that all k are wrong, C(n - c, k) / C(n, k). When fewer than "
-            "k answers are wrong, every draw has a right one: the answer is 1."
+            "k answers are wrong, every draw has a right one: the answer is 1. With exactly k wrong, one draw "
+            "(those k) is still all wrong."
         ),
         approach=(
             "Either exactly with math.comb (Python's integers never overflow, and dividing two of them gives a "

@@ -50,8 +50,15 @@ class Server:
         script = Path(__file__).with_name("zygote.py")
         # Its own mount namespace where every mount is read-only: a file it maps (the interpreter behind
         # /proc/self/exe, the libraries) stays read-only in the kernels it forks, as in a cold sandbox.
+        # One writable folder, an empty private /var/tmp (tmpfs, gone with the server): some libraries need a
+        # usable temporary folder while they are imported (dill, which torch imports when it is installed,
+        # calls tempfile.gettempdir(), which tries /tmp, then /var/tmp), and with none the preload fails and
+        # every kernel starts cold. Not /tmp itself: the folders on the kernels' import path (under /tmp in the
+        # tests) must look to the server as they are, or its import caches would hide them from the kernels.
+        # The kernels never see this folder: they join the sandbox's mount namespace.
+        private_tmp = ["--tmpfs", "/var/tmp"] if Path("/var/tmp").is_dir() else []
         read_only = [bwrap, "--ro-bind", "/", "/", "--dev-bind", "/dev", "/dev", "--bind", "/proc", "/proc",
-                     "--bind-try", "/sys/fs/cgroup", "/sys/fs/cgroup", "--"]
+                     "--bind-try", "/sys/fs/cgroup", "/sys/fs/cgroup", *private_tmp, "--"]
         # Not --die-with-parent: that follows the thread that started it (a grading pool's thread, gone after one
         # submission). The server ends when its standard input closes, as it does when this process ends.
         self.proc = subprocess.Popen([*read_only, sys.executable, "-P", str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
