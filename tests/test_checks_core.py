@@ -165,8 +165,6 @@ def test_in_a_kernel_a_failing_check_shows_the_cell_and_the_hint_not_the_checker
     import nbformat
     from nbclient import NotebookClient
 
-    from tfedu.course import nbtools
-
     setup = (
         "from tfedu.checks.core import call_learner, checker, compare, seeded_randn\n"
         "@checker('double')\n"
@@ -182,7 +180,7 @@ def test_in_a_kernel_a_failing_check_shows_the_cell_and_the_hint_not_the_checker
         nbformat.v4.new_code_cell("def todo(x):\n    raise NotImplementedError\ncheck_double(todo)", metadata=run_on),
         nbformat.v4.new_code_cell("check_double(lambda x: x + x)"),
     ])
-    NotebookClient(nb, km=nbtools.kernel_manager(), timeout=120, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     expected = [("CheckFailure", "double: you squared instead of doubling"),
                 ("ExerciseNotDone", "double: this exercise is not done yet")]
     for cell, (ename, hint) in zip(nb.cells[1:3], expected):

@@ -208,7 +208,7 @@ class OneNotebook:
         text = released_path.read_text()
         assert "### BEGIN SOLUTION" not in text and "### BEGIN HIDDEN TESTS" not in text
         # No allow_errors: an error in any cell without the tag raises CellExecutionError here.
-        NotebookClient(nb, km=nbtools.kernel_manager(), timeout=600, resources={"metadata": {"path": str(tmp_path)}}).execute()
+        NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
         checks = [i for i, c in enumerate(nb.cells) if is_check(c)]
         assert checks, f"{path.name} has no check cells"
         code_cells = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]

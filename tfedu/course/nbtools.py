@@ -22,7 +22,6 @@ them, ``tfedu clean`` fixes the mechanical ones):
 from __future__ import annotations
 
 import ast
-import os
 import re
 import tomllib
 from pathlib import Path
@@ -229,21 +228,6 @@ def strip(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
         for key in ("execution", "collapsed", "scrolled"):
             cell.metadata.pop(key, None)
     return nb
-
-
-def kernel_manager():
-    """A python3 kernel manager that talks to its kernel over IPC sockets in a fresh folder, not TCP ports.
-
-    Kernels started side by side over TCP (pytest's workers, ``tfedu site``) each pick free ports and then
-    bind them; a port can be taken between the two ("Address already in use"). Sockets named in a folder
-    of their own cannot collide. The folder is short (a socket's path is limited to about 100 bytes).
-    """
-    import tempfile
-
-    from jupyter_client.manager import KernelManager
-
-    folder = tempfile.mkdtemp(prefix="tfk")
-    return KernelManager(kernel_name="python3", transport="ipc", connection_file=os.path.join(folder, "kernel.json"))
 
 
 def read(path: str | Path) -> nbformat.NotebookNode:

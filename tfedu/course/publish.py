@@ -86,7 +86,7 @@ def execute(nb: nbformat.NotebookNode, name: str, cwd: Path, timeout: int = CELL
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     nb = copy.deepcopy(nb)
-    client = NotebookClient(nb, km=nbtools.kernel_manager(), timeout=timeout, store_widget_state=True,
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
                             resources={"metadata": {"path": str(cwd)}})
     # The inline backend, whatever the caller's MPLBACKEND says (CI exports Agg, which would draw nothing).
     env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
