@@ -176,8 +176,14 @@ def serve():
     import base64
     import importlib
 
+    import tempfile
+
     for module in setup["preload"]:
         importlib.import_module(module)
+    # A preloaded library may have asked for the temporary folder (dill does, when torch imports it): tempfile
+    # caches the answer, which is this server's private /var/tmp. Forget it, so that each kernel finds its
+    # own sandbox's temporary folder the first time it asks.
+    tempfile.tempdir = None
     seccomp = base64.b64decode(setup["seccomp"])
     assert len(seccomp) % 8 == 0 and struct.calcsize("=HBBI") == 8
     sys.stdout.write("ready\n")
