@@ -22,7 +22,8 @@ positions. Fewer key/value heads (grouped-query attention, Ainslie et al. 2023; 
 - ``RingKVCache``: a local (sliding-window) layer's cache, a ring of ``sliding_window - 1`` slots: the
   newest keys overwrite the oldest, so its memory stays the same however long the sequence grows.
 - ``KVCache``: one ``LayerKVCache`` (or ``RingKVCache``) per block (``KVCache.for_model``); ``model(ids, kv_cache=cache)``
-  appends the new tokens to every layer. ``reorder`` picks rows (beam search), ``reset`` empties it.
+  appends the new tokens to every layer. ``reorder`` picks rows (beam search), ``crop`` rolls it back
+  (speculative decoding, ``tfedu.speculative``), ``reset`` empties it.
 - ``kv_cache_bytes``: the formula above, to set against ``KVCache.nbytes``.
 - ``decode_step``: one step of cached attention written out in full (the exercise of notebook 10), and
   ``greedy_by_hand``: a whole model decoded greedily through it, block by block (what the
@@ -89,6 +90,12 @@ def kv_cache_bytes(cfg: ModelConfig, n_tokens: int, batch: int = 1, dtype: torch
     held = sum(min(n_tokens, window - 1) if window is not None and cfg.is_local(layer) else n_tokens
                for layer in range(cfg.n_layers))
     return 2 * cfg.n_kv_heads * cfg.d_head * bytes_per_number * held * batch
+
+
+def _check_crop(length: object, held: int) -> None:
+    if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= held:
+        raise ValueError(f"crop keeps the first length positions: length must be an int in 0..{held} (the positions "
+                         f"held), got {length!r}")
 
 
 class LayerKVCache:
@@ -163,6 +170,11 @@ class LayerKVCache:
         held = slice(0, self.length)
         self.keys[:, :, held] = self.keys[rows, :, held]
         self.values[:, :, held] = self.values[rows, :, held]
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions, forget the rest (speculative decoding drops rejected draft tokens)."""
+        _check_crop(length, self.length)
+        self.length = length
 
     def reset(self) -> None:
         """Forget every position (the memory stays allocated)."""
@@ -247,6 +259,21 @@ class RingKVCache:
         """Keep, in row i, what row ``rows[i]`` held (beam search follows each beam's parent)."""
         self.keys[:] = self.keys[rows]
         self.values[:] = self.values[rows]
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions, while the ring still holds the keys they need, else a clear error.
+
+        Position p overwrote the slot of position p - slots, so once more than ``slots`` positions went
+        in, the keys a cropped sequence would need again are gone.
+        """
+        _check_crop(length, self.length)
+        if length < self.length and self.length > self.slots:
+            raise ValueError(
+                f"a ring cache cannot roll back from {self.length} to {length} positions: it keeps only the last "
+                f"{self.slots} (the keys before them were overwritten). Use a model without sliding-window layers, "
+                "or run the context again from a fresh cache"
+            )
+        self.length = length
 
     def reset(self) -> None:
         """Forget every position (the memory stays allocated)."""
@@ -334,6 +361,23 @@ class KVCache:
         """Row i of every layer takes what row ``rows[i]`` held (beam search: each beam's parent)."""
         for layer in self.layers:
             layer.reorder(rows)
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions in every layer (speculative decoding: drop the rejected draft tokens).
+
+        The keys and values of positions ``0..length-1`` depend on those tokens only (causal), so what
+        stays is exactly what a cache filled with them alone would hold.
+
+        >>> from tfedu.config import preset
+        >>> from tfedu.model import GPT
+        >>> _ = torch.manual_seed(0); model = GPT(preset("tiny")).eval()
+        >>> cache = KVCache.for_model(model, batch=1)
+        >>> _ = model(torch.tensor([[1, 2, 3, 4]]), kv_cache=cache)
+        >>> cache.crop(2); cache.length  # 3 and 4 forgotten: the next token goes at position 2
+        2
+        """
+        for layer in self.layers:
+            layer.crop(length)
 
     def reset(self) -> None:
         """Empty every layer (the memory stays allocated)."""
