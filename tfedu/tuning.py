@@ -34,7 +34,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from tfedu.generate import generate, pad_prompts
-from tfedu.model import GPT
+from tfedu.model import GPT, IGNORE_INDEX, next_token_loss
 from tfedu.post_training import END_OF_TURN, Example, answer_mask, render_ids, verify
 from tfedu.tokenizer import Tokenizer
 
@@ -164,7 +164,8 @@ def sft_loss(logits: Float[Tensor, "batch pos d_vocab"], ids: Int[Tensor, "batch
     target_mask = mask[:, 1:]
     if not target_mask.any():
         raise ValueError("sft_loss: the mask marks no answer token after the first position")
-    return -token_logprobs(logits, ids)[target_mask].mean()
+    # Pretraining's loss with every target outside the answers set to IGNORE_INDEX (Hugging Face's -100 labels).
+    return next_token_loss(logits[:, :-1], ids[:, 1:].masked_fill(~target_mask, IGNORE_INDEX))
 
 
 def answer_logprobs(model: torch.nn.Module, ids: Int[Tensor, "batch pos"], mask: Bool[Tensor, "batch pos"]
