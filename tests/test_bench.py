@@ -338,6 +338,67 @@ def test_decode_bench_asserts_identical_tokens(monkeypatch):
         bench_decode.run(quick=True, device="cpu")
 
 
+# ----------------------------------------------------------------------------- tfedu bench serve
+
+
+def test_quick_serve_bench_prints_a_table_then_one_json_object(capsys):
+    pytest.importorskip("transformers")
+    assert cli.main(["bench", "serve", "--json", "--quick"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result, table = json.loads(lines[-1]), "\n".join(lines[:-1])
+    assert result["goals"] == {"continuous_vs_static": 2.0} and result["tokens_identical"]
+    assert list(result["models"]) == ["tiny"]
+    m = result["models"]["tiny"]
+    assert m["requests"] == 6 and len(m["rounds"]["continuous"]) == len(m["rounds"]["static"]) == 1
+    for server in ("continuous", "static"):
+        best = m["best"][server]
+        assert best["tokens"] == m["new_tokens_total"] and best["tokens_per_s"] == pytest.approx(
+            best["tokens"] / best["seconds"])
+        assert 0 < best["latency_p50_s"] <= best["latency_p90_s"] <= best["seconds"]
+    assert m["ratio"] == pytest.approx(m["best"]["continuous"]["tokens_per_s"] / m["best"]["static"]["tokens_per_s"])
+    assert result["continuous_vs_static"] == m["ratio"]
+    assert "transformers generate, static batches" in table and "continuous_vs_static" in table
+
+
+def test_serve_bench_trace_is_seeded_and_loads_the_servers():
+    import torch
+
+    from tfedu.course.bench import serve as bench_serve
+
+    spec = {"requests": 40, "max_batch": 4, "prompt": (2, 8), "new_tokens": (2, 64), "load": 2.0}
+    a, b = (bench_serve.trace(spec, 100, step_seconds=0.01) for _ in range(2))
+    assert [(len(r.prompt), r.max_new_tokens, r.arrival) for r in a] == [(len(r.prompt), r.max_new_tokens, r.arrival)
+                                                                         for r in b]
+    assert all(torch.equal(x.prompt, y.prompt) for x, y in zip(a, b))
+    assert a[0].arrival == 0 and all(2 <= len(r.prompt) <= 8 and 2 <= r.max_new_tokens <= 64 for r in a)
+    # Twice the rate a full batch serves: 4 rows / (mean answer * 0.01 s) requests a second, on average.
+    mean = sum(r.max_new_tokens for r in a) / len(a)
+    rate = (len(a) - 1) / a[-1].arrival
+    assert 0.5 * 2 * 4 / (mean * 0.01) < rate < 2 * 2 * 4 / (mean * 0.01)
+
+
+def test_serve_bench_asserts_identical_tokens(monkeypatch):
+    pytest.importorskip("transformers")
+    from tfedu.course.bench import serve as bench_serve
+
+    real = bench_serve.hf_batch_generator
+
+    def one_wrong(hf):
+        generate_batch = real(hf)
+
+        def wrong(prompts, max_new_tokens):
+            out = [t.clone() for t in generate_batch(prompts, max_new_tokens)]
+            out[0][0] = (out[0][0] + 1) % hf.config.vocab_size  # the first request's first new token changed
+            return out
+
+        return wrong
+
+    monkeypatch.setattr(bench_serve, "hf_batch_generator", one_wrong)
+    with pytest.raises(AssertionError, match="continuous batching and transformers' static batches decoded other "
+                                             "tokens \\(request .*: new token 0\\)"):
+        bench_serve.run(quick=True)
+
+
 # ----------------------------------------------------------------------------- tfedu bench moe
 
 

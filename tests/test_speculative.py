@@ -243,6 +243,31 @@ def test_sampling_is_reproducible_and_temperature_reaches_both_models():
     assert torch.equal(cold, generate(target, ids, 12))
 
 
+def test_a_given_rule_replaces_accept_reject():
+    """``rule=``: notebook 18 runs the learner's acceptance step inside the decoder."""
+    target = tiny(6)
+    draft = noisy_copy(target, 0.1, 6)
+    ids = torch.tensor([[1, 2, 3]])
+    calls = []
+
+    def rule(p, q, draft_tokens, generator):
+        calls.append(len(draft_tokens))
+        n, token = accept_reject(p, q, draft_tokens, generator)
+        return torch.tensor(n), torch.tensor(token)  # 0-d tensors are ints too
+
+    mine, _ = speculative_generate(target, draft, ids, 12, k=3, do_sample=True, rule=rule,
+                                   generator=torch.Generator().manual_seed(9))
+    theirs, _ = speculative_generate(target, draft, ids, 12, k=3, do_sample=True,
+                                     generator=torch.Generator().manual_seed(9))
+    assert calls and torch.equal(mine, theirs)
+    for bad in (lambda *a: (4, 0), lambda *a: (0, D_VOCAB), lambda *a: 3, lambda *a: (0.5, 1), lambda *a: (True, 1)):
+        with pytest.raises(ValueError, match="must return \\(n_accepted, next_token\\)"):
+            speculative_generate(target, draft, ids, 4, k=3, do_sample=True, rule=bad,
+                                 generator=torch.Generator().manual_seed(9))
+    with pytest.raises(TypeError, match="rule must be a function"):
+        speculative_generate(target, draft, ids, 4, rule="accept")
+
+
 def test_accept_reject_extremes():
     p = torch.tensor([[0.0, 1.0, 0.0], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0]])
     g = torch.Generator().manual_seed(0)

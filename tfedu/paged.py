@@ -358,6 +358,10 @@ class PagedView(KVCache):
         # padding mask will not do, since a short row's cached keys reach into those columns too).
         n_new_t = torch.tensor(n_new, device=device)
         self._new_real = torch.arange(width, device=device) >= width - n_new_t[:, None]  # batch n_new_max
+        # Where each real new token goes, the same in every layer: worked out once per view, not per layer.
+        self._rows, self._cols = self._new_real.nonzero(as_tuple=True)  # n_real
+        self._write_blocks = self._blocks[:, self._length:][self._rows, self._cols]  # n_real
+        self._write_offsets = self._offsets[:, self._length:][self._rows, self._cols]  # n_real
         self.layers = [PagedLayerView(self, layer) for layer in range(len(cache.keys))]
         self._appended, self._version = 0, cache._version
 
@@ -388,14 +392,14 @@ class PagedView(KVCache):
         if k.dim() != 4 or tuple(k.shape) != expected or v.shape != k.shape:
             raise ValueError(f"this view expects new keys and values (batch, n_kv_heads, n_new_max, d_head) = {expected} "
                              f"(ids left-padded to max(n_new) columns), got k {tuple(k.shape)} and v {tuple(v.shape)}")
-        keys, values, start = self.cache.keys[layer], self.cache.values[layer], self._length
-        rows, cols = self._new_real.nonzero(as_tuple=True)  # the real new tokens
-        blocks, offsets = self._blocks[:, start:][rows, cols], self._offsets[:, start:][rows, cols]
+        keys, values = self.cache.keys[layer], self.cache.values[layer]
+        rows, cols, blocks, offsets = self._rows, self._cols, self._write_blocks, self._write_offsets
         keys[blocks, :, offsets] = k[rows, :, cols]  # n_real n_kv_heads d_head
         values[blocks, :, offsets] = v[rows, :, cols]
-        real = self.padding_mask[:, None, :, None]  # zeros in the padding: masked, but never garbage
-        gathered_k = torch.where(real, keys[self._blocks, :, self._offsets].transpose(1, 2), 0)
-        gathered_v = torch.where(real, values[self._blocks, :, self._offsets].transpose(1, 2), 0)
+        # A padded column reads some real slot of its own row (position 0's): finite, and hidden by the padding
+        # mask, so its attention weight is exactly 0. The pools hold only zeros and keys the model wrote.
+        gathered_k = keys[self._blocks, :, self._offsets].transpose(1, 2)
+        gathered_v = values[self._blocks, :, self._offsets].transpose(1, 2)
         self._appended += 1
         if self._appended == len(self.layers):  # every layer written: the sequences now hold the new tokens
             for seq_id, n in zip(self.seq_ids, self.n_new, strict=True):

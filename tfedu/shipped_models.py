@@ -32,6 +32,7 @@ SHIPPED = {
     "course-gpt": Shipped("tfedu-course-gpt 1", extra_files=("tokenizer.txt",)),
     "induction-gpt": Shipped("tfedu-induction-gpt 1", rebuild=" (about two and a half minutes on one CPU thread)"),
     "course-chat": Shipped("tfedu-course-chat 1", extra_files=("tokenizer.txt",), rebuild=" (about 14 minutes on one CPU thread)"),
+    "course-draft": Shipped("tfedu-course-draft 1", rebuild=" (about 40 seconds on one CPU thread)"),
 }
 
 

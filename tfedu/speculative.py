@@ -40,6 +40,7 @@ To be built by hand in notebooks/18_serving.ipynb (issue 45; the notebook is not
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -220,6 +221,7 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     eos_token_id: int | None = None,
     drafter: Drafter | None = None,
+    rule: Callable[..., tuple[int, int]] | None = None,
 ) -> tuple[Int[Tensor, "1 pos_out"], SpeculativeStats]:
     """The prompt ``ids`` and up to ``max_new_tokens`` tokens of ``target``, drafted ``k`` at a time: ``(tokens, stats)``.
 
@@ -233,7 +235,8 @@ def speculative_generate(
     Greedy: the tokens of ``tfedu.generate.generate(target, ids, max_new_tokens)``. Sampling
     (``do_sample=True``): target and draft distributions are ``softmax(logits / temperature)``, and
     the tokens follow the target's distribution exactly, whatever the draft (only the speed
-    depends on it). The random draws come from ``generator``.
+    depends on it). The random draws come from ``generator``. ``rule`` replaces ``accept_reject`` (same
+    arguments and result; notebook 18 runs the learner's).
 
     One sequence (batch 1): sequences accept different numbers of tokens, so a batch would need
     ragged caches. The whole output must fit the context: ``pos + max_new_tokens - 1 <= n_ctx`` of
@@ -279,6 +282,8 @@ def speculative_generate(
         raise ValueError(f"eos_token_id must be None or a token id in 0..{target.cfg.d_vocab - 1}, got {eos_token_id!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be None or a torch.Generator, got {type(generator).__name__}")
+    if rule is not None and not callable(rule):
+        raise TypeError(f"rule must be a function like accept_reject(p, q, draft_tokens, generator), got {type(rule).__name__}")
     positions = ids.shape[1] + max_new_tokens - 1  # the last token is emitted, never fed back
     for name, model in models.items():
         if max_new_tokens and positions > model.cfg.n_ctx:
@@ -295,7 +300,7 @@ def speculative_generate(
     try:
         with torch.inference_mode():
             ids = _decode(target, draft, drafter, ids, max_new_tokens, k, do_sample, float(temperature),
-                          generator, eos_token_id, caches, stats)
+                          generator, eos_token_id, caches, stats, rule or accept_reject)
     finally:
         for model in training:
             model.train()
@@ -305,7 +310,7 @@ def speculative_generate(
 
 def _decode(target: nn.Module, draft: nn.Module | None, drafter: Drafter | None, ids: Tensor, max_new_tokens: int,
             k: int, do_sample: bool, temperature: float, generator: torch.Generator | None, eos_token_id: int | None,
-            caches: dict[str, KVCache], stats: SpeculativeStats) -> Tensor:
+            caches: dict[str, KVCache], stats: SpeculativeStats, rule: Callable[..., tuple[int, int]]) -> Tensor:
     d_vocab = target.cfg.d_vocab
     emitted = 0
     while emitted < max_new_tokens:
@@ -325,7 +330,11 @@ def _decode(target: nn.Module, draft: nn.Module | None, drafter: Drafter | None,
         stats.target_passes += 1
         if do_sample:
             p = next_token_distribution(logits.double(), temperature=temperature)  # n_draft+1 d_vocab
-            n_accepted, next_token = accept_reject(p, q, drafts, generator)
+            result = rule(p, q, drafts, generator)
+            n_accepted, next_token = _round_result(result)
+            if n_accepted is None or not (0 <= n_accepted <= n_draft and 0 <= next_token < d_vocab):
+                raise ValueError(f"the acceptance rule must return (n_accepted, next_token): two ints, n_accepted in "
+                                 f"0..{n_draft} and a token id in 0..{d_vocab - 1}; got {result!r}")
         else:
             best = logits.argmax(dim=-1)  # n_draft+1
             agree = (best[:n_draft] == drafts).long()  # n_draft
@@ -346,6 +355,17 @@ def _decode(target: nn.Module, draft: nn.Module | None, drafter: Drafter | None,
         for cache in caches.values():
             cache.crop(min(cache.length, ids.shape[1] - 1))
     return ids
+
+
+def _round_result(result: object) -> tuple[int, int] | tuple[None, None]:
+    """An acceptance rule's ``(n_accepted, next_token)`` as two ints (plain, numpy or 0-d tensor), else ``(None, None)``."""
+    try:
+        n_accepted, next_token = result
+        if isinstance(n_accepted, bool) or isinstance(next_token, bool):
+            return None, None
+        return operator.index(n_accepted), operator.index(next_token)
+    except (TypeError, ValueError):
+        return None, None
 
 
 def _draft_with_model(draft: nn.Module, cache: KVCache, ids: Tensor, budget: int, do_sample: bool, temperature: float,

@@ -7,6 +7,7 @@ always the peer's time divided by tfedu's, so above 1 means tfedu is faster. Sha
 """
 
 BENCHES = {"tokenizer": "tfedu.course.bench.tokenizer", "model": "tfedu.course.bench.model", "attention": "tfedu.course.bench.attention",
-           "decode": "tfedu.course.bench.decode", "moe": "tfedu.course.bench.moe", "grade": "tfedu.course.bench.grading"}
+           "decode": "tfedu.course.bench.decode", "moe": "tfedu.course.bench.moe", "grade": "tfedu.course.bench.grading",
+           "serve": "tfedu.course.bench.serve"}
 
 __all__ = ["BENCHES"]
