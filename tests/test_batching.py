@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tfedu.batching import (Completion, ContinuousBatcher, Request, StepClock, admit, blocks_needed, is_finished,
-                            serve, serve_static, tfedu_static_batch)
+                            random_trace, serve, serve_static, tfedu_static_batch)
 from tfedu.config import preset
 from tfedu.generate import generate
 from tfedu.model import GPT, Encoder
@@ -402,3 +402,29 @@ def test_a_given_admission_rule_replaces_admit_and_record_receives_the_steps():
             serve(model, requests, block_size=4, max_batch=3, admit=bad)
     with pytest.raises(TypeError, match="admit must be a function"):
         ContinuousBatcher(model, n_blocks=4, admit="fifo")
+
+
+def test_random_trace_is_seeded_in_range_and_cut_from_texts():
+    kwargs = dict(prompt_lengths=(3, 6), new_tokens=(2, 50), rate=4.0, seed=3)
+    a, b = random_trace(200, d_vocab=30, **kwargs), random_trace(200, d_vocab=30, **kwargs)
+    assert [(r.id, r.prompt.tolist(), r.max_new_tokens, r.arrival) for r in a] == \
+        [(r.id, r.prompt.tolist(), r.max_new_tokens, r.arrival) for r in b]
+    assert [r.id for r in a] == list(range(200)) and a[0].arrival == 0.0
+    assert all(x.arrival <= y.arrival for x, y in zip(a, a[1:]))
+    assert all(3 <= len(r.prompt) <= 6 and 2 <= r.max_new_tokens <= 50 and int(r.prompt.max()) < 30 for r in a)
+    assert 2.5 < 199 / a[-1].arrival < 6  # about 4 a unit of time
+    # Log-uniform: about as many answers below sqrt(2 * 50) = 10 as above.
+    assert 70 < sum(r.max_new_tokens < 10 for r in a) < 130
+    texts = [torch.arange(100, 120), torch.arange(500, 506)]
+    cut = random_trace(50, texts=texts, **kwargs)
+    for r in cut:
+        ids = r.prompt.tolist()
+        assert ids == list(range(ids[0], ids[0] + len(ids))) and (100 <= ids[0] < 120 or 500 <= ids[0] < 506)
+    with pytest.raises(ValueError, match="either texts .* or d_vocab"):
+        random_trace(3, **kwargs)
+    with pytest.raises(ValueError, match="at least 6 tokens"):
+        random_trace(3, texts=[torch.arange(4)], **kwargs)
+    with pytest.raises(ValueError, match="rate must be a positive number"):
+        random_trace(3, prompt_lengths=(3, 6), new_tokens=(2, 50), rate=0, d_vocab=30)
+    with pytest.raises(ValueError, match="1 <= low <= high"):
+        random_trace(3, prompt_lengths=(6, 3), new_tokens=(2, 50), rate=1, d_vocab=30)

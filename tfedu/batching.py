@@ -24,8 +24,7 @@ the same tokens whichever requests share its batch.
 
 - ``Request``, ``Completion``: what goes in (prompt, ``max_new_tokens``, arrival time) and comes out
   (new tokens, time of the first and of the last).
-- ``blocks_needed``, ``admit``, ``is_finished``: the scheduler's pure parts (``admit`` is notebook 18's
-  planned exercise).
+- ``blocks_needed``, ``admit``, ``is_finished``: the scheduler's pure parts (``admit`` is exercise 18.3).
 - ``ContinuousBatcher``: the scheduler around a ``PagedKVCache``; ``steps`` records each step's batch
   occupancy and memory for plots.
 - ``serve``: an arrival trace run in real time through a ``ContinuousBatcher``; ``serve_static``: the same
@@ -44,7 +43,7 @@ the same tokens whichever requests share its batch.
 >>> [(c.id, len(c.tokens), c.first_token, c.finish) for c in done]  # b joins while a decodes
 [('a', 3, 1.0, 4.0), ('b', 2, 2.0, 4.0)]
 
-To be built by hand in notebooks/18_serving.ipynb (issue 45; the notebook is not written yet).
+Built by hand in notebooks/18_serving.ipynb.
 """
 
 from __future__ import annotations
@@ -556,3 +555,53 @@ def tfedu_static_batch(model: nn.Module, *, eos_token_id: int | None = None) -> 
         return answers
 
     return generate_batch
+
+
+def random_trace(n: int, *, prompt_lengths: tuple[int, int], new_tokens: tuple[int, int], rate: float,
+                 texts: Sequence[Int[Tensor, "pos"]] | None = None, d_vocab: int | None = None,
+                 seed: int = 0) -> list[Request]:
+    """``n`` seeded requests: prompt lengths uniform, answer lengths log-uniform, arrivals a Poisson process.
+
+    Prompt lengths are uniform in ``prompt_lengths`` (both ends included); answer lengths (``max_new_tokens``)
+    log-uniform between the two ends of ``new_tokens``: as many answers of 4-8 tokens as of 64-128, the
+    many short and few long answers of chat traffic. Arrivals: the first at 0, then gaps drawn from an
+    exponential distribution of mean ``1 / rate`` (``rate`` requests per unit of time: seconds for
+    ``serve``, forward passes with a ``StepClock``). The prompts are slices of ``texts`` (1-D token ids,
+    each at least ``prompt_lengths[1]`` long) or, without them, random ids below ``d_vocab``. Request ids
+    are 0 .. n-1, in arrival order.
+
+    >>> trace = random_trace(3, prompt_lengths=(2, 4), new_tokens=(1, 8), rate=0.5, d_vocab=10)
+    >>> [(r.id, len(r.prompt) in (2, 3, 4), 1 <= r.max_new_tokens <= 8) for r in trace], trace[0].arrival
+    ([(0, True, True), (1, True, True), (2, True, True)], 0.0)
+    """
+    _check_count("n", n, least=1)
+    (p_lo, p_hi), (n_lo, n_hi) = prompt_lengths, new_tokens
+    if not 1 <= p_lo <= p_hi or not 1 <= n_lo <= n_hi:
+        raise ValueError(f"prompt_lengths and new_tokens must be (low, high) with 1 <= low <= high, got "
+                         f"{prompt_lengths} and {new_tokens}")
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < math.inf:
+        raise ValueError(f"rate must be a positive number of requests per unit of time, got {rate!r}")
+    if (texts is None) == (d_vocab is None):
+        raise ValueError("give either texts (token ids to cut prompts from) or d_vocab (random prompts), not both")
+    if texts is not None and (not texts or any(len(t) < p_hi for t in texts)):
+        raise ValueError(f"every text must hold at least {p_hi} tokens (the longest prompt)")
+    generator = torch.Generator().manual_seed(seed)
+
+    def draw(high: int) -> int:  # uniform in 0 .. high - 1
+        return int(torch.randint(0, high, (), generator=generator))
+
+    requests, arrival = [], 0.0
+    for i in range(n):
+        length = p_lo + draw(p_hi - p_lo + 1)
+        u = float(torch.rand((), generator=generator, dtype=torch.float64))
+        answer = round(math.exp(math.log(n_lo) + u * (math.log(n_hi) - math.log(n_lo))))
+        if texts is None:
+            prompt = torch.randint(0, d_vocab, (length,), generator=generator)
+        else:
+            text = texts[draw(len(texts))]
+            start = draw(len(text) - length + 1)
+            prompt = torch.as_tensor(text[start:start + length], dtype=torch.long).clone()
+        if i:
+            arrival += float(torch.empty((), dtype=torch.float64).exponential_(rate, generator=generator))
+        requests.append(Request(i, prompt, answer, arrival=arrival))
+    return requests

@@ -16,8 +16,7 @@ same for the values, and one allocator serves all layers: a block index names th
 layer's pool, so one block table per sequence is enough.
 
 - ``BlockAllocator``: the free list.
-- ``gather_blocks``: one sequence's keys (or values) read back through its block table (notebook 18's planned
-  exercise).
+- ``gather_blocks``: one sequence's keys (or values) read back through its block table (exercise 18.2).
 - ``PagedKVCache``: the pools, the allocator and the sequences (``crop`` rolls one back and frees the blocks
   past it, for speculative decoding); ``view(seq_ids, n_new)`` makes what
   ``model(ids, kv_cache=...)`` accepts for a batch of sequences of different lengths, and ``run`` does
@@ -41,7 +40,7 @@ step: the memory held is the same, the copy is what this version pays in time.
 >>> cache.free_sequence("a"); cache.allocator.n_free
 7
 
-To be built by hand in notebooks/18_serving.ipynb (issue 45; the notebook is not written yet).
+Built by hand in notebooks/18_serving.ipynb.
 """
 
 from __future__ import annotations
@@ -360,8 +359,16 @@ class PagedView(KVCache):
         self._new_real = torch.arange(width, device=device) >= width - n_new_t[:, None]  # batch n_new_max
         # Where each real new token goes, the same in every layer: worked out once per view, not per layer.
         self._rows, self._cols = self._new_real.nonzero(as_tuple=True)  # n_real
-        self._write_blocks = self._blocks[:, self._length:][self._rows, self._cols]  # n_real
-        self._write_offsets = self._offsets[:, self._length:][self._rows, self._cols]  # n_real
+        write_blocks = self._blocks[:, self._length:][self._rows, self._cols]  # n_real
+        write_offsets = self._offsets[:, self._length:][self._rows, self._cols]  # n_real
+        # Pools are contiguous (n_blocks, n_kv_heads, block_size, d): slot (block, head, offset) is row
+        # (block * n_kv_heads + head) * block_size + offset of the pool viewed as (-1, d). One index_select
+        # then reads every row's keys in the layout attention wants, and one index_copy_ writes the new ones.
+        n_kv_heads, heads = cache.keys[0].shape[1], torch.arange(cache.keys[0].shape[1], device=device)
+        self._read_rows = ((self._blocks[:, None, :] * n_kv_heads + heads[:, None]) * cache.block_size
+                           + self._offsets[:, None, :]).flatten()  # batch*n_kv_heads*key_pos
+        self._write_rows = ((write_blocks[:, None] * n_kv_heads + heads) * cache.block_size
+                            + write_offsets[:, None]).flatten()  # n_real*n_kv_heads
         self.layers = [PagedLayerView(self, layer) for layer in range(len(cache.keys))]
         self._appended, self._version = 0, cache._version
 
@@ -392,14 +399,14 @@ class PagedView(KVCache):
         if k.dim() != 4 or tuple(k.shape) != expected or v.shape != k.shape:
             raise ValueError(f"this view expects new keys and values (batch, n_kv_heads, n_new_max, d_head) = {expected} "
                              f"(ids left-padded to max(n_new) columns), got k {tuple(k.shape)} and v {tuple(v.shape)}")
-        keys, values = self.cache.keys[layer], self.cache.values[layer]
-        rows, cols, blocks, offsets = self._rows, self._cols, self._write_blocks, self._write_offsets
-        keys[blocks, :, offsets] = k[rows, :, cols]  # n_real n_kv_heads d_head
-        values[blocks, :, offsets] = v[rows, :, cols]
-        # A padded column reads some real slot of its own row (position 0's): finite, and hidden by the padding
-        # mask, so its attention weight is exactly 0. The pools hold only zeros and keys the model wrote.
-        gathered_k = keys[self._blocks, :, self._offsets].transpose(1, 2)
-        gathered_v = values[self._blocks, :, self._offsets].transpose(1, 2)
+        gathered = []
+        for pool, new in ((self.cache.keys[layer], k), (self.cache.values[layer], v)):
+            flat = pool.view(-1, pool.shape[3])  # the pool's rows of d numbers, in place
+            flat.index_copy_(0, self._write_rows, new[self._rows, :, self._cols].reshape(-1, pool.shape[3]).to(pool))
+            # A padded column reads some real slot of its own row (position 0's): finite, and hidden by the padding
+            # mask, so its attention weight is exactly 0. The pools hold only zeros and keys the model wrote.
+            gathered.append(flat.index_select(0, self._read_rows).view(self.batch, pool.shape[1], -1, pool.shape[3]))
+        gathered_k, gathered_v = gathered
         self._appended += 1
         if self._appended == len(self.layers):  # every layer written: the sequences now hold the new tokens
             for seq_id, n in zip(self.seq_ids, self.n_new, strict=True):

@@ -19,7 +19,7 @@ Speculative Sampling"). One round:
 Greedy (``do_sample=False``): keep ``x_i`` while it is the target's argmax, then emit the target's
 argmax: the same tokens as ``tfedu.generate.generate`` on the target alone.
 
-- ``accept_reject``: the acceptance-rejection step for one sequence (the planned exercise of notebook 18);
+- ``accept_reject``: the acceptance-rejection step for one sequence (exercise 18.1);
   ``residual_distribution``: what it draws from after a rejection.
 - ``prompt_lookup_draft``: draft tokens copied from the context after an earlier occurrence of its last
   n-gram (Saxena 2023, "Prompt Lookup Decoding"): no draft model at all.
@@ -35,7 +35,7 @@ argmax: the same tokens as ``tfedu.generate.generate`` on the target alone.
 >>> torch.equal(tokens, generate(target, ids, 8)), stats.emitted, stats.target_passes <= 8
 (True, 8, True)
 
-To be built by hand in notebooks/18_serving.ipynb (issue 45; the notebook is not written yet).
+Built by hand in notebooks/18_serving.ipynb.
 """
 
 from __future__ import annotations

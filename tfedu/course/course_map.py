@@ -21,7 +21,7 @@ END = "<!-- end of the course map -->"
 
 @dataclass(frozen=True)
 class Chapter:
-    number: str  # "00".."17": the file name's prefix and the order
+    number: str  # "00".."18": the file name's prefix and the order
     name: str  # the rest of the file name: notebooks/{number}_{name}.ipynb
     title: str  # the header's title, after "# NN · "
     builds: str  # what the learner builds, one line of markdown
@@ -167,6 +167,17 @@ CHAPTERS: tuple[Chapter, ...] = (
         "KL-penalised loss written by hand (equal to trl's), the reward over training and the held-out pass rate "
         "(three seeds); Chen et al.'s unbiased pass@k written by hand, before and after GRPO; multiple-choice "
         "scoring by log-likelihood, the whole answer against its first token"
+    )),
+    Chapter("18", "serving", "Serving many users: speculative decoding, a paged KV cache and continuous batching", (
+        "why a pass over k + 1 tokens costs about one token's, measured; speculative sampling's acceptance step "
+        "written by hand (exact: the first token's distribution through the draft equals the target's), greedy "
+        "speculation giving the target's own tokens; acceptance and tokens per pass against k for a draft model "
+        "trained like the course GPT but smaller, sampled and greedy, and for prompt lookup; the speed-up measured "
+        "against Leviathan et al.'s formula, with and without the verifying pass's real cost; a paged KV cache, "
+        "its block-table gather written by hand, equal to the contiguous cache; memory against the mix of "
+        "request lengths; continuous batching's admission step written by hand, running a server on an arrival "
+        "trace: passes, latency and tokens/s against static batching (three seeds), every request's tokens "
+        "identical; `tfedu bench serve` against transformers' static batches"
     )),
 )
 

@@ -25,7 +25,7 @@ the two servers are asserted identical before any time is reported (and the test
 continuous server against decoding each request alone). Tokens/s = the requests' new tokens / the
 seconds from the start of the trace to the last answer; latency = answer time - arrival time.
 
-The servers take turns for ``rounds`` rounds (A B A B); ratios come from each server's best round (the
+The servers take turns for a model's ``rounds`` rounds (A B A B); ratios come from each server's best round (the
 least disturbed), medians beside them. Goal: continuous >= 2x static tokens/s on the CPU.
 
 ``--quick`` runs a tiny model on one CPU thread: it checks that the bench runs, not the speed.
@@ -44,51 +44,36 @@ from tfedu.course.bench.model import GPT2_SMALL, hf_gpt2
 GOALS = {"continuous_vs_static": 2.0}
 FULL = {
     "models": {
-        "course-gpt": {"requests": 48, "max_batch": 8, "prompt": (8, 32), "new_tokens": (4, 96)},
-        "gpt2-small": {**GPT2_SMALL, "requests": 24, "max_batch": 8, "prompt": (8, 64), "new_tokens": (8, 256)},
+        "course-gpt": {"requests": 96, "max_batch": 8, "prompt": (8, 32), "new_tokens": (4, 96), "rounds": 5},
+        "gpt2-small": {**GPT2_SMALL, "requests": 24, "max_batch": 8, "prompt": (8, 64), "new_tokens": (8, 256),
+                       "rounds": 2},
     },
-    "rounds": 2, "block_size": 16, "load": 2.0,
+    "block_size": 16, "load": 2.0,
 }
 QUICK = {
     "models": {
         "tiny": {"d_vocab": 256, "n_ctx": 64, "d_model": 64, "n_layers": 2, "n_heads": 4, "requests": 6, "max_batch": 2,
-                 "prompt": (2, 8), "new_tokens": (2, 12)},
+                 "prompt": (2, 8), "new_tokens": (2, 12), "rounds": 1},
     },
-    "rounds": 1, "block_size": 4, "load": 2.0,
+    "block_size": 4, "load": 2.0,
 }
 SERVERS = ("continuous", "static")
 LABELS = {"continuous": "tfedu continuous batching, paged cache", "static": "transformers generate, static batches"}
 
 
 def trace(spec: dict, d_vocab: int, step_seconds: float, seed: int = 0, prompts: list | None = None) -> list:
-    """The requests: prompts (random ids, or slices of ``prompts``), log-uniform answer lengths, Poisson arrivals.
+    """The requests (``tfedu.batching.random_trace``), arriving at ``load`` times what a full batch serves.
 
-    The arrival rate is ``load`` times the requests per second a full batch decoding at
-    ``step_seconds`` a step can finish: ``max_batch / (mean answer length * step_seconds)``.
+    That rate is ``max_batch / (mean answer length * step_seconds)`` requests a second, for a step of
+    ``step_seconds``; the mean of a log-uniform length between a and b is ``(b - a) / ln(b / a)``.
     """
-    import torch
+    from tfedu.batching import random_trace
 
-    from tfedu.batching import Request
-
-    generator = torch.Generator().manual_seed(seed)
     lo, hi = spec["new_tokens"]
-    requests, lengths = [], []
-    for _ in range(spec["requests"]):
-        n_prompt = int(torch.randint(spec["prompt"][0], spec["prompt"][1] + 1, (), generator=generator))
-        u = float(torch.rand((), generator=generator))
-        lengths.append(int(round(math.exp(math.log(lo) + u * (math.log(hi) - math.log(lo))))))
-        if prompts is None:
-            prompt = torch.randint(0, d_vocab, (n_prompt,), generator=generator)
-        else:
-            source = prompts[int(torch.randint(0, len(prompts), (), generator=generator))]
-            start = int(torch.randint(0, len(source) - n_prompt + 1, (), generator=generator))
-            prompt = source[start:start + n_prompt].clone()
-        requests.append(prompt)
-    rate = spec["load"] * spec["max_batch"] / (statistics.fmean(lengths) * step_seconds)
-    gaps = torch.empty(len(lengths)).exponential_(rate, generator=generator)
-    arrivals = torch.cumsum(gaps, 0) - gaps[0]  # the first request arrives at 0
-    return [Request(id=i, prompt=p, max_new_tokens=n, arrival=float(t))
-            for i, (p, n, t) in enumerate(zip(requests, lengths, arrivals.tolist(), strict=True))]
+    mean = (hi - lo) / math.log(hi / lo) if hi > lo else lo
+    rate = spec["load"] * spec["max_batch"] / (mean * step_seconds)
+    return random_trace(spec["requests"], prompt_lengths=spec["prompt"], new_tokens=spec["new_tokens"], rate=rate,
+                        texts=prompts, d_vocab=None if prompts is not None else d_vocab, seed=seed)
 
 
 def hf_batch_generator(hf):
@@ -206,7 +191,7 @@ def bench_model(name: str, spec: dict, cfg: dict) -> dict:
     results: dict[str, list[dict]] = {server: [] for server in SERVERS}
     outputs = {}
     with torch.inference_mode():
-        for _ in range(cfg["rounds"]):
+        for _ in range(spec["rounds"]):
             for server in SERVERS:
                 completions = runs[server]()
                 seconds = max(c.finish for c in completions)
