@@ -45,7 +45,7 @@ GOALS = {"continuous_vs_static": 2.0}
 FULL = {
     "models": {
         "course-gpt": {"requests": 96, "max_batch": 8, "prompt": (8, 32), "new_tokens": (4, 96), "rounds": 5},
-        "gpt2-small": {**GPT2_SMALL, "requests": 24, "max_batch": 8, "prompt": (8, 64), "new_tokens": (8, 256),
+        "gpt2-small": {**GPT2_SMALL, "requests": 48, "max_batch": 8, "prompt": (8, 64), "new_tokens": (8, 256),
                        "rounds": 2},
     },
     "block_size": 16, "load": 2.0,
