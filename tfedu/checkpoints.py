@@ -351,6 +351,9 @@ def hf_from_gpt(model: GPT) -> nn.Module:
     from transformers import GPT2Config, GPT2LMHeadModel
 
     cfg = model.cfg
+    if cfg.has_recurrent_layers:
+        raise ValueError(f"hf_from_gpt: layer_types {cfg.layer_types} has recurrent layers, which no transformers "
+                         "GPT-2, Llama, Qwen3 or Gemma 3 model holds")
     kind = hf_kind(cfg)
     if kind != "gpt2":
         return _hf_decoder(model, kind)

@@ -33,7 +33,11 @@ from tfedu.positional import rope_frequencies
 
 POSITIONALS = ("learned", "sinusoidal", "rope", "alibi", "none")
 NORMS = ("layer", "rms", "gemma_rms")
-LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names for global and local layers
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention")  # transformers' names for global and local layers
+# The token mixers of notebooks/19 that rival attention, each a recurrence with a state of fixed size: notebook 09's
+# causal linear attention, gated linear attention (tfedu.recurrences), Mamba (S6) and Gated DeltaNet (tfedu.delta_rule)
+RECURRENT_LAYER_TYPES = ("linear", "gla", "mamba", "gated_deltanet")
+LAYER_TYPES = ATTENTION_LAYER_TYPES + RECURRENT_LAYER_TYPES
 NORM_POSITIONS = ("pre", "post")
 ATTENTION_IMPLS = ("manual", "sdpa", "flash", "triton")
 ROPE_LAYOUTS = ("interleaved", "half")
@@ -86,7 +90,10 @@ class ModelConfig:
     qk_norm: bool = False  # RMSNorm (cfg.norm) over d_head on each query and key head, before RoPE (Qwen3, Gemma 3)
     sliding_window: int | None = None  # a local layer's query sees this many keys, itself included (Mistral, Gemma)
     layer_types: tuple[str, ...] | None = None  # per layer "full_attention" | "sliding_attention" (transformers'
-    #   names); None: every layer local when sliding_window is set, else every layer global
+    #   names); None: every layer local when sliding_window is set, else every layer global. Or a recurrent
+    #   mixer in place of attention (notebooks/19): "linear" | "gla" | "mamba" | "gated_deltanet"; a pattern of
+    #   them and attention is a hybrid (hybrid_layer_types)
+    d_state: int = 16  # state per channel of a "mamba" layer (Gu & Dao 2023: 16); unused without one
     rope_local_base: float | None = None  # RoPE base of the local layers (Gemma 3: 10,000); None: rope_base
     # RoPE scaling for longer contexts, transformers' rope_parameters dict ({"rope_type": "yarn", "factor": 4.0, ...};
     #   tfedu.positional.rope_frequencies); None: plain RoPE. Not on local layers that use rope_local_base (Gemma 3)
@@ -199,11 +206,15 @@ class ModelConfig:
                 object.__setattr__(self, "layer_types", tuple(self.layer_types))
             if not isinstance(self.layer_types, tuple) or len(self.layer_types) != self.n_layers \
                     or any(kind not in LAYER_TYPES for kind in self.layer_types):
+                unknown = [kind for kind in self.layer_types if kind not in LAYER_TYPES] \
+                    if isinstance(self.layer_types, tuple) else []
                 raise ValueError(f"ModelConfig.layer_types must hold one of {LAYER_TYPES} per layer "
-                                 f"(n_layers={self.n_layers}), got {self.layer_types!r}")
+                                 f"(n_layers={self.n_layers}), got {self.layer_types!r}"
+                                 + (f": {unknown[0]!r} is not a layer type" if unknown else ""))
             if "sliding_attention" in self.layer_types and self.sliding_window is None:
                 raise ValueError("layer_types names sliding_attention layers but sliding_window is None: "
                                  "give the window (keys each local query sees)")
+        _positive_int("d_state", self.d_state)
         if self.activation == "geglu" and self.n_experts is not None:
             raise ValueError("the experts of tfedu.moe gate with SwiGLU only: activation='geglu' needs n_experts=None")
 
@@ -218,6 +229,20 @@ class ModelConfig:
         if self.sliding_window is None:
             return False
         return self.layer_types is None or self.layer_types[layer] == "sliding_attention"
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether block ``layer`` mixes positions with a recurrence (``RECURRENT_LAYER_TYPES``) instead of attention.
+
+        >>> cfg = ModelConfig(d_model=64, n_heads=4, n_layers=2, layer_types=("gla", "full_attention"))
+        >>> cfg.is_recurrent(0), cfg.is_recurrent(1), cfg.has_recurrent_layers
+        (True, False, True)
+        """
+        return self.layer_types is not None and self.layer_types[layer] in RECURRENT_LAYER_TYPES
+
+    @property
+    def has_recurrent_layers(self) -> bool:
+        """True when any block is a recurrent mixer: such a model is causal only and keeps no KV cache."""
+        return self.layer_types is not None and any(kind in RECURRENT_LAYER_TYPES for kind in self.layer_types)
 
     def as_dict(self) -> dict:
         """The fields as given, for JSON: derived ones (d_head, n_kv_heads, d_mlp) only if they were given.
@@ -311,6 +336,32 @@ PRESETS: dict[str, ModelConfig] = {
                                 layer_types=tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
                                                   for i in range(18))),
 }
+
+
+def hybrid_layer_types(n_layers: int, mixer: str, every: int = 4) -> tuple[str, ...]:
+    """``layer_types`` for a hybrid: ``mixer`` layers with full attention every ``every``-th layer and in the last.
+
+    Today's hybrids keep a few attention layers for exact recall and make the rest linear-time:
+    Qwen3-Next has three Gated DeltaNet layers to one attention layer (``every=4``; Qwen team 2025), Kimi Linear
+    the same 3:1 (Kimi team 2025), Jamba one attention layer in eight (``every=8``, Lieber et al. 2024). The last
+    layer is always attention, so the last read of the sequence before the unembedding is exact.
+
+    >>> hybrid_layer_types(4, "gated_deltanet")
+    ('gated_deltanet', 'gated_deltanet', 'gated_deltanet', 'full_attention')
+    >>> hybrid_layer_types(6, "mamba")  # every 4th layer and the last
+    ('mamba', 'mamba', 'mamba', 'full_attention', 'mamba', 'full_attention')
+    >>> cfg = ModelConfig(d_vocab=64, n_ctx=16, d_model=32, n_layers=4, n_heads=4,
+    ...                   layer_types=hybrid_layer_types(4, "gla"))
+
+    Built up in notebooks/19_beyond_attention.ipynb.
+    """
+    for name, value in (("n_layers", n_layers), ("every", every)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"hybrid_layer_types: {name} must be a positive int, got {value!r}")
+    if mixer not in LAYER_TYPES or mixer == "full_attention":
+        raise ValueError(f"mixer={mixer!r} must be a layer type other than 'full_attention': one of "
+                         f"{', '.join(map(repr, LAYER_TYPES[1:]))}")
+    return tuple("full_attention" if (i + 1) % every == 0 or i == n_layers - 1 else mixer for i in range(n_layers))
 
 
 def preset(name: str) -> ModelConfig:

@@ -286,6 +286,10 @@ def param_count(cfg: ModelConfig, kind: str = "gpt") -> ParamCount:
     cfg = _config(cfg)
     if kind not in MODEL_KINDS:
         raise ValueError(f"kind={kind!r} is not one of {', '.join(map(repr, MODEL_KINDS))}")
+    if getattr(cfg, "has_recurrent_layers", False):
+        raise ValueError(f"param_count counts attention blocks; layer_types {cfg.layer_types} has recurrent layers, "
+                         "whose parameters it does not model: count the built model's, sum(p.numel() for p in "
+                         "model.parameters())")
     stacks = 2 if kind == "encoder-decoder" else 1
     table = cfg.d_vocab * cfg.d_model
     n_embeddings = 1 if cfg.tied_embeddings else stacks  # untied encoder-decoder: source and target tables

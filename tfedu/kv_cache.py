@@ -314,6 +314,10 @@ class KVCache:
         with another cache layout only has to override that.
         """
         if not getattr(model, "supports_kv_cache", False):
+            cfg = getattr(model, "cfg", None)
+            if getattr(cfg, "has_recurrent_layers", False):
+                raise TypeError(f"this GPT has recurrent layers (layer_types {cfg.layer_types}): they carry a state, not "
+                                "keys and values, so it keeps no KV cache (tfedu.generate decodes it without one)")
             raise TypeError(
                 f"{type(model).__name__} cannot keep a KV cache: only a causal decoder (tfedu.model.GPT) can, since "
                 "there no earlier position changes when a token is added"

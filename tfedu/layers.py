@@ -31,11 +31,13 @@ from torch import Tensor, nn
 from tfedu.activations import ACTIVATIONS, GATED, activate, swiglu_hidden
 from tfedu.attention import MultiHeadAttention, attention_weights, causal_mask, combine_masks
 from tfedu.config import ATTENTION_IMPLS, ModelConfig
+from tfedu.delta_rule import GatedDeltaNet
 from tfedu.flash import flash_attention
 from tfedu.inputs import check_d_model, check_features
 from tfedu.kv_cache import LayerKVCache, RingKVCache
 from tfedu.moe import MoE
 from tfedu.positional import apply_rope, validate_rope_scaling
+from tfedu.recurrences import GatedLinearAttentionLayer, LinearAttentionLayer, MambaLayer
 
 
 # ----------------------------------------------------------------------------- checks
@@ -556,6 +558,45 @@ def make_attention(cfg: ModelConfig, *, cross: bool = False, layer: int = 0) -> 
     )
 
 
+def make_mixer(cfg: ModelConfig, layer: int = 0) -> nn.Module:
+    """What mixes positions in block ``layer``: ``make_attention``'s layer, or the recurrence ``cfg.layer_types`` names.
+
+    - ``"linear"``: ``tfedu.recurrences.LinearAttentionLayer`` (notebook 09's causal linear attention), n_heads
+      heads of d_head;
+    - ``"gla"``: ``tfedu.recurrences.GatedLinearAttentionLayer`` (a per-head gate, the chunked form), the same heads;
+    - ``"mamba"``: ``tfedu.recurrences.MambaLayer`` with d_inner = 2 d_model (Mamba's expansion, Gu & Dao 2023)
+      and ``cfg.d_state``, Mamba's own defaults otherwise (no bias in its projections, conv width 4);
+    - ``"gated_deltanet"``: ``tfedu.delta_rule.GatedDeltaNet`` with n_heads heads of d_head for keys and values
+      (one key head per value head).
+
+    A recurrent mixer takes the block's input alone: no mask, positions, bias or KV cache (``Block.forward``).
+    """
+    kind = "full_attention" if cfg.layer_types is None else cfg.layer_types[layer]
+    if kind == "linear":
+        return LinearAttentionLayer(cfg.d_model, cfg.n_heads, cfg.d_head, bias=cfg.bias)
+    if kind == "gla":
+        return GatedLinearAttentionLayer(cfg.d_model, cfg.n_heads, cfg.d_head, bias=cfg.bias)
+    if kind == "mamba":
+        return MambaLayer(cfg.d_model, 2 * cfg.d_model, d_state=cfg.d_state)
+    if kind == "gated_deltanet":
+        return GatedDeltaNet(cfg.d_model, cfg.n_heads, cfg.d_head, cfg.d_head)
+    return make_attention(cfg, layer=layer)
+
+
+def _check_recurrent_call(kind: str, mask: Tensor | None, causal: bool, kv_cache: object) -> None:
+    """Clear errors for what a recurrent mixer cannot do: look both ways, keep a KV cache, skip masked keys."""
+    if not causal:
+        raise ValueError(f"a {kind!r} layer is a recurrence that runs forward: it is causal only (use it in a GPT)")
+    if kv_cache is not None:
+        raise ValueError(f"a {kind!r} layer keeps a recurrent state, not keys and values: decode without a KV cache")
+    if mask is not None:
+        n_query, n_key = mask.shape[-2], mask.shape[-1]
+        if not bool((mask | ~causal_mask(n_query, n_key, device=mask.device)).all()):
+            raise ValueError(f"the mask hides earlier positions from some query (left padding?), but a {kind!r} layer "
+                             "cannot skip positions: its state takes in every one. Pad on the right, or run the "
+                             "prompts one at a time")
+
+
 def make_mlp(cfg: ModelConfig) -> nn.Module:
     """The feed-forward layer for ``cfg``: an ``MLP``, or a ``tfedu.moe.MoE`` of them when ``cfg.n_experts`` is set."""
     if cfg.n_experts is not None:
@@ -594,6 +635,12 @@ class Block(nn.Module):
     ``kv_cache`` (this block's ``tfedu.kv_cache.LayerKVCache``) goes to the self-attention; everything
     else works per position, so a cached step runs the block on the new positions alone.
 
+    When ``cfg.layer_types[layer]`` names a recurrent mixer (``"linear"``, ``"gla"``, ``"mamba"``,
+    ``"gated_deltanet"``; notebooks/19), ``attn`` is that layer (``make_mixer``) and ``recurrent`` its name
+    (None for attention). It is called with the normed stream alone, causal only, without a KV cache or a mask
+    that hides earlier positions; ``hook_attn_out`` carries its output. It has no ``hook_pattern`` (no pattern
+    is ever formed); the linear ones have ``attn.hook_z``.
+
     >>> from tfedu.config import ModelConfig
     >>> block = Block(ModelConfig(d_vocab=10, n_ctx=8, d_model=16, n_layers=1, n_heads=2))
     >>> block(torch.randn(2, 5, 16), causal=True).shape
@@ -607,7 +654,9 @@ class Block(nn.Module):
         self.cfg = cfg
         self.norm_position = cfg.norm_position
         self.ln1 = make_norm(cfg)
-        self.attn = make_attention(cfg, layer=layer)
+        # a recurrent mixer's kind ("gla", "mamba", ...; cfg.layer_types) sits where attention would, or None
+        self.recurrent = cfg.layer_types[layer] if cfg.is_recurrent(layer) else None
+        self.attn = make_mixer(cfg, layer) if self.recurrent else make_attention(cfg, layer=layer)
         if cfg.sandwich_norm:
             if cfg.norm_position != "pre" or cross_attention:
                 raise ValueError("sandwich_norm adds a norm after each pre-norm sub-layer (Gemma 2/3): it needs "
@@ -660,6 +709,9 @@ class Block(nn.Module):
         resid = self.hook_resid_pre(resid)
 
         def self_attention(x: Tensor) -> Tensor:
+            if self.recurrent:  # (the recurrence knows the order by itself: positions and ALiBi's bias are attention's)
+                _check_recurrent_call(self.recurrent, mask, causal, kv_cache)
+                return self.attn(x)
             return self.attn(x, mask=mask, causal=causal, positions=positions, bias=attn_bias, kv_cache=kv_cache)
 
         resid = self.hook_resid_mid(self._sublayer(resid, self.ln1, self_attention, self.hook_attn_out,

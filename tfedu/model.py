@@ -49,6 +49,7 @@ from tfedu.kv_cache import KVCache
 from tfedu.layers import Block, dropout, make_norm
 from tfedu.moe import MoE
 from tfedu.positional import LearnedPositions, alibi_bias, sinusoidal
+from tfedu.recurrences import MambaLayer
 
 IGNORE_INDEX = -100  # target value that the loss skips (padding, unmasked MLM positions), as in F.cross_entropy
 
@@ -141,6 +142,9 @@ class Transformer(nn.Module):
         super().__init__()
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"expected a tfedu.config.ModelConfig, got {type(cfg).__name__}")
+        if cfg.has_recurrent_layers and getattr(self, "causal", None) is not True:
+            raise ValueError(f"layer_types {cfg.layer_types} has recurrent layers, which run forward only: they make "
+                             f"a causal decoder (GPT), not a {type(self).__name__}")
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
         if cfg.positional == "learned":
@@ -172,8 +176,12 @@ class Transformer(nn.Module):
         for name, param in self.named_parameters():
             # Each sub-layer adds to the residual stream; scaling the layers that write to it by
             # 1/sqrt(number of writes) keeps the stream's variance from growing with depth.
-            if name.endswith(("attn.W_O.weight", "mlp.W_out.weight")):
+            # (attn.out_proj: the output of a Mamba or Gated DeltaNet layer in attention's place, cfg.layer_types)
+            if name.endswith(("attn.W_O.weight", "mlp.W_out.weight", "attn.out_proj.weight")):
                 nn.init.normal_(param, mean=0.0, std=std / math.sqrt(n_residual_layers))
+        for module in self.modules():
+            if isinstance(module, MambaLayer):  # the loop above zeroed dt_proj's bias: Mamba's initial steps again
+                module.reset_dt_bias()
         if self.cfg.tied_embeddings:
             self.unembed.weight = self.embed.weight  # one Parameter: W_U = W_E^T
 
@@ -371,7 +379,8 @@ class LanguageModel(Transformer):
 
     @property
     def supports_kv_cache(self) -> bool:
-        return self.causal
+        # Recurrent layers (cfg.layer_types) carry a state, not keys and values: such a model decodes without a cache.
+        return self.causal and not self.cfg.has_recurrent_layers
 
     def _check_kv_cache(self, kv_cache: object, ids: object) -> int:
         """The positions ``kv_cache`` holds, after clear errors for a cache this forward pass cannot use."""
@@ -381,6 +390,9 @@ class LanguageModel(Transformer):
         if not self.causal:
             raise ValueError(f"{type(self).__name__} attends both ways: a new token changes every earlier position, "
                              "so there is nothing to cache (a KV cache serves causal decoding, GPT)")
+        if self.cfg.has_recurrent_layers:
+            raise ValueError(f"layer_types {self.cfg.layer_types} has recurrent layers: they keep a state, not keys and "
+                             "values, so this model takes no KV cache (tfedu.generate decodes it without one)")
         if len(kv_cache.layers) != len(self.blocks):
             raise ValueError(f"this kv_cache has {len(kv_cache.layers)} layers but the model {len(self.blocks)} blocks: "
                              "make it with KVCache.for_model(model, batch)")

@@ -18,6 +18,9 @@ parallel form (how it trains), and the two are equal.
   softplus, the scan, the SiLU(z) gate, out_proj), with ``transformers``' ``MambaMixer`` parameter
   names and shapes, so a state_dict copies across (``MambaLayer.from_hf``); ``step`` decodes one
   token from a ``MambaState`` of constant size.
+- ``LinearAttentionLayer`` and ``GatedLinearAttentionLayer``: notebook 09's causal linear attention and gated
+  linear attention as layers shaped like attention (W_Q, W_K, W_V, W_O, heads), which ``ModelConfig.layer_types``
+  ("linear", "gla") puts in place of a block's attention; "mamba" puts a ``MambaLayer`` there.
 
 To be built by hand in notebooks/19_beyond_attention.ipynb (issue 46; the notebook is not written yet).
 """
@@ -31,6 +34,9 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
+
+from tfedu.delta_rule import GatedRMSNorm
+from tfedu.flash import linear_attention
 
 SCANS = ("sequential", "parallel")
 
@@ -420,11 +426,16 @@ class MambaLayer(nn.Module):
         self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1, dtype=torch.float32)).repeat(d_inner, 1))
         self.D = nn.Parameter(torch.ones(d_inner))
         self.out_proj = nn.Linear(d_inner, d_model, bias=bias)
-        with torch.no_grad():
-            # Steps Delta log-uniform in [1e-3, 1e-1] at the start (Gu & Dao 2023, sec. 3.6): the bias is
-            # softplus^-1 of it.
-            dt = torch.exp(torch.rand(d_inner) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
-            self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        self.reset_dt_bias()
+
+    @torch.no_grad()
+    def reset_dt_bias(self) -> None:
+        """Steps Delta log-uniform in [1e-3, 1e-1] (Gu & Dao 2023, sec. 3.6): dt_proj's bias is softplus^-1 of them.
+
+        Called by ``__init__``, and by ``tfedu.model``'s initialisation after it has zeroed every bias.
+        """
+        dt = torch.exp(torch.rand(self.d_inner) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
     @classmethod
     def from_hf(cls, mixer: nn.Module) -> MambaLayer:
@@ -506,3 +517,125 @@ class MambaLayer(nn.Module):
         y_t, h = selective_scan_step(state.ssm_state, x_t, delta[..., 0], A, B[:, 0], C[:, 0], self.D)
         out = self.out_proj(y_t * F.silu(z_t))  # (batch, d_model)
         return out, MambaState(conv_state=window[..., 1:], ssm_state=h)
+
+
+# ----------------------------------------------------------------------------- attention-shaped layers
+
+GATE_TEMPERATURE = 16.0  # GLA's tau (Yang et al. 2024, sec. 4.4): sigmoid(.) ** (1 / 16) starts the gates near 1
+MIN_LOG_GATE = -60.0  # log g floored here, so that g never rounds to 0 (whose log, -inf, the chunked form takes)
+FORMS = ("chunked", "recurrent")
+
+
+def _split_heads(x: Tensor, n_heads: int) -> Tensor:
+    return x.unflatten(-1, (n_heads, -1)).transpose(1, 2)  # (batch, n_heads, pos, d_head)
+
+
+class _HeadsLayer(nn.Module):
+    """What the two layers below share: W_Q, W_K, W_V (n_heads heads of d_head), W_O and the hook point hook_z."""
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int | None, bias: bool, chunk: int) -> None:
+        super().__init__()
+        d_head = d_model // n_heads if d_head is None else d_head
+        for name, size in (("d_model", d_model), ("n_heads", n_heads), ("d_head", d_head)):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"{name} must be a positive int, got {size!r}")
+        self.d_model, self.n_heads, self.d_head, self.chunk = d_model, n_heads, d_head, _check_chunk(chunk)
+        self.W_Q = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.W_K = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.W_V = nn.Linear(d_model, n_heads * d_head, bias=bias)
+        self.W_O = nn.Linear(n_heads * d_head, d_model, bias=bias)
+        # Per-head outputs (batch, pos, n_heads, d_head) before W_O, as tfedu.layers.Attention's hook_z: there is no
+        # attention pattern to hook (it is never formed), but the heads' outputs exist.
+        self.hook_z = nn.Identity()
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        x = _expect("x", x, (None, None, self.d_model), f"(batch, pos, {self.d_model})")
+        return tuple(_split_heads(W(x), self.n_heads) for W in (self.W_Q, self.W_K, self.W_V))
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, n_heads={self.n_heads}, d_head={self.d_head}, chunk={self.chunk}"
+
+
+class LinearAttentionLayer(_HeadsLayer):
+    """Notebook 09's causal linear attention (Katharopoulos et al. 2020) as a layer that can replace attention.
+
+    q, k, v = W_Q x, W_K x, W_V x split into heads; each head runs ``tfedu.flash.linear_attention(q, k, v,
+    causal=True)`` (feature map elu + 1 and the normaliser phi(q) . sum phi(k), chunk by chunk); the heads are
+    joined and W_O maps them back to d_model. Its state per head, sum phi(k) v^T and sum phi(k), only ever grows
+    (no gate, no forgetting): the layer ``GatedLinearAttentionLayer`` and Gated DeltaNet improve on.
+    x (batch, pos, d_model) -> (batch, pos, d_model); causal always.
+
+    >>> layer = LinearAttentionLayer(d_model=16, n_heads=4)
+    >>> layer(torch.randn(2, 5, 16)).shape
+    torch.Size([2, 5, 16])
+
+    Built by hand in notebooks/09_efficient_attention.ipynb (the function); a layer of notebooks/19's hybrids.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, *, bias: bool = True, chunk: int = 64,
+                 eps: float = 1e-6) -> None:
+        super().__init__(d_model, n_heads, d_head, bias, chunk)
+        self.eps = eps
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        q, k, v = self._qkv(x)  # each (batch, n_heads, pos, d_head)
+        z = linear_attention(q, k, v, causal=True, chunk=self.chunk, eps=self.eps)  # (batch, n_heads, pos, d_head)
+        z = self.hook_z(z.transpose(1, 2))  # (batch, pos, n_heads, d_head)
+        return self.W_O(z.flatten(2))
+
+
+class GatedLinearAttentionLayer(_HeadsLayer):
+    """Gated linear attention as a layer: linear attention whose state fades by a gate computed from the input.
+
+    For x (batch, pos, d_model), per head:
+      q = W_Q x / sqrt(d_head), k = W_K x, v = W_V x (no feature map, no normaliser: GLA's and RetNet's choice);
+      g_t = sigmoid(W_gate x_t + b) ** (1 / tau), tau = 16, computed as exp(logsigmoid(.) / tau);
+      o = ``gated_linear_attention_chunked(q, k, v, g)`` (S_t = g_t S_{t-1} + k_t^T v_t, o_t = q_t S_t);
+      out = W_O(RMSNorm(o) * SiLU(W_G x)), the norm per head over d_head, one gain shared by the heads.
+
+    The gate is a **per-head scalar** (``W_gate`` has n_heads outputs), the form of Mamba-2 and Gated DeltaNet;
+    GLA proper (Yang et al. 2024, sec. 4.4) gates each of the d_head rows of the state with a low-rank
+    (d_model -> 16 -> d_head) projection, with the same sigmoid ** (1/16). The temperature keeps the initial
+    gates near 1 (sigmoid(0) ** (1/16) = 0.958: a memory of about 24 steps). The output norm and gate are GLA's
+    (``GroupNorm`` per head in the paper, RMSNorm in its code, flash-linear-attention) and RetNet's (Sun et al.
+    2023, eq. 8: GroupNorm per head, then swish(X W_G)); here ``tfedu.delta_rule.GatedRMSNorm``, Gated
+    DeltaNet's. ``form="recurrent"`` runs the step-by-step recurrence instead of the chunks (equal results).
+
+    >>> layer = GatedLinearAttentionLayer(d_model=16, n_heads=4)
+    >>> layer(torch.randn(2, 5, 16)).shape
+    torch.Size([2, 5, 16])
+
+    A layer of notebooks/19_beyond_attention.ipynb's hybrids (its recurrence built by hand there).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, d_head: int | None = None, *, bias: bool = True, chunk: int = 64,
+                 temperature: float = GATE_TEMPERATURE, eps: float = 1e-6) -> None:
+        super().__init__(d_model, n_heads, d_head, bias, chunk)
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+            raise ValueError(f"temperature must be a positive number (GLA: 16), got {temperature!r}")
+        self.temperature = float(temperature)
+        self.W_gate = nn.Linear(d_model, n_heads, bias=True)  # one forget gate per head and step
+        self.W_G = nn.Linear(d_model, n_heads * self.d_head, bias=bias)  # the output gate, SiLU(W_G x)
+        self.norm = GatedRMSNorm(self.d_head, eps)
+
+    def gates(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch n_heads pos"]:
+        """g_t = sigmoid(W_gate x_t + b) ** (1 / temperature), per head, in (0, 1)."""
+        log_g = F.logsigmoid(self.W_gate(x)) / self.temperature  # (batch, pos, n_heads)
+        return log_g.clamp(min=MIN_LOG_GATE).exp().transpose(1, 2)
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"], form: str = "chunked") -> Float[Tensor, "batch pos d_model"]:
+        if form not in FORMS:
+            raise ValueError(f"form must be one of {FORMS}, got {form!r}")
+        q, k, v = self._qkv(x)  # each (batch, n_heads, pos, d_head)
+        q = q * self.d_head**-0.5
+        g = self.gates(x)  # (batch, n_heads, pos)
+        if form == "chunked":
+            o, _ = gated_linear_attention_chunked(q, k, v, g, chunk=self.chunk)
+        else:
+            o, _ = gated_linear_attention_recurrent(q, k, v, g)
+        gate = self.W_G(x).unflatten(-1, (self.n_heads, self.d_head))  # (batch, pos, n_heads, d_head)
+        z = self.hook_z(self.norm(o.transpose(1, 2), gate))  # (batch, pos, n_heads, d_head)
+        return self.W_O(z.flatten(2))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, temperature={self.temperature}"
