@@ -235,6 +235,8 @@ def gather_blocks(pool, block_table, length, mistake=""):
         return pool[torch.tensor(table)[t % block_size], :, t // block_size].transpose(0, 1)
     if mistake == "contiguous":
         return pool[t // block_size, :, t % block_size].transpose(0, 1)
+    if mistake == "reshaped":  # the picked blocks regrouped without moving the heads' axis first
+        return pool[torch.tensor(table[:needed], dtype=torch.long)].reshape(heads, -1, d_head)[:, :length]
     if mistake == "axes":
         return pool[torch.tensor(table, dtype=torch.long)[t // block_size], :, t % block_size]
     if mistake == "in place":
@@ -269,6 +271,7 @@ GB_MISTAKES = {
     "swapped": "block and offset are swapped",
     "contiguous": "as if the sequence's blocks were the pool's first blocks",
     "axes": "positions before the heads",
+    "reshaped": "heads and positions are mixed up",
     "in place": "in place",
 }
 

@@ -578,6 +578,12 @@ HINT_GB_AXES = (
     "d_head), and a contiguous cache holds one sequence as (n_kv_heads, length, d_head), heads first. Move the "
     "positions' axis after the heads'"
 )
+HINT_GB_RESHAPED = (
+    "heads and positions are mixed up: you reshaped the blocks you picked, (blocks, n_kv_heads, block_size, d_head), "
+    "straight to (n_kv_heads, positions, d_head), so the numbers of one head's block land under another head. A "
+    "reshape only regroups numbers in memory order: bring the heads' axis to the front first, then join the blocks "
+    "and their offsets into one axis of positions"
+)
 HINT_GB_ORDER = (
     "you read the block table in another order ({order}): the table's order is the sequence's order, not the "
     "pool's. The table's first entry holds positions 0 .. block_size - 1, the second the next ones, wherever those "
@@ -660,6 +666,8 @@ def gb_mistakes(pool: torch.Tensor, table: list[int], length: int) -> list[tuple
         (HINT_GB_SWAPPED, swapped),
         (HINT_GB_AXES.format(got=f"({length}, {pool.shape[1]}, {pool.shape[3]})"),
          None if right is None else right.transpose(0, 1)),
+        (HINT_GB_RESHAPED, None if not needed or len(table) < needed
+         else pool[torch.tensor(table[:needed])].reshape(pool.shape[1], -1, pool.shape[3])[:, :length]),
         (HINT_GB_ORDER.format(order="reversed"), through(table[::-1], length)),
         (HINT_GB_ORDER.format(order="reversed"), through(table[:needed][::-1], length)),
         (HINT_GB_ORDER.format(order="sorted"), through(sorted(table), length)),
