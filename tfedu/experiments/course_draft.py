@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import statistics
 import time
 from dataclasses import asdict
@@ -35,14 +34,13 @@ from jaxtyping import Int
 from torch import Tensor, nn
 
 from tfedu.experiments import course_gpt
-from tfedu.experiments.course_gpt import TRAIN_CONFIG, _stop_after, datasets, tokenizer
+from tfedu.experiments.course_gpt import TRAIN_CONFIG, datasets, tokenizer
 from tfedu.generate import generate
 from tfedu.kv_cache import KVCache
 from tfedu.model import GPT
 from tfedu.shipped_models import SHIPPED, load_shipped, load_shipped_log, save_shipped, shipped_folder
 from tfedu.speculative import Drafter, speculative_generate
 from tfedu.tokenizer import Tokenizer
-from tfedu.train import evaluate, train
 
 NAME = "course-draft"
 FORMAT = SHIPPED[NAME].format
@@ -66,25 +64,8 @@ def build(out_dir: str | os.PathLike = FOLDER, *, steps: int | None = None, prog
     The course GPT's data and schedule (``course_gpt.TRAIN_CONFIG``); ``steps`` cuts the run short
     (the schedule stays the full one, so the first steps equal the shipped run's).
     """
-    tok = tokenizer()
-    train_data, val_data = datasets(tok)
     model = fresh_model()
-    tic = time.perf_counter()
-    result = train(model, train_data, TRAIN_CONFIG, val_data=val_data, device="cpu", progress=progress,
-                   on_step=_stop_after(steps))
-    seconds = time.perf_counter() - tic
-    log = {
-        "history": result.history,
-        "evals": result.evals,
-        "val_loss": evaluate(model, val_data, MODEL_CONFIG.n_ctx),
-        "train_tokens": len(train_data),
-        "val_tokens": len(val_data),
-        "seconds": round(seconds, 1),
-        "device": "cpu",
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "machine": platform.machine(),
-    }
+    log = course_gpt.train_on_corpus(model, tokenizer(), steps=steps, device="cpu", progress=progress)
     save(model, out_dir, log)
     return log
 

@@ -70,20 +70,33 @@ def build(out_dir: str | os.PathLike = FOLDER, *, steps: int | None = None, devi
     shipped run's); the folder is then written too, for inspection.
     """
     tok = tokenizer()
-    train_data, val_data = datasets(tok)
     model = fresh_model()
+    log = train_on_corpus(model, tok, steps=steps, device=device, progress=progress)
+    if log is not None:
+        save(model, tok, out_dir, log)
+    return log
+
+
+def train_on_corpus(model: GPT, tok: Tokenizer, *, steps: int | None = None, device: str | None = None,
+                    progress: bool = True) -> dict | None:
+    """Train ``model`` on the course corpus with ``TRAIN_CONFIG`` and return its training log (the model ends on the CPU).
+
+    The log: every step's loss and learning rate, every evaluation, the held-out loss at the end, and
+    how long it took on what. Under torchrun only the first process gets it (the others: None). The
+    course draft model (``course_draft``) trains this way too.
+    """
+    train_data, val_data = datasets(tok)
     tic = time.perf_counter()
-    cfg = TRAIN_CONFIG
-    result = train(model, train_data, cfg, val_data=val_data, device=device, progress=progress,
+    result = train(model, train_data, TRAIN_CONFIG, val_data=val_data, device=device, progress=progress,
                    on_step=_stop_after(steps))
     seconds = time.perf_counter() - tic
     model.to("cpu")
     if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
         return None  # under torchrun only the first process writes the folder
-    log = {
+    return {
         "history": result.history,
         "evals": result.evals,
-        "val_loss": evaluate(model, val_data, MODEL_CONFIG.n_ctx),
+        "val_loss": evaluate(model, val_data, model.cfg.n_ctx),
         "train_tokens": len(train_data),
         "val_tokens": len(val_data),
         "seconds": round(seconds, 1),
@@ -92,8 +105,6 @@ def build(out_dir: str | os.PathLike = FOLDER, *, steps: int | None = None, devi
         "threads": torch.get_num_threads(),
         "machine": platform.machine(),
     }
-    save(model, tok, out_dir, log)
-    return log
 
 
 def _stop_after(steps: int | None):

@@ -80,22 +80,18 @@ def hf_batch_generator(hf):
     """``generate_batch(prompts, max_new_tokens) -> new tokens per prompt``: transformers' generate, left-padded."""
     import warnings
 
-    import torch
+    from tfedu.generate import pad_prompts
 
     pad = 0  # any id: the attention mask hides it and the positions skip it
 
     def generate_batch(prompts, max_new_tokens):
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, prompt in enumerate(prompts):
-            ids[row, width - len(prompt):] = prompt
-            mask[row, width - len(prompt):] = 1
+        ids, padding_mask = pad_prompts(prompts, pad_id=pad)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # generation-config chatter
-            out = hf.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                              do_sample=False, use_cache=True, eos_token_id=None, pad_token_id=pad)
-        return [out[row, width:] for row in range(len(prompts))]
+            out = hf.generate(ids, attention_mask=padding_mask.long(), max_new_tokens=max_new_tokens,
+                              min_new_tokens=max_new_tokens, do_sample=False, use_cache=True, eos_token_id=None,
+                              pad_token_id=pad)
+        return list(out[:, ids.shape[1]:])
 
     return generate_batch
 
