@@ -97,14 +97,15 @@ def test_every_tfedu_package_is_listed_and_the_course_gpt_ships_in_the_wheel():
     folders = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "tfedu").rglob("__init__.py")}
     assert set(setuptools["packages"]) == folders | {"tfedu.shipped"}
     assert setuptools["package-dir"]["tfedu.shipped"] == "data"
-    assert setuptools["package-data"]["tfedu.shipped"] == ["course-gpt/*", "induction-gpt/*", "course-chat/*", "course-draft/*", "corpus/*",
-                                                          "capstone/*"]
+    assert setuptools["package-data"]["tfedu.shipped"] == ["course-gpt/*", "induction-gpt/*", "course-chat/*", "course-draft/*",
+                                                          "rivals/*", "corpus/*", "capstone/*"]
     assert (ROOT / "data" / "capstone" / "seeds.json").is_file()  # notebook 08's capstone reads it
     assert (ROOT / "data" / "corpus" / "pydoc_topics.json.gz").is_file()
     assert (ROOT / "data" / "course-gpt" / "model.safetensors").is_file()
     assert (ROOT / "data" / "induction-gpt" / "model.safetensors").is_file()
     assert (ROOT / "data" / "course-chat" / "model.safetensors").is_file()  # notebook 17 starts from it
     assert (ROOT / "data" / "course-draft" / "model.safetensors").is_file()  # notebook 18's draft model
+    assert {p.name for p in (ROOT / "data" / "rivals").iterdir()} == {"recall.json", "lm.json"}  # notebook 19's sweeps
     # tfedu.course.publish's nbconvert templates (the course site and the slides) ship inside the package
     assert setuptools["package-data"]["tfedu.course"] == ["templates/*/*", "solutions.json"]  # tfedu.solution's
     assert (ROOT / "tfedu" / "course" / "solutions.json").is_file()

@@ -31,12 +31,14 @@ layer (``GatedDeltaNet``) scales them by 1/sqrt(d_head) and l2-normalises q and 
   gates, the gated delta rule, a gated RMSNorm), with transformers' parameter names, and a
   constant-memory decoding ``step``.
 
-To be built by hand in notebooks/19_beyond_attention.ipynb (issue 46).
+The gated delta rule's step is built by hand in notebooks/19_beyond_attention.ipynb (exercise 19.4, with the gate given
+as the decay exp(g) rather than g).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import einops
@@ -449,12 +451,20 @@ class GatedDeltaNet(nn.Module):
         return self.prefill(x)[0]
 
     def step(
-        self, x_t: Float[Tensor, "batch d_model"], cache: GatedDeltaNetCache
+        self, x_t: Float[Tensor, "batch d_model"], cache: GatedDeltaNetCache, *, rule: Callable | None = None,
     ) -> tuple[Float[Tensor, "batch d_model"], GatedDeltaNetCache]:
-        """Decode one token: the recurrent form (``delta_rule_step``'s update), O(1) time and memory in the length."""
+        """Decode one token: the recurrent form (``delta_rule_step``'s update), O(1) time and memory in the length.
+
+        ``rule(state, q_t, k_t, v_t, beta_t, decay_t) -> (o_t, state)`` replaces the update, with the gate given as
+        the decay alpha_t = exp(g_t) in (0, 1] (notebook 19's exercise takes it so).
+        """
         if not isinstance(x_t, Tensor) or x_t.dim() != 2 or x_t.shape[-1] != self.d_model:
             raise ValueError(f"x_t should have shape (batch, {self.d_model}), got {_describe(x_t)}")
         q, k, v, z, beta, g, conv_state = self._mix(x_t[:, None], cache.conv_state)
         acc = cache.state.dtype
-        o_t, state = _step(cache.state, *(t[:, :, 0].to(acc) for t in (q, k, v, beta, g)))
+        q_t, k_t, v_t, beta_t, g_t = (t[:, :, 0].to(acc) for t in (q, k, v, beta, g))
+        if rule is None:
+            o_t, state = _step(cache.state, q_t, k_t, v_t, beta_t, g_t)
+        else:
+            o_t, state = rule(cache.state, q_t, k_t, v_t, beta_t, g_t.exp())
         return self._out(o_t[:, :, None], z)[:, 0], GatedDeltaNetCache(conv_state, state)

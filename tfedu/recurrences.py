@@ -22,12 +22,14 @@ parallel form (how it trains), and the two are equal.
   linear attention as layers shaped like attention (W_Q, W_K, W_V, W_O, heads), which ``ModelConfig.layer_types``
   ("linear", "gla") puts in place of a block's attention; "mamba" puts a ``MambaLayer`` there.
 
-To be built by hand in notebooks/19_beyond_attention.ipynb (issue 46; the notebook is not written yet).
+Built by hand in notebooks/19_beyond_attention.ipynb: the GLA step (exercise 19.1), the chunked form (19.2) and the
+selective scan step (19.3).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -128,10 +130,13 @@ def gated_linear_attention_recurrent(
     v: Float[Tensor, "batch n_heads pos d_v"],
     g: Float[Tensor, "batch n_heads pos"],
     state: Float[Tensor, "batch n_heads d_head d_v"] | None = None,
+    *,
+    step: Callable[..., tuple[Tensor, Tensor]] = gated_linear_attention_step,
 ) -> tuple[Float[Tensor, "batch n_heads pos d_v"], Float[Tensor, "batch n_heads d_head d_v"]]:
     """Gated linear attention one position at a time (``gated_linear_attention_step`` in a loop).
 
     ``state`` is the state before the first position (zeros if None). Returns (out, final state).
+    ``step`` replaces ``gated_linear_attention_step`` (same arguments and result): notebook 19 runs a learner's.
 
     >>> q = k = torch.ones(1, 1, 3, 1); v = torch.ones(1, 1, 3, 1); g = torch.full((1, 1, 3), 0.5)
     >>> gated_linear_attention_recurrent(q, k, v, g)[0].flatten()  # 1, 0.5 + 1, 0.75 + 1
@@ -141,7 +146,7 @@ def gated_linear_attention_recurrent(
     S = _initial_state(state, q, d_v)
     outs = []
     for t in range(pos):
-        o_t, S = gated_linear_attention_step(S, q[:, :, t], k[:, :, t], v[:, :, t], g[:, :, t])
+        o_t, S = step(S, q[:, :, t], k[:, :, t], v[:, :, t], g[:, :, t])
         outs.append(o_t)
     out = torch.stack(outs, dim=2) if outs else v.new_zeros(v.shape)  # (batch, n_heads, pos, d_v)
     return out, S
@@ -495,11 +500,13 @@ class MambaLayer(nn.Module):
         )
 
     def step(
-        self, u_t: Float[Tensor, "batch d_model"], state: MambaState
+        self, u_t: Float[Tensor, "batch d_model"], state: MambaState, *,
+        rule: Callable[..., tuple[Tensor, Tensor]] = selective_scan_step,
     ) -> tuple[Float[Tensor, "batch d_model"], MambaState]:
         """One token in, one out, in O(d_inner (d_conv + d_state)) time and memory whatever the position.
 
-        Equal, token by token, to ``forward`` over the whole sequence.
+        Equal, token by token, to ``forward`` over the whole sequence. ``rule`` replaces ``selective_scan_step``
+        (same arguments and result): notebook 19 decodes with a learner's.
         """
         u_t = _expect("u_t", u_t, (None, self.d_model), f"(batch, {self.d_model})")
         batch = u_t.shape[0]
@@ -514,7 +521,7 @@ class MambaLayer(nn.Module):
             x_t = x_t + self.conv1d.bias
         x_t = F.silu(x_t)
         delta, A, B, C = self._ssm_inputs(x_t[..., None])
-        y_t, h = selective_scan_step(state.ssm_state, x_t, delta[..., 0], A, B[:, 0], C[:, 0], self.D)
+        y_t, h = rule(state.ssm_state, x_t, delta[..., 0], A, B[:, 0], C[:, 0], self.D)
         out = self.out_proj(y_t * F.silu(z_t))  # (batch, d_model)
         return out, MambaState(conv_state=window[..., 1:], ssm_state=h)
 
@@ -623,16 +630,19 @@ class GatedLinearAttentionLayer(_HeadsLayer):
         log_g = F.logsigmoid(self.W_gate(x)) / self.temperature  # (batch, pos, n_heads)
         return log_g.clamp(min=MIN_LOG_GATE).exp().transpose(1, 2)
 
-    def forward(self, x: Float[Tensor, "batch pos d_model"], form: str = "chunked") -> Float[Tensor, "batch pos d_model"]:
+    def forward(self, x: Float[Tensor, "batch pos d_model"], form: str = "chunked", *,
+                rule: Callable[..., tuple[Tensor, Tensor]] | None = None) -> Float[Tensor, "batch pos d_model"]:
+        """``rule`` replaces the form's function: with "chunked" one called like ``gated_linear_attention_chunked(q,
+        k, v, g, chunk)``, with "recurrent" one like ``gated_linear_attention_step`` (notebook 19 runs a learner's)."""
         if form not in FORMS:
             raise ValueError(f"form must be one of {FORMS}, got {form!r}")
         q, k, v = self._qkv(x)  # each (batch, n_heads, pos, d_head)
         q = q * self.d_head**-0.5
         g = self.gates(x)  # (batch, n_heads, pos)
         if form == "chunked":
-            o, _ = gated_linear_attention_chunked(q, k, v, g, chunk=self.chunk)
+            o, _ = (rule or gated_linear_attention_chunked)(q, k, v, g, self.chunk)
         else:
-            o, _ = gated_linear_attention_recurrent(q, k, v, g)
+            o, _ = gated_linear_attention_recurrent(q, k, v, g, step=rule or gated_linear_attention_step)
         gate = self.W_G(x).unflatten(-1, (self.n_heads, self.d_head))  # (batch, pos, n_heads, d_head)
         z = self.hook_z(self.norm(o.transpose(1, 2), gate))  # (batch, pos, n_heads, d_head)
         return self.W_O(z.flatten(2))
