@@ -21,7 +21,7 @@ END = "<!-- end of the course map -->"
 
 @dataclass(frozen=True)
 class Chapter:
-    number: str  # "00".."18": the file name's prefix and the order
+    number: str  # "00".."19": the file name's prefix and the order
     name: str  # the rest of the file name: notebooks/{number}_{name}.ipynb
     title: str  # the header's title, after "# NN · "
     builds: str  # what the learner builds, one line of markdown
@@ -178,6 +178,15 @@ CHAPTERS: tuple[Chapter, ...] = (
         "request lengths; continuous batching's admission step written by hand, running a server on an arrival "
         "trace: passes, latency and tokens/s against static batching (three seeds), every request's tokens "
         "identical; `tfedu bench serve` against transformers' static batches"
+    )),
+    Chapter("19", "beyond_attention", "Beyond attention: linear recurrences, Mamba, the delta rule and hybrids", (
+        "what a generated token costs attention (a growing KV cache) and a recurrence (a fixed state), time and "
+        "bytes measured to 65,536 tokens; gated linear attention's step written by hand, then its chunked form "
+        "(equal to the step-by-step form, many times faster); Mamba's discretisation and selective scan step "
+        "written by hand, decoding a layer equal to transformers' Mamba; the gated delta rule's step written by "
+        "hand: add against replace, inside a Gated DeltaNet layer; associative recall against the number of pairs "
+        "and the state's size for attention, four recurrences and a hybrid, language-model loss at equal size "
+        "(three seeds each); hybrid layer patterns and their KV cache"
     )),
 )
 
