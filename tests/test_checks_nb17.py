@@ -1,5 +1,6 @@
 """Checkers and probes of notebook 17: each passes right answers and names realistic mistakes."""
 
+import functools
 import math
 
 import numpy as np
@@ -8,29 +9,15 @@ import torch
 import torch.nn.functional as F
 
 from tfedu import tuning as library
-from checker_helpers import failure_of, not_done, verdict
+import checker_helpers as helpers
+from checker_helpers import failure_of, not_done
 from tfedu.checks import nb17_post_training as nb17
-from tfedu.checks.core import ExerciseNotDone, is_plain_data
+from tfedu.checks.core import ExerciseNotDone
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-
-def names_everywhere(check, probe_name, name, fn, words):
-    """``fn`` fails ``check`` and the probe (two seeds) with feedback containing ``words``."""
-    message = failure_of(check, fn)
-    assert words in message, message
-    probe = nb17.PROBES[probe_name]
-    for seed in (0, 1):
-        feedback = verdict(probe, {name: fn}, seed)
-        assert feedback is not None and words in feedback, (seed, feedback)
-
-
-def passes_everywhere(check, probe_name, name, fn):
-    check(fn)
-    probe = nb17.PROBES[probe_name]
-    for seed in range(4):
-        assert is_plain_data(probe.make_inputs(np.random.default_rng(seed)))
-        assert verdict(probe, {name: fn}, seed) is None, seed
+names_everywhere = functools.partial(helpers.names_everywhere, nb17.PROBES)
+passes_everywhere = functools.partial(helpers.passes_everywhere, nb17.PROBES)
 
 
 # ----------------------------------------------------------------------------- 17.1 the SFT loss

@@ -1,43 +1,23 @@
 """Checkers and probes of notebook 18: each passes right answers and names realistic mistakes."""
 
+import functools
 import math
-import time
 
 import numpy as np
 import pytest
 import torch
 
 from tfedu import batching, paged, speculative
-from checker_helpers import failure_of, not_done, verdict
+import checker_helpers as helpers
+from checker_helpers import failure_of, not_done
 from tfedu.checks import nb18_serving as nb18
-from tfedu.checks.core import ExerciseNotDone, is_plain_data
+from tfedu.checks.core import ExerciseNotDone
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-
-def names_everywhere(check, probe_name, name, fn, words):
-    """``fn`` fails ``check`` and the probe (two seeds) with feedback containing ``words``."""
-    message = failure_of(check, fn)
-    assert words in message, message
-    probe = nb18.PROBES[probe_name]
-    for seed in (0, 1):
-        feedback = verdict(probe, {name: fn}, seed)
-        assert feedback is not None and words in feedback, (seed, feedback)
-
-
-def passes_everywhere(check, probe_name, name, fn):
-    check(fn)
-    probe = nb18.PROBES[probe_name]
-    for seed in range(4):
-        assert is_plain_data(probe.make_inputs(np.random.default_rng(seed)))
-        assert verdict(probe, {name: fn}, seed) is None, seed
-
-
-def check_time(check, fn) -> float:
-    """CPU seconds of one check of ``fn`` (a loaded machine's wall clock would inflate it)."""
-    start = time.process_time()
-    check(fn)
-    return time.process_time() - start
+names_everywhere = functools.partial(helpers.names_everywhere, nb18.PROBES)
+passes_everywhere = functools.partial(helpers.passes_everywhere, nb18.PROBES)
+check_time = helpers.check_time
 
 
 # ----------------------------------------------------------------------------- 18.1 the acceptance step

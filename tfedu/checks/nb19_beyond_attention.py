@@ -356,11 +356,12 @@ def gla_step_mistakes(*args: torch.Tensor) -> list[tuple[str, tuple | None]]:
         ("key reads", HINT_GLA_KEY_READS), ("old state", HINT_GLA_OLD_STATE))]
 
 
-def _gla_step_shapes(t: list[torch.Tensor]) -> tuple[str, str]:
+def _state_step_shapes(t: list[torch.Tensor]) -> tuple[str, str]:
+    """What a step of a matrix state returns (19.1 and 19.4): a read and the new state."""
     return "(batch, n_heads, d_v): one value-sized read per head", "(batch, n_heads, d_head, d_v), the state's shape"
 
 
-GLA_STEP = Spec("gla_step", HINT_GLA_STEP_CALL, ("o_t", "new_state"), _gla_step_shapes, reference_gla_step,
+GLA_STEP = Spec("gla_step", HINT_GLA_STEP_CALL, ("o_t", "new_state"), _state_step_shapes, reference_gla_step,
                 gla_step_mistakes, HINT_GLA_STEP_MUTATED, WHY_GLA_PAIR)
 GLA_STEP_RUN = STEP_RUN_TEMPLATE.replace("FUNCTION", "gla_step")
 
@@ -945,11 +946,7 @@ def delta_step_mistakes(*args: torch.Tensor) -> list[tuple[str, tuple | None]]:
         ("transposed", HINT_DELTA_TRANSPOSED), ("old state", HINT_DELTA_OLD_STATE))]
 
 
-def _delta_shapes(t: list[torch.Tensor]) -> tuple[str, str]:
-    return "(batch, n_heads, d_v): one value-sized read per head", "(batch, n_heads, d_head, d_v), the state's shape"
-
-
-DELTA_STEP = Spec("delta_step", HINT_DELTA_CALL, ("o_t", "new_state"), _delta_shapes, reference_delta_step,
+DELTA_STEP = Spec("delta_step", HINT_DELTA_CALL, ("o_t", "new_state"), _state_step_shapes, reference_delta_step,
                   delta_step_mistakes, HINT_DELTA_MUTATED, WHY_DELTA_PAIR)
 DELTA_STEP_RUN = STEP_RUN_TEMPLATE.replace("FUNCTION", "delta_step")
 
