@@ -18,11 +18,9 @@ Issue 47 (notebook 20, parallel training) builds on these; the notebook is not w
 
 from __future__ import annotations
 
-import datetime
 import io
 import os
 import socket
-import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -42,18 +40,12 @@ def free_port() -> int:
 def _entry(rank: int, fn: Callable, world_size: int, port: int, backend: str, results: Any, args: tuple) -> None:
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     torch.set_num_threads(1)  # world_size processes share the machine's cores
-    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(backend, rank=rank, world_size=world_size)
     try:
-        try:
-            buffer = io.BytesIO()
-            torch.save(fn(rank, world_size, *args), buffer)  # bytes, not shared-memory tensors: they outlive us
-            results.put((rank, True, buffer.getvalue()))
-        except Exception:
-            results.put((rank, False, traceback.format_exc()))
-        # A rank can see its last all-reduce complete while a peer still receives its final piece; leaving the group
-        # then closes the connection under the peer (an abort, seen under load). So every rank, the failed ones
-        # too, waits here for the others before leaving.
-        dist.barrier()
+        value = fn(rank, world_size, *args)
+        buffer = io.BytesIO()
+        torch.save(value, buffer)  # bytes, not shared-memory tensors: they outlive this process
+        results.put((rank, buffer.getvalue()))
     finally:
         dist.destroy_process_group()
 
@@ -63,7 +55,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
 
     ``fn`` must be importable by name (defined at a module's top level, not in a notebook cell or a lambda): the
     processes are started fresh ("spawn"), as on every platform and in Jupyter. Each process uses one thread.
-    If ``fn`` raises in a process, ``spawn`` raises a RuntimeError holding that process's traceback.
+    A failure in any process raises here, with that process's traceback.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int (the number of processes), got {world_size!r}")
@@ -71,12 +63,8 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
     results = context.SimpleQueue()
     mp.start_processes(_entry, args=(fn, world_size, free_port(), backend, results, args), nprocs=world_size,
                        join=True, start_method="spawn")
-    by_rank = {rank: (ok, payload) for rank, ok, payload in (results.get() for _ in range(world_size))}
-    for rank in range(world_size):
-        ok, payload = by_rank[rank]
-        if not ok:
-            raise RuntimeError(f"process {rank} of {world_size} raised:\n{payload}")
-    return [torch.load(io.BytesIO(by_rank[rank][1]), weights_only=False) for rank in range(world_size)]
+    by_rank = dict(results.get() for _ in range(world_size))
+    return [torch.load(io.BytesIO(by_rank[rank]), weights_only=False) for rank in range(world_size)]
 
 
 def allreduce_gradients(params: Iterable[nn.Parameter], group: dist.ProcessGroup | None = None) -> None:
