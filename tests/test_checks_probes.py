@@ -43,6 +43,7 @@ from tfedu.checks import nb16_modern_architectures as nb16
 from tfedu.checks import nb17_post_training as nb17
 from tfedu.checks import nb18_serving as nb18
 from tfedu.checks import nb19_beyond_attention as nb19
+from tfedu.checks import nb20_parallel_training as nb20
 from tfedu.checks.core import Probe, is_plain_data, run_probe, standin_objects, standins_bound
 from tfedu.checks.probes import compare_outputs
 from tfedu.embeddings import sgns_loss
@@ -56,7 +57,8 @@ MODULES = {"00_start_here": nb00, "01_tokenization": nb01, "02_embeddings": nb02
            "09_efficient_attention": nb09, "10_inference_and_kv_cache": nb10, "11_beyond_text": nb11,
            "12_moe_and_scaling": nb12, "13_peft": nb13, "14_quantization": nb14,
            "15_interpretability_and_decoding": nb15, "16_modern_architectures": nb16,
-           "17_post_training": nb17, "18_serving": nb18, "19_beyond_attention": nb19}
+           "17_post_training": nb17, "18_serving": nb18, "19_beyond_attention": nb19,
+           "20_parallel_training": nb20}
 ALL_PROBES = [(stem, grade_id) for stem, module in MODULES.items() for grade_id in module.PROBES]
 
 

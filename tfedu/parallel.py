@@ -16,9 +16,9 @@ the same code runs unchanged with NCCL on GPUs (``backend="nccl"``, one process 
 - **ZeRO stage 1** (Rajbhandari et al. 2020): ``owned_range`` and ``ShardedAdamW``, each rank keeping the AdamW
   state of its slice of the parameters only.
 - **FSDP** (ZeRO stage 3): ``shard_model`` applies torch's own ``fully_shard`` to the course GPT's blocks.
-- **Tensor parallelism** (Shoeybi et al. 2019, Megatron-LM): ``ParallelMLP`` and ``ParallelAttention``, column-
-  then row-parallel, one all-reduce per sub-layer forward.
-- **Mixed precision**: ``LossScaler``, the dynamic loss scale of float16 training (Micikevicius et al. 2018).
+- **Tensor parallelism** (Shoeybi et al. 2019, Megatron-LM): ``parallel_mlp`` (the forward alone), ``ParallelMLP``
+  and ``ParallelAttention``, column- then row-parallel, one all-reduce per sub-layer forward.
+- **Mixed precision**: ``scaler_update`` and ``LossScaler``, the dynamic loss scale of float16 training (Micikevicius et al. 2018).
 - ``CommCounter``: counts the collectives a block of code runs and the bytes handed to them.
 """
 
@@ -32,6 +32,7 @@ import shutil
 import tempfile
 import threading
 import traceback
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -99,8 +100,12 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
     folder = tempfile.mkdtemp(prefix="tfedu-spawn-")
     try:
         try:
-            mp.start_processes(_entry, args=(fn, world_size, folder, backend, args, kwargs), nprocs=world_size, join=True,
-                               start_method=start_method)
+            with warnings.catch_warnings():
+                # Python 3.12+ warns when a process with threads forks (a Jupyter kernel always has some); the child
+                # runs only fn, which takes no lock those threads could hold
+                warnings.filterwarnings("ignore", message=".*use of fork\\(\\) may lead to deadlocks.*")
+                mp.start_processes(_entry, args=(fn, world_size, folder, backend, args, kwargs), nprocs=world_size,
+                                   join=True, start_method=start_method)
         except mp.ProcessExitedException as exited:
             # The first error written is the cause; a peer left waiting for the failed rank errs after it.
             errors = sorted((os.stat(os.path.join(folder, name)).st_mtime_ns, name) for name in os.listdir(folder)
@@ -481,7 +486,7 @@ class ShardedAdamW:
 
     The parameters are viewed as one flat vector, padded to a multiple of ``world_size``. A step reduce-scatters
     the flat gradient (rank r receives the sum of its shard only), divides by ``world_size``, runs AdamW on its
-    shard (a float32 copy with its own ``exp_avg`` and ``exp_avg_sq``: 2 numbers per owned parameter instead of 2
+    shard (a copy in the parameters' dtype with its own ``exp_avg`` and ``exp_avg_sq``: 2 numbers per owned parameter instead of 2
     per parameter), and all-gathers the updated shards into every rank's parameters. Together reduce-scatter and
     all-gather move what one all-reduce moves: ZeRO-1 costs no more communication than data parallelism.
     ``comm`` is a :class:`Comm`; ``options`` go to ``torch.optim.AdamW``.
@@ -605,6 +610,21 @@ def _linear_piece(full: nn.Linear, rows: slice | None = None, cols: slice | None
     return piece
 
 
+def parallel_mlp(x: Tensor, W_in: Tensor, b_in: Tensor, W_out: Tensor, b_out: Tensor, comm: Comm) -> Tensor:
+    """This rank's share of a GELU MLP, ``W_out gelu(W_in x + b_in) + b_out``, summed over the ranks: the output.
+
+    The weights are whole (nn.Linear's layout: ``W_in`` (d_mlp, d_model), ``W_out`` (d_model, d_mlp)); rank r
+    uses rows r d_mlp/N .. (r+1) d_mlp/N of ``W_in`` and ``b_in`` (column-parallel: its hidden features, each
+    computed from the whole input) and the same columns of ``W_out`` (row-parallel: a partial output from its
+    features only). One all-reduce sums the partial outputs; ``b_out`` is added once, after it. The forward of
+    :class:`ParallelMLP` without autograd's part, for notebook 20's exercise.
+    """
+    width = _split(W_in.shape[0], comm.world_size, "MLP's hidden width")
+    mine = slice(comm.rank * width, (comm.rank + 1) * width)
+    hidden = torch.nn.functional.gelu(x @ W_in[mine].T + b_in[mine])
+    return comm.all_reduce(hidden @ W_out[:, mine].T) + b_out
+
+
 class ParallelMLP(nn.Module):
     """This rank's piece of an :class:`tfedu.layers.MLP`: ``W_in`` (and ``W_gate``) split by output features
     (column-parallel), ``W_out`` by input features (row-parallel).
@@ -667,6 +687,26 @@ class ParallelAttention(nn.Module):
 # ----------------------------------------------------------------------------- mixed precision
 
 
+def scaler_update(grads: Sequence[Tensor], scale: float, good_steps: int, growth_interval: int, *,
+                  growth: float = 2.0, backoff: float = 0.5) -> tuple[bool, float, int]:
+    """One update of a dynamic loss scale: ``(step_ok, new_scale, new_good_steps)``.
+
+    Divides every gradient in ``grads`` by ``scale`` in place (they were computed from the loss times ``scale``).
+    If any holds inf or NaN the scale was too large: the step is not taken, the scale is multiplied by
+    ``backoff`` and the count of clean steps starts again. Otherwise the step is taken and the count grows; when
+    it reaches ``growth_interval`` the scale is multiplied by ``growth`` and the count starts again (torch's
+    ``GradScaler``: its ``unscale_``, ``step`` and ``update`` together).
+    """
+    for g in grads:
+        g.div_(scale)
+    if not all(bool(torch.isfinite(g).all()) for g in grads):
+        return False, scale * backoff, 0
+    good_steps += 1
+    if good_steps == growth_interval:
+        return True, scale * growth, 0
+    return True, scale, good_steps
+
+
 class LossScaler:
     """The dynamic loss scale of float16 training (Micikevicius et al. 2018; torch's ``GradScaler``).
 
@@ -675,32 +715,25 @@ class LossScaler:
     float32 master weights) and says whether the step may be taken. A gradient that overflowed (inf or NaN)
     means the scale is too large: the step is skipped and the scale multiplied by ``backoff``. After
     ``growth_interval`` clean steps in a row the scale is multiplied by ``growth``, probing upwards again.
+    ``rule`` replaces :func:`scaler_update` (notebook 20 plugs in the learner's).
     """
 
     def __init__(self, scale: float = 2.0 ** 16, growth: float = 2.0, backoff: float = 0.5,
-                 growth_interval: int = 2000) -> None:
+                 growth_interval: int = 2000, rule: Callable[..., tuple[bool, float, int]] | None = None) -> None:
         if not scale > 0 or not growth > 1 or not 0 < backoff < 1:
             raise ValueError(f"need scale > 0, growth > 1 and 0 < backoff < 1; got {scale}, {growth}, {backoff}")
         if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
             raise ValueError(f"growth_interval must be a positive int, got {growth_interval!r}")
         self.scale, self.growth, self.backoff, self.growth_interval = float(scale), growth, backoff, growth_interval
         self.good_steps = 0
+        self.rule = scaler_update if rule is None else rule
 
     def unscale_and_update(self, grads: Iterable[Tensor | None]) -> bool:
         """Divide ``grads`` by the scale in place; update the scale; True when the step may be taken."""
-        grads = [g for g in grads if g is not None]
-        for g in grads:
-            g.div_(self.scale)
-        finite = all(bool(torch.isfinite(g).all()) for g in grads)
-        if finite:
-            self.good_steps += 1
-            if self.good_steps == self.growth_interval:
-                self.scale *= self.growth
-                self.good_steps = 0
-        else:
-            self.scale *= self.backoff
-            self.good_steps = 0
-        return finite
+        ok, self.scale, self.good_steps = self.rule([g for g in grads if g is not None], self.scale,
+                                                    self.good_steps, self.growth_interval, growth=self.growth,
+                                                    backoff=self.backoff)
+        return bool(ok)
 
 
 # ----------------------------------------------------------------------------- counting communication

@@ -21,7 +21,7 @@ END = "<!-- end of the course map -->"
 
 @dataclass(frozen=True)
 class Chapter:
-    number: str  # "00".."19": the file name's prefix and the order
+    number: str  # "00".."20": the file name's prefix and the order
     name: str  # the rest of the file name: notebooks/{number}_{name}.ipynb
     title: str  # the header's title, after "# NN · "
     builds: str  # what the learner builds, one line of markdown
@@ -187,6 +187,17 @@ CHAPTERS: tuple[Chapter, ...] = (
         "hand: add against replace, inside a Gated DeltaNet layer; associative recall against the number of pairs "
         "and the state's size for attention, four recurrences and a hybrid, language-model loss at equal size "
         "(three seeds each); hybrid layer patterns and their KV cache"
+    )),
+    Chapter("20", "parallel_training", "Training across devices: data parallelism, ZeRO, FSDP, tensor parallelism and "
+            "mixed precision", (
+        "real gloo processes started from the notebook on a laptop CPU; the collectives; the ring all-reduce "
+        "written by hand, training a GPT in two processes equal to one process on the whole batch, its traffic "
+        "counted against 2 (N - 1) / N; gradient buckets overlapping the backward pass and torch's "
+        "DistributedDataParallel; ZeRO-1's sharded AdamW written by hand (state per process falling as 1 / N, the "
+        "same traffic); FSDP with torch's fully_shard (three times the parameters' bytes per step, counted); the "
+        "column- then row-parallel MLP written by hand, attention split by heads; bfloat16 and float16, the "
+        "gradients float16 loses (three seeds), the loss scale's update written by hand; time per step for 1, 2 "
+        "and 4 processes and the commands for NCCL on GPUs"
     )),
 )
 

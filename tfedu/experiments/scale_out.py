@@ -9,7 +9,7 @@ Every run function here takes ``(rank, world_size, ...)`` and is defined at the 
   taking its rows; schemes "by hand" (one all-reduce after backward), "ring" (the same through a ring all-reduce,
   the library's or one passed in), "buckets" (all-reduces started during backward), "ddp" (torch's
   DistributedDataParallel), "zero1" (:class:`tfedu.parallel.ShardedAdamW`) and "fsdp" (torch's ``fully_shard``).
-- :func:`memory_per_rank`: bytes of parameters, gradients and optimizer state each rank holds under each scheme.
+- :func:`memory_per_rank`: bytes of weights, gradients and optimizer state each rank holds under each ZeRO stage.
 - :func:`train_precision`: float32, bfloat16 autocast and float16 autocast with a loss scaler, one process.
 - :func:`underflow`: how many of a trained model's gradients float16 flushes to zero, with and without a scale.
 """
@@ -74,15 +74,19 @@ def _full_state(model: nn.Module) -> dict[str, Tensor]:
 
 def train_scheme(rank: int, world_size: int, scheme: str, *, steps: int = STEPS, batch: int = BATCH,
                  cfg: ModelConfig = CONFIG, seed: int = SEED, dtype: torch.dtype = torch.float64,
-                 ring: Callable[[Tensor, Any], Tensor] | None = None, bucket_bytes: int = 4096) -> dict:
+                 ring: Callable[[Tensor, Any], Tensor] | None = None, sharded: type | None = None,
+                 bucket_bytes: int = 4096) -> dict:
     """Train ``cfg`` for ``steps`` AdamW steps as rank ``rank`` of ``world_size`` under ``scheme``.
 
     Each rank takes ``batch / world_size`` rows of every batch (with ``world_size`` 1 and any scheme but "fsdp",
     which needs a group, it is training on the whole batch). Returns {losses (the whole batch's mean loss at each
     step), params (every parameter whole, by name), payload and calls (the bytes handed to each kind of collective
     during training, and how many ran), sent (bytes this rank sent by point-to-point messages), state_bytes
-    (optimizer state on this rank), param_bytes (parameters on this rank), seconds (per step, this rank)}.
-    ``ring(x, comm)`` replaces the library's ring all-reduce in the "ring" scheme.
+    (optimizer state on this rank), param_bytes (parameters on this rank), seconds (per step on this rank: the fastest
+    step after the first, as a busy machine only ever slows a step down)}.
+    ``ring(x, comm)`` replaces the library's ring all-reduce in the "ring" scheme, ``sharded`` (a class made as
+    ``sharded(params, comm, lr=...)``, with ``step`` and its torch optimizer as ``.optimizer``) the
+    library's :class:`ShardedAdamW` in the "zero1" scheme.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {', '.join(map(repr, SCHEMES))}, got {scheme!r}")
@@ -106,14 +110,15 @@ def train_scheme(rank: int, world_size: int, scheme: str, *, steps: int = STEPS,
         shard_model(model)
     sync = BucketedAllReduce(model, bucket_bytes=bucket_bytes) if scheme == "buckets" else None
     if scheme == "zero1":
-        optimizer: Any = ShardedAdamW(model.parameters(), comm, lr=LR)
+        optimizer: Any = (sharded or ShardedAdamW)(model.parameters(), comm, lr=LR)
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
     rows = batch // world_size
-    losses, tic = [], time.perf_counter()
+    losses, times = [], []
     for x, y in batches(steps, batch, seed, cfg.n_ctx):
         x, y = x[rank * rows:(rank + 1) * rows], y[rank * rows:(rank + 1) * rows]
-        optimizer.zero_grad()
+        tic = time.perf_counter()
+        model.zero_grad(set_to_none=True)
         with counter:
             loss = _loss(model, x, y)
             loss.backward()
@@ -124,21 +129,21 @@ def train_scheme(rank: int, world_size: int, scheme: str, *, steps: int = STEPS,
             elif sync is not None:
                 sync.wait()
             optimizer.step()
+        times.append(time.perf_counter() - tic)
         whole = loss.detach().clone()
         if grouped:
             dist.all_reduce(whole)
         losses.append(whole.item() / world_size)
-    seconds = (time.perf_counter() - tic) / steps
     payload, calls = dict(counter.payload), dict(counter.calls)
     if scheme == "ddp":
         payload, calls = {"all_reduce": ddp_payload[0]}, {"all_reduce": ddp_payload[1]}
     if scheme in ("ring", "zero1") and comm is not None:  # the Comm counted its own collectives and messages
         payload.update(comm.payload), calls.update(comm.calls)
-    state = optimizer.state_bytes() if scheme == "zero1" else _state_bytes(optimizer)
+    state = _state_bytes(optimizer.optimizer if scheme == "zero1" else optimizer)
     return {"losses": losses, "params": _full_state(model), "payload": payload, "calls": calls,
             "sent": comm.sent if comm is not None else 0, "state_bytes": state,
             "param_bytes": sum(_local(p).numel() * p.element_size() for p in model.parameters()),
-            "seconds": seconds}
+            "seconds": min(times[1:] or times)}
 
 
 def _local(p: Tensor) -> Tensor:
@@ -150,16 +155,27 @@ def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
                if isinstance(v, Tensor) and v.dim() > 0)
 
 
-def memory_per_rank(n_params: int, world_size: int, bytes_per_number: int = 4) -> dict[str, dict[str, float]]:
-    """Bytes of parameters, gradients and AdamW state (two moments) one rank holds, by scheme: data parallelism
-    keeps all three whole; ZeRO-1 shards the optimizer state, ZeRO-2 the gradients too, ZeRO-3 (FSDP) the
-    parameters as well (Rajbhandari et al. 2020, fig. 1; between layers, not counting the one gathered at a time)."""
-    whole = n_params * bytes_per_number
-    shard = whole / world_size
-    return {"data parallel": {"params": whole, "grads": whole, "optimizer": 2 * whole},
-            "ZeRO-1": {"params": whole, "grads": whole, "optimizer": 2 * shard},
-            "ZeRO-2": {"params": whole, "grads": shard, "optimizer": 2 * shard},
-            "ZeRO-3 / FSDP": {"params": shard, "grads": shard, "optimizer": 2 * shard}}
+def memory_per_rank(n_params: float, world_size: int, *, weight_bytes: int = 2, grad_bytes: int = 2,
+                    optimizer_bytes: int = 12) -> dict[str, float]:
+    """Bytes of model state one rank holds, by scheme, in mixed-precision AdamW's accounting (Rajbhandari et al.
+    2020, "ZeRO", sec. 3.1): 16-bit weights and gradients (2 bytes each) and K = 12 bytes of optimizer state per
+    parameter (the float32 master weight, momentum and variance). Data parallelism keeps all of it on every rank;
+    ZeRO-1 shards the optimizer state, ZeRO-2 the gradients too, ZeRO-3 (FSDP) the weights as well (activations and
+    the one layer gathered at a time not counted).
+
+    >>> round(memory_per_rank(7.5e9, 64)["ZeRO-1"] / 1e9, 1)  # the paper's figure 1: 7.5B parameters, 64 GPUs
+    31.4
+    """
+    p, n = n_params, world_size
+    return {"data parallel": (weight_bytes + grad_bytes + optimizer_bytes) * p,
+            "ZeRO-1": (weight_bytes + grad_bytes) * p + optimizer_bytes * p / n,
+            "ZeRO-2": weight_bytes * p + (grad_bytes + optimizer_bytes) * p / n,
+            "ZeRO-3 / FSDP": (weight_bytes + grad_bytes + optimizer_bytes) * p / n}
+
+
+# A model large enough that a step's compute, not the processes' start, is what a timing sees.
+TIMING_CONFIG = ModelConfig(d_vocab=course_gpt.VOCAB_SIZE, n_ctx=64, d_model=128, n_layers=4, n_heads=4)
+TIMING_BATCH = 16
 
 
 # ----------------------------------------------------------------------------- mixed precision
