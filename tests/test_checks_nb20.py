@@ -162,7 +162,10 @@ def make_sharded(mistake=""):
 
     class Sharded:
         def __init__(self, params, comm, **options):
-            self.params, self.comm = list(params), comm
+            if mistake == "generator":
+                params[0]  # a learner who takes params for a list
+            keep = mistake in ("no filter", "none grad")  # frozen parameters kept in the flat vector
+            self.params, self.comm = [p for p in params if keep or p.requires_grad], comm
             n, r = comm.world_size, comm.rank
             self.numel = sum(p.numel() for p in self.params)
             self.shard_size = self.numel // n if mistake == "floor" else math.ceil(self.numel / n)
@@ -173,6 +176,8 @@ def make_sharded(mistake=""):
                 self.optimizer = torch.optim.AdamW(self.params, **options)
             else:
                 self.shard = torch.nn.Parameter(flat[r * self.shard_size:(r + 1) * self.shard_size].clone())
+                if mistake == "float32":
+                    self.shard = torch.nn.Parameter(self.shard.detach().float())
                 self.optimizer = torch.optim.AdamW([self.shard], **options)
 
         def flat(self, tensors):
@@ -190,7 +195,10 @@ def make_sharded(mistake=""):
         @torch.no_grad()
         def step(self):
             n, r = self.comm.world_size, self.comm.rank
-            grad = self.flat([p.grad for p in self.params])
+            grad = self.flat([p.grad if p.grad is not None or mistake == "none grad" else torch.zeros_like(p)
+                              for p in self.params])
+            if mistake == "float32":
+                grad = grad.float()
             if mistake == "all params":
                 self.comm.all_reduce(grad)
                 for p, g in zip(self.params, grad[:self.numel].split([p.numel() for p in self.params])):
@@ -218,7 +226,7 @@ def make_sharded(mistake=""):
                 whole = torch.cat([whole, torch.cat([p.detach().reshape(-1) for p in self.params])[self.padded:]])
             offset = 0
             for p in self.params:
-                p.copy_(whole[offset:offset + p.numel()].view_as(p))
+                p.copy_(whole[offset:offset + p.numel()].view_as(p).to(p.dtype))
                 offset += p.numel()
 
     return Sharded
@@ -229,7 +237,7 @@ class ShardedByRanges:
     back one by one from the gathered vector."""
 
     def __init__(self, params, comm, **options):
-        self.params, self.comm = [p for p in params], comm
+        self.params, self.comm = [p for p in params if p.requires_grad], comm
         total = sum(p.numel() for p in self.params)
         self.per = -(-total // comm.world_size)
         self.total = total
@@ -270,6 +278,10 @@ ZERO_MISTAKES = {
     "rebuilt": "Adam started afresh",
     "extra all-reduce": "doubles the traffic",
     "all-reduce": "whole gradient",
+    "float32": "keep the shard in the parameters' dtype",
+    "no filter": "does not require grad",
+    "none grad": "may be None",
+    "generator": "make a list of it first",
 }
 
 
@@ -354,8 +366,8 @@ def parallel_mlp_linear(x, W_in, b_in, W_out, b_out, comm):
 
 MLP_MISTAKES = {
     "whole": "split the work",
-    "input split": "partial sum",
-    "gelu after": "partial sum",
+    "input split": "cannot come after a sum of partial results",
+    "gelu after": "cannot come after a sum of partial results",
     "b_in whole": "b_in",
     "b_in first": "same slice of b_in",
     "w_out rows": "columns of W_out",
@@ -363,7 +375,7 @@ MLP_MISTAKES = {
     "no reduce": "partial output",
     "gather hidden": "hidden features",
     "x synced": "one all-reduce of the",
-    "floor": "d_mlp does not divide by N",
+    "floor": "cannot split the hidden features evenly",
     "float32": "keep the inputs' dtype",
     "tanh": "tanh approximation",
 }
@@ -628,9 +640,10 @@ def test_collectives_that_do_not_pair_up_are_named():
     """A rank that skips a collective leaves the others waiting 4 * TIMEOUT s: judged here on the run's record."""
     zero = nb20.zero_cases(np.random.default_rng(0))["cases"]
     stuck = {"params": [None, None], "errors": [None, ["deadlock", "rank 1 waited 6 s in a collective"]],
-             "states": [None, None], "calls": [[], []], "sends": 0}
+             "states": [None, None], "calls": [[], []], "sends": 0, "frozen": [True, True]}
     with pytest.raises(nb20.CheckFailure, match="same collectives in the same order"):
-        nb20.judge_zero([{"params": [None], "errors": [None], "states": [0], "calls": [[]], "sends": 0}, stuck], zero)
+        nb20.judge_zero([{"params": [None], "errors": [None], "states": [0], "calls": [[]], "sends": 0,
+                          "frozen": [True]}, stuck], zero)
     mlp = nb20.mlp_cases(np.random.default_rng(0))["cases"]
     stuck = {"results": [None, None], "dtypes": ["", ""], "errors": [None, ["deadlock", "rank 1 waited"]],
              "calls": [[], []], "sends": 0}
