@@ -54,3 +54,28 @@ def check_time(check, fn) -> float:
     start = time.process_time()
     check(fn)
     return time.process_time() - start
+
+
+def run_under_the_harness(probe, context, answer, *, standins=False):
+    """One hidden test as the grader runs it in the kernel: ``context`` (imports) and ``answer`` run as the notebook's
+    cells, then the harness cell with its tripwire; returns (the tripwire's hits, the probe's feedback or None)."""
+    import secrets
+    import tempfile
+    from pathlib import Path
+
+    from tfedu.course.grading import harness
+
+    namespace = {"__builtins__": __builtins__}
+    exec(context + "\n" + answer, namespace)
+    cell_globals = {"__builtins__": __builtins__, "globals": lambda: namespace}
+    if standins:
+        exec(harness.standin_sources(probe.standins)[0], cell_globals)
+    folder = Path(tempfile.mkdtemp())
+    inputs = probe.make_inputs(np.random.default_rng(0))
+    harness.fresh_out(folder)
+    nonce = secrets.token_hex(4)
+    exec(harness.harness_source(folder, probe.run, probe.forbidden, nonce, harness.encode_inputs(inputs)), cell_globals)
+    result = harness.read_result(folder, nonce)
+    hits = [hit for hit in result["tripwire"] if "processes" not in hit]  # (run here, pytest's own processes count too)
+    feedback = probe.compare(result["outputs"], probe.reference(inputs)) if result["error"] is None else result["error"]
+    return hits, feedback

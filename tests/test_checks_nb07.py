@@ -16,6 +16,8 @@ from tfedu.flops import flops_per_token, param_count
 from tfedu.checks.scan import scan_answer
 from tfedu.model import GPT
 
+import checker_helpers
+
 # The solution cells as the notebook will hold them (between ### BEGIN SOLUTION / ### END SOLUTION).
 SOLUTIONS = {
     "ex_ffn": '''\
@@ -1080,28 +1082,9 @@ def test_nothing_the_solutions_use_is_forbidden():
 
 
 def run_under_the_harness(grade_id, answer, *, standins=False):
-    """One hidden test as the grader runs it in the kernel: the harness cell, its tripwire, its result."""
-    import secrets
-    import tempfile
-    from pathlib import Path
-
-    from tfedu.course.grading import harness
-
-    probe = nb07.PROBES[grade_id]
-    namespace = {"__builtins__": __builtins__}
-    exec(NOTEBOOK_CONTEXT.replace(", einops, regex", "") + "\n" + answer, namespace)
-    cell_globals = {"__builtins__": __builtins__, "globals": lambda: namespace}
-    if standins:
-        exec(harness.standin_sources(probe.standins)[0], cell_globals)
-    folder = Path(tempfile.mkdtemp())
-    inputs = probe.make_inputs(np.random.default_rng(0))
-    harness.fresh_out(folder)
-    nonce = secrets.token_hex(4)
-    exec(harness.harness_source(folder, probe.run, probe.forbidden, nonce, harness.encode_inputs(inputs)), cell_globals)
-    result = harness.read_result(folder, nonce)
-    hits = [hit for hit in result["tripwire"] if "processes" not in hit]  # (run here, pytest's own processes count too)
-    feedback = probe.compare(result["outputs"], probe.reference(inputs)) if result["error"] is None else result["error"]
-    return hits, feedback
+    """One hidden test of notebook 07 as the grader runs it in the kernel (tests/checker_helpers.py)."""
+    return checker_helpers.run_under_the_harness(nb07.PROBES[grade_id], NOTEBOOK_CONTEXT.replace(", einops, regex", ""),
+                                                 answer, standins=standins)
 
 
 @pytest.mark.parametrize("grade_id", sorted(nb07.PROBES))
