@@ -164,6 +164,8 @@ def make_sharded(mistake=""):
         def __init__(self, params, comm, **options):
             if mistake == "generator":
                 params[0]  # a learner who takes params for a list
+            if mistake == "read twice":
+                params = [p for p in params if p.requires_grad] and [p for p in params if p.requires_grad]
             keep = mistake in ("no filter", "none grad")  # frozen parameters kept in the flat vector
             self.params, self.comm = [p for p in params if keep or p.requires_grad], comm
             n, r = comm.world_size, comm.rank
@@ -226,7 +228,8 @@ def make_sharded(mistake=""):
                 whole = torch.cat([whole, torch.cat([p.detach().reshape(-1) for p in self.params])[self.padded:]])
             offset = 0
             for p in self.params:
-                p.copy_(whole[offset:offset + p.numel()].view_as(p).to(p.dtype))
+                if mistake != "unchanged":
+                    p.copy_(whole[offset:offset + p.numel()].view_as(p).to(p.dtype))
                 offset += p.numel()
 
     return Sharded
@@ -282,6 +285,8 @@ ZERO_MISTAKES = {
     "no filter": "does not require grad",
     "none grad": "may be None",
     "generator": "make a list of it first",
+    "read twice": "empty the second time it is read",
+    "unchanged": "did not move",
 }
 
 
@@ -323,6 +328,8 @@ def parallel_mlp(x, W_in, b_in, W_out, b_out, comm, mistake=""):
     if d_mlp % n:
         if mistake == "floor":
             pass
+        elif mistake == "runtime error":
+            raise RuntimeError("oops")
         else:
             raise ValueError(f"d_mlp {d_mlp} does not split over {n} ranks")
     w = d_mlp // n
@@ -338,6 +345,12 @@ def parallel_mlp(x, W_in, b_in, W_out, b_out, comm, mistake=""):
     pre = x @ W_in[mine].T + bias
     if mistake == "gelu after":
         return F.gelu(comm.all_reduce(pre @ W_out[:, mine].T)) + b_out
+    if mistake == "gelu after bias":
+        return F.gelu(comm.all_reduce(pre @ W_out[:, mine].T) + b_out)
+    if mistake == "no gelu":
+        return comm.all_reduce(pre @ W_out[:, mine].T) + b_out
+    if mistake == "all features":
+        return comm.all_reduce(F.gelu(x @ W_in.T + b_in)[..., mine] @ W_out[:, mine].T) + b_out
     hidden = F.gelu(pre, approximate="tanh" if mistake == "tanh" else "none")
     if mistake == "gather hidden":
         pieces = hidden.new_empty(n, *hidden.shape)
@@ -378,6 +391,10 @@ MLP_MISTAKES = {
     "floor": "cannot split the hidden features evenly",
     "float32": "keep the inputs' dtype",
     "tanh": "tanh approximation",
+    "gelu after bias": "cannot come after a sum of partial results",
+    "no gelu": "has no activation",
+    "all features": "computed all d_mlp hidden features",
+    "runtime error": "raise a ValueError",
 }
 
 
@@ -629,9 +646,9 @@ def test_collectives_that_do_not_pair_up_are_named():
                           "frozen": [True]}, stuck], zero)
     mlp = nb20.mlp_cases(np.random.default_rng(0))["cases"]
     stuck = {"results": [None, None], "dtypes": ["", ""], "errors": [None, ["deadlock", "rank 1 waited"]],
-             "calls": [[], []], "sends": 0}
+             "calls": [[], []], "sends": 0, "wide": [False, False]}
     right = nb20.mlp_variant(*[torch.from_numpy(np.array(a)) for a in mlp[0]["clean"]], n=1)[0].numpy()
     first = {"results": [right], "dtypes": ["float64"], "errors": [None], "calls": [[["all_reduce", right.size]]],
-             "sends": 0}
+             "sends": 0, "wide": [False]}
     with pytest.raises(nb20.CheckFailure, match="every rank must call the one all-reduce"):
         nb20.judge_mlp([first, stuck], mlp)

@@ -667,6 +667,14 @@ HINT_ZERO_FLOAT32 = (
     "your parameters drift from AdamW's by float32's rounding (on {what}, float64 parameters): keep the shard in the "
     "parameters' dtype, so the optimizer steps the numbers the model holds"
 )
+HINT_ZERO_UNCHANGED = (
+    "your parameters did not move (on {what}): step() must write the gathered, updated values back into every "
+    "parameter, in place (the model holds the parameters, not your flat copy)"
+)
+HINT_ZERO_EMPTY = (
+    "ShardedAdamW raised on {what} ({error}), as if it found no parameters: params may be a generator, such as "
+    "model.parameters(), which is empty the second time it is read, so make a list of it once, first"
+)
 HINT_ZERO_RETURN = "ShardedAdamW left rank {rank}'s parameters as {got} on {what}: write floating-point numbers back"
 
 
@@ -708,6 +716,8 @@ def zero_variant(case: dict, mistake: str = "") -> list[list[torch.Tensor]] | No
     simulated rank by rank in this process."""
     n = len(case["x"])
     init = _zero_model(case)
+    if mistake == "unchanged":
+        return [[p.clone() for p in init] for _ in range(n)]
     sizes = [p.numel() for p in init]
     numel = sum(sizes)
     shard = numel // n if mistake == "floor" else math.ceil(numel / n)
@@ -743,7 +753,7 @@ def zero_variant(case: dict, mistake: str = "") -> list[list[torch.Tensor]] | No
 
 
 ZERO_MISTAKES = (("sum", HINT_ZERO_SUM), ("no gather", HINT_ZERO_NO_GATHER), ("floor", HINT_ZERO_PADDING),
-                 ("rebuilt", HINT_ZERO_REBUILT))
+                 ("rebuilt", HINT_ZERO_REBUILT), ("unchanged", HINT_ZERO_UNCHANGED))
 
 ZERO_RUN = COMM_RUN + """
 
@@ -877,6 +887,8 @@ def judge_zero(results: list, cases: list) -> None:
             raise CheckFailure(HINT_ZERO_DEADLOCK.format(what=what, error=error[1]))
         if "generator" in error[1]:
             raise CheckFailure(HINT_ZERO_GENERATOR.format(what=what, error=error[1]))
+        if any(words in error[1] for words in ("out of range", "non-empty", "empty list", "zero-size")):
+            raise CheckFailure(HINT_ZERO_EMPTY.format(what=what, error=error[1]))
         if "NoneType" in error[1]:
             raise CheckFailure(HINT_ZERO_NONE_GRAD.format(what=what, error=error[1]))
         raise CheckFailure(HINT_ZERO_RAISED.format(what=what, error=error[1], call=HINT_ZERO_CALL))
@@ -981,6 +993,17 @@ HINT_MLP_NOT_DIVISIBLE = (
     "on {what} your ranks returned a wrong output: when N does not divide d_mlp the ranks cannot split the hidden "
     "features evenly, so raise an error that says so rather than drop features"
 )
+HINT_MLP_NOT_DIVISIBLE_KIND = (
+    "on {what} your parallel_mlp raised {got}: when N does not divide d_mlp, raise a ValueError that says so (the "
+    "error a caller expects for an argument it can fix)"
+)
+HINT_MLP_ALL_FEATURES = (
+    "your output is right, but on {what} a rank computed all d_mlp hidden features (activations as wide as the whole "
+    "hidden layer) and kept its share afterwards: tensor parallelism's saving is that each rank computes only its "
+    "d_mlp / N features, so take its rows of W_in before the product"
+)
+HINT_MLP_NO_GELU = ("your MLP has no activation (on {what}): the hidden features go through the exact GELU before "
+                    "W_out")
 HINT_MLP_RETURN = "parallel_mlp returned {got} on rank {rank} (on {what}): return a floating-point tensor, the output"
 HINT_MLP_SHAPE = "parallel_mlp returned shape {got} on {what}; expected {want}: x's leading dimensions, then d_model"
 HINT_MLP_DTYPE = "parallel_mlp returned {got} on {what}, whose inputs are {want}: keep the inputs' dtype"
@@ -1009,7 +1032,7 @@ def mlp_variant(x: torch.Tensor, W_in: torch.Tensor, b_in: torch.Tensor, W_out: 
             partials.append(gelu(x.tensor_split(n, -1)[r] @ W_in.tensor_split(n, 1)[r].T + b_in) @ W_out.T)
             continue
         pre = x @ W_in[mine].T + (b_in[:w] if mistake == "b_in first" else b_in[mine])
-        if mistake == "gelu after":
+        if mistake in ("gelu after", "gelu after bias", "no gelu"):
             partials.append(pre @ W_out[:, mine].T)
         elif mistake == "tanh":
             partials.append(gelu(pre, approximate="tanh") @ W_out[:, mine].T)
@@ -1022,27 +1045,52 @@ def mlp_variant(x: torch.Tensor, W_in: torch.Tensor, b_in: torch.Tensor, W_out: 
         return [total + n * b_out] * n
     if mistake == "gelu after":
         return [gelu(total) + b_out] * n
+    if mistake == "gelu after bias":
+        return [gelu(total + b_out)] * n
     return [total + b_out] * n
 
 
 MLP_MISTAKES = (("b_out before", HINT_MLP_B_OUT), ("gelu after", HINT_MLP_GELU_AFTER),
                 ("input split", HINT_MLP_GELU_AFTER), ("tanh", HINT_MLP_TANH),
-                ("b_in first", HINT_MLP_B_IN), ("no reduce", HINT_MLP_NO_REDUCE))
+                ("b_in first", HINT_MLP_B_IN), ("no reduce", HINT_MLP_NO_REDUCE), ("no gelu", HINT_MLP_NO_GELU),
+                ("gelu after bias", HINT_MLP_GELU_AFTER))
 
 MLP_RUN = COMM_RUN + """
+
+class _Nb20Wide(torch.overrides.TorchFunctionMode):
+    # Notes whether a torch call returns activations as wide as the whole hidden layer (..., d_mlp): a rank that
+    # computes every hidden feature (this thread's calls only: a mode is per thread).
+
+    def __init__(self, shape):
+        super().__init__()
+        self.shape, self.seen = tuple(shape), False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and tuple(out.shape) == self.shape:
+            self.seen = True
+        return out
+
 
 def _nb20_mlp_case(case):
     n = case['world_size']
     args = [[torch.from_numpy(np.array(a)) for a in rank_args] for rank_args in case['args']]
+    wide = [False] * n
 
     def build(rank, comm):
-        return parallel_mlp(*args[rank], comm)
+        x, W_in = args[rank][0], args[rank][1]
+        mode = _Nb20Wide(tuple(x.shape[:-1]) + (W_in.shape[0],))
+        with mode:
+            out = parallel_mlp(*args[rank], comm)
+        wide[rank] = mode.seen and n > 1 and W_in.shape[0] != W_in.shape[1]  # (square: the output looks the same)
+        return out
 
     results, errors, group = _nb20_spmd(build, n, inputs['timeout'], ('all_reduce', 'all_gather', 'reduce_scatter',
                                                                      'broadcast'))
     arrays = [_nb20_array(r) for r in results]
     return {'results': [a[0] if e is None else None for a, e in zip(arrays, errors)],
-            'dtypes': [a[1] for a in arrays], 'errors': errors, 'calls': group.calls, 'sends': len(group.sends)}
+            'dtypes': [a[1] for a in arrays], 'errors': errors, 'calls': group.calls, 'sends': len(group.sends),
+            'wide': wide}
 
 
 def _nb20_mlp_all(cases):
@@ -1091,7 +1139,7 @@ def mlp_cases(rng: np.random.Generator, label: Callable[[int, str], str] = lambd
 
 def _mlp_well_formed(result: Any) -> bool:
     return isinstance(result, dict) and all(isinstance(result.get(k), list) for k in (
-        "results", "dtypes", "errors", "calls")) and isinstance(result.get("sends"), int)
+        "results", "dtypes", "errors", "calls", "wide")) and isinstance(result.get("sends"), int)
 
 
 def judge_mlp(results: list, cases: list) -> None:
@@ -1154,9 +1202,15 @@ def judge_mlp(results: list, cases: list) -> None:
             if not _close(g, w):
                 raise CheckFailure(HINT_MLP_DIFFERS.format(rank=rank, what=case["what"],
                                                            err=float((g - w).abs().nan_to_num(float("inf")).max())))
-    for i, (result, case) in enumerate(zip(results, cases)):  # d_mlp that N does not divide: an error, or exact
-        if not divides[i] and _error_of(result["errors"]) is None and not _all_close(gots[i], wants[i]):
+    for i, (result, case) in enumerate(zip(results, cases)):  # d_mlp that N does not divide: a ValueError, or exact
+        error = _error_of(result["errors"])
+        if not divides[i] and error is None and not _all_close(gots[i], wants[i]):
             raise CheckFailure(HINT_MLP_NOT_DIVISIBLE.format(what=case["what"]))
+        if not divides[i] and error is not None and error[0] == "raised" and not error[1].startswith("ValueError"):
+            raise CheckFailure(HINT_MLP_NOT_DIVISIBLE_KIND.format(what=case["what"], got=error[1].split(":")[0]))
+    for result, case in zip(results, cases):  # every hidden feature computed on every rank
+        if any(result["wide"]) and _error_of(result["errors"]) is None:
+            raise CheckFailure(HINT_MLP_ALL_FEATURES.format(what=case["what"]))
     for result, case in zip(results, cases):
         dtype = str(np.array(case["clean"][0]).dtype)
         for got_dtype in result["dtypes"]:
