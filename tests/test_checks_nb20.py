@@ -430,7 +430,8 @@ def scaler_update(grads, scale, good_steps, growth_interval, *, growth=2.0, back
         for g in grads:
             g.div_(scale)
     tested = grads[:1] if mistake == "first only" else grads
-    test = torch.isinf if mistake == "isinf only" else (lambda g: ~torch.isfinite(g))
+    test = torch.isinf if mistake == "isinf only" else (lambda g: ~torch.isfinite(g.sum())) if mistake == "sum" \
+        else (lambda g: ~torch.isfinite(g))
     overflow = any(bool(test(g).any()) for g in tested)
     if mistake == "grow on overflow":
         good_steps += 1
@@ -466,6 +467,7 @@ def scaler_update_flags(grads, scale, good_steps, growth_interval, *, growth=2.0
 
 
 SCALER_MISTAKES = {
+    "sum": "a tensor's sum can overflow",
     "isinf only": "NaN gradient went unnoticed",
     "first only": "later tensor went unnoticed",
     "no reset": "count of clean steps went on",

@@ -1291,6 +1291,8 @@ def scaler_variant(grads: list[torch.Tensor], scale: float, good: int, interval:
     tested = after[:1] if mistake == "first only" else after
     if mistake == "isinf only":
         overflow = any(bool(torch.isinf(g).any()) for g in tested)
+    elif mistake == "sum":
+        overflow = not all(bool(torch.isfinite(g.sum())) for g in tested)
     else:
         overflow = not all(bool(torch.isfinite(g).all()) for g in tested)
     if mistake == "grow on overflow":
@@ -1309,11 +1311,17 @@ def scaler_variant(grads: list[torch.Tensor], scale: float, good: int, interval:
     return (True, scale, count), after
 
 
+HINT_SCALER_SUM = (
+    "your update skipped a step whose gradients were all finite (on {what}): a tensor's sum can overflow where none "
+    "of its numbers does (two float16 numbers near 60,000 sum past float16's largest, 65,504), so test every "
+    "number for being finite, not a sum of them"
+)
+
 SCALER_MISTAKES = (("isinf only", HINT_SCALER_ISINF), ("first only", HINT_SCALER_FIRST),
                    ("no reset", HINT_SCALER_NO_RESET), ("late", HINT_SCALER_LATE), ("early", HINT_SCALER_LATE),
                    ("keep count", HINT_SCALER_KEEP_COUNT), ("multiply", HINT_SCALER_MULTIPLIED),
                    ("not in place", HINT_SCALER_NOT_IN_PLACE), ("ok on overflow", HINT_SCALER_OK_OVERFLOW),
-                   ("grow on overflow", HINT_SCALER_GROW_OVERFLOW))
+                   ("grow on overflow", HINT_SCALER_GROW_OVERFLOW), ("sum", HINT_SCALER_SUM))
 
 SCALER_RUN = """\
 def _nb20_scaler_step(step):
@@ -1348,12 +1356,16 @@ outputs = {'results': [[_nb20_scaler_step(s) for s in stream['steps']] for strea
 def _scaler_stream(rng: np.random.Generator, what: str, plan: str, interval: int, dtypes: list[str],
                    scale: float, growth: float = 2.0, backoff: float = 0.5) -> dict:
     """One stream of steps; ``plan`` a letter a step: ``.`` clean, ``+``/``-`` +inf/-inf, ``n`` NaN, each overflow
-    in a tensor drawn at random (the first tensor for a capital letter). Each step's incoming scale and count are the
-    reference's."""
+    in a tensor drawn at random (the first tensor for a capital letter), ``b`` a tensor of finite numbers near
+    float16's largest (with a scale of 1: their sum overflows, they do not). Each step's incoming scale and count are
+    the reference's."""
     steps, good = [], 0
     for letter in plan:
         grads = [np.asarray(scale * rng.standard_normal(int(rng.integers(2, 6))) * 1e-3, dtype=d) for d in dtypes]
-        if letter != ".":
+        if letter.lower() == "b":
+            which = 0 if letter.isupper() else int(rng.integers(1, len(grads)))
+            grads[which][:] = float(rng.uniform(3.5e4, 6e4)) * (1 if rng.random() < 0.5 else -1)
+        elif letter != ".":
             which = 0 if letter.isupper() else int(rng.integers(1, len(grads)))
             where = int(rng.integers(0, grads[which].size))
             grads[which][where] = {"+": np.inf, "-": -np.inf, "n": np.nan}[letter.lower()]
@@ -1375,17 +1387,21 @@ def scaler_cases(rng: np.random.Generator, label: Callable[[int, str], str] = la
         ("growth interval 4, float32 gradients, growth 3 and backoff 0.25", "....n..-.....", 4,
          ["float32", "float32", "float32"], 2.0 ** 8, 3.0, 0.25),
         ("growth interval 1, float32 and float16 gradients", "..n.+.", 1, ["float32", "float16"], 2.0 ** 6, 2.0, 0.5),
+        ("growth interval 3, float16 gradients near float16's largest number, scale 1", ".B.b", 3,
+         ["float16", "float16"], 1.0, 2.0, 0.5),
     ]
     streams = []
     for i, (what, plan, interval, dtypes, scale, growth, backoff) in enumerate(specs):
-        scale *= 2.0 ** int(rng.integers(-2, 3))
+        if scale != 1.0:  # (a scale of 1 keeps the large float16 numbers finite once divided)
+            scale *= 2.0 ** int(rng.integers(-2, 3))
         streams.append(_scaler_stream(rng, label(i, what), plan, interval, dtypes, scale, growth, backoff))
     return {"streams": streams}
 
 
 def _step_what(stream: dict, k: int) -> str:
     step = stream["steps"][k]
-    kind = {".": "clean gradients", "+": "+inf", "-": "-inf", "n": "NaN"}[step["letter"].lower()]
+    kind = {".": "clean gradients", "+": "+inf", "-": "-inf", "n": "NaN",
+            "b": "large but finite numbers"}[step["letter"].lower()]
     where = "" if step["letter"] == "." else (" in the first tensor" if step["letter"].isupper() else
                                               " in a later tensor")
     return (f"{stream['what']}, step {k + 1}: {kind}{where}, scale {step['scale']:g}, {step['good']} clean steps "
