@@ -24,6 +24,7 @@ the same code runs unchanged with NCCL on GPUs (``backend="nccl"``, one process 
 
 from __future__ import annotations
 
+import abc
 import datetime
 import math
 import os
@@ -123,7 +124,7 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
 # ----------------------------------------------------------------------------- one interface, two transports
 
 
-class Comm:
+class Comm(abc.ABC):
     """This process's rank in its group, and the messages and collectives it takes part in, counted.
 
     The methods follow ``torch.distributed``'s names and argument order (``send(tensor, dst)``, ``recv(tensor,
@@ -154,11 +155,33 @@ class Comm:
             raise ValueError(f"{name}: the whole tensor holds {whole.numel()} numbers, the part {part.numel()}; the "
                              f"whole must hold world_size ({self.world_size}) parts")
 
+    @abc.abstractmethod
     def send(self, tensor: Tensor, dst: int) -> None:
-        raise NotImplementedError
+        """Hand a copy of ``tensor`` to rank ``dst``, without waiting for it to be received."""
 
+    @abc.abstractmethod
     def recv(self, tensor: Tensor, src: int) -> Tensor:
-        raise NotImplementedError
+        """Wait for the next message from rank ``src``, copy it into ``tensor`` and return it."""
+
+    @abc.abstractmethod
+    def wait(self) -> None:
+        """Wait until this rank's sends were delivered."""
+
+    @abc.abstractmethod
+    def all_reduce(self, tensor: Tensor) -> Tensor:
+        """Sum ``tensor`` over the ranks, in place; return it."""
+
+    @abc.abstractmethod
+    def all_gather(self, output: Tensor, input: Tensor) -> Tensor:
+        """Fill ``output`` with every rank's ``input``, in rank order; return it."""
+
+    @abc.abstractmethod
+    def reduce_scatter(self, output: Tensor, input: Tensor) -> Tensor:
+        """Fill ``output`` with this rank's piece of the sum over the ranks of ``input``; return it."""
+
+    @abc.abstractmethod
+    def broadcast(self, tensor: Tensor, src: int) -> Tensor:
+        """Overwrite ``tensor`` with rank ``src``'s, in place; return it."""
 
 
 # torch 2.13 renamed the whole-tensor gathers and scatters (the old names warn); older releases have the old ones.
@@ -512,11 +535,6 @@ class ShardedAdamW:
     def _flat(self, tensors: Sequence[Tensor]) -> Tensor:
         flat = torch.cat([t.reshape(-1) for t in tensors])
         return torch.cat([flat, flat.new_zeros(self.padded - self.numel)])
-
-    def state_bytes(self) -> int:
-        """Bytes of optimizer state this rank holds: its shard's two moments (the step count aside)."""
-        return sum(v.numel() * v.element_size() for s in self.optimizer.state.values() for v in s.values()
-                   if isinstance(v, Tensor) and v.dim() > 0)
 
     def zero_grad(self) -> None:
         for p in self.params:

@@ -137,8 +137,6 @@ def train_scheme(rank: int, world_size: int, scheme: str, *, steps: int = STEPS,
     payload, calls = dict(counter.payload), dict(counter.calls)
     if scheme == "ddp":
         payload, calls = {"all_reduce": ddp_payload[0]}, {"all_reduce": ddp_payload[1]}
-    if scheme in ("ring", "zero1") and comm is not None:  # the Comm counted its own collectives and messages
-        payload.update(comm.payload), calls.update(comm.calls)
     state = _state_bytes(optimizer.optimizer if scheme == "zero1" else optimizer)
     return {"losses": losses, "params": _full_state(model), "payload": payload, "calls": calls,
             "sent": comm.sent if comm is not None else 0, "state_bytes": state,
