@@ -226,7 +226,8 @@ def index_notebook(paths: list[Path], student: bool) -> nbformat.NotebookNode:
     which = ("the **student version**: exercises are left for you, and their checks show what a fresh "
              "notebook shows") if student else "the **source version**, with the solutions in place"
     text = (f"# tfedu: the Transformer, built by hand\n\n"
-            f"Sixteen notebooks build every part of the Transformer, from byte-pair encoding to the logit lens. "
+            f"{len(course_map.CHAPTERS)} notebooks build every part of the Transformer, from byte-pair encoding to "
+            f"training on many processes. "
             f"These pages are {which}, executed on a CPU. To work the exercises, open a notebook in "
             f"JupyterLab or Colab ({html.escape(nbtools.REPO_URL)}).\n\n" + "\n".join(rows) + "\n")
     return nbtools.new_notebook([nbtools.md(text)])
