@@ -5,7 +5,10 @@ Oracles: ``tfedu.kv_cache.KVCache`` (one sequence at a time, contiguous) for the
 blocks of the table concatenated in order (an independent formula). Models: tiny configs with learned
 positions (multi-head), RoPE with grouped key/value heads, ALiBi, and SDPA attention. Plus allocation
 (reuse of freed blocks, bytes held, running out), memory against a contiguous cache preallocated to
-n_ctx, and the errors.
+n_ctx, and the errors. Shared blocks (fork, copy-on-write, reorder): each sequence's logits are those
+of its own tokens run alone through a contiguous cache (reorder: a contiguous cache reordered the same
+way), ``paged_sample``'s tokens those of ``generate`` with the same generator, and the blocks held are
+counted against the formula.
 """
 
 import pytest
@@ -15,7 +18,7 @@ from tfedu.config import preset
 from tfedu.generate import generate
 from tfedu.kv_cache import KVCache, kv_cache_bytes
 from tfedu.model import GPT, Encoder
-from tfedu.paged import BlockAllocator, PagedKVCache, gather_blocks, paged_greedy
+from tfedu.paged import BlockAllocator, PagedKVCache, gather_blocks, paged_greedy, paged_sample
 
 # Weights of a trained model's size (peaked next-token distributions, far from ties); pytest puts tests/ on sys.path.
 from test_checkpoints import randomise  # noqa: E402
@@ -205,6 +208,157 @@ def test_crop_gives_back_the_blocks_past_the_kept_positions_and_decoding_goes_on
         paged.crop("s", 15)
     paged.crop("s", 0)
     assert paged.block_table("s") == [] and paged.bytes_held == 0
+
+
+# ----------------------------------------------------------------------------- shared blocks
+
+
+def test_the_allocator_counts_holders_and_frees_a_block_with_its_last_one():
+    allocator = BlockAllocator(3)
+    a, b = allocator.allocate(), allocator.allocate()
+    allocator.share(a)
+    allocator.share(a)
+    assert (allocator.ref_count(a), allocator.ref_count(b), allocator.ref_count(2)) == (3, 1, 0)
+    allocator.free([a, b])
+    assert allocator.n_used == 1 and allocator.n_free == 2 and allocator.allocate() == b  # b went back, a did not
+    allocator.free([a])
+    allocator.free([a])
+    assert allocator.ref_count(a) == 0 and allocator.allocate() == a
+    with pytest.raises(ValueError, match="block 2 is not in use: only a block some sequence holds can be shared"):
+        allocator.share(2)
+
+
+def contiguous_logits(model, ids):
+    """Logits of ``ids`` (1-D) run alone, from scratch: the oracle for a forked sequence's every token."""
+    return model(ids[None])[0]
+
+
+@pytest.mark.parametrize("name", ["learned_mha", "rope_gqa"])
+def test_forked_sequences_share_their_blocks_and_copy_only_the_one_they_write_into(name):
+    model = tiny_model(name)
+    prompt, tails = random_ids(10, seed=3), [random_ids(7, seed=40 + i) for i in range(3)]
+    paged = PagedKVCache.for_model(model, n_blocks=12, block_size=4)
+    paged.add_sequence(0)
+    with torch.no_grad():
+        paged.run(model, [0], [prompt])  # 10 positions: blocks [0, 1, 2], the last one half full
+        held = paged.bytes_held
+        for child in (1, 2):
+            paged.fork(0, child)
+        assert paged.bytes_held == held and all(paged.block_table(i) == [0, 1, 2] for i in range(3))
+        assert [paged.allocator.ref_count(b) for b in (0, 1, 2)] == [3, 3, 3]
+        logits = paged.run(model, [0, 1, 2], tails)  # each writes positions 10..16: into block 2, then two new ones
+        for row, tail in enumerate(tails):
+            whole = torch.cat([prompt, tail])
+            torch.testing.assert_close(logits[row], contiguous_logits(model, whole)[10:], rtol=0, atol=1e-5)
+            for layer in range(model.cfg.n_layers):  # no sequence's write reached another's keys
+                alone = KVCache.for_model(model, batch=1)
+                model(whole[None], kv_cache=alone)
+                keys, values = paged.layer_keys(row, layer)
+                torch.testing.assert_close(keys, alone.layers[layer].keys[0, :, :17], rtol=0, atol=1e-5)
+                torch.testing.assert_close(values, alone.layers[layer].values[0, :, :17], rtol=0, atol=1e-5)
+    tables = [paged.block_table(i) for i in range(3)]
+    assert all(t[:2] == [0, 1] for t in tables)  # the full prompt blocks stay shared
+    assert len({t[2] for t in tables}) == 3 and 2 in {t[2] for t in tables}  # two copies; the last holder kept block 2
+    assert paged.allocator.n_used == 2 + 3 + 3 * 2  # 2 shared, 3 half-prompt blocks, two new blocks each
+    for seq_id in (1, 2, 0):
+        paged.free_sequence(seq_id)
+    assert paged.allocator.n_used == 0 and paged.allocator.n_free == 12
+
+
+def test_a_fork_at_a_block_boundary_copies_nothing_and_crop_keeps_the_others_blocks():
+    model = tiny_model()
+    prompt, token_a, token_b = random_ids(8, seed=5), random_ids(1, seed=6), random_ids(1, seed=7)
+    paged = PagedKVCache.for_model(model, n_blocks=6, block_size=4)
+    paged.add_sequence("a")
+    with torch.no_grad():
+        paged.run(model, ["a"], [prompt])  # two full blocks
+        paged.fork("a", "b")
+        paged.run(model, ["a", "b"], [token_a, token_b])  # each starts a block of its own: nothing copied
+        assert paged.allocator.n_used == 4 and paged.block_table("a")[:2] == paged.block_table("b")[:2]
+        paged.crop("b", 3)  # b lets go of its own block and of its hold on block 1
+        assert paged.block_table("b") == [0] and paged.allocator.ref_count(1) == 1
+        logits = paged.run(model, ["b"], [prompt[3:]])  # b writes into shared block 0: it gets a copy
+        torch.testing.assert_close(logits[0], contiguous_logits(model, prompt)[3:], rtol=0, atol=1e-5)
+        logits = paged.run(model, ["a"], [prompt[:2]])  # a's keys are untouched by b's writes
+        torch.testing.assert_close(logits[0], contiguous_logits(model, torch.cat([prompt, token_a, prompt[:2]]))[9:],
+                                   rtol=0, atol=1e-5)
+
+
+def test_reorder_moves_each_beam_onto_its_parents_blocks_like_a_contiguous_cache():
+    model = tiny_model()
+    n, g = 4, torch.Generator().manual_seed(8)
+    prompt = random_ids(6, seed=8)
+    paged = PagedKVCache.for_model(model, n_blocks=n * 6, block_size=4)
+    contiguous = KVCache.for_model(model, batch=n)
+    with torch.no_grad():
+        paged.add_sequence(0)
+        paged.run(model, [0], [prompt])
+        for i in range(1, n):
+            paged.fork(0, i)
+        model(prompt[None].expand(n, -1), kv_cache=contiguous)
+        for step in range(9):
+            rows = torch.randint(0, n, (n,), generator=g)
+            paged.reorder(list(range(n)), rows)
+            contiguous.reorder(rows)
+            tokens = torch.randint(0, 256, (n, 1), generator=g)
+            torch.testing.assert_close(paged.run(model, list(range(n)), list(tokens)), model(tokens, kv_cache=contiguous),
+                                       rtol=0, atol=1e-5)
+        # the same through a view, as beam search calls it after a forward pass
+        view = paged.view(list(range(n)), 1)
+        model(tokens, kv_cache=view, padding_mask=view.padding_mask, positions=view.positions)
+        view.reorder(torch.tensor([1, 1, 1, 1]))
+    assert len({tuple(paged.block_table(i)) for i in range(n)}) == 1  # every beam now holds beam 1's blocks
+    assert paged.allocator.n_used == len(paged.block_table(0))  # the others' blocks went back
+    with pytest.raises(ValueError, match=r"rows must hold 4 ints in 0..3"):
+        paged.reorder(list(range(n)), [0, 1, 2])
+    with pytest.raises(ValueError, match=r"rows must hold 4 ints in 0..3"):
+        paged.reorder(list(range(n)), [0, 1, 2, 4])
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_paged_sample_gives_each_sample_generates_tokens(share):
+    model = tiny_model()
+    prompt = random_ids(13, seed=11)
+    generators = lambda: [torch.Generator().manual_seed(50 + i) for i in range(4)]  # noqa: E731
+    options = dict(temperature=1.5, top_k=40)
+    outs, peak = paged_sample(model, prompt, 4, 9, generator=generators(), share=share, block_size=4, **options)
+    alone = [generate(model, prompt[None], 9, do_sample=True, generator=g, **options)[0] for g in generators()]
+    assert all(torch.equal(a, b) for a, b in zip(outs, alone, strict=True))
+    assert len({tuple(o.tolist()) for o in outs}) == 4  # four different answers
+    per_block = PagedKVCache.for_model(model, n_blocks=1, block_size=4).bytes_per_block
+    # 13 + 8 = 21 positions per sample: 6 blocks each unshared; shared, the 3 full prompt blocks once and
+    # 3 of each sample's own (the half-full prompt block, copied, and two more)
+    assert peak == (3 + 4 * 3 if share else 4 * 6) * per_block
+
+
+def test_paged_sample_errors():
+    model = tiny_model()
+    prompt = random_ids(5, seed=1)
+    with pytest.raises(ValueError, match="n must be a positive int"):
+        paged_sample(model, prompt, 0, 3)
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 1"):
+        paged_sample(model, prompt, 2, 0)
+    with pytest.raises(ValueError, match="prompt must be a 1-D integer tensor"):
+        paged_sample(model, prompt[None], 2, 3)
+    with pytest.raises(ValueError, match="list of 2 torch.Generators"):
+        paged_sample(model, prompt, 2, 3, generator=[torch.Generator()])
+    with pytest.raises(ValueError, match="more than n_ctx=64"):
+        paged_sample(model, random_ids(60, seed=0), 2, 6)
+
+
+def test_copies_count_against_the_free_blocks():
+    model = tiny_model()
+    paged = PagedKVCache.for_model(model, n_blocks=2, block_size=4)
+    paged.add_sequence("a")
+    with torch.no_grad():
+        paged.run(model, ["a"], [random_ids(5, seed=2)])  # both blocks in use
+    paged.fork("a", "b")
+    with pytest.raises(RuntimeError, match=r"1 of them copies of shared blocks about to be written\), 0 of 2 free"):
+        paged.view(["b"], 1)
+    with pytest.raises(ValueError, match="already held"):
+        paged.fork("a", "b")
+    with pytest.raises(KeyError, match="no sequence 'c' is held"):
+        paged.fork("c", "d")
 
 
 # ----------------------------------------------------------------------------- errors

@@ -18,11 +18,14 @@ layer's pool, so one block table per sequence is enough.
 - ``BlockAllocator``: the free list.
 - ``gather_blocks``: one sequence's keys (or values) read back through its block table (exercise 18.2).
 - ``PagedKVCache``: the pools, the allocator and the sequences (``crop`` rolls one back and frees the blocks
-  past it, for speculative decoding); ``view(seq_ids, n_new)`` makes what
+  past it, for speculative decoding; ``fork`` starts a sequence that shares another's blocks, copied on
+  write, and ``reorder`` moves beams onto their parents' blocks); ``view(seq_ids, n_new)`` makes what
   ``model(ids, kv_cache=...)`` accepts for a batch of sequences of different lengths, and ``run`` does
   the whole forward pass (padding, mask, positions) for a list of new tokens per sequence.
 - ``paged_greedy``: greedy decoding of prompts of different lengths, batched, through the paged cache:
   the tokens of ``tfedu.generate.generate`` on each prompt alone (tests/test_paged.py).
+- ``paged_sample``: several sampled answers to one prompt, its blocks shared (parallel sampling): the
+  tokens each sample gets alone, the prompt's keys held once.
 
 Attention here gathers each row's keys into a left-padded tensor and runs the model's own attention
 on it (the layout ``tfedu.generate`` uses for prompts of different lengths), so the numbers are the
@@ -51,6 +54,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
+from tfedu.generate import _check_generator, _check_sampling, _sample, next_token_distribution
 from tfedu.kv_cache import KVCache, LayerKVCache
 from tfedu.layers import Attention
 
@@ -65,19 +69,23 @@ class BlockAllocator:
     """A free list of ``n_blocks`` block indices, ``0 .. n_blocks - 1``: ``allocate`` takes one, ``free`` gives back.
 
     Blocks come out lowest index first and a freed block is the next one handed out again (a stack,
-    as vLLM's free list), so a finished request's memory serves the next request at once.
+    as vLLM's free list), so a finished request's memory serves the next request at once. A block can
+    have several holders (``share``: sequences forked from one prompt, Kwon et al. 2023 sec. 4.4); it
+    counts them, and ``free`` returns it to the free list when its last holder lets go.
 
     >>> allocator = BlockAllocator(3)
     >>> [allocator.allocate() for _ in range(2)], allocator.n_free
     ([0, 1], 1)
     >>> allocator.free([0]); allocator.allocate()
     0
+    >>> allocator.share(1); allocator.free([1]); allocator.ref_count(1), allocator.n_free  # one holder left
+    (1, 1)
     """
 
     def __init__(self, n_blocks: int) -> None:
         self.n_blocks = _positive_int("n_blocks", n_blocks)
         self._free = list(range(n_blocks - 1, -1, -1))  # a stack: pop() gives the lowest index first
-        self._used: set[int] = set()
+        self._refs: dict[int, int] = {}  # block in use -> how many holders it has
 
     @property
     def n_free(self) -> int:
@@ -85,7 +93,18 @@ class BlockAllocator:
 
     @property
     def n_used(self) -> int:
-        return len(self._used)
+        """Blocks in use, each counted once however many sequences hold it."""
+        return len(self._refs)
+
+    def ref_count(self, block: int) -> int:
+        """How many holders ``block`` has (0: free)."""
+        return self._refs.get(block, 0)
+
+    def share(self, block: int) -> None:
+        """One more holder for ``block``, which must be in use: its keys are read by another sequence too."""
+        if block not in self._refs:
+            raise ValueError(f"block {block!r} is not in use: only a block some sequence holds can be shared")
+        self._refs[block] += 1
 
     def allocate(self) -> int:
         """One free block's index; a clear error when none is left."""
@@ -93,21 +112,29 @@ class BlockAllocator:
             raise RuntimeError(f"out of KV cache blocks: 1 block asked for, 0 of {self.n_blocks} free (every block "
                                "is held by a running sequence): free a finished sequence or make a larger pool")
         block = self._free.pop()
-        self._used.add(block)
+        self._refs[block] = 1
         return block
 
     def free(self, blocks: Sequence[int]) -> None:
-        """Give ``blocks`` back (each must be in use); ``blocks[0]`` is the next one allocated, then ``blocks[1]``, ..."""
+        """One holder lets go of each of ``blocks`` (each must be in use, named once).
+
+        A block whose last holder let go goes back to the free list: of those, ``blocks[0]`` is the next one
+        allocated, then ``blocks[1]``, ...
+        """
         blocks = list(blocks)
         for block in blocks:
-            if block not in self._used:
+            if block not in self._refs:
                 raise ValueError(f"block {block!r} is not in use (free blocks cannot be freed again; indices are "
                                  f"0..{self.n_blocks - 1})")
         if len(set(blocks)) != len(blocks):
             raise ValueError(f"a block appears twice in {blocks}: each block is freed once")
+        released = []
         for block in blocks:
-            self._used.remove(block)
-        self._free.extend(reversed(blocks))
+            self._refs[block] -= 1
+            if not self._refs[block]:
+                del self._refs[block]
+                released.append(block)
+        self._free.extend(reversed(released))
 
     def __repr__(self) -> str:
         return f"BlockAllocator(n_blocks={self.n_blocks}, n_free={self.n_free})"
@@ -207,6 +234,49 @@ class PagedKVCache:
         if seq_id not in self._tables:
             raise KeyError(f"no sequence {seq_id!r} is held; held: {list(self._tables)} (add_sequence first)")
 
+    def fork(self, seq_id: Hashable, new_id: Hashable) -> None:
+        """Start ``new_id`` as a copy of ``seq_id`` that shares its blocks: no key or value is copied.
+
+        Parallel sampling (several answers to one prompt) and beam search (beams with a common past) hold the
+        same keys many times over; forked sequences hold them once (Kwon et al. 2023, sec. 4.4). Blocks are
+        only ever appended to, so a full shared block stays shared; the partly filled last block is copied
+        when a sequence first writes into it while another still holds it (copy-on-write, in ``view``).
+        """
+        self._check_held(seq_id)
+        if new_id in self._tables:
+            raise ValueError(f"sequence {new_id!r} is already held (free it first, or pick another id)")
+        table = list(self._tables[seq_id])
+        for block in table:
+            self.allocator.share(block)
+        self._tables[new_id], self._lengths[new_id] = table, self._lengths[seq_id]
+        self._version += 1
+
+    def reorder(self, seq_ids: Sequence[Hashable], rows: Sequence[int] | Int[Tensor, "batch"]) -> None:
+        """Sequence ``seq_ids[i]`` continues as ``seq_ids[rows[i]]`` did (beam search: each beam takes its parent's past).
+
+        Each takes its parent's block table and length, sharing the blocks (as ``fork``); blocks no sequence
+        holds any more go back to the allocator.
+        """
+        seq_ids = list(seq_ids)
+        for seq_id in seq_ids:
+            self._check_held(seq_id)
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(f"seq_ids {seq_ids} names a sequence twice: each row is a different sequence")
+        rows = torch.as_tensor(rows).tolist() if isinstance(rows, Tensor) else list(rows)
+        if len(rows) != len(seq_ids) or any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < len(seq_ids)
+                                            for r in rows):
+            raise ValueError(f"rows must hold {len(seq_ids)} ints in 0..{len(seq_ids) - 1} (the row each sequence "
+                             f"continues), got {rows}")
+        tables = [list(self._tables[seq_ids[r]]) for r in rows]
+        lengths = [self._lengths[seq_ids[r]] for r in rows]
+        for table in tables:  # take the new holds before letting go of the old, so no shared block is freed
+            for block in table:
+                self.allocator.share(block)
+        for seq_id, table, length in zip(seq_ids, tables, lengths, strict=True):
+            self.allocator.free(self._tables[seq_id])
+            self._tables[seq_id], self._lengths[seq_id] = table, length
+        self._version += 1
+
     def crop(self, seq_id: Hashable, length: int) -> None:
         """Keep ``seq_id``'s first ``length`` positions and give back the blocks past them (rejected draft tokens)."""
         self._check_held(seq_id)
@@ -285,15 +355,41 @@ class PagedKVCache:
         # (max: a forward pass that failed may have left a sequence more blocks than its length needs)
         wanted = sum(max(0, -(-n // self.block_size) - len(self._tables[seq_id]))
                      for seq_id, n in zip(seq_ids, lengths, strict=True))
-        if wanted > self.allocator.n_free:
-            raise RuntimeError(f"out of KV cache blocks: {wanted} more block(s) of {self.block_size} positions asked "
-                               f"for, {self.allocator.n_free} of {self.allocator.n_blocks} free: free finished "
-                               "sequences, run fewer at once, or make a larger pool")
+        shared = self._shared_to_write(seq_ids, lengths)
+        if wanted + len(shared) > self.allocator.n_free:
+            copies = f" ({len(shared)} of them copies of shared blocks about to be written)" if shared else ""
+            raise RuntimeError(f"out of KV cache blocks: {wanted + len(shared)} more block(s) of {self.block_size} "
+                               f"positions asked for{copies}, {self.allocator.n_free} of {self.allocator.n_blocks} "
+                               "free: free finished sequences, run fewer at once, or make a larger pool")
+        for seq_id, index in shared:  # copy-on-write: this sequence gets a block of its own to write into
+            old, new = self._tables[seq_id][index], self.allocator.allocate()
+            for pool in (*self.keys, *self.values):
+                pool[new] = pool[old]
+            self.allocator.free([old])
+            self._tables[seq_id][index] = new
         for seq_id, n in zip(seq_ids, lengths, strict=True):
             while len(self._tables[seq_id]) * self.block_size < n:
                 self._tables[seq_id].append(self.allocator.allocate())
         self._version += 1
         return PagedView(self, seq_ids, n_new)
+
+    def _shared_to_write(self, seq_ids: list[Hashable], lengths: list[int]) -> list[tuple[Hashable, int]]:
+        """(sequence, table index) of each block a sequence is about to write into while another still holds it.
+
+        A sequence writes positions ``held .. length - 1``; of the blocks it already has, those covering them
+        need a copy of their own if shared. Sequences copy in order, so the last holder of a block (once the
+        others have copied it away) writes in place.
+        """
+        copies, taken = [], {}  # taken: block -> holders that already copied it away in this view
+        for seq_id, length in zip(seq_ids, lengths, strict=True):
+            table = self._tables[seq_id]
+            first, end = self._lengths[seq_id] // self.block_size, min(len(table), -(-length // self.block_size))
+            for index in range(first, end):
+                block = table[index]
+                if self.allocator.ref_count(block) - taken.get(block, 0) > 1:
+                    copies.append((seq_id, index))
+                    taken[block] = taken.get(block, 0) + 1
+        return copies
 
     def run(self, model: nn.Module, seq_ids: Sequence[Hashable], new_ids: Sequence[Int[Tensor, "n_new"]]
             ) -> Float[Tensor, "batch n_new_max d_vocab"]:
@@ -415,8 +511,11 @@ class PagedView(KVCache):
         return gathered_k, gathered_v  # batch n_kv_heads key_pos d_head
 
     def reorder(self, rows: Int[Tensor, "batch"]) -> None:
-        raise NotImplementedError("a paged view does not reorder rows; beam search would share blocks between beams "
-                                  "(copy-on-write, Kwon et al. 2023 sec. 4.4), which this cache does not do")
+        """After the forward pass, row i's sequence continues as row ``rows[i]``'s did, sharing its blocks
+        (``PagedKVCache.reorder``; beam search). Make the next step's view after it."""
+        if self._appended != len(self.layers):
+            raise RuntimeError("reorder the rows after this view's forward pass, not during it")
+        self.cache.reorder(self.seq_ids, rows)
 
     def crop(self, length: int) -> None:
         raise NotImplementedError("crop the sequences in the PagedKVCache instead (cache.crop(seq_id, length))")
@@ -521,3 +620,65 @@ def paged_greedy(
         for seq_id in cache.seq_ids:
             cache.free_sequence(seq_id)
     return [o.clone() for o in out]
+
+
+def paged_sample(
+    model: nn.Module, prompt: Int[Tensor, "pos"], n: int, max_new_tokens: int, *,
+    generator: torch.Generator | list | tuple | None = None, share: bool = True, block_size: int = 16,
+    temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+) -> tuple[list[Int[Tensor, "pos_out"]], int]:
+    """``n`` sampled continuations of one ``prompt`` (1-D), decoded together through a ``PagedKVCache``.
+
+    With ``share`` (parallel sampling, Kwon et al. 2023 sec. 4.4) the prompt runs once, in sequence 0, and
+    the other samples ``fork`` it: its full blocks are held once for all of them, its partly filled last
+    block copied as each sample first writes into it. Without, every sample runs the prompt in blocks of
+    its own, as a server that does not share holds it. ``generator``: as ``tfedu.generate.generate``'s, a
+    list of ``n`` generators draws sample i with ``generator[i]``, so each gets the tokens
+    ``generate(model, prompt[None], max_new_tokens, do_sample=True, generator=generator[i], ...)`` gives
+    it alone (tested), shared or not. ``temperature``, ``top_k``, ``top_p`` shape every draw.
+
+    Returns the ``n`` outputs (the prompt, then ``max_new_tokens`` tokens) and the most bytes of blocks
+    the cache held at once (``bytes_held``, after each forward pass).
+    """
+    _positive_int("n", n)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if not isinstance(prompt, Tensor) or prompt.dim() != 1 or prompt.numel() < 1 or prompt.is_floating_point():
+        raise ValueError("prompt must be a 1-D integer tensor of token ids, at least one token")
+    _check_sampling(temperature, top_k, top_p)
+    _check_generator(generator, n)
+    _positive_int("block_size", block_size)
+    longest = prompt.numel() + max_new_tokens - 1
+    if longest > model.cfg.n_ctx:
+        raise ValueError(f"the prompt plus {max_new_tokens} new tokens needs {longest} positions, more than "
+                         f"n_ctx={model.cfg.n_ctx}: the paged cache never crops")
+    per_sample = -(-longest // block_size)
+    cache = PagedKVCache.for_model(model, n_blocks=n * per_sample, block_size=block_size)
+    seq_ids = list(range(n))
+    prompt = prompt.to(cache.keys[0].device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            first = seq_ids[:1] if share else seq_ids
+            for seq_id in first:
+                cache.add_sequence(seq_id)
+            last = cache.run(model, first, [prompt] * len(first))[:, -1].float()  # 1 or n, d_vocab
+            peak = cache.bytes_held
+            for seq_id in seq_ids[len(first):]:
+                cache.fork(0, seq_id)
+            logits = last.expand(n, -1)  # the prompt's last logits, the same for every sample
+            new_tokens = []
+            for step in range(max_new_tokens):
+                probs = next_token_distribution(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+                next_ids = _sample(probs, generator)  # n
+                new_tokens.append(next_ids)
+                if step + 1 < max_new_tokens:
+                    logits = cache.run(model, seq_ids, [t[None] for t in next_ids])[:, -1].float()
+                    peak = max(peak, cache.bytes_held)
+    finally:
+        model.train(was_training)
+        for seq_id in cache.seq_ids:
+            cache.free_sequence(seq_id)
+    new = torch.stack(new_tokens, dim=1).to(prompt)  # n max_new_tokens
+    return [torch.cat([prompt, row]).clone() for row in new], peak
