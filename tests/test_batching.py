@@ -1,7 +1,7 @@
 """tfedu.batching: continuous batching gives every request the tokens it gets alone, and gives its memory back.
 
-Oracles: ``tfedu.generate.generate`` on each prompt alone (greedy, with and without eos) for the tokens,
-identical; the paged cache's block tables for the memory held (bytes held = blocks in the tables, each
+Oracles: ``tfedu.generate.generate`` on each prompt alone (greedy, with and without eos; sampled with the
+request's own seeded generator) for the tokens, identical; the paged cache's block tables for the memory held (bytes held = blocks in the tables, each
 table the fewest blocks its length needs); hand-worked traces on a ``StepClock`` (one unit per forward
 pass) for the admission order and the times. ``admit`` and ``is_finished`` against hand-worked cases.
 Models: tiny configs with learned positions (multi-head) and RoPE with grouped key/value heads.
@@ -73,6 +73,31 @@ def test_every_request_gets_its_tokens_alone(name, block_size):
         assert completion.arrival < completion.first_token <= completion.finish
         assert completion.prompt is request.prompt
     assert model.training is False
+
+
+def test_sampling_requests_draw_with_their_own_generators_whatever_shares_their_batch():
+    model = tiny_model()
+    settings = [dict(), dict(temperature=0.7), dict(top_k=20), dict(temperature=1.3, top_p=0.9), dict()]
+    seed = lambda i: torch.Generator().manual_seed(70 + i)  # noqa: E731
+
+    def requests(sampling: bool) -> list[Request]:
+        return [Request(i, random_ids(3 + 4 * i, seed=i), 6 + i, arrival=float(i % 3),
+                        do_sample=sampling and i != 4, generator=seed(i), **options)
+                for i, options in enumerate(settings)]
+
+    for max_batch in (1, 2, 5):  # alone in the batch, in pairs, all at once: the same tokens
+        clock = StepClock()
+        with clock.count_passes(model):
+            done = serve(model, requests(True), block_size=4, max_batch=max_batch, clock=clock, sleep=clock.sleep)
+        for request, completion in zip(requests(True), done, strict=True):
+            expected = generate(model, request.prompt[None], request.max_new_tokens, do_sample=request.do_sample,
+                                generator=seed(request.id), **settings[request.id])[0, request.prompt.numel():]
+            assert torch.equal(completion.tokens, expected), (max_batch, request.id)
+    clock = StepClock()
+    greedy = serve(model, requests(False), block_size=4, clock=clock, sleep=clock.sleep)
+    assert any(not torch.equal(a.tokens, b.tokens) for a, b in zip(done, greedy, strict=True))  # it did sample
+    with pytest.raises(ValueError, match="serve_static decodes greedily .* request 0 samples"):
+        serve_static(tfedu_static_batch(model), requests(True), batch_size=2)
 
 
 def test_requests_wait_for_rows_and_for_blocks_and_still_get_their_tokens():
@@ -323,6 +348,14 @@ def test_request_errors():
         Request("a", torch.tensor([1]), 1, arrival=-1.0)
     with pytest.raises(TypeError, match="hashable"):
         Request(["a"], torch.tensor([1]), 1)
+    with pytest.raises(ValueError, match="temperature"):
+        Request("a", torch.tensor([1]), 1, do_sample=True, temperature=-1.0)
+    with pytest.raises(ValueError, match="top_k"):
+        Request("a", torch.tensor([1]), 1, do_sample=True, top_k=0)
+    with pytest.raises(TypeError, match="do_sample must be True or False"):
+        Request("a", torch.tensor([1]), 1, do_sample="yes")
+    with pytest.raises(TypeError, match="generator must be None or a torch.Generator"):
+        Request("a", torch.tensor([1]), 1, do_sample=True, generator=0)
 
 
 def test_submit_errors():

@@ -18,9 +18,10 @@ One step of ``ContinuousBatcher.step``:
 3. decode: one forward pass over the requests that were already running, one new token each;
 4. retire: every request that ``is_finished`` is done gives its blocks back and leaves as a ``Completion``.
 
-Greedy decoding only: each request's tokens are those of ``tfedu.generate.generate`` on its prompt alone
-(tests/test_batching.py). Sampling would add a ``torch.Generator`` per request, so that a request draws
-the same tokens whichever requests share its batch.
+Greedy by default: each request's tokens are those of ``tfedu.generate.generate`` on its prompt alone
+(tests/test_batching.py). A request with ``do_sample`` draws from its own distribution (temperature,
+top-k, top-p) with its own ``torch.Generator``, so it gets the tokens ``generate`` gives its prompt alone
+with that generator, whichever requests share its batch.
 
 - ``Request``, ``Completion``: what goes in (prompt, ``max_new_tokens``, arrival time) and comes out
   (new tokens, time of the first and of the last).
@@ -59,7 +60,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from tfedu.generate import generate, pad_prompts
+from tfedu.generate import _check_sampling, _sample, generate, next_token_distribution, pad_prompts
 from tfedu.paged import PagedKVCache
 
 GenerateBatch = Callable[[list[Tensor], int], list[Tensor]]
@@ -85,7 +86,9 @@ class Request:
     """One user's request: ``prompt`` (1-D integer token ids, at least one), ``max_new_tokens`` (>= 1) to decode.
 
     ``arrival``: seconds after the trace starts (``serve``); the ``id`` (any hashable) names it in the
-    ``Completion`` and must be unique among the requests a batcher holds.
+    ``Completion`` and must be unique among the requests a batcher holds. Decoded greedily unless
+    ``do_sample``: then each token is drawn with ``generator`` (None: torch's global one) from the
+    distribution ``temperature``, ``top_k`` and ``top_p`` shape, as ``tfedu.generate.generate`` draws.
 
     >>> Request("a", torch.tensor([72, 105]), max_new_tokens=4, arrival=0.5).arrival
     0.5
@@ -95,6 +98,11 @@ class Request:
     prompt: Int[Tensor, "pos"]
     max_new_tokens: int
     arrival: float = 0.0
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    generator: torch.Generator | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -110,6 +118,12 @@ class Request:
                              f"token (torch.tensor([72, 105])), got {got}")
         self.max_new_tokens = _check_count(f"request {self.id!r}: max_new_tokens", self.max_new_tokens, least=1)
         self.arrival = _check_time(f"request {self.id!r}: arrival", self.arrival)
+        if not isinstance(self.do_sample, bool):
+            raise TypeError(f"request {self.id!r}: do_sample must be True or False, got {self.do_sample!r}")
+        _check_sampling(self.temperature, self.top_k, self.top_p)
+        if self.generator is not None and not isinstance(self.generator, torch.Generator):
+            raise TypeError(f"request {self.id!r}: generator must be None or a torch.Generator (one per request), "
+                            f"got {type(self.generator).__name__}")
 
 
 @dataclass(eq=False)
@@ -234,7 +248,8 @@ class ContinuousBatcher:
 
     ``submit(request)`` queues a request; each ``step()`` admits, prefills, decodes one token per running
     request and retires the finished ones (see the module's docstring), returning their ``Completion``s.
-    Greedy decoding only: every request gets the tokens ``tfedu.generate.generate`` gives its prompt alone.
+    Every request gets the tokens ``tfedu.generate.generate`` gives its prompt alone: greedy, or drawn with
+    the request's own generator when it samples (``Request.do_sample``).
 
     Memory is reserved at admission: a request is admitted only if its ``blocks_needed`` (for its whole
     prompt and ``max_new_tokens``) fit in the free blocks minus those promised to running requests and
@@ -364,11 +379,12 @@ class ContinuousBatcher:
                         cache.add_sequence(request.id)
                         self._running[request.id] = _Running(request, [])
                     logits = cache.run(model, [r.id for r in admitted], [r.prompt.to(device) for r in admitted])
-                    self._append([r.id for r in admitted], logits[:, -1].argmax(dim=-1), first=True)
+                    self._append([r.id for r in admitted], self._choose([r.id for r in admitted], logits[:, -1]),
+                                 first=True)
                 if decoding:
                     last = [torch.tensor([self._running[seq_id].tokens[-1]], device=device) for seq_id in decoding]
                     logits = cache.run(model, decoding, last)
-                    self._append(decoding, logits[:, -1].argmax(dim=-1), first=False)
+                    self._append(decoding, self._choose(decoding, logits[:, -1]), first=False)
         finally:
             if was_training:
                 model.train()
@@ -387,6 +403,17 @@ class ContinuousBatcher:
             completions.append(Completion(id=seq_id, prompt=r.request.prompt, tokens=tokens,
                                           arrival=r.request.arrival, first_token=r.first_token, finish=now))
         return completions
+
+    def _choose(self, seq_ids: list[Hashable], logits: Tensor) -> Tensor:
+        """Each row's next token: the argmax, or a draw from its request's distribution with its generator."""
+        next_ids = logits.argmax(dim=-1)  # batch
+        for row, seq_id in enumerate(seq_ids):
+            request = self._running[seq_id].request
+            if request.do_sample:
+                probs = next_token_distribution(logits[row:row + 1].float(), temperature=request.temperature,
+                                                top_k=request.top_k, top_p=request.top_p)
+                next_ids[row] = _sample(probs, request.generator)[0]
+        return next_ids
 
     def _append(self, seq_ids: list[Hashable], next_ids: Tensor, *, first: bool) -> None:
         now = self.clock()  # the tokens exist once the pass is done (tolist below waits for the device)
@@ -508,6 +535,10 @@ def serve_static(generate_batch: GenerateBatch, requests: Sequence[Request], *, 
     """
     requests = _check_requests(requests)
     _check_count("batch_size", batch_size, least=1)
+    sampling = [r.id for r in requests if r.do_sample]
+    if sampling:
+        raise ValueError(f"serve_static decodes greedily (a generate_batch takes no sampling settings), and request "
+                         f"{sampling[0]!r} samples: run sampling requests through serve or a ContinuousBatcher")
     start = clock()
     pending, done = _in_arrival_order(requests), {}
     while pending:
