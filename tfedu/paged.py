@@ -630,8 +630,8 @@ def paged_sample(
     """``n`` sampled continuations of one ``prompt`` (1-D), decoded together through a ``PagedKVCache``.
 
     With ``share`` (parallel sampling, Kwon et al. 2023 sec. 4.4) the prompt runs once, in sequence 0, and
-    the other samples ``fork`` it: its full blocks are held once for all of them, its partly filled last
-    block copied as each sample first writes into it. Without, every sample runs the prompt in blocks of
+    the other samples ``fork`` it: its full blocks are held once for all of them, and its partly filled last
+    block is copied for each sample that writes into it while another still holds it. Without, every sample runs the prompt in blocks of
     its own, as a server that does not share holds it. ``generator``: as ``tfedu.generate.generate``'s, a
     list of ``n`` generators draws sample i with ``generator[i]``, so each gets the tokens
     ``generate(model, prompt[None], max_new_tokens, do_sample=True, generator=generator[i], ...)`` gives
