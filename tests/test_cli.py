@@ -1,10 +1,13 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import nbformat
 
 from tfedu.course import cli, nbtools
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_doctor_exits_zero_and_prints_the_device(capsys):
@@ -70,7 +73,7 @@ def test_console_script_is_installed():
 
 
 def dirty_copy(tmp_path):
-    nb = nbtools.read("notebooks/00_start_here.ipynb")
+    nb = nbtools.read(ROOT / "notebooks" / "00_start_here.ipynb")
     nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text="hello\n")]
     nb.cells[1].execution_count = 3
     nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {}}}
