@@ -262,7 +262,7 @@ class PagedKVCache:
             self._check_held(seq_id)
         if len(set(seq_ids)) != len(seq_ids):
             raise ValueError(f"seq_ids {seq_ids} names a sequence twice: each row is a different sequence")
-        rows = torch.as_tensor(rows).tolist() if isinstance(rows, Tensor) else list(rows)
+        rows = rows.tolist() if isinstance(rows, Tensor) else list(rows)
         if len(rows) != len(seq_ids) or any(isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < len(seq_ids)
                                             for r in rows):
             raise ValueError(f"rows must hold {len(seq_ids)} ints in 0..{len(seq_ids) - 1} (the row each sequence "
